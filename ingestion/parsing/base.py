@@ -1,0 +1,182 @@
+"""Shared types of the parsing package: elements, the parse report and the error hierarchy.
+
+Pure Python, no Django imports.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+ELEMENT_TYPES: frozenset[str] = frozenset(
+    {"title", "heading", "paragraph", "table", "list", "code"}
+)
+
+#: MIME type -> short format name, for every format :func:`ingestion.parsing.parse` accepts.
+SUPPORTED_MIME_TYPES: dict[str, str] = {
+    "text/plain": "txt",
+    "text/markdown": "markdown",
+    "text/html": "html",
+    "text/csv": "csv",
+    "application/pdf": "pdf",
+    "application/vnd.openxmlformats-officedocument.wordprocessingml.document": "docx",
+}
+
+
+@dataclass(frozen=True)
+class Element:
+    """One structural block of a parsed document.
+
+    Attributes:
+        type: one of ``"title"``, ``"heading"``, ``"paragraph"``, ``"table"``, ``"list"``,
+            ``"code"``.
+        text: the block's text (never whitespace-only in parser output). Tables carry a
+            readable rendering, one row per line (``header: value; header: value`` when the
+            table has a header row, else cells joined by ``" | "``).
+        page_number: 1-based page, PDFs only; ``None`` for every other format.
+        section_path: texts of the headings enclosing the element, outermost first; a
+            heading's own path ends with itself.
+        level: heading level 1..6 for headings, ``None`` otherwise.
+        metadata: JSON-serialisable, format-specific extras: tables carry
+            ``{"header": [...] or None, "rows": [[...], ...]}`` (rows exclude the header row),
+            code may carry ``{"language": "python"}``, DOCX header/footer text
+            ``{"part": "header"|"footer"}``, Markdown front matter ``{"part": "front_matter"}``,
+            block quotes ``{"quote": True}``. (Being a dict, it makes the element unhashable.)
+    """
+
+    type: str
+    text: str
+    page_number: int | None = None
+    section_path: tuple[str, ...] = ()
+    level: int | None = None
+    metadata: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParseReport:
+    """Result of :func:`ingestion.parsing.parse_with_report`.
+
+    Attributes:
+        elements: the document's elements in reading order (no whitespace-only ones).
+        page_count: number of pages for PDFs, ``None`` for formats without pages.
+        pages_without_text: 1-based numbers of PDF pages with no extractable text layer
+            (e.g. scans); empty for other formats.
+        parser: name of the library/parser used, e.g. ``"pypdf"``, ``"python-docx"``,
+            ``"native-markdown"``, ``"native-html"``, ``"native-text"``, ``"native-csv"``.
+    """
+
+    elements: list[Element]
+    page_count: int | None
+    pages_without_text: list[int]
+    parser: str
+
+
+class ParseError(Exception):
+    """Base of every parsing/chunking failure.
+
+    Attributes:
+        code: stable machine-readable string (e.g. ``"corrupt_document"``).
+        message: human-readable explanation, safe to show to an API client.
+    """
+
+    code: str = "parse_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class EmptyDocument(ParseError):
+    """The uploaded file has no bytes at all."""
+
+    code = "empty_file"
+
+    def __init__(self, message: str = "empty file") -> None:
+        super().__init__(message)
+
+
+class UnsupportedType(ParseError):
+    """The content is of a type no parser handles; ``mime_type`` names the detected type."""
+
+    code = "unsupported_media_type"
+
+    def __init__(self, mime_type: str, message: str | None = None) -> None:
+        self.mime_type = mime_type
+        if message is None:
+            supported = ", ".join(SUPPORTED_MIME_TYPES)
+            message = f"unsupported media type {mime_type!r}; supported: {supported}"
+        super().__init__(message)
+
+
+class EncodingError(ParseError):
+    """Text bytes whose encoding cannot be determined (binary or random data)."""
+
+    code = "undetectable_encoding"
+
+    def __init__(self, message: str = "could not determine text encoding") -> None:
+        super().__init__(message)
+
+
+class CorruptDocument(ParseError):
+    """A damaged or unreadable file, e.g. ``"corrupt or unreadable PDF"``."""
+
+    code = "corrupt_document"
+
+
+class EncryptedDocument(ParseError):
+    """A PDF that needs a user password to open."""
+
+    code = "encrypted_document"
+
+    def __init__(self, message: str = "encrypted PDF, password required") -> None:
+        super().__init__(message)
+
+
+class TooManyChunks(ParseError):
+    """The document would produce more chunks than the per-document cap."""
+
+    code = "too_many_chunks"
+
+
+_WS_RE = re.compile(r"\s+")
+# C0 controls except TAB and LF, DEL, stray U+FEFF and lone surrogates (which cannot be
+# stored as UTF-8); VT/FF become line breaks.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0e-\x1f\x7f\ufeff\ud800-\udfff]")
+
+
+def collapse_ws(text: str) -> str:
+    """Collapse every run of Unicode whitespace to one space and strip the ends."""
+    return _WS_RE.sub(" ", text).strip()
+
+
+def clean_text(text: str) -> str:
+    """Normalise line endings to LF, turn VT/FF into LF and drop other control characters,
+    U+FEFF and lone surrogates."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = text.replace("\x0b", "\n").replace("\x0c", "\n")
+    return _CONTROL_RE.sub("", text)
+
+
+class SectionStack:
+    """Tracks enclosing headings while a parser walks a document in reading order."""
+
+    def __init__(self) -> None:
+        self._stack: list[tuple[int, str]] = []
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """Current section path, outermost heading first."""
+        return tuple(text for _, text in self._stack)
+
+    def push(self, level: int, text: str) -> tuple[str, ...]:
+        """Enter a heading of ``level`` (1..6): pops headings of the same or deeper level and
+        returns the new path, which ends with ``text``."""
+        while self._stack and self._stack[-1][0] >= level:
+            self._stack.pop()
+        self._stack.append((level, text))
+        return self.path

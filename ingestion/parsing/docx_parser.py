@@ -1,0 +1,232 @@
+"""DOCX parser: python-docx, body walked in document order (paragraphs and tables)."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import docx
+from docx.oxml.ns import qn
+
+from .base import CorruptDocument, Element, SectionStack, collapse_ws
+from .tables import render_table
+
+_CORRUPT = "corrupt or unreadable DOCX"
+_W_P = qn("w:p")
+_W_TBL = qn("w:tbl")
+_W_TR = qn("w:tr")
+_W_TC = qn("w:tc")
+_CONTAINERS = {qn("w:sdt"), qn("w:sdtContent"), qn("w:customXml")}
+_HEADING_RE = re.compile(r"^heading\s*(\d)$", re.IGNORECASE)
+_NUMBER_RE = re.compile(r"^[\s$€£%()+\-.,\d]+$")
+_RUN_XPATH = ("./w:r | ./w:hyperlink/w:r | ./w:ins/w:r | ./w:smartTag/w:r | ./w:fldSimple/w:r"
+              " | ./w:sdt/w:sdtContent/w:r | ./w:customXml/w:r | ./w:hyperlink/w:ins/w:r")
+
+
+def _blocks(parent: Any) -> Iterator[Any]:
+    """Yield ``w:p`` and ``w:tbl`` elements under ``parent`` in order, looking through
+    content controls (``w:sdt``) and custom XML wrappers."""
+    for child in parent.iterchildren():
+        tag = child.tag
+        if not isinstance(tag, str):  # comments, processing instructions
+            continue
+        if tag in (_W_P, _W_TBL):
+            yield child
+        elif tag in _CONTAINERS:
+            yield from _blocks(child)
+
+
+def _para_text(p: Any) -> str:
+    return "".join(r.text for r in p.xpath(_RUN_XPATH)).strip()
+
+
+def _style_name(p: Any, styles_element: Any) -> str:
+    """Name of the paragraph's style (``"Normal"`` when unset; the style id when unknown)."""
+    ppr = p.pPr
+    style_id = ppr.pStyle.val if ppr is not None and ppr.pStyle is not None else None
+    if style_id is None:
+        return "Normal"
+    style = styles_element.get_by_id(style_id)
+    name = style.name_val if style is not None else None
+    return str(name or style_id)
+
+
+def _is_list(p: Any, style: str) -> bool:
+    ppr = p.pPr
+    has_num = ppr is not None and ppr.numPr is not None
+    return has_num or style.lower().startswith("list")
+
+
+def _row_cells(tr: Any) -> Iterator[Any]:
+    """``w:tc`` elements of a row in order (looking through content controls); a
+    horizontally merged cell is one ``w:tc`` with a ``gridSpan``, so it appears once."""
+    for child in tr.iterchildren():
+        if not isinstance(child.tag, str):
+            continue
+        if child.tag == _W_TC:
+            yield child
+        elif child.tag in _CONTAINERS:
+            yield from _row_cells(child)
+
+
+def _cell_text(tc: Any) -> str:
+    parts: list[str] = []
+    for block in _blocks(tc):
+        if block.tag == _W_P:
+            parts.append(_para_text(block))
+        else:
+            nested = [" | ".join(c for c in row if c) for row in _table_rows(block)]
+            parts.append("; ".join(r for r in nested if r))
+    return collapse_ws(" ".join(p for p in parts if p))
+
+
+def _vmerge_continue(tc: Any) -> bool:
+    tcpr = tc.tcPr
+    if tcpr is None:
+        return False
+    vmerge = tcpr.find(qn("w:vMerge"))
+    return vmerge is not None and vmerge.get(qn("w:val")) in (None, "continue")
+
+
+def _table_rows(tbl: Any) -> list[list[str]]:
+    """Cell texts per row. A horizontally merged cell appears once; a vertically merged cell
+    repeats the text of the cell above (same grid column) so each row stays readable."""
+    rows: list[list[str]] = []
+    above: dict[int, str] = {}
+    for tr in tbl.iterchildren(_W_TR):
+        col = 0
+        row: list[str] = []
+        current: dict[int, str] = {}
+        for tc in _row_cells(tr):
+            span = tc.grid_span if hasattr(tc, "grid_span") else 1
+            text = above.get(col, "") if _vmerge_continue(tc) else _cell_text(tc)
+            row.append(text)
+            current[col] = text
+            col += max(int(span or 1), 1)
+        above = current
+        rows.append(row)
+    return rows
+
+
+def _is_header_row(tbl: Any, rows: list[list[str]]) -> bool:
+    """Heuristic: the first row is a header when marked ``tblHeader``, or when it has ≥2
+    short, distinct, non-numeric, non-empty cells and most body rows have as many cells."""
+    if len(rows) < 2:
+        return False
+    first_tr = next(tbl.iterchildren(_W_TR), None)
+    if first_tr is not None and first_tr.find(f"{qn('w:trPr')}/{qn('w:tblHeader')}") is not None:
+        return True
+    first = rows[0]
+    if len(first) < 2 or any(not c or len(c) > 60 or _NUMBER_RE.match(c) for c in first):
+        return False
+    if len(set(first)) != len(first):
+        return False
+    same = sum(1 for r in rows[1:] if len(r) == len(first))
+    return same >= max(1, (len(rows) - 1) * 0.8)
+
+
+class _DocxWalker:
+    def __init__(self, document: Any) -> None:
+        self.document = document
+        self.styles = document.styles.element
+        self.sections = SectionStack()
+        self.out: list[Element] = []
+        self.list_items: list[str] = []
+
+    def emit(self, type_: str, text: str, **kwargs: Any) -> None:
+        text = text.strip()
+        if text:
+            self.out.append(Element(type=type_, text=text, section_path=self.sections.path,
+                                    **kwargs))
+
+    def flush_list(self) -> None:
+        if self.list_items:
+            self.emit("list", "\n".join(f"- {item}" for item in self.list_items))
+            self.list_items = []
+
+    def paragraph(self, p: Any) -> None:
+        text = _para_text(p)
+        if not text:
+            return
+        style = _style_name(p, self.styles)
+        heading = _HEADING_RE.match(style)
+        if style.lower() != "title" and not heading and _is_list(p, style):
+            self.list_items.append(collapse_ws(text))
+            return
+        self.flush_list()
+        if style.lower() == "title":
+            self.emit("title", text)
+        elif heading:
+            level = min(max(int(heading.group(1)), 1), 6)
+            title = collapse_ws(text)
+            self.sections.push(level, title)
+            self.emit("heading", title, level=level)
+        else:
+            self.emit("paragraph", text)
+
+    def table(self, tbl: Any) -> None:
+        self.flush_list()
+        rows = [r for r in _table_rows(tbl) if any(r)]
+        if not rows:
+            return
+        if _is_header_row(tbl, rows):
+            text, meta = render_table(rows[0], rows[1:])
+        else:
+            text, meta = render_table(None, rows)
+        self.emit("table", text, metadata=meta)
+
+    def body(self) -> None:
+        for block in _blocks(self.document.element.body):
+            if block.tag == _W_P:
+                self.paragraph(block)
+            else:
+                self.table(block)
+        self.flush_list()
+
+    def headers_footers(self) -> None:
+        seen: set[tuple[str, str]] = set()
+        for section in self.document.sections:
+            parts = [
+                ("header", section.header), ("header", section.first_page_header),
+                ("header", section.even_page_header), ("footer", section.footer),
+                ("footer", section.first_page_footer), ("footer", section.even_page_footer),
+            ]
+            for kind, part in parts:
+                if part.is_linked_to_previous:
+                    continue
+                lines = []
+                for block in _blocks(part._element):
+                    if block.tag == _W_P:
+                        lines.append(_para_text(block))
+                    else:
+                        lines.extend(" | ".join(c for c in r if c) for r in _table_rows(block))
+                text = "\n".join(line for line in lines if line)
+                if text and (kind, text) not in seen:
+                    seen.add((kind, text))
+                    self.out.append(Element(type="paragraph", text=text,
+                                            metadata={"part": kind}))
+
+
+def parse_docx(data: bytes) -> list[Element]:
+    """Parse DOCX bytes into title/heading/paragraph/list/table elements.
+
+    Paragraph styles: "Title" -> ``"title"``, "Heading N" -> ``"heading"`` (level N, capped at
+    6); numbered/bulleted or "List*"-styled paragraphs are merged into one ``"list"`` element
+    per run of consecutive items (lines ``"- item"``). Tables become one ``"table"`` element
+    each (``header: value`` rows when the first row looks like a header, else ``" | "``-joined
+    cells; metadata ``{"header": ..., "rows": [[...]]}``). Non-empty header/footer texts are
+    appended once at the end as paragraphs with ``metadata={"part": "header"|"footer"}``.
+
+    Raises:
+        CorruptDocument: "corrupt or unreadable DOCX".
+    """
+    try:
+        document = docx.Document(io.BytesIO(data))
+    except Exception as exc:
+        raise CorruptDocument(_CORRUPT) from exc
+    walker = _DocxWalker(document)
+    walker.body()
+    walker.headers_footers()
+    return walker.out

@@ -1,0 +1,220 @@
+"""HTML parser: BeautifulSoup + lxml, walked in document order."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+from bs4 import BeautifulSoup, NavigableString, Tag
+from bs4.element import Comment, Declaration, Doctype, ProcessingInstruction
+
+try:  # bs4 >= 4.11
+    from bs4 import XMLParsedAsHTMLWarning
+except ImportError:  # pragma: no cover - older bs4
+    XMLParsedAsHTMLWarning = UserWarning  # type: ignore[misc,assignment]
+
+from .base import Element, SectionStack, collapse_ws
+from .tables import render_row, render_table
+
+_DROP = {"script", "style", "noscript", "template", "head", "svg", "canvas", "iframe",
+         "object", "embed", "select"}
+_HEADINGS = {f"h{i}": i for i in range(1, 7)}
+_PARAGRAPH_LIKE = {"p", "blockquote", "dt", "dd", "figcaption", "caption", "summary",
+                   "address", "li", "legend"}
+_BLOCK = {"article", "aside", "body", "center", "details", "dialog", "div", "dl", "fieldset",
+          "figure", "footer", "form", "header", "hgroup", "html", "main", "menu", "nav",
+          "section", "tbody", "thead", "tfoot", "tr", "td", "th", "hr", "br"}
+_SEPARATING = _BLOCK | _PARAGRAPH_LIKE | set(_HEADINGS) | {"pre", "ul", "ol", "table", "br"}
+_SKIP_STRINGS = (Comment, Declaration, Doctype, ProcessingInstruction)
+_LANG_RE = re.compile(r"^(?:language|lang)-(.+)$")
+
+
+def _inline_text(node: Tag, exclude: frozenset[str] = frozenset()) -> str:
+    """Text of ``node`` with block boundaries as spaces, whitespace collapsed."""
+    parts: list[str] = []
+
+    def visit(tag: Tag) -> None:
+        for child in tag.children:
+            if isinstance(child, NavigableString):
+                if not isinstance(child, _SKIP_STRINGS):
+                    parts.append(str(child))
+            elif isinstance(child, Tag):
+                name = (child.name or "").lower()
+                if name in exclude or name in _DROP:
+                    continue
+                if name in _SEPARATING:
+                    parts.append(" ")
+                    visit(child)
+                    parts.append(" ")
+                else:
+                    visit(child)
+
+    visit(node)
+    return collapse_ws("".join(parts))
+
+
+def _direct(tag: Tag, names: set[str]) -> list[Tag]:
+    return [c for c in tag.children if isinstance(c, Tag) and (c.name or "").lower() in names]
+
+
+class _HtmlWalker:
+    def __init__(self) -> None:
+        self.out: list[Element] = []
+        self.sections = SectionStack()
+        self.buf: list[str] = []
+
+    def emit(self, type_: str, text: str, **kwargs: object) -> None:
+        if text.strip():
+            self.out.append(Element(type=type_, text=text.strip(),
+                                    section_path=self.sections.path,
+                                    **kwargs))  # type: ignore[arg-type]
+
+    def flush(self) -> None:
+        text = collapse_ws("".join(self.buf))
+        self.buf = []
+        self.emit("paragraph", text)
+
+    def walk(self, node: Tag) -> None:
+        for child in node.children:
+            if isinstance(child, NavigableString):
+                if not isinstance(child, _SKIP_STRINGS):
+                    self.buf.append(str(child))
+                continue
+            if not isinstance(child, Tag):
+                continue
+            name = (child.name or "").lower()
+            if name in _DROP:
+                continue
+            if name in _HEADINGS:
+                self.flush()
+                text = _inline_text(child)
+                if text:
+                    self.sections.push(_HEADINGS[name], text)
+                    self.emit("heading", text, level=_HEADINGS[name])
+            elif name == "pre":
+                self.flush()
+                self.code(child)
+            elif name in ("ul", "ol"):
+                self.flush()
+                self.emit("list", "\n".join(self.list_lines(child, 0)))
+            elif name == "table":
+                self.flush()
+                self.table(child)
+            elif name in _PARAGRAPH_LIKE or name in _BLOCK:
+                self.buf.append(" ")
+                self.flush()
+                self.walk(child)
+                self.flush()
+            else:
+                self.walk(child)
+
+    def code(self, pre: Tag) -> None:
+        classes = list(pre.get("class") or [])
+        inner = pre.find("code")
+        if isinstance(inner, Tag):
+            classes += list(inner.get("class") or [])
+        language = next((m.group(1) for c in classes if (m := _LANG_RE.match(c))), None)
+        lines = [line.rstrip() for line in pre.get_text().split("\n")]
+        while lines and not lines[0].strip():
+            lines.pop(0)
+        text = "\n".join(lines).rstrip()
+        self.emit("code", text, metadata={"language": language} if language else {})
+
+    def list_lines(self, lst: Tag, depth: int) -> list[str]:
+        lines: list[str] = []
+        ordered = (lst.name or "").lower() == "ol"
+        number = 0
+        for child in lst.children:
+            if not isinstance(child, Tag):
+                text = collapse_ws(str(child)) if not isinstance(child, _SKIP_STRINGS) else ""
+                if text:
+                    lines.append("  " * depth + text)
+                continue
+            name = (child.name or "").lower()
+            if name in _DROP:
+                continue
+            if name == "li":
+                number += 1
+                own = _inline_text(child, exclude=frozenset({"ul", "ol"}))
+                if own:
+                    bullet = f"{number}." if ordered else "-"
+                    lines.append(f"{'  ' * depth}{bullet} {own}")
+                for nested in child.find_all(["ul", "ol"]):
+                    if nested.find_parent("li") is child:  # direct sub-list of this item
+                        lines.extend(self.list_lines(nested, depth + 1))
+            elif name in ("ul", "ol"):
+                lines.extend(self.list_lines(child, depth + 1))
+            else:
+                lines.extend(self.list_lines(child, depth))
+        return lines
+
+    def table(self, table: Tag) -> None:
+        if table.find(list(_HEADINGS) + ["table", "ul", "ol", "pre"]):
+            # Layout table: walk its cells as ordinary blocks.
+            self.walk(table)
+            return
+        rows: list[list[str]] = []
+        header: list[str] | None = None
+        header_done = False
+        for tr in table.find_all("tr"):
+            if tr.find_parent("table") is not table:
+                continue
+            cells = _direct(tr, {"td", "th"})
+            values: list[str] = []
+            for cell in cells:
+                values.append(_inline_text(cell))
+                try:
+                    span = int(str(cell.get("colspan") or 1))
+                except ValueError:
+                    span = 1
+                values.extend([""] * (min(max(span, 1), 100) - 1))
+            if not any(values):
+                continue
+            in_thead = tr.find_parent("thead") is not None
+            all_th = bool(cells) and all((c.name or "").lower() == "th" for c in cells)
+            if not header_done and not rows and (in_thead or all_th):
+                header = values
+                header_done = True
+                continue
+            header_done = True
+            rows.append(values)
+        caption = table.find("caption")
+        if isinstance(caption, Tag):
+            self.emit("paragraph", _inline_text(caption))
+        non_empty = [sum(1 for v in r if v) for r in rows]
+        if header is None and (len(rows) <= 1 or max(non_empty, default=0) <= 1):
+            # A one-row or one-column table is layout, not data: emit its text as paragraphs.
+            for r in rows:
+                self.emit("paragraph", render_row(None, r))
+            return
+        text, meta = render_table(header, rows)
+        self.emit("table", text, metadata=meta)
+
+
+def parse_html(data: bytes) -> list[Element]:
+    """Parse HTML bytes into title/heading/paragraph/list/code/table elements.
+
+    Drops script/style/noscript/template/head content; a non-empty ``<title>`` becomes a
+    ``"title"`` element first. Text directly inside divs (not in ``<p>``) is kept as
+    paragraphs. Encoding comes from the BOM/``<meta charset>``/detection (BeautifulSoup).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+        soup = BeautifulSoup(data, "lxml")
+    walker = _HtmlWalker()
+    title = soup.find("title")
+    if isinstance(title, Tag):
+        walker.emit("title", collapse_ws(title.get_text()))
+    root = soup.body if isinstance(soup.body, Tag) else soup
+    try:
+        walker.walk(root)
+        walker.flush()
+    except RecursionError:
+        # Pathologically deep nesting: fall back to flat text (bs4 iterates without recursion).
+        for tag in root.find_all(list(_DROP)):
+            tag.extract()
+        walker.out = walker.out[:1] if walker.out and walker.out[0].type == "title" else []
+        walker.sections = SectionStack()
+        for line in root.get_text("\n").split("\n"):
+            walker.emit("paragraph", collapse_ws(line))
+    return walker.out

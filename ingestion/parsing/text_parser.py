@@ -1,0 +1,29 @@
+"""Plain-text parser: decoded text split into paragraphs on blank lines."""
+
+from __future__ import annotations
+
+import re
+
+from .base import Element
+from .encoding import decode_text
+
+_BLANK_LINE_RE = re.compile(r"\n[ \t\u00a0\u3000]*\n\s*")
+
+
+def split_paragraphs(text: str) -> list[str]:
+    """Split LF-normalised text on blank lines; return the non-blank paragraphs, stripped."""
+    out = []
+    for part in _BLANK_LINE_RE.split(text):
+        part = "\n".join(line.rstrip() for line in part.strip().split("\n"))
+        if part:
+            out.append(part)
+    return out
+
+
+def parse_text(data: bytes) -> list[Element]:
+    """Parse plain-text bytes into ``"paragraph"`` elements.
+
+    Raises:
+        EncodingError: when the bytes are not text in a detectable encoding.
+    """
+    return [Element(type="paragraph", text=p) for p in split_paragraphs(decode_text(data))]

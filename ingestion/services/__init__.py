@@ -1,0 +1,1 @@
+"""Ingestion services: document admission (``documents``) and compilation (``compilation``)."""

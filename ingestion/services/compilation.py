@@ -1,0 +1,453 @@
+"""Durable document compilation: parse → chunk → embed → index → publish.
+
+The database is the source of truth; the task queue only delivers job ids. A delivery starts by a
+compare-and-set from ``queued`` to ``running`` that issues a fresh ``lease_token``; every later
+write (checkpoint, failure, success) is conditioned on that token, so a duplicate or late
+delivery changes nothing. Each stage commits its output together with its checkpoint, and a
+resumed job continues from its last checkpoint without duplicating nodes or projections
+(node ids are UUIDv5 of the generation and chunk index; projections are replaced by id).
+
+Several queued jobs of one space can be compiled as one batch so that their chunks share
+embedding batches; a failure in one document's parse or chunk stage fails only that document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from dataclasses import asdict
+from datetime import timedelta
+
+import numpy as np
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from ingestion import parsing
+from ingestion.chunking import Chunk, chunk_elements
+from ingestion.models import (
+    LIVE_RUN_STATES,
+    CompilationJob,
+    Document,
+    DocumentState,
+    KnowledgeNode,
+    ParseArtifact,
+    RunState,
+    Stage,
+)
+from knowledgefs import storage
+from knowledgefs.runtime import get_embedding_model
+from retrieval.backends import IndexedNode, get_search_backend
+from spaces.models import PublicationHead
+
+logger = logging.getLogger("knowledgefs.compilation")
+
+LEASE_SECONDS = 300
+EMBED_SLICE = 256
+PROGRESS = {
+    Stage.QUEUED: 0,
+    Stage.PARSED: 30,
+    Stage.NODES_GENERATED: 50,
+    Stage.PROJECTION_BUILT: 90,
+    Stage.PUBLISHED: 100,
+}
+_NODE_NAMESPACE = uuid.UUID("8f6d2a44-5c1e-4f7a-9f0e-3b9d6c2a7e10")
+
+
+class LeaseLost(Exception):
+    """The job is no longer ours (another delivery owns it, or it was canceled)."""
+
+
+class CompilationFailure(Exception):
+    """A document-level failure with a stable ``code`` and a message for the user."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# --- dispatch -------------------------------------------------------------------------------
+
+
+def enqueue_on_commit(job_id: uuid.UUID) -> None:
+    """Deliver the job to the worker queue once the surrounding transaction commits."""
+    transaction.on_commit(lambda: dispatch(job_id))
+
+
+def dispatch(job_id: uuid.UUID) -> str | None:
+    """Put a queued job on the django-q2 queue; returns the task id (``None`` if not queued)."""
+    from django_q.tasks import async_task
+
+    if not CompilationJob.objects.filter(id=job_id, run_state=RunState.QUEUED).exists():
+        return None
+    task_id = async_task(
+        "ingestion.tasks.compile_document",
+        str(job_id),
+        task_name=f"compile-{job_id}",
+        group="compile",
+    )
+    CompilationJob.objects.filter(id=job_id, run_state=RunState.QUEUED).update(task_id=task_id)
+    return task_id
+
+
+def supersede_live_jobs(document: Document) -> int:
+    """Mark a document's live jobs superseded (a newer upload replaces them)."""
+    return CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES).update(
+        run_state=RunState.SUPERSEDED, lease_token=None, finished_at=timezone.now()
+    )
+
+
+# --- running --------------------------------------------------------------------------------
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def run_job(job_id: uuid.UUID | str) -> str:
+    """Compile one job plus up to ``KNOWLEDGE_COMPILE_BATCH_DOCUMENTS - 1`` queued siblings.
+
+    Safe to call any number of times: a job that is not ``queued`` is left alone. Returns the
+    job's resulting run state.
+    """
+    job_id = uuid.UUID(str(job_id))
+    job = CompilationJob.objects.filter(id=job_id).only("space_id").first()
+    if job is None:
+        return "missing"
+    siblings = list(
+        CompilationJob.objects.filter(space_id=job.space_id, run_state=RunState.QUEUED)
+        .exclude(id=job_id)
+        .order_by("created_at")
+        .values_list("id", flat=True)[: settings.KNOWLEDGE_COMPILE_BATCH_DOCUMENTS - 1]
+    )
+    compile_jobs([job_id, *siblings])
+    return CompilationJob.objects.filter(id=job_id).values_list("run_state", flat=True).first()
+
+
+def compile_jobs(job_ids: Iterable[uuid.UUID]) -> None:
+    """Compile the given jobs as one batch (each claimed individually; unclaimable ones skipped)."""
+    worker = worker_identity()
+    claimed: list[tuple[CompilationJob, uuid.UUID]] = []
+    for job_id in job_ids:
+        token = claim(job_id, worker)
+        if token is not None:
+            claimed.append(
+                (CompilationJob.objects.select_related("document").get(id=job_id), token)
+            )
+    if not claimed:
+        return
+    ready: list[tuple[CompilationJob, uuid.UUID, list[KnowledgeNode]]] = []
+    for job, token in claimed:
+        try:
+            nodes = _prepare(job, token)
+        except LeaseLost:
+            continue
+        except CompilationFailure as failure:
+            fail(job.id, token, failure.code, failure.message)
+            continue
+        except Exception as exc:  # noqa: BLE001 - any bug must end the job, never leave it running
+            logger.exception("compilation of job %s failed", job.id)
+            fail(job.id, token, "internal_error", f"{type(exc).__name__}: {exc}")
+            continue
+        ready.append((job, token, nodes))
+    if ready:
+        _project_and_publish(ready)
+
+
+def claim(job_id: uuid.UUID, worker: str) -> uuid.UUID | None:
+    """Compare-and-set ``queued`` → ``running`` with a fresh lease token (``None`` if not ours)."""
+    token = uuid.uuid4()
+    now = timezone.now()
+    with transaction.atomic():
+        won = CompilationJob.objects.filter(id=job_id, run_state=RunState.QUEUED).update(
+            run_state=RunState.RUNNING,
+            lease_token=token,
+            worker_id=worker[:120],
+            lease_expires_at=now + timedelta(seconds=LEASE_SECONDS),
+            heartbeat_at=now,
+            started_at=now,
+            execution_attempts=F("execution_attempts") + 1,
+        )
+        if not won:
+            return None
+        Document.objects.filter(jobs__id=job_id, active_generation__isnull=True).update(
+            state=DocumentState.PROCESSING
+        )
+    return token
+
+
+def _checkpoint(job_id: uuid.UUID, token: uuid.UUID, **fields) -> None:
+    """Write job fields only while we still hold the lease; raises :class:`LeaseLost` otherwise."""
+    now = timezone.now()
+    fields.setdefault("heartbeat_at", now)
+    fields.setdefault("lease_expires_at", now + timedelta(seconds=LEASE_SECONDS))
+    if "stage" in fields:
+        fields.setdefault("progress_percent", PROGRESS.get(fields["stage"], 0))
+    updated = CompilationJob.objects.filter(
+        id=job_id, lease_token=token, run_state=RunState.RUNNING
+    ).update(**fields)
+    if not updated:
+        raise LeaseLost(str(job_id))
+
+
+def _prepare(job: CompilationJob, token: uuid.UUID) -> list[KnowledgeNode]:
+    """Run (or resume) parse and chunk; returns the generation's nodes."""
+    stage = job.stage
+    if stage == Stage.QUEUED:
+        artifact = _parse(job, token)
+        stage = Stage.PARSED
+    else:
+        artifact = ParseArtifact.objects.get(job=job)
+    if stage == Stage.PARSED:
+        return _generate_nodes(job, token, artifact)
+    return list(
+        KnowledgeNode.objects.filter(document_id=job.document_id, generation=job.id).order_by(
+            "chunk_index"
+        )
+    )
+
+
+def _parse(job: CompilationJob, token: uuid.UUID) -> ParseArtifact:
+    document = job.document
+    try:
+        data = storage.read_object(
+            document.storage_key,
+            max_bytes=max(document.size_bytes, settings.KNOWLEDGE_UPLOAD_MAX_BYTES),
+        )
+    except FileNotFoundError:
+        raise CompilationFailure(
+            "source_missing", "the stored source file of this document is missing"
+        ) from None
+    try:
+        report = parsing.parse_with_report(data, document.mime_type)
+    except parsing.ParseError as exc:
+        raise CompilationFailure(exc.code, exc.message) from exc
+    elements = [_element_dict(e) for e in report.elements]
+    artifact_hash = hashlib.sha256(
+        json.dumps(elements, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()
+    with transaction.atomic():
+        _checkpoint(job.id, token, stage=Stage.PARSED)
+        ParseArtifact.objects.filter(job=job).delete()
+        return ParseArtifact.objects.create(
+            job=job,
+            document=document,
+            parser=report.parser,
+            artifact_hash=artifact_hash,
+            page_count=report.page_count,
+            pages_without_text=list(report.pages_without_text),
+            elements=elements,
+        )
+
+
+def _element_dict(element: parsing.Element) -> dict:
+    data = asdict(element)
+    data["section_path"] = list(element.section_path)
+    return data
+
+
+def _elements_from(artifact: ParseArtifact) -> list[parsing.Element]:
+    return [
+        parsing.Element(**{**e, "section_path": tuple(e.get("section_path") or ())})
+        for e in artifact.elements
+    ]
+
+
+def _generate_nodes(
+    job: CompilationJob, token: uuid.UUID, artifact: ParseArtifact
+) -> list[KnowledgeNode]:
+    try:
+        chunks = chunk_elements(
+            _elements_from(artifact),
+            target_chars=settings.KNOWLEDGE_CHUNK_TARGET_CHARS,
+            overlap_chars=settings.KNOWLEDGE_CHUNK_OVERLAP_CHARS,
+        )
+    except parsing.ParseError as exc:
+        raise CompilationFailure(exc.code, exc.message) from exc
+    if not chunks:
+        message = "the document contains no extractable text"
+        if artifact.pages_without_text:
+            pages = ", ".join(str(p) for p in artifact.pages_without_text[:20])
+            message += f"; pages without a text layer: {pages}"
+        raise CompilationFailure("no_extractable_text", message)
+    nodes = [_node(job, chunk) for chunk in chunks]
+    with transaction.atomic():
+        _checkpoint(job.id, token, stage=Stage.NODES_GENERATED)
+        _drop_generation(job.document_id, job.id)
+        KnowledgeNode.objects.bulk_create(nodes, batch_size=500)
+    return nodes
+
+
+def _node(job: CompilationJob, chunk: Chunk) -> KnowledgeNode:
+    return KnowledgeNode(
+        id=uuid.uuid5(_NODE_NAMESPACE, f"{job.id}:{chunk.index}"),
+        space_id=job.space_id,
+        document_id=job.document_id,
+        generation=job.id,
+        chunk_index=chunk.index,
+        kind=chunk.kind,
+        text=chunk.text,
+        start_offset=chunk.start_offset,
+        end_offset=chunk.end_offset,
+        page_number=chunk.page_number,
+        section_path=list(chunk.section_path),
+    )
+
+
+def _drop_generation(document_id: uuid.UUID, generation: uuid.UUID) -> None:
+    ids = list(
+        KnowledgeNode.objects.filter(document_id=document_id, generation=generation).values_list(
+            "id", flat=True
+        )
+    )
+    if ids:
+        get_search_backend().delete_nodes(ids)
+        KnowledgeNode.objects.filter(id__in=ids).delete()
+
+
+def _project_and_publish(
+    ready: list[tuple[CompilationJob, uuid.UUID, list[KnowledgeNode]]],
+) -> None:
+    model = get_embedding_model()
+    backend = get_search_backend()
+    pending = [
+        (job, token, nodes) for job, token, nodes in ready if job.stage != Stage.PROJECTION_BUILT
+    ]
+    texts = [node.text for _, _, nodes in pending for node in nodes]
+    vectors = np.zeros((len(texts), model.dimension), dtype=np.float32)
+    try:
+        for start in range(0, len(texts), EMBED_SLICE):
+            vectors[start : start + EMBED_SLICE] = model.embed_documents(
+                texts[start : start + EMBED_SLICE]
+            )
+            for job, token, _ in pending:
+                try:
+                    _checkpoint(job.id, token)  # heartbeat between slices
+                except LeaseLost:
+                    pass  # its projection checkpoint below will find out and skip it
+    except Exception as exc:  # noqa: BLE001
+        logger.exception("embedding failed")
+        for job, token, _ in ready:
+            fail(job.id, token, "embedding_failed", f"{type(exc).__name__}: {exc}")
+        return
+    offset = 0
+    for job, token, nodes in ready:
+        if job.stage != Stage.PROJECTION_BUILT:
+            job_vectors = vectors[offset : offset + len(nodes)]
+            offset += len(nodes)
+            try:
+                with transaction.atomic():
+                    _checkpoint(job.id, token, stage=Stage.PROJECTION_BUILT)
+                    backend.index_nodes(
+                        [IndexedNode(n.id, n.space_id, n.document_id, n.text) for n in nodes],
+                        job_vectors,
+                        model.model_id,
+                    )
+            except LeaseLost:
+                continue
+        try:
+            publish(job, token, node_count=len(nodes))
+        except LeaseLost:
+            continue
+
+
+def publish(job: CompilationJob, token: uuid.UUID, *, node_count: int) -> None:
+    """Make the job's generation the document's visible one, in one transaction.
+
+    The job's success, the document's ``active_generation`` and the space's publication head
+    (one compare-and-set on ``revision``) move together; the previous generation's nodes and
+    projections are removed in the same commit.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        _checkpoint(
+            job.id,
+            token,
+            stage=Stage.PUBLISHED,
+            run_state=RunState.SUCCEEDED,
+            finished_at=now,
+            lease_expires_at=None,
+            error_code="",
+            error_message="",
+        )
+        document = Document.objects.select_for_update().get(id=job.document_id)
+        previous = document.active_generation
+        advance_publication_head(job.space_id)
+        Document.objects.filter(id=document.id).update(
+            active_generation=job.id,
+            state=DocumentState.PUBLISHED,
+            node_count=node_count,
+            error_code="",
+            error_message="",
+            updated_at=now,
+        )
+        if previous and previous != job.id:
+            _drop_generation(document.id, previous)
+
+
+def advance_publication_head(space_id: uuid.UUID, attempts: int = 20) -> int:
+    """Move the space's publication head by one compare-and-set; returns the new revision."""
+    for _ in range(attempts):
+        head, _ = PublicationHead.objects.get_or_create(space_id=space_id)
+        if PublicationHead.objects.filter(space_id=space_id, revision=head.revision).update(
+            revision=head.revision + 1, published_at=timezone.now()
+        ):
+            return head.revision + 1
+    raise RuntimeError(f"publication head of space {space_id} kept moving; gave up")
+
+
+def fail(job_id: uuid.UUID, token: uuid.UUID, code: str, message: str) -> bool:
+    """End a job as failed (if we still hold it) and remove its partial nodes and projections."""
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            _checkpoint(
+                job_id,
+                token,
+                stage=Stage.FAILED,
+                run_state=RunState.FAILED,
+                finished_at=now,
+                lease_expires_at=None,
+                error_code=code[:64],
+                error_message=message[:4000],
+            )
+            job = CompilationJob.objects.get(id=job_id)
+            _drop_generation(job.document_id, job.id)
+            Document.objects.filter(id=job.document_id, active_generation__isnull=True).update(
+                state=DocumentState.FAILED, updated_at=now
+            )
+            Document.objects.filter(id=job.document_id).update(
+                error_code=code[:64], error_message=message[:4000]
+            )
+    except LeaseLost:
+        return False
+    return True
+
+
+def drain_queued(space_id: uuid.UUID | None = None, *, on_progress=None) -> int:
+    """Compile every queued job in-process (for ``kfs ingest --wait`` and evaluation).
+
+    Jobs are taken in batches of ``KNOWLEDGE_COMPILE_BATCH_DOCUMENTS``; a job a worker cluster
+    claims first is simply skipped. ``on_progress(n)`` is called with the number of jobs done in
+    each batch. Returns how many jobs were attempted.
+    """
+    done = 0
+    batch_size = settings.KNOWLEDGE_COMPILE_BATCH_DOCUMENTS
+    while True:
+        qs = CompilationJob.objects.filter(run_state=RunState.QUEUED)
+        if space_id is not None:
+            qs = qs.filter(space_id=space_id)
+        batch = list(qs.order_by("created_at").values_list("id", flat=True)[:batch_size])
+        if not batch:
+            return done
+        compile_jobs(batch)
+        done += len(batch)
+        if on_progress:
+            on_progress(len(batch))

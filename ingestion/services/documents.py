@@ -1,0 +1,282 @@
+"""Document admission, listing and deletion.
+
+Admission checks everything before any byte is stored: filename, size
+(``KNOWLEDGE_UPLOAD_MAX_BYTES``), type sniffed from content, duplicate content in the space. Then one transaction writes the
+document and its compilation job; the object is written first and deleted again if the
+transaction fails, so nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+import uuid
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+
+from ingestion import parsing
+from ingestion.models import CompilationJob, Document, DocumentState, KnowledgeNode, RunState
+from knowledgefs import storage
+from knowledgefs.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from knowledgefs.errors import UnsupportedMediaType as UnsupportedMediaTypeError
+from knowledgefs.runtime import get_embedding_model
+from knowledgefs.uploads import upload_limit_message
+from spaces.models import KnowledgeSpace
+from spaces.services import Principal, get_space
+
+MAX_FILENAME_CHARS = 512
+DUPLICATE_POLICIES = ("reject", "replace")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The result of admitting a file: the document, its new job, and whether it is new."""
+
+    document: Document
+    job: CompilationJob
+    created: bool
+
+
+def validate_filename(filename: str) -> str:
+    """Return the filename unchanged if it can be shown and stored as metadata.
+
+    Path separators, ``..``, spaces and any script are fine (the name never becomes a path).
+    Refused with 400 ``invalid_filename``: empty names, names over 512 characters, and names with
+    control characters (the message names the code point, e.g. ``U+0000``).
+    """
+    if not filename or not filename.strip():
+        raise InvalidInput("filename is empty", code="invalid_filename")
+    if len(filename) > MAX_FILENAME_CHARS:
+        raise InvalidInput(
+            f"filename is {len(filename)} characters; the limit is {MAX_FILENAME_CHARS}",
+            code="invalid_filename",
+        )
+    for char in filename:
+        category = unicodedata.category(char)
+        if category in ("Cc", "Cs") or char in "\u2028\u2029":
+            raise InvalidInput(
+                f"filename contains the control character U+{ord(char):04X}; rename the file",
+                code="invalid_filename",
+            )
+    return filename
+
+
+def storage_key_for(space: KnowledgeSpace, document_id: uuid.UUID) -> str:
+    """Object key of a document's source bytes: ids only, never the filename."""
+    return f"tenants/{space.tenant_id}/spaces/{space.id}/documents/{document_id}/source"
+
+
+def admit_document(
+    space: KnowledgeSpace,
+    *,
+    filename: str,
+    data: bytes,
+    on_duplicate: str = "reject",
+    metadata: dict | None = None,
+    enqueue: bool = True,
+) -> Admission:
+    """Store a file in ``space`` and queue its compilation; returns an :class:`Admission`.
+
+    Errors (nothing is stored when any is raised): 400 ``invalid_filename``, 400 ``empty_file``,
+    413 ``file_too_large`` (names the limit), 415 ``unsupported_media_type`` (lists the supported
+    types), 409 ``duplicate_document`` with the existing id in ``details`` when the same bytes are
+    already in the space and ``on_duplicate`` is ``"reject"``. With ``"replace"`` the existing
+    document takes the new filename and is compiled again (it stays one document).
+    ``enqueue=False`` leaves the job queued in the database without a queue message, for callers
+    that compile in-process (:func:`ingestion.services.compilation.drain_queued`).
+    """
+    validate_filename(filename)
+    if on_duplicate not in DUPLICATE_POLICIES:
+        raise InvalidInput(
+            f"on_duplicate must be one of {', '.join(DUPLICATE_POLICIES)}",
+            code="invalid_on_duplicate",
+        )
+    if not data:
+        raise InvalidInput("the file is empty (0 bytes)", code="empty_file")
+    limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
+    if len(data) > limit:
+        raise PayloadTooLarge(upload_limit_message(limit))
+    try:
+        mime_type = parsing.sniff_mime_type(data, filename)
+    except parsing.UnsupportedType as exc:
+        raise UnsupportedMediaTypeError(
+            exc.message, details={"supported": supported_types()}
+        ) from exc
+    except parsing.ParseError as exc:
+        raise InvalidInput(exc.message, code=exc.code) from exc
+    sha256 = hashlib.sha256(data).hexdigest()
+
+    existing = Document.objects.filter(space=space, sha256=sha256).first()
+    if existing is not None:
+        if on_duplicate == "reject":
+            raise _duplicate(existing)
+        return _replace(existing, filename=filename, enqueue=enqueue)
+
+    _freeze_embedding_model(space)
+    document_id = uuid.uuid4()
+    key = storage_key_for(space, document_id)
+    storage.put_object(key, data)
+    try:
+        with transaction.atomic():
+            document = Document.objects.create(
+                id=document_id,
+                tenant_id=space.tenant_id,
+                space=space,
+                filename=filename,
+                mime_type=mime_type,
+                size_bytes=len(data),
+                sha256=sha256,
+                storage_key=key,
+                metadata=metadata or {},
+            )
+            job = _new_job(document, enqueue=enqueue)
+    except IntegrityError:
+        storage.delete_object(key)
+        # A concurrent upload of the same bytes won the unique (space, sha256) race.
+        winner = Document.objects.filter(space=space, sha256=sha256).first()
+        if winner is None:
+            raise
+        if on_duplicate == "reject":
+            raise _duplicate(winner) from None
+        return _replace(winner, filename=filename, enqueue=enqueue)
+    except BaseException:
+        storage.delete_object(key)
+        raise
+    return Admission(document=document, job=job, created=True)
+
+
+def supported_types() -> list[str]:
+    return sorted(parsing.SUPPORTED_MIME_TYPES)
+
+
+def _duplicate(existing: Document) -> Conflict:
+    return Conflict(
+        f"the same file content is already in this knowledge space as document {existing.id} "
+        f"({existing.filename!r}); pass on_duplicate=replace to replace it",
+        code="duplicate_document",
+        details={"existing_document_id": str(existing.id)},
+    )
+
+
+def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission:
+    from .compilation import supersede_live_jobs
+
+    with transaction.atomic():
+        document = Document.objects.select_for_update().get(id=existing.id)
+        supersede_live_jobs(document)
+        document.filename = filename
+        if document.active_generation is None:
+            document.state = DocumentState.QUEUED
+        document.error_code = ""
+        document.error_message = ""
+        document.save(
+            update_fields=["filename", "state", "error_code", "error_message", "updated_at"]
+        )
+        job = _new_job(document, enqueue=enqueue)
+    return Admission(document=document, job=job, created=False)
+
+
+def _new_job(document: Document, *, enqueue: bool) -> CompilationJob:
+    from .compilation import enqueue_on_commit
+
+    job = CompilationJob.objects.create(
+        tenant_id=document.tenant_id, space_id=document.space_id, document=document
+    )
+    if enqueue:
+        enqueue_on_commit(job.id)
+    return job
+
+
+def _freeze_embedding_model(space: KnowledgeSpace) -> None:
+    """Bind the space to the runtime's embedding model at its first admission (a latch)."""
+    if space.embedding_model_id:
+        return
+    model = get_embedding_model()
+    KnowledgeSpace.objects.filter(id=space.id, embedding_model_id="").update(
+        embedding_model_id=model.model_id, embedding_dimension=model.dimension
+    )
+    space.refresh_from_db(fields=["embedding_model_id", "embedding_dimension"])
+
+
+def documents_in(space: KnowledgeSpace) -> QuerySet[Document]:
+    """Documents of a space, newest first."""
+    return Document.objects.filter(space=space).order_by("-created_at", "-id")
+
+
+def get_document(principal: Principal, space_id, document_id) -> Document:
+    """A document of a space the principal can reach, else 404 ``document_not_found``."""
+    space = get_space(principal, space_id)
+    try:
+        doc_uuid = uuid.UUID(str(document_id))
+    except ValueError:
+        raise NotFound("document not found", code="document_not_found") from None
+    document = Document.objects.filter(id=doc_uuid, space=space).first()
+    if document is None:
+        raise NotFound("document not found", code="document_not_found")
+    return document
+
+
+def get_job(principal: Principal, job_id) -> CompilationJob:
+    """A compilation job in a space the principal can reach, else 404 ``job_not_found``."""
+    try:
+        job_uuid = uuid.UUID(str(job_id))
+    except ValueError:
+        raise NotFound("job not found", code="job_not_found") from None
+    job = (
+        CompilationJob.objects.select_related("document")
+        .filter(id=job_uuid, tenant_id=principal.tenant_id)
+        .first()
+    )
+    if job is None or not principal.can_reach(job.space_id):
+        raise NotFound("job not found", code="job_not_found")
+    return job
+
+
+def delete_document(principal: Principal, space_id, document_id) -> None:
+    """Delete a document: its jobs stop counting, its nodes leave every index, its bytes go."""
+    document = get_document(principal, space_id, document_id)
+    purge_documents(Document.objects.filter(id=document.id))
+
+
+def purge_documents(documents: QuerySet[Document]) -> int:
+    """Delete documents with their nodes, projections and stored objects; returns the count."""
+    from retrieval.backends import get_search_backend
+    from spaces.models import PublicationHead
+
+    backend = get_search_backend()
+    keys = []
+    count = 0
+    for document in documents.only("id", "storage_key", "space_id"):
+        with transaction.atomic():
+            CompilationJob.objects.filter(
+                document=document,
+                run_state__in=[
+                    RunState.QUEUED,
+                    RunState.RUNNING,
+                    RunState.DISPATCH_PENDING,
+                    RunState.RETRY_WAIT,
+                ],
+            ).update(run_state=RunState.CANCELED, stage="canceled")
+            node_ids = list(
+                KnowledgeNode.objects.filter(document=document).values_list("id", flat=True)
+            )
+            backend.delete_nodes(node_ids)
+            document.delete()
+            _bump_head(PublicationHead, document.space_id)
+        keys.append(document.storage_key)
+        count += 1
+    for key in keys:
+        storage.delete_object(key)
+    return count
+
+
+def _bump_head(head_model, space_id) -> None:
+    from django.db.models import F
+    from django.utils import timezone
+
+    head_model.objects.filter(space_id=space_id).update(
+        revision=F("revision") + 1, published_at=timezone.now()
+    )

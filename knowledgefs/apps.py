@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class KnowledgeFSConfig(AppConfig):
+    """Project package: the Dify boundary (model runtime, storage), errors, health, the kfs CLI."""
+
+    name = "knowledgefs"
+    verbose_name = "KnowledgeFS"

@@ -1,0 +1,138 @@
+"""Service errors and their JSON shape on the API.
+
+Every error the API returns is ``{"code": <stable machine string>, "message": <human text>}``,
+optionally with ``"details"``. Services raise :class:`ServiceError` subclasses; views never build
+error bodies themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.response import Response
+
+logger = logging.getLogger("knowledgefs.errors")
+
+
+class ServiceError(Exception):
+    """A failure with an HTTP status, a stable ``code`` and a message naming the limit or field."""
+
+    status = 400
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, code: str | None = None, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+        self.details = details
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details is not None:
+            body["details"] = self.details
+        return body
+
+
+class InvalidInput(ServiceError):
+    status = 400
+    code = "invalid_request"
+
+
+class Forbidden(ServiceError):
+    status = 403
+    code = "permission_denied"
+
+
+class NotFound(ServiceError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(ServiceError):
+    status = 413
+    code = "file_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+class Unavailable(ServiceError):
+    status = 503
+    code = "unavailable"
+
+
+_DRF_CODES = {
+    drf_exceptions.NotAuthenticated: "not_authenticated",
+    drf_exceptions.AuthenticationFailed: "authentication_failed",
+    drf_exceptions.PermissionDenied: "permission_denied",
+    drf_exceptions.NotFound: "not_found",
+    drf_exceptions.MethodNotAllowed: "method_not_allowed",
+    drf_exceptions.UnsupportedMediaType: "unsupported_media_type",
+    drf_exceptions.ParseError: "malformed_request",
+    drf_exceptions.Throttled: "rate_limited",
+    drf_exceptions.NotAcceptable: "not_acceptable",
+}
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF exception handler: every error becomes ``{"code", "message"[, "details"]}``."""
+    if isinstance(exc, ServiceError):
+        return Response(exc.as_dict(), status=exc.status)
+    if isinstance(exc, Http404):
+        return Response({"code": "not_found", "message": "Not found."}, status=404)
+    if isinstance(exc, drf_exceptions.ValidationError):
+        details = exc.detail
+        field, first = _first_error(details)
+        message = f"{field}: {first}" if field else str(first)
+        return Response(
+            {"code": "invalid_request", "message": message, "details": details}, status=400
+        )
+    if isinstance(exc, drf_exceptions.APIException):
+        code = next((c for k, c in _DRF_CODES.items() if isinstance(exc, k)), "error")
+        response = Response({"code": code, "message": str(exc.detail)}, status=exc.status_code)
+        if getattr(exc, "auth_header", None):
+            response["WWW-Authenticate"] = exc.auth_header
+        if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
+            response["WWW-Authenticate"] = 'Bearer realm="knowledgefs"'
+        return response
+    logger.exception("unhandled API error", exc_info=exc)
+    return Response(
+        {"code": "internal_error", "message": "The server failed to handle the request."},
+        status=500,
+    )
+
+
+def _first_error(details: Any, prefix: str = "") -> tuple[str, str]:
+    if isinstance(details, dict):
+        for key, value in details.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key == "non_field_errors":
+                name = prefix
+            return _first_error(value, name)
+    if isinstance(details, list) and details:
+        return _first_error(details[0], prefix)
+    return prefix, str(details)
+
+
+def json_error(status: int, code: str, message: str) -> JsonResponse:
+    """A plain Django JSON error response, for views outside DRF (404/500 handlers, probes)."""
+    return JsonResponse({"code": code, "message": message}, status=status)
+
+
+def handler404(request, exception=None) -> JsonResponse:  # noqa: ANN001 - Django signature
+    return json_error(404, "not_found", "Not found.")
+
+
+def handler500(request) -> JsonResponse:  # noqa: ANN001 - Django signature
+    return json_error(500, "internal_error", "The server failed to handle the request.")

@@ -1,0 +1,300 @@
+"""``python manage.py kfs …``: the operator's command line. Each subcommand calls a service."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+from tqdm import tqdm
+
+from ingestion.models import Document, DocumentState
+from ingestion.services import compilation, documents
+from knowledgefs.errors import Conflict, ServiceError
+from retrieval import evaluation
+from retrieval.services import LEGS, retrieve
+from spaces import services as spaces
+from spaces.models import KnowledgeSpace
+
+
+class Command(BaseCommand):
+    help = "KnowledgeFS operator commands: spaces, API keys, ingest, query, documents, eval."
+
+    def add_arguments(self, parser) -> None:
+        sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+        space = sub.add_parser("space", help="manage knowledge spaces")
+        space_sub = space.add_subparsers(dest="action", required=True)
+        create = space_sub.add_parser("create", help="create a knowledge space")
+        create.add_argument("name")
+        create.add_argument("--tenant", required=True)
+        create.add_argument("--slug")
+        create.add_argument("--description", default="")
+        create.add_argument(
+            "--exists-ok",
+            action="store_true",
+            help="succeed if a space with this slug already exists",
+        )
+        create.add_argument("--json", action="store_true")
+        listing = space_sub.add_parser("list", help="list a tenant's knowledge spaces")
+        listing.add_argument("--tenant", required=True)
+        listing.add_argument("--json", action="store_true")
+
+        apikey = sub.add_parser("apikey", help="manage API keys")
+        apikey_sub = apikey.add_subparsers(dest="action", required=True)
+        key_create = apikey_sub.add_parser("create", help="create a key (the secret is shown once)")
+        key_create.add_argument("--tenant", required=True)
+        key_create.add_argument(
+            "--space",
+            action="append",
+            default=[],
+            metavar="SLUG",
+            help="bind the key to this space (repeatable); none = whole tenant",
+        )
+        key_create.add_argument("--name", default="")
+        key_create.add_argument("--json", action="store_true")
+        revoke = apikey_sub.add_parser("revoke", help="revoke a key by secret or prefix")
+        revoke.add_argument("key")
+
+        ingest = sub.add_parser("ingest", help="upload files or folders into a space")
+        ingest.add_argument("paths", nargs="+", metavar="PATH")
+        ingest.add_argument("--space", required=True, metavar="SLUG")
+        ingest.add_argument("--tenant", required=True)
+        ingest.add_argument(
+            "--wait",
+            action="store_true",
+            help="compile in this process until done; exit 1 if any failed",
+        )
+        ingest.add_argument("--on-duplicate", choices=["skip", "reject", "replace"], default="skip")
+        ingest.add_argument("--json", action="store_true")
+
+        query = sub.add_parser("query", help="retrieve cited chunks")
+        query.add_argument("text")
+        query.add_argument("--space", required=True, metavar="SLUG")
+        query.add_argument("--tenant", required=True)
+        query.add_argument("--mode", default="fast")
+        query.add_argument("--top-k", type=int, default=5)
+        query.add_argument("--threshold", type=float, default=None)
+        query.add_argument("--json", action="store_true")
+
+        docs = sub.add_parser("documents", help="list a space's documents")
+        docs.add_argument("--space", required=True, metavar="SLUG")
+        docs.add_argument("--tenant", required=True)
+        docs.add_argument("--json", action="store_true")
+
+        ev = sub.add_parser("eval", help="evaluate retrieval on a BEIR-format dataset")
+        ev.add_argument("dataset_dir", metavar="DATASET_DIR")
+        ev.add_argument("--split", default="test")
+        ev.add_argument("--mode", default="fast")
+        ev.add_argument("--legs", choices=["hybrid", "keyword", "dense"], default="hybrid")
+        ev.add_argument("--fresh", action="store_true", help="rebuild the evaluation space")
+        ev.add_argument("--json", action="store_true")
+
+    def handle(self, *args, **options) -> None:
+        handler = {
+            "space": self.space,
+            "apikey": self.apikey,
+            "ingest": self.ingest,
+            "query": self.query,
+            "documents": self.documents,
+            "eval": self.eval,
+        }[options["command"]]
+        try:
+            handler(options)
+        except ServiceError as exc:
+            raise CommandError(f"{exc.code}: {exc.message}") from exc
+
+    # --- helpers ----------------------------------------------------------------------------
+    def emit(self, options: dict, payload, text: str) -> None:
+        self.stdout.write(
+            json.dumps(payload, ensure_ascii=False, indent=2) if options.get("json") else text
+        )
+
+    def _space(self, options: dict) -> KnowledgeSpace:
+        principal = spaces.Principal(tenant_id=spaces.validate_tenant_id(options["tenant"]))
+        return spaces.get_space_by_slug(principal, options["space"])
+
+    # --- subcommands ------------------------------------------------------------------------
+    def space(self, options: dict) -> None:
+        principal = spaces.Principal(tenant_id=spaces.validate_tenant_id(options["tenant"]))
+        if options["action"] == "create":
+            existing = None
+            if options["exists_ok"] and options["slug"]:
+                existing = spaces.spaces_for(principal).filter(slug=options["slug"]).first()
+            space = existing or spaces.create_space(
+                principal,
+                name=options["name"],
+                slug=options["slug"],
+                description=options["description"],
+            )
+            payload = {
+                "id": str(space.id),
+                "tenant_id": space.tenant_id,
+                "name": space.name,
+                "slug": space.slug,
+            }
+            verb = "using existing" if existing else "created"
+            self.emit(options, payload, f"{verb} space {space.slug} ({space.id})")
+        else:
+            rows = [
+                {"id": str(s.id), "name": s.name, "slug": s.slug}
+                for s in spaces.spaces_for(principal)
+            ]
+            self.emit(
+                options,
+                {"items": rows},
+                "\n".join(f"{r['slug']}\t{r['id']}\t{r['name']}" for r in rows) or "no spaces",
+            )
+
+    def apikey(self, options: dict) -> None:
+        if options["action"] == "revoke":
+            key = spaces.revoke_api_key(options["key"])
+            self.stdout.write(f"revoked key {key.prefix}… of tenant {key.tenant_id}")
+            return
+        tenant = spaces.validate_tenant_id(options["tenant"])
+        principal = spaces.Principal(tenant_id=tenant)
+        bound = [spaces.get_space_by_slug(principal, slug) for slug in options["space"]]
+        key, secret = spaces.create_api_key(tenant, spaces=bound, name=options["name"])
+        payload = {
+            "key": secret,
+            "prefix": key.prefix,
+            "tenant_id": tenant,
+            "spaces": [s.slug for s in bound],
+        }
+        self.emit(options, payload, f"{secret}\n(shown once; prefix {key.prefix})")
+
+    def ingest(self, options: dict) -> None:
+        space = self._space(options)
+        files = _collect_files(options["paths"])
+        if not files:
+            raise CommandError("no files found under the given paths")
+        admitted, skipped, rejected = [], [], []
+        policy = options["on_duplicate"]
+        for path in tqdm(files, desc="upload", unit="file", disable=options["json"]):
+            try:
+                admission = documents.admit_document(
+                    space,
+                    filename=path.name,
+                    data=path.read_bytes(),
+                    on_duplicate="reject" if policy == "skip" else policy,
+                    enqueue=not options["wait"],
+                )
+                admitted.append(admission.document.id)
+            except Conflict as exc:
+                if policy != "skip" or exc.code != "duplicate_document":
+                    rejected.append({"path": str(path), "code": exc.code, "message": exc.message})
+                else:
+                    skipped.append({"path": str(path), "reason": exc.message})
+            except ServiceError as exc:
+                rejected.append({"path": str(path), "code": exc.code, "message": exc.message})
+        if options["wait"] and admitted:
+            with tqdm(
+                total=len(admitted), desc="compile", unit="doc", disable=options["json"]
+            ) as bar:
+                compilation.drain_queued(space.id, on_progress=bar.update)
+        rows = list(
+            Document.objects.filter(id__in=admitted).values(
+                "id", "filename", "state", "error_code", "error_message", "node_count"
+            )
+        )
+        failed = [r for r in rows if r["state"] == DocumentState.FAILED]
+        payload = {
+            "space": space.slug,
+            "admitted": [{**r, "id": str(r["id"])} for r in rows],
+            "skipped": skipped,
+            "rejected": rejected,
+        }
+        lines = [
+            f"{r['state']:<10} {r['node_count']:>5} nodes  {r['filename']}"
+            + (f"  [{r['error_code']}: {r['error_message']}]" if r["error_code"] else "")
+            for r in rows
+        ]
+        lines += [f"skipped    {s['path']}: already in the space" for s in skipped]
+        lines += [f"rejected   {r['path']}: {r['code']}: {r['message']}" for r in rejected]
+        self.emit(options, payload, "\n".join(lines))
+        if options["wait"] and (failed or rejected):
+            raise CommandError(f"{len(failed)} documents failed, {len(rejected)} files rejected")
+
+    def query(self, options: dict) -> None:
+        space = self._space(options)
+        result = retrieve(
+            space,
+            options["text"],
+            top_k=options["top_k"],
+            mode=options["mode"],
+            score_threshold=options["threshold"],
+        )
+        payload = result.as_dict()
+        lines = []
+        for n, item in enumerate(result.items, 1):
+            c = item.citation
+            where = c["filename"] + (f" p.{c['page_number']}" if c["page_number"] else "")
+            if c["section_path"]:
+                where += " › " + " › ".join(c["section_path"])
+            snippet = " ".join(item.text.split())[:240]
+            lines.append(
+                f"[{n}] {item.score:.3f}  {where}  [{c['start_offset']}:{c['end_offset']}]"
+                f"\n    {snippet}"
+            )
+        self.emit(options, payload, "\n".join(lines) or "no results")
+
+    def documents(self, options: dict) -> None:
+        space = self._space(options)
+        rows = [
+            {
+                "id": str(d.id),
+                "filename": d.filename,
+                "state": d.state,
+                "error_code": d.error_code or None,
+                "nodes": d.node_count,
+            }
+            for d in documents.documents_in(space)
+        ]
+        self.emit(
+            options,
+            {"items": rows},
+            "\n".join(f"{r['state']:<10} {r['nodes']:>5}  {r['filename']}" for r in rows)
+            or "no documents",
+        )
+
+    def eval(self, options: dict) -> None:
+        legs = LEGS if options["legs"] == "hybrid" else (options["legs"],)
+        bars: dict[str, tqdm] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if options["json"]:
+                return
+            bar = bars.setdefault(phase, tqdm(total=total, desc=phase, unit="item"))
+            bar.update(done - bar.n)
+
+        metrics = evaluation.evaluate(
+            Path(options["dataset_dir"]),
+            split=options["split"],
+            mode=options["mode"],
+            legs=legs,
+            fresh=options["fresh"],
+            on_progress=progress,
+        )
+        for bar in bars.values():
+            bar.close()
+        self.emit(options, metrics, json.dumps(metrics, indent=2))
+
+
+def _collect_files(paths: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(
+                sorted(
+                    p
+                    for p in path.rglob("*")
+                    if p.is_file()
+                    and not any(part.startswith(".") for part in p.relative_to(path).parts)
+                )
+            )
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise CommandError(f"no such file or folder: {raw}")
+    return files

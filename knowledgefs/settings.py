@@ -1,0 +1,201 @@
+"""KnowledgeFS settings, read from the environment.
+
+With no environment set this is the embedded default: SQLite in ``var/`` (WAL mode), django-q2 on
+the ORM broker, objects under ``var/objects/`` and the local ONNX embedding model. Every variable
+is documented in ``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import unquote
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env") if (BASE_DIR / ".env").exists() else None
+
+VAR_DIR = Path(env.str("KNOWLEDGE_VAR_DIR", default=str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def bounded_int(name: str, default: int, low: int, high: int) -> int:
+    """Read an integer setting and refuse values outside ``[low, high]`` at start-up."""
+    value = env.int(name, default=default)
+    if not low <= value <= high:
+        raise ImproperlyConfigured(f"{name}={value} is outside the accepted range {low}..{high}")
+    return value
+
+
+SECRET_KEY = env.str("SECRET_KEY", default="insecure-embedded-default-change-me")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_q",
+    "knowledgefs",
+    "spaces",
+    "ingestion",
+    "retrieval",
+    "upgrades",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "knowledgefs.urls"
+WSGI_APPLICATION = "knowledgefs.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database ---------------------------------------------------------------------------------
+# DATABASE_URL switches to PostgreSQL; the embedded default is SQLite in WAL mode with IMMEDIATE
+# transactions so that concurrent writers (API + workers) queue on the lock instead of failing.
+if env.str("DATABASE_URL", default=""):
+    DATABASES = {"default": env.db("DATABASE_URL")}
+    # A Unix-socket directory may be given percent-encoded in the host position.
+    DATABASES["default"]["HOST"] = unquote(DATABASES["default"].get("HOST") or "")
+    DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "knowledgefs.sqlite3",
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
+            "TEST": {"NAME": VAR_DIR / "test-knowledgefs.sqlite3"},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Cache (API-key authentication results); Redis when REDIS_URL is set ----------------------
+if env.str("REDIS_URL", default=""):
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": env.str("REDIS_URL"),
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# --- Object storage boundary --------------------------------------------------------------------
+OBJECT_STORAGE_DIR = Path(env.str("KNOWLEDGE_OBJECT_STORAGE_DIR", default=str(VAR_DIR / "objects")))
+STORAGES = {
+    "default": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(VAR_DIR / "media")},
+    },
+    "objects": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(OBJECT_STORAGE_DIR)},
+    },
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# --- Model runtime ------------------------------------------------------------------------------
+KNOWLEDGE_MODEL_RUNTIME = env.str("KNOWLEDGE_MODEL_RUNTIME", default="local")
+if KNOWLEDGE_MODEL_RUNTIME not in {"local"}:
+    raise ImproperlyConfigured(
+        f"KNOWLEDGE_MODEL_RUNTIME={KNOWLEDGE_MODEL_RUNTIME!r} is not supported; use 'local'"
+    )
+KNOWLEDGE_EMBEDDING_BATCH_SIZE = bounded_int("KNOWLEDGE_EMBEDDING_BATCH_SIZE", 32, 1, 256)
+KNOWLEDGE_EMBEDDING_THREADS = bounded_int("KNOWLEDGE_EMBEDDING_THREADS", 0, 0, 64)
+
+# --- Upload and ingestion limits (production deployment guide) --------------------------------
+KNOWLEDGE_UPLOAD_MAX_BYTES = bounded_int(
+    "KNOWLEDGE_UPLOAD_MAX_BYTES", 15 * 1024 * 1024, 1, 50 * 1024 * 1024
+)
+# Multipart envelope allowance on top of the file limit before the body is refused unread.
+KNOWLEDGE_UPLOAD_ENVELOPE_BYTES = 64 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+FILE_UPLOAD_HANDLERS = [
+    "knowledgefs.uploads.RawNameMemoryUploadHandler",
+    "knowledgefs.uploads.RawNameTemporaryUploadHandler",
+]
+KNOWLEDGE_CHUNK_TARGET_CHARS = bounded_int("KNOWLEDGE_CHUNK_TARGET_CHARS", 1200, 200, 8000)
+KNOWLEDGE_CHUNK_OVERLAP_CHARS = bounded_int("KNOWLEDGE_CHUNK_OVERLAP_CHARS", 120, 0, 1000)
+KNOWLEDGE_COMPILE_BATCH_DOCUMENTS = bounded_int("KNOWLEDGE_COMPILE_BATCH_DOCUMENTS", 64, 1, 1024)
+RETRIEVAL_MAX_TOP_K = 100
+RETRIEVAL_MAX_QUERY_CHARS = 16000
+
+# --- django-q2 ------------------------------------------------------------------------------
+Q_CLUSTER = {
+    "name": "knowledgefs",
+    "orm": "default",
+    "workers": bounded_int("KNOWLEDGE_WORKERS", 2, 1, 32),
+    "timeout": bounded_int("KNOWLEDGE_JOB_TIMEOUT_SECONDS", 1800, 10, 86400),
+    "retry": bounded_int("KNOWLEDGE_JOB_TIMEOUT_SECONDS", 1800, 10, 86400) + 60,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "catch_up": False,
+    "poll": 0.5,
+    "save_limit": 1000,
+    "label": "Worker tasks",
+}
+
+# --- REST framework ---------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["spaces.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "knowledgefs.uploads.VerbatimMultiPartParser",
+    ],
+    "EXCEPTION_HANDLER": "knowledgefs.errors.api_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
+    "loggers": {
+        "knowledgefs": {"level": env.str("LOG_LEVEL", default="INFO"), "propagate": True},
+    },
+}

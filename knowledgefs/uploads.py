@@ -1,0 +1,73 @@
+"""Multipart uploads that keep the client's filename verbatim and stop at the size limit.
+
+Django normally rewrites an uploaded file's name (drops directories, unescapes HTML entities,
+removes non-printable characters, truncates to 255) and refuses names such as ``..``. KnowledgeFS
+never uses the name for storage (keys come from ids), so the original is kept as ``raw_name`` on
+the uploaded file for display and citations; Django's own objects get a fixed placeholder name.
+Bytes beyond ``KNOWLEDGE_UPLOAD_MAX_BYTES`` abort the read with a 413 before they are kept.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.files.uploadhandler import MemoryFileUploadHandler, TemporaryFileUploadHandler
+from django.http.multipartparser import MultiPartParser as DjangoMultiPartParser
+from django.http.multipartparser import MultiPartParserError
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import DataAndFiles, MultiPartParser
+
+from .errors import PayloadTooLarge
+
+
+def upload_limit_message(limit: int) -> str:
+    return f"file exceeds the upload limit of {limit} bytes ({limit / 1048576:g} MiB)"
+
+
+class _RawNameMixin:
+    def new_file(self, field_name, file_name, *args, **kwargs):
+        self.raw_file_name = file_name
+        self.received_bytes = 0
+        super().new_file(field_name, "upload", *args, **kwargs)
+
+    def receive_data_chunk(self, raw_data, start):
+        self.received_bytes += len(raw_data)
+        limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
+        if self.received_bytes > limit:
+            raise PayloadTooLarge(upload_limit_message(limit))
+        return super().receive_data_chunk(raw_data, start)
+
+    def file_complete(self, file_size):
+        uploaded = super().file_complete(file_size)
+        if uploaded is not None:
+            uploaded.raw_name = self.raw_file_name
+        return uploaded
+
+
+class RawNameMemoryUploadHandler(_RawNameMixin, MemoryFileUploadHandler):
+    """Small files in memory, keeping the raw filename."""
+
+
+class RawNameTemporaryUploadHandler(_RawNameMixin, TemporaryFileUploadHandler):
+    """Larger files spooled to a temporary file, keeping the raw filename."""
+
+
+class _VerbatimNameParser(DjangoMultiPartParser):
+    def sanitize_file_name(self, file_name):
+        return file_name or None
+
+
+class VerbatimMultiPartParser(MultiPartParser):
+    """DRF multipart parser that leaves file names untouched (see module docstring)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        parser_context = parser_context or {}
+        request = parser_context["request"]
+        encoding = parser_context.get("encoding", settings.DEFAULT_CHARSET)
+        meta = request.META.copy()
+        meta["CONTENT_TYPE"] = media_type
+        try:
+            parser = _VerbatimNameParser(meta, stream, request.upload_handlers, encoding)
+            data, files = parser.parse()
+            return DataAndFiles(data, files)
+        except MultiPartParserError as exc:
+            raise ParseError(f"multipart form parse error: {exc}") from exc

@@ -1,0 +1,43 @@
+"""URL map: the product API under ``/v1/``, probes, and Django admin."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+from ingestion.api import DocumentDetailView, DocumentListView, JobDetailView
+from retrieval.api import RetrievalTestView
+from spaces.api import KnowledgeSpaceDetailView, KnowledgeSpaceListView
+
+from . import health
+
+handler404 = "knowledgefs.errors.handler404"
+handler500 = "knowledgefs.errors.handler500"
+
+v1 = [
+    path("knowledge-spaces", KnowledgeSpaceListView.as_view(), name="space-list"),
+    path(
+        "knowledge-spaces/<str:space_id>", KnowledgeSpaceDetailView.as_view(), name="space-detail"
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/documents",
+        DocumentListView.as_view(),
+        name="document-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/documents/<str:document_id>",
+        DocumentDetailView.as_view(),
+        name="document-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/retrieval-tests",
+        RetrievalTestView.as_view(),
+        name="retrieval-test",
+    ),
+    path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),
+]
+
+urlpatterns = [
+    path("health", health.health, name="health"),
+    path("ready", health.ready, name="ready"),
+    path("admin/", admin.site.urls),
+    path("v1/", include(v1)),
+]

@@ -1,0 +1,31 @@
+"""REST view for retrieval tests: a thin wrapper over :func:`retrieval.services.retrieve`."""
+
+from __future__ import annotations
+
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from knowledgefs.errors import InvalidInput
+from spaces.services import get_space
+
+from . import services
+
+
+class RetrievalTestView(APIView):
+    def post(self, request, space_id):
+        """Body: ``{"query", "top_k" (1..100, default 10), "score_threshold", "mode"}``.
+
+        ``score_threshold`` is ``null`` (off) or a number in [0, 1].
+        """
+        space = get_space(request.user, space_id)
+        body = request.data
+        if not hasattr(body, "get"):
+            raise InvalidInput("body must be a JSON object", code="invalid_request")
+        result = services.retrieve(
+            space,
+            body.get("query"),
+            top_k=body.get("top_k", 10),
+            score_threshold=body.get("score_threshold"),
+            mode=body.get("mode", "fast"),
+        )
+        return Response(result.as_dict())

@@ -1,0 +1,153 @@
+"""The search-backend interface and the portable exact dense search.
+
+A backend owns the keyword projection (engine-specific SQL lives only in its module) and serves
+the dense leg. Both legs return only *visible* nodes: nodes whose generation is their document's
+``active_generation``.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+from django.db.models import F
+
+from retrieval.models import DenseVector
+
+
+@dataclass(frozen=True)
+class IndexedNode:
+    """What a backend needs to index one node."""
+
+    id: uuid.UUID
+    space_id: uuid.UUID
+    document_id: uuid.UUID
+    text: str
+
+
+@dataclass(frozen=True)
+class ScoredNode:
+    """A leg's hit: node id and the leg's raw score (higher is better)."""
+
+    node_id: uuid.UUID
+    score: float
+
+
+class SearchBackend:
+    """Keyword and dense projections of knowledge nodes.
+
+    Subclasses implement the keyword projection (``_index_keywords``, ``_delete_keywords``,
+    ``keyword_search``). Dense vectors are stored portably in :class:`DenseVector` and searched
+    exactly (cosine = dot product of unit vectors) over an in-process matrix cached per
+    ``(space, model, publication head revision)``.
+    """
+
+    def __init__(self) -> None:
+        self._dense_cache: OrderedDict[tuple, tuple[list[uuid.UUID], np.ndarray]] = OrderedDict()
+        self._dense_lock = threading.Lock()
+        self.dense_cache_spaces = 8
+
+    # --- writes -----------------------------------------------------------------------------
+    def index_nodes(self, nodes: list[IndexedNode], vectors: np.ndarray, model_id: str) -> None:
+        """Write keyword and dense projections for ``nodes`` (``vectors`` shape ``(n, dim)``).
+
+        Idempotent: projections already present for these node ids are replaced.
+        """
+        if not nodes:
+            return
+        if vectors.shape[0] != len(nodes):
+            raise ValueError(f"{len(nodes)} nodes but {vectors.shape[0]} vectors")
+        ids = [n.id for n in nodes]
+        self._delete_keywords(ids)
+        DenseVector.objects.filter(node_id__in=ids).delete()
+        vectors = np.ascontiguousarray(vectors, dtype="<f4")
+        DenseVector.objects.bulk_create(
+            [
+                DenseVector(
+                    node_id=n.id,
+                    space_id=n.space_id,
+                    model_id=model_id,
+                    dimension=vectors.shape[1],
+                    vector=vectors[i].tobytes(),
+                )
+                for i, n in enumerate(nodes)
+            ],
+            batch_size=500,
+        )
+        self._index_keywords(nodes)
+
+    def delete_nodes(self, node_ids: list[uuid.UUID]) -> None:
+        """Remove every projection of these nodes (call before deleting the nodes)."""
+        if node_ids:
+            self._delete_keywords(node_ids)
+            DenseVector.objects.filter(node_id__in=node_ids).delete()
+
+    def _index_keywords(self, nodes: list[IndexedNode]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _delete_keywords(self, node_ids: list[uuid.UUID]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # --- reads ------------------------------------------------------------------------------
+    def keyword_search(
+        self, space_id: uuid.UUID, query: str, limit: int
+    ) -> list[ScoredNode]:  # pragma: no cover - abstract
+        """BM25-style keyword hits, best first, at most ``limit``."""
+        raise NotImplementedError
+
+    def dense_search(
+        self,
+        space_id: uuid.UUID,
+        query_vector: np.ndarray,
+        *,
+        model_id: str,
+        head_revision: int,
+        limit: int,
+    ) -> list[ScoredNode]:
+        """Exact cosine top-``limit`` over the space's visible vectors of ``model_id``."""
+        node_ids, matrix = self._dense_matrix(space_id, model_id, head_revision)
+        if not node_ids:
+            return []
+        if matrix.shape[1] != query_vector.shape[0]:
+            raise ValueError(
+                f"query vector has {query_vector.shape[0]} dimensions, index has {matrix.shape[1]}"
+            )
+        scores = matrix @ query_vector.astype(np.float32)
+        k = min(limit, len(node_ids))
+        top = np.argpartition(-scores, k - 1)[:k]
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [ScoredNode(node_ids[i], float(scores[i])) for i in top]
+
+    def _dense_matrix(
+        self, space_id: uuid.UUID, model_id: str, head_revision: int
+    ) -> tuple[list[uuid.UUID], np.ndarray]:
+        key = (space_id, model_id, head_revision)
+        with self._dense_lock:
+            if key in self._dense_cache:
+                self._dense_cache.move_to_end(key)
+                return self._dense_cache[key]
+        rows = list(
+            DenseVector.objects.filter(
+                space_id=space_id,
+                model_id=model_id,
+                node__generation=F("node__document__active_generation"),
+            )
+            .order_by("node_id")
+            .values_list("node_id", "vector")
+        )
+        ids = [r[0] for r in rows]
+        if rows:
+            matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype="<f4")
+            matrix = matrix.reshape(len(rows), -1)
+        else:
+            matrix = np.zeros((0, 0), dtype=np.float32)
+        with self._dense_lock:
+            for stale in [k for k in self._dense_cache if k[:2] == key[:2]]:
+                del self._dense_cache[stale]
+            self._dense_cache[key] = (ids, matrix)
+            while len(self._dense_cache) > self.dense_cache_spaces:
+                self._dense_cache.popitem(last=False)
+        return ids, matrix

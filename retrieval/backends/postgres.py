@@ -1,0 +1,54 @@
+"""PostgreSQL search backend: a tsvector table with a GIN index for the keyword leg.
+
+The table ``retrieval_keyword_tsv`` is created by migration ``retrieval.0002``; rows are deleted
+with their nodes through :meth:`SearchBackend.delete_nodes`. Terms are OR-ed (like the FTS5
+query) and ranked with ``ts_rank_cd``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import connection
+
+from retrieval.text import keyword_terms, keyword_text
+
+from .base import IndexedNode, ScoredNode, SearchBackend
+
+TABLE = "retrieval_keyword_tsv"
+
+
+class PostgresSearchBackend(SearchBackend):
+    def _index_keywords(self, nodes: list[IndexedNode]) -> None:
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                f"INSERT INTO {TABLE} (node_id, space_id, tsv) "
+                "VALUES (%s, %s, to_tsvector('english', %s))",
+                [(n.id, n.space_id, keyword_text(n.text)) for n in nodes],
+            )
+
+    def _delete_keywords(self, node_ids: list[uuid.UUID]) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {TABLE} WHERE node_id = ANY(%s)", [list(node_ids)])
+
+    def keyword_search(self, space_id: uuid.UUID, query: str, limit: int) -> list[ScoredNode]:
+        terms = keyword_terms(query)
+        if not terms:
+            return []
+        # Each term becomes its own lexeme list; plainto_tsquery applies the same stemming and
+        # stop words as the index, and the lists are OR-ed together.
+        sql = (
+            "WITH q AS (SELECT to_tsquery('english', string_agg(pq::text, ' | ')) AS query "
+            "FROM (SELECT plainto_tsquery('english', t) AS pq FROM unnest(%s::text[]) AS t) s "
+            "WHERE pq::text <> '') "
+            f"SELECT k.node_id, ts_rank_cd(k.tsv, q.query) AS score FROM {TABLE} k "
+            "CROSS JOIN q "
+            "JOIN ingestion_knowledgenode n ON n.id = k.node_id "
+            "JOIN ingestion_document d ON d.id = n.document_id "
+            "WHERE q.query IS NOT NULL AND k.tsv @@ q.query AND k.space_id = %s "
+            "AND d.active_generation = n.generation "
+            "ORDER BY score DESC LIMIT %s"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [terms, space_id, limit])
+            return [ScoredNode(row[0], float(row[1])) for row in cursor.fetchall()]

@@ -1,0 +1,58 @@
+"""SQLite search backend: FTS5 with BM25 (Porter stemming) for the keyword leg.
+
+The FTS5 table ``retrieval_keyword_fts`` is created by migration ``retrieval.0002``. FTS5's
+``bm25()`` uses k1 = 1.2, b = 0.75 and returns lower-is-better values; we negate it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import connection
+
+from retrieval.text import keyword_terms, keyword_text
+
+from .base import IndexedNode, ScoredNode, SearchBackend
+
+TABLE = "retrieval_keyword_fts"
+
+
+def _hex(value: uuid.UUID) -> str:
+    return value.hex  # Django stores UUIDField as 32 hex characters on SQLite
+
+
+class SQLiteSearchBackend(SearchBackend):
+    def _index_keywords(self, nodes: list[IndexedNode]) -> None:
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                f"INSERT INTO {TABLE} (text, node_id, space_id, document_id) "
+                "VALUES (%s, %s, %s, %s)",
+                [
+                    (keyword_text(n.text), _hex(n.id), _hex(n.space_id), _hex(n.document_id))
+                    for n in nodes
+                ],
+            )
+
+    def _delete_keywords(self, node_ids: list[uuid.UUID]) -> None:
+        with connection.cursor() as cursor:
+            for start in range(0, len(node_ids), 500):
+                chunk = [_hex(i) for i in node_ids[start : start + 500]]
+                marks = ",".join(["%s"] * len(chunk))
+                cursor.execute(f"DELETE FROM {TABLE} WHERE node_id IN ({marks})", chunk)
+
+    def keyword_search(self, space_id: uuid.UUID, query: str, limit: int) -> list[ScoredNode]:
+        terms = keyword_terms(query)
+        if not terms:
+            return []
+        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+        sql = (
+            f"SELECT {TABLE}.node_id, bm25({TABLE}) AS rank FROM {TABLE} "
+            f"JOIN ingestion_knowledgenode n ON n.id = {TABLE}.node_id "
+            "JOIN ingestion_document d ON d.id = n.document_id "
+            f"WHERE {TABLE} MATCH %s AND {TABLE}.space_id = %s "
+            "AND d.active_generation = n.generation "
+            "ORDER BY rank LIMIT %s"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [match, _hex(space_id), limit])
+            return [ScoredNode(uuid.UUID(row[0]), -float(row[1])) for row in cursor.fetchall()]

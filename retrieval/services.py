@@ -1,0 +1,214 @@
+"""Fast retrieval: dense and keyword legs, per-leg min-max normalisation, equal-weight fusion.
+
+Each leg retrieves ``min(top_k × recall, 100)`` candidates (Fast: recall multiplier 1). Scores of
+each leg are min-max normalised to [0, 1] over that leg's candidates (a single candidate, or equal
+scores, normalise to 1); the fused score of a node is the mean of its two normalised scores, a
+missing leg counting 0 (with one leg enabled it carries full weight). The threshold, when not
+``None``, keeps items whose final score is ``>= threshold`` (``0`` is a real threshold); then the
+list is cut to ``top_k``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+from django.conf import settings
+
+from ingestion.models import KnowledgeNode
+from knowledgefs.errors import InvalidInput
+from knowledgefs.runtime import get_embedding_model
+from spaces.models import KnowledgeSpace, PublicationHead
+
+from .backends import ScoredNode, get_search_backend
+
+MODES = ("fast",)
+LEGS = ("dense", "keyword")
+RECALL_MULTIPLIER = {"fast": 1}
+
+
+@dataclass
+class RetrievalItem:
+    node_id: uuid.UUID
+    score: float
+    text: str
+    citation: dict
+    scores: dict
+
+
+@dataclass
+class RetrievalResult:
+    mode: str
+    items: list[RetrievalItem]
+    metrics: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "mode": self.mode,
+            "items": [
+                {
+                    "node_id": str(i.node_id),
+                    "score": round(i.score, 6),
+                    "scores": {k: round(v, 6) for k, v in i.scores.items()},
+                    "text": i.text,
+                    "citation": i.citation,
+                }
+                for i in self.items
+            ],
+            "metrics": self.metrics,
+        }
+
+
+def validate_request(query, top_k, score_threshold, mode) -> tuple[str, int, float | None, str]:
+    """Check a retrieval request; raises :class:`InvalidInput` naming the field and the limit."""
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInput("query must be a non-empty string", code="invalid_query")
+    if len(query) > settings.RETRIEVAL_MAX_QUERY_CHARS:
+        raise InvalidInput(
+            f"query is {len(query)} characters; the limit is {settings.RETRIEVAL_MAX_QUERY_CHARS}",
+            code="invalid_query",
+        )
+    if (
+        isinstance(top_k, bool)
+        or not isinstance(top_k, int)
+        or not (1 <= top_k <= settings.RETRIEVAL_MAX_TOP_K)
+    ):
+        raise InvalidInput(
+            f"top_k must be an integer from 1 to {settings.RETRIEVAL_MAX_TOP_K}",
+            code="invalid_top_k",
+        )
+    if score_threshold is not None:
+        if (
+            isinstance(score_threshold, bool)
+            or not isinstance(score_threshold, int | float)
+            or not (0 <= score_threshold <= 1)
+        ):
+            raise InvalidInput(
+                "score_threshold must be null (off) or a number from 0 to 1",
+                code="invalid_score_threshold",
+            )
+        score_threshold = float(score_threshold)
+    if mode not in MODES:
+        raise InvalidInput(f"mode must be one of: {', '.join(MODES)}", code="invalid_mode")
+    return query, top_k, score_threshold, mode
+
+
+def min_max(hits: list[ScoredNode]) -> dict[uuid.UUID, float]:
+    """Normalise a leg's scores to [0, 1]; equal scores (or one hit) all become 1."""
+    if not hits:
+        return {}
+    scores = np.array([h.score for h in hits], dtype=np.float64)
+    low, high = scores.min(), scores.max()
+    if high - low <= 1e-12:
+        return {h.node_id: 1.0 for h in hits}
+    return {h.node_id: float((h.score - low) / (high - low)) for h in hits}
+
+
+def fuse(legs: dict[str, list[ScoredNode]]) -> list[tuple[uuid.UUID, float, dict]]:
+    """Equal-weight fusion of min-max normalised legs; returns ``(node_id, score, per_leg)``."""
+    normalised = {name: min_max(hits) for name, hits in legs.items()}
+    weight = 1.0 / max(len(legs), 1)
+    fused: dict[uuid.UUID, dict] = {}
+    for name, scores in normalised.items():
+        for node_id, value in scores.items():
+            fused.setdefault(node_id, {})[name] = value
+    ranked = [
+        (node_id, sum(per_leg.values()) * weight, per_leg) for node_id, per_leg in fused.items()
+    ]
+    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    return ranked
+
+
+def retrieve(
+    space: KnowledgeSpace,
+    query: str,
+    *,
+    top_k: int = 10,
+    score_threshold: float | None = None,
+    mode: str = "fast",
+    legs: tuple[str, ...] = LEGS,
+) -> RetrievalResult:
+    """Run a retrieval over the space's published nodes; items carry citations.
+
+    ``legs`` is for evaluation (``("keyword",)``, ``("dense",)`` or both).
+    """
+    query, top_k, score_threshold, mode = validate_request(query, top_k, score_threshold, mode)
+    started = time.perf_counter()
+    depth = min(top_k * RECALL_MULTIPLIER[mode], settings.RETRIEVAL_MAX_TOP_K)
+    backend = get_search_backend()
+    # One read resolves the snapshot: the publication head and the space's embedding model.
+    head_revision, embedding_model_id = PublicationHead.objects.filter(
+        space_id=space.id
+    ).values_list("revision", "space__embedding_model_id").first() or (0, "")
+    results: dict[str, list[ScoredNode]] = {}
+    timings: dict[str, float] = {}
+    if "dense" in legs and embedding_model_id:
+        t0 = time.perf_counter()
+        model = get_embedding_model()
+        if model.model_id != embedding_model_id:
+            raise InvalidInput(
+                f"this space is indexed with {embedding_model_id!r} but the runtime serves "
+                f"{model.model_id!r}",
+                code="embedding_model_unavailable",
+            )
+        vector = model.embed_query(query)
+        timings["embed_ms"] = (time.perf_counter() - t0) * 1000
+        t0 = time.perf_counter()
+        results["dense"] = backend.dense_search(
+            space.id, vector, model_id=model.model_id, head_revision=head_revision, limit=depth
+        )
+        timings["dense_ms"] = (time.perf_counter() - t0) * 1000
+    if "keyword" in legs:
+        t0 = time.perf_counter()
+        results["keyword"] = backend.keyword_search(space.id, query, depth)
+        timings["keyword_ms"] = (time.perf_counter() - t0) * 1000
+    candidates = fuse(results)
+    fused = candidates
+    if score_threshold is not None:
+        fused = [r for r in fused if r[1] >= score_threshold]
+    fused = fused[:top_k]
+    items = _hydrate(fused)
+    metrics = {
+        "dense_candidates": len(results.get("dense", [])),
+        "keyword_candidates": len(results.get("keyword", [])),
+        "fused_candidates": len(candidates),
+        "publication_revision": head_revision,
+        **{k: round(v, 2) for k, v in timings.items()},
+        "total_ms": round((time.perf_counter() - started) * 1000, 2),
+    }
+    return RetrievalResult(mode=mode, items=items, metrics=metrics)
+
+
+def _hydrate(ranked: list[tuple[uuid.UUID, float, dict]]) -> list[RetrievalItem]:
+    if not ranked:
+        return []
+    nodes = {
+        n.id: n
+        for n in KnowledgeNode.objects.filter(id__in=[r[0] for r in ranked]).select_related(
+            "document"
+        )
+    }
+    items = []
+    for node_id, score, per_leg in ranked:
+        node = nodes.get(node_id)
+        if node is None:  # removed between the legs and now
+            continue
+        items.append(
+            RetrievalItem(
+                node_id=node_id,
+                score=score,
+                text=node.text,
+                scores={"final": score, **per_leg},
+                citation={
+                    "document_id": str(node.document_id),
+                    "filename": node.document.filename,
+                    "page_number": node.page_number,
+                    "section_path": list(node.section_path),
+                    "start_offset": node.start_offset,
+                    "end_offset": node.end_offset,
+                },
+            )
+        )
+    return items

@@ -1,0 +1,44 @@
+"""Text normalisation shared by every keyword index and query.
+
+Latin text is left to the engine's tokenizer (Porter stemming on SQLite FTS5 and PostgreSQL's
+``english`` configuration). Runs of CJK characters have no spaces to split on, so they are indexed
+and queried as overlapping character bigrams (a lone character stays a unigram), the approach of
+n-gram full-text parsers such as MySQL's ``ngram``.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CJK = (
+    "\u3040-\u30ff"  # Hiragana, Katakana
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # CJK ideographs
+    "\uac00-\ud7af"  # Hangul syllables
+)
+_CJK_RUN = re.compile(f"[{_CJK}]+")
+_WORD = re.compile(r"\w+", re.UNICODE)
+MAX_QUERY_TERMS = 64
+
+
+def _bigrams(run: str) -> str:
+    if len(run) == 1:
+        return run
+    return " ".join(run[i : i + 2] for i in range(len(run) - 1))
+
+
+def keyword_text(text: str) -> str:
+    """Return ``text`` as it is handed to the keyword index (CJK runs expanded to bigrams)."""
+    return _CJK_RUN.sub(lambda m: f" {_bigrams(m.group())} ", text)
+
+
+def keyword_terms(query: str) -> list[str]:
+    """Split a query into at most 64 distinct lower-case terms, CJK runs as bigrams."""
+    terms: list[str] = []
+    seen: set[str] = set()
+    for token in _WORD.findall(keyword_text(query).lower()):
+        if token not in seen:
+            seen.add(token)
+            terms.append(token)
+        if len(terms) == MAX_QUERY_TERMS:
+            break
+    return terms

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Run the API (gunicorn on 127.0.0.1:8787) and a django-q2 worker cluster until interrupted.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+"$BIN/python" manage.py qcluster &
+worker=$!
+trap 'kill $worker 2>/dev/null || true' EXIT INT TERM
+"$BIN/gunicorn" knowledgefs.wsgi --bind "${KNOWLEDGE_BIND:-127.0.0.1:8787}" \
+  --workers "${KNOWLEDGE_API_WORKERS:-2}" --timeout 120 --access-logfile -

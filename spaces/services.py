@@ -1,0 +1,299 @@
+"""Knowledge-space and API-key services: the only code that changes these rows.
+
+A :class:`Principal` is who is calling: a tenant and, for a space-bound API key, the spaces it
+may reach. Every lookup goes through :func:`get_space`, so an id from another tenant or outside
+the key's scope is a 404, exactly like an id that does not exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import unicodedata
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.core.cache import cache
+from django.db import IntegrityError, transaction
+from django.db.models import F, QuerySet
+from django.utils import timezone
+
+from knowledgefs.errors import Conflict, Forbidden, InvalidInput, NotFound
+
+from .models import SLUG_PATTERN, ApiKey, KnowledgeSpace, PublicationHead
+
+KEY_PREFIX = "kfs_"
+_SLUG_RE = re.compile(SLUG_PATTERN)
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+AUTH_CACHE_SECONDS = 300
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller: a tenant, and the spaces it may reach (``None`` = all of them)."""
+
+    tenant_id: str
+    space_ids: frozenset[uuid.UUID] | None = None
+    api_key_id: uuid.UUID | None = None
+    is_authenticated: bool = field(default=True, repr=False)
+
+    def can_reach(self, space_id: uuid.UUID) -> bool:
+        return self.space_ids is None or space_id in self.space_ids
+
+
+def validate_tenant_id(tenant_id: str) -> str:
+    """Return ``tenant_id`` or raise :class:`InvalidInput` (1–64 of ``A-Za-z0-9_.:-``)."""
+    if not isinstance(tenant_id, str) or not _TENANT_RE.match(tenant_id):
+        raise InvalidInput(
+            "tenant must be 1-64 characters of letters, digits, '_', '.', ':' or '-'",
+            code="invalid_tenant",
+        )
+    return tenant_id
+
+
+# --- spaces ---------------------------------------------------------------------------------
+
+
+def slugify_name(name: str) -> str:
+    """Kebab-case slug from a name; names with no Latin letters get a stable SHA-256 suffix."""
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    base = re.sub(r"[^a-z0-9]+", "-", ascii_name.lower()).strip("-")[:120].strip("-")
+    if not base or len(base) < len(name.strip()) // 3:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        base = f"{base}-{digest}" if base else f"space-{digest}"
+    return base
+
+
+def create_space(
+    principal: Principal, *, name: str, slug: str | None = None, description: str = ""
+) -> KnowledgeSpace:
+    """Create a space and its publication head in one transaction.
+
+    A given slug must match ``^[a-z0-9]+(?:-[a-z0-9]+)*$`` and be free in the tenant (409
+    ``slug_taken``); without one a slug is derived from the name, with ``-2`` … ``-20`` tried on
+    collision. A space-bound key cannot create spaces (403 ``key_scope_forbids_create``).
+    """
+    if principal.space_ids is not None:
+        raise Forbidden(
+            "this API key is bound to specific knowledge spaces and cannot create new ones",
+            code="key_scope_forbids_create",
+        )
+    name = (name or "").strip()
+    if not 1 <= len(name) <= 160:
+        raise InvalidInput("name must be 1-160 characters", code="invalid_name")
+    if len(description or "") > 2000:
+        raise InvalidInput(
+            "description must be at most 2000 characters", code="invalid_description"
+        )
+    if slug is not None:
+        _check_slug(slug)
+        candidates = [slug]
+    else:
+        base = slugify_name(name)
+        candidates = [base] + [f"{base}-{n}" for n in range(2, 21)]
+    for candidate in candidates:
+        try:
+            with transaction.atomic():
+                space = KnowledgeSpace.objects.create(
+                    tenant_id=principal.tenant_id,
+                    name=name,
+                    slug=candidate,
+                    description=description or "",
+                )
+                PublicationHead.objects.create(space=space)
+                return space
+        except IntegrityError:
+            continue
+    if slug is not None:
+        raise Conflict(f"slug {slug!r} is already used in this tenant", code="slug_taken")
+    raise Conflict("could not derive a free slug from the name; pass one", code="slug_taken")
+
+
+def _check_slug(slug: str) -> None:
+    if not isinstance(slug, str) or len(slug) > 160 or not _SLUG_RE.match(slug):
+        raise InvalidInput(
+            "slug must be lower-case kebab case (^[a-z0-9]+(?:-[a-z0-9]+)*$), "
+            "at most 160 characters",
+            code="invalid_slug",
+        )
+
+
+def spaces_for(principal: Principal) -> QuerySet[KnowledgeSpace]:
+    """Every space the principal may see, newest first."""
+    qs = KnowledgeSpace.objects.filter(tenant_id=principal.tenant_id)
+    if principal.space_ids is not None:
+        qs = qs.filter(id__in=principal.space_ids)
+    return qs.order_by("-created_at", "-id")
+
+
+def get_space(principal: Principal, space_id: uuid.UUID | str) -> KnowledgeSpace:
+    """The space with this id if the principal may reach it, else :class:`NotFound`."""
+    try:
+        space_uuid = uuid.UUID(str(space_id))
+    except ValueError:
+        raise NotFound("knowledge space not found", code="space_not_found") from None
+    if not principal.can_reach(space_uuid):
+        raise NotFound("knowledge space not found", code="space_not_found")
+    space = KnowledgeSpace.objects.filter(id=space_uuid, tenant_id=principal.tenant_id).first()
+    if space is None:
+        raise NotFound("knowledge space not found", code="space_not_found")
+    return space
+
+
+def get_space_by_slug(principal: Principal, slug: str) -> KnowledgeSpace:
+    """Resolve a slug within the principal's tenant (used by the command line)."""
+    space = spaces_for(principal).filter(slug=slug).first()
+    if space is None:
+        raise NotFound(
+            f"no knowledge space with slug {slug!r} in tenant {principal.tenant_id!r}",
+            code="space_not_found",
+        )
+    return space
+
+
+def update_space(
+    principal: Principal,
+    space_id: uuid.UUID | str,
+    *,
+    changes: dict,
+    expected_revision: int | None = None,
+) -> KnowledgeSpace:
+    """Apply ``changes`` (``name``, ``description``, ``slug``) by compare-and-set on ``revision``.
+
+    With ``expected_revision`` the update applies only if the stored revision still matches,
+    else 409 ``revision_conflict``; without it the current revision is used (last writer wins).
+    """
+    space = get_space(principal, space_id)
+    fields: dict = {}
+    if "name" in changes:
+        name = (changes["name"] or "").strip()
+        if not 1 <= len(name) <= 160:
+            raise InvalidInput("name must be 1-160 characters", code="invalid_name")
+        fields["name"] = name
+    if "description" in changes:
+        if len(changes["description"] or "") > 2000:
+            raise InvalidInput(
+                "description must be at most 2000 characters", code="invalid_description"
+            )
+        fields["description"] = changes["description"] or ""
+    if "slug" in changes:
+        _check_slug(changes["slug"])
+        fields["slug"] = changes["slug"]
+    revision = space.revision if expected_revision is None else expected_revision
+    if not fields:
+        return space
+    try:
+        with transaction.atomic():
+            updated = KnowledgeSpace.objects.filter(id=space.id, revision=revision).update(
+                revision=F("revision") + 1, updated_at=timezone.now(), **fields
+            )
+    except IntegrityError:
+        raise Conflict(
+            f"slug {fields.get('slug')!r} is already used in this tenant", code="slug_taken"
+        ) from None
+    if not updated:
+        raise Conflict(
+            f"knowledge space changed since revision {revision}; re-read it and retry",
+            code="revision_conflict",
+        )
+    space.refresh_from_db()
+    return space
+
+
+def delete_space(principal: Principal, space_id: uuid.UUID | str) -> None:
+    """Delete a space with its documents, nodes, projections and stored objects."""
+    from ingestion.services.documents import purge_documents
+
+    space = get_space(principal, space_id)
+    purge_documents(space.documents.all())
+    space.delete()
+
+
+# --- API keys -------------------------------------------------------------------------------
+
+
+def _hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_api_key(
+    tenant_id: str, *, spaces: list[KnowledgeSpace] | None = None, name: str = ""
+) -> tuple[ApiKey, str]:
+    """Create a key for ``tenant_id`` (bound to ``spaces`` if given); returns ``(key, secret)``.
+
+    The secret ``kfs_<prefix><random>`` is returned once; only its SHA-256 is stored.
+    """
+    validate_tenant_id(tenant_id)
+    for space in spaces or []:
+        if space.tenant_id != tenant_id:
+            raise InvalidInput(
+                "a key can only be bound to spaces of its own tenant", code="invalid_binding"
+            )
+    prefix = secrets.token_hex(4)
+    secret = f"{KEY_PREFIX}{prefix}{secrets.token_urlsafe(32)}"
+    with transaction.atomic():
+        key = ApiKey.objects.create(
+            tenant_id=tenant_id, name=name, prefix=prefix, key_hash=_hash_secret(secret)
+        )
+        if spaces:
+            key.spaces.set(spaces)
+    return key, secret
+
+
+def revoke_api_key(key_or_prefix: str) -> ApiKey:
+    """Revoke a key given its secret or its visible prefix; effective immediately."""
+    value = key_or_prefix.strip()
+    if value.startswith(KEY_PREFIX) and len(value) > len(KEY_PREFIX) + 8:
+        key = ApiKey.objects.filter(key_hash=_hash_secret(value)).first()
+    else:
+        key = ApiKey.objects.filter(prefix=value.removeprefix(KEY_PREFIX)).first()
+    if key is None:
+        raise NotFound("no API key matches that key or prefix", code="api_key_not_found")
+    with transaction.atomic():
+        cache.delete(_auth_cache_key(key.key_hash))
+        ApiKey.objects.filter(id=key.id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    key.refresh_from_db()
+    return key
+
+
+def _auth_cache_key(key_hash: str) -> str:
+    return f"kfs:apikey:{key_hash}"
+
+
+def authenticate_secret(secret: str) -> Principal | None:
+    """Return the principal for a presented secret, or ``None`` (unknown or revoked key).
+
+    Results are cached per key hash; :func:`revoke_api_key` deletes the entry before it commits.
+    """
+    if not secret.startswith(KEY_PREFIX) or len(secret) > 200:
+        return None
+    key_hash = _hash_secret(secret)
+    cache_key = _auth_cache_key(key_hash)
+    cached = cache.get(cache_key)
+    if cached is None:
+        key = ApiKey.objects.filter(key_hash=key_hash, revoked_at__isnull=True).first()
+        if key is None or not hmac.compare_digest(key.key_hash, key_hash):
+            return None
+        space_ids = list(key.spaces.values_list("id", flat=True))
+        cached = {
+            "id": str(key.id),
+            "tenant_id": key.tenant_id,
+            "space_ids": [str(s) for s in space_ids] if space_ids else None,
+            "last_used_at": key.last_used_at.timestamp() if key.last_used_at else 0,
+        }
+        cache.set(cache_key, cached, AUTH_CACHE_SECONDS)
+    now = timezone.now()
+    if now.timestamp() - cached["last_used_at"] >= LAST_USED_RESOLUTION.total_seconds():
+        ApiKey.objects.filter(id=cached["id"]).update(last_used_at=now)
+        cached["last_used_at"] = now.timestamp()
+        cache.set(cache_key, cached, AUTH_CACHE_SECONDS)
+    space_ids = cached["space_ids"]
+    return Principal(
+        tenant_id=cached["tenant_id"],
+        space_ids=frozenset(uuid.UUID(s) for s in space_ids) if space_ids is not None else None,
+        api_key_id=uuid.UUID(cached["id"]),
+    )

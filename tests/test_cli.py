@@ -1,0 +1,82 @@
+"""The kfs command line, through call_command: the same services as the API."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+pytestmark = pytest.mark.django_db
+
+
+def kfs(*args: str) -> str:
+    out = StringIO()
+    call_command("kfs", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_space_key_ingest_query_and_documents(tmp_path):
+    space = json.loads(kfs("space", "create", "Handbook", "--tenant", "acme", "--json"))
+    assert space["slug"] == "handbook" and space["id"]
+    assert "using existing" in kfs(
+        "space", "create", "Handbook", "--tenant", "acme", "--slug", "handbook", "--exists-ok"
+    )
+    key = json.loads(kfs("apikey", "create", "--tenant", "acme", "--space", "handbook", "--json"))
+    assert key["key"].startswith("kfs_") and key["spaces"] == ["handbook"]
+
+    folder = tmp_path / "docs"
+    (folder / "nested").mkdir(parents=True)
+    (folder / "leave.md").write_text("# Leave\n\nStaff get 28 days of paid annual leave.\n")
+    (folder / "nested" / "expenses.txt").write_text("Expense reports are due within 30 days.")
+    (folder / ".hidden").write_text("ignored")
+    report = json.loads(
+        kfs("ingest", str(folder), "--space", "handbook", "--tenant", "acme", "--wait", "--json")
+    )
+    assert sorted(d["state"] for d in report["admitted"]) == ["published", "published"]
+
+    again = json.loads(
+        kfs("ingest", str(folder), "--space", "handbook", "--tenant", "acme", "--wait", "--json")
+    )
+    assert len(again["skipped"]) == 2 and again["admitted"] == []
+
+    result = json.loads(
+        kfs(
+            "query",
+            "how many days of annual leave?",
+            "--space",
+            "handbook",
+            "--tenant",
+            "acme",
+            "--top-k",
+            "1",
+            "--json",
+        )
+    )
+    assert result["mode"] == "fast"
+    assert result["items"][0]["citation"]["filename"] == "leave.md"
+    assert result["items"][0]["citation"]["section_path"] == ["Leave"]
+
+    listing = json.loads(kfs("documents", "--space", "handbook", "--tenant", "acme", "--json"))
+    assert {d["filename"]: d["nodes"] for d in listing["items"]} == {
+        "leave.md": 1,
+        "expenses.txt": 1,
+    }
+    assert all(d["error_code"] is None for d in listing["items"])
+
+    kfs("apikey", "revoke", key["prefix"])
+
+
+def test_ingest_wait_exits_non_zero_when_a_document_fails(tmp_path):
+    kfs("space", "create", "S", "--tenant", "acme")
+    (tmp_path / "blank.txt").write_text("   \n\n ")
+    with pytest.raises(CommandError, match="1 documents failed"):
+        kfs("ingest", str(tmp_path), "--space", "s", "--tenant", "acme", "--wait")
+
+
+def test_errors_are_reported_with_their_code():
+    with pytest.raises(CommandError, match="space_not_found"):
+        kfs("query", "x", "--space", "nope", "--tenant", "acme")
+    with pytest.raises(CommandError, match="invalid_tenant"):
+        kfs("space", "create", "S", "--tenant", "bad tenant!")

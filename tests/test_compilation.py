@@ -1,0 +1,116 @@
+"""The compilation service: idempotent deliveries, lease fencing, checkpoints, publication."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
+from ingestion.services import compilation
+from ingestion.services.documents import admit_document
+from retrieval.models import DenseVector
+from retrieval.services import retrieve
+from spaces.models import PublicationHead
+
+pytestmark = pytest.mark.django_db
+
+TEXT = ("Section one explains warranty claims for broken screens. " * 30).encode()
+
+
+def _admit(space, data=TEXT, name="doc.txt"):
+    return admit_document(space, filename=name, data=data, enqueue=False)
+
+
+def test_a_second_delivery_changes_nothing(space):
+    admission = _admit(space)
+    assert compilation.run_job(admission.job.id) == "succeeded"
+    nodes = set(KnowledgeNode.objects.values_list("id", flat=True))
+    head = PublicationHead.objects.get(space=space).revision
+    assert compilation.run_job(admission.job.id) == "succeeded"
+    assert set(KnowledgeNode.objects.values_list("id", flat=True)) == nodes
+    assert PublicationHead.objects.get(space=space).revision == head
+    assert CompilationJob.objects.get().execution_attempts == 1
+
+
+def test_a_stale_lease_cannot_write(space):
+    admission = _admit(space)
+    token = compilation.claim(admission.job.id, "worker-a")
+    assert token is not None
+    assert compilation.claim(admission.job.id, "worker-b") is None  # not queued any more
+    with pytest.raises(compilation.LeaseLost):
+        compilation._checkpoint(admission.job.id, uuid.uuid4(), stage=Stage.PARSED)
+    assert compilation.fail(admission.job.id, uuid.uuid4(), "x", "late message") is False
+    job = CompilationJob.objects.get()
+    assert (job.stage, job.run_state, job.error_code) == ("queued", "running", "")
+
+
+def test_resuming_from_a_checkpoint_does_not_duplicate_nodes(space):
+    admission = _admit(space)
+    job_id = admission.job.id
+    token = compilation.claim(job_id, "worker-a")
+    job = CompilationJob.objects.select_related("document").get(id=job_id)
+    nodes = compilation._prepare(job, token)  # parsed + nodes_generated, then the worker "dies"
+    assert CompilationJob.objects.get(id=job_id).stage == Stage.NODES_GENERATED
+    # Recovery re-queues it (the sweep of the durable-jobs work does this); a new delivery resumes.
+    CompilationJob.objects.filter(id=job_id).update(run_state="queued", lease_token=None)
+    compilation.run_job(job_id)
+    job = CompilationJob.objects.get(id=job_id)
+    assert (job.stage, job.run_state, job.execution_attempts) == ("published", "succeeded", 2)
+    assert KnowledgeNode.objects.count() == len(nodes)
+    assert DenseVector.objects.count() == len(nodes)
+
+
+def test_nodes_are_invisible_until_published(space):
+    admission = _admit(space)
+    token = compilation.claim(admission.job.id, "w")
+    job = CompilationJob.objects.select_related("document").get(id=admission.job.id)
+    nodes = compilation._prepare(job, token)
+    from knowledgefs.runtime import get_embedding_model
+    from retrieval.backends import IndexedNode, get_search_backend
+
+    model = get_embedding_model()
+    get_search_backend().index_nodes(
+        [IndexedNode(n.id, n.space_id, n.document_id, n.text) for n in nodes],
+        model.embed_documents([n.text for n in nodes]),
+        model.model_id,
+    )
+    # Both projections exist, but the document's active generation is not this job yet.
+    assert retrieve(space, "warranty claims", top_k=5).items == []
+    compilation.publish(job, token, node_count=len(nodes))
+    assert retrieve(space, "warranty claims", top_k=5).items
+
+
+def test_recompiling_swaps_generations_in_one_step(space):
+    admission = _admit(space)
+    compilation.run_job(admission.job.id)
+    old_nodes = set(KnowledgeNode.objects.values_list("id", flat=True))
+    again = admit_document(
+        space, filename="doc-v2.txt", data=TEXT, on_duplicate="replace", enqueue=False
+    )
+    assert retrieve(space, "warranty", top_k=1).items[0].citation["filename"] == "doc-v2.txt"
+    compilation.run_job(again.job.id)
+    new_nodes = set(KnowledgeNode.objects.values_list("id", flat=True))
+    assert new_nodes and not (new_nodes & old_nodes)
+    assert Document.objects.get().active_generation == again.job.id
+
+
+def test_replacing_supersedes_a_job_that_has_not_run(space):
+    first = _admit(space)
+    second = admit_document(
+        space, filename="b.txt", data=TEXT, on_duplicate="replace", enqueue=False
+    )
+    assert CompilationJob.objects.get(id=first.job.id).run_state == "superseded"
+    assert compilation.run_job(first.job.id) == "superseded"
+    assert compilation.run_job(second.job.id) == "succeeded"
+
+
+def test_a_parse_failure_fails_only_its_document_in_a_batch(space):
+    good = _admit(space, name="good.txt")
+    bad = _admit(space, data=b"%PDF-1.4 garbage that is not a pdf", name="broken.pdf")
+    compilation.compile_jobs([good.job.id, bad.job.id])
+    assert Document.objects.get(id=good.document.id).state == "published"
+    broken = Document.objects.get(id=bad.document.id)
+    assert broken.state == "failed"
+    assert broken.error_code in {"corrupt_document", "no_extractable_text"}
+    assert CompilationJob.objects.get(id=bad.job.id).finished_at is not None

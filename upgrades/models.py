@@ -1,0 +1,1 @@
+"""Dataset-upgrade models arrive with the upgrade bridge."""
