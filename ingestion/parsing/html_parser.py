@@ -23,7 +23,7 @@ _PARAGRAPH_LIKE = {"p", "blockquote", "dt", "dd", "figcaption", "caption", "summ
                    "address", "li", "legend"}
 _BLOCK = {"article", "aside", "body", "center", "details", "dialog", "div", "dl", "fieldset",
           "figure", "footer", "form", "header", "hgroup", "html", "main", "menu", "nav",
-          "section", "tbody", "thead", "tfoot", "tr", "td", "th", "hr", "br"}
+          "section", "tbody", "thead", "tfoot", "tr", "td", "th", "hr"}
 _SEPARATING = _BLOCK | _PARAGRAPH_LIKE | set(_HEADINGS) | {"pre", "ul", "ol", "table", "br"}
 _SKIP_STRINGS = (Comment, Declaration, Doctype, ProcessingInstruction)
 _LANG_RE = re.compile(r"^(?:language|lang)-(.+)$")
@@ -100,8 +100,9 @@ class _HtmlWalker:
             elif name == "table":
                 self.flush()
                 self.table(child)
-            elif name in _PARAGRAPH_LIKE or name in _BLOCK:
+            elif name == "br":
                 self.buf.append(" ")
+            elif name in _PARAGRAPH_LIKE or name in _BLOCK:
                 self.flush()
                 self.walk(child)
                 self.flush()

@@ -44,29 +44,35 @@ _HEAD_BYTES = 4096
 _BINARY_BYTES_RE = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")
 
 
+def _read_member(zf: zipfile.ZipFile, name: str, limit: int) -> str:
+    try:
+        with zf.open(name) as fh:
+            return fh.read(limit).decode("utf-8", "replace")
+    except Exception:  # damaged member (zlib.error, CRC error, ...): decide from names
+        return ""
+
+
 def _zip_type(data: bytes, ext: str) -> str:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             names = zf.namelist()
             content_types = ""
             if "[Content_Types].xml" in names:
-                content_types = zf.read("[Content_Types].xml")[:65536].decode("utf-8", "replace")
-            mimetype = ""
-            if "mimetype" in names:
-                mimetype = zf.read("mimetype")[:200].decode("ascii", "replace").strip()
-    except (zipfile.BadZipFile, OSError, KeyError, RuntimeError, ValueError) as exc:
+                content_types = _read_member(zf, "[Content_Types].xml", 65536)
+            mimetype = _read_member(zf, "mimetype", 200).strip() if "mimetype" in names else ""
+    except Exception as exc:  # not a readable ZIP at all
         if ext == ".docx":  # let the DOCX parser report it as a corrupt DOCX
             return DOCX
         raise UnsupportedType("application/zip") from exc
-    if "wordprocessingml.document.main+xml" in content_types:
-        return DOCX
-    if "word/document.xml" in names and not content_types:
-        return DOCX
     if "ms-word.document.macroEnabled" in content_types:
         raise UnsupportedType("application/vnd.ms-word.document.macroEnabled.12")
     if "wordprocessingml.template" in content_types:
         raise UnsupportedType(
             "application/vnd.openxmlformats-officedocument.wordprocessingml.template")
+    if "wordprocessingml.document.main+xml" in content_types:
+        return DOCX
+    if not content_types and "word/document.xml" in names:  # content types unreadable
+        return DOCX
     for prefix, mime in _ZIP_PREFIXES.items():
         if any(n.startswith(prefix) for n in names):
             raise UnsupportedType(mime)

@@ -1,9 +1,9 @@
 """Document admission, listing and deletion.
 
 Admission checks everything before any byte is stored: filename, size
-(``KNOWLEDGE_UPLOAD_MAX_BYTES``), type sniffed from content, duplicate content in the space. Then one transaction writes the
-document and its compilation job; the object is written first and deleted again if the
-transaction fails, so nothing is left half-written.
+(``KNOWLEDGE_UPLOAD_MAX_BYTES``), type sniffed from content, duplicate content in the space.
+Then one transaction writes the document and its compilation job; the object is written first
+and deleted again if the transaction fails, so nothing is left half-written.
 """
 
 from __future__ import annotations
