@@ -135,7 +135,8 @@ if KNOWLEDGE_MODEL_RUNTIME not in {"local"}:
     raise ImproperlyConfigured(
         f"KNOWLEDGE_MODEL_RUNTIME={KNOWLEDGE_MODEL_RUNTIME!r} is not supported; use 'local'"
     )
-KNOWLEDGE_EMBEDDING_BATCH_SIZE = bounded_int("KNOWLEDGE_EMBEDDING_BATCH_SIZE", 32, 1, 256)
+# 8 measured fastest on 2 cores (docs/benchmarks.md): larger batches pad more and lose cache.
+KNOWLEDGE_EMBEDDING_BATCH_SIZE = bounded_int("KNOWLEDGE_EMBEDDING_BATCH_SIZE", 8, 1, 256)
 KNOWLEDGE_EMBEDDING_THREADS = bounded_int("KNOWLEDGE_EMBEDDING_THREADS", 0, 0, 64)
 
 # --- Upload and ingestion limits (production deployment guide) --------------------------------

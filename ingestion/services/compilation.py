@@ -26,7 +26,7 @@ from datetime import timedelta
 import numpy as np
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from ingestion import parsing
@@ -133,18 +133,13 @@ def run_job(job_id: uuid.UUID | str) -> str:
 
 def compile_jobs(job_ids: Iterable[uuid.UUID]) -> None:
     """Compile the given jobs as one batch (each claimed individually; unclaimable ones skipped)."""
-    worker = worker_identity()
-    claimed: list[tuple[CompilationJob, uuid.UUID]] = []
-    for job_id in job_ids:
-        token = claim(job_id, worker)
-        if token is not None:
-            claimed.append(
-                (CompilationJob.objects.select_related("document").get(id=job_id), token)
-            )
-    if not claimed:
+    tokens = claim_many(list(job_ids), worker_identity())
+    if not tokens:
         return
+    jobs = CompilationJob.objects.select_related("document").in_bulk(list(tokens))
     ready: list[tuple[CompilationJob, uuid.UUID, list[KnowledgeNode]]] = []
-    for job, token in claimed:
+    for job_id, token in tokens.items():
+        job = jobs[job_id]
         try:
             nodes = _prepare(job, token)
         except LeaseLost:
@@ -163,24 +158,46 @@ def compile_jobs(job_ids: Iterable[uuid.UUID]) -> None:
 
 def claim(job_id: uuid.UUID, worker: str) -> uuid.UUID | None:
     """Compare-and-set ``queued`` → ``running`` with a fresh lease token (``None`` if not ours)."""
-    token = uuid.uuid4()
+    return claim_many([job_id], worker).get(job_id)
+
+
+def claim_many(job_ids: list[uuid.UUID], worker: str) -> dict[uuid.UUID, uuid.UUID]:
+    """Claim each job by its own compare-and-set, all in one transaction.
+
+    Returns ``{job_id: lease_token}`` for the jobs won, in the given order; a job that is not
+    ``queued`` (another delivery owns it, or it ended) is left out.
+    """
     now = timezone.now()
+    won: dict[uuid.UUID, uuid.UUID] = {}
     with transaction.atomic():
-        won = CompilationJob.objects.filter(id=job_id, run_state=RunState.QUEUED).update(
-            run_state=RunState.RUNNING,
-            lease_token=token,
-            worker_id=worker[:120],
-            lease_expires_at=now + timedelta(seconds=LEASE_SECONDS),
-            heartbeat_at=now,
-            started_at=now,
-            execution_attempts=F("execution_attempts") + 1,
-        )
-        if not won:
-            return None
-        Document.objects.filter(jobs__id=job_id, active_generation__isnull=True).update(
-            state=DocumentState.PROCESSING
-        )
-    return token
+        for job_id in job_ids:
+            token = uuid.uuid4()
+            if CompilationJob.objects.filter(id=job_id, run_state=RunState.QUEUED).update(
+                run_state=RunState.RUNNING,
+                lease_token=token,
+                worker_id=worker[:120],
+                lease_expires_at=now + timedelta(seconds=LEASE_SECONDS),
+                heartbeat_at=now,
+                started_at=now,
+                execution_attempts=F("execution_attempts") + 1,
+            ):
+                won[job_id] = token
+        if won:
+            Document.objects.filter(jobs__id__in=list(won), active_generation__isnull=True).update(
+                state=DocumentState.PROCESSING
+            )
+    return won
+
+
+def heartbeat(tokens: dict[uuid.UUID, uuid.UUID]) -> None:
+    """Extend the leases of running jobs still held with these tokens (one statement)."""
+    now = timezone.now()
+    live = Q()
+    for job_id, token in tokens.items():
+        live |= Q(id=job_id, lease_token=token)
+    CompilationJob.objects.filter(live, run_state=RunState.RUNNING).update(
+        heartbeat_at=now, lease_expires_at=now + timedelta(seconds=LEASE_SECONDS)
+    )
 
 
 def _checkpoint(job_id: uuid.UUID, token: uuid.UUID, **fields) -> None:
@@ -327,17 +344,15 @@ def _project_and_publish(
             vectors[start : start + EMBED_SLICE] = model.embed_documents(
                 texts[start : start + EMBED_SLICE]
             )
-            for job, token, _ in pending:
-                try:
-                    _checkpoint(job.id, token)  # heartbeat between slices
-                except LeaseLost:
-                    pass  # its projection checkpoint below will find out and skip it
+            # Lost leases are found by the projection checkpoint below.
+            heartbeat({job.id: token for job, token, _ in pending})
     except Exception as exc:  # noqa: BLE001
         logger.exception("embedding failed")
         for job, token, _ in ready:
             fail(job.id, token, "embedding_failed", f"{type(exc).__name__}: {exc}")
         return
     offset = 0
+    indexed: list[tuple[CompilationJob, uuid.UUID, int]] = []
     for job, token, nodes in ready:
         if job.stage != Stage.PROJECTION_BUILT:
             job_vectors = vectors[offset : offset + len(nodes)]
@@ -352,44 +367,60 @@ def _project_and_publish(
                     )
             except LeaseLost:
                 continue
-        try:
-            publish(job, token, node_count=len(nodes))
-        except LeaseLost:
-            continue
+        indexed.append((job, token, len(nodes)))
+    publish_many(indexed)
 
 
 def publish(job: CompilationJob, token: uuid.UUID, *, node_count: int) -> None:
-    """Make the job's generation the document's visible one, in one transaction.
+    """Publish one job (see :func:`publish_many`); raises :class:`LeaseLost` if it is not ours."""
+    if not publish_many([(job, token, node_count)]):
+        raise LeaseLost(str(job.id))
 
-    The job's success, the document's ``active_generation`` and the space's publication head
-    (one compare-and-set on ``revision``) move together; the previous generation's nodes and
-    projections are removed in the same commit.
+
+def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uuid.UUID]:
+    """Make each job's generation its document's visible one, all in one transaction.
+
+    For every job still held with its token: the job succeeds, the document's
+    ``active_generation`` points at it and the previous generation's nodes and projections are
+    removed. The space's publication head then moves forward by one compare-and-set, so a query
+    sees all of these documents' new generations or none of them. Jobs whose lease was lost are
+    skipped. Returns the ids of the jobs published.
     """
+    if not items:
+        return []
     now = timezone.now()
+    published: list[uuid.UUID] = []
     with transaction.atomic():
-        _checkpoint(
-            job.id,
-            token,
-            stage=Stage.PUBLISHED,
-            run_state=RunState.SUCCEEDED,
-            finished_at=now,
-            lease_expires_at=None,
-            error_code="",
-            error_message="",
-        )
-        document = Document.objects.select_for_update().get(id=job.document_id)
-        previous = document.active_generation
-        advance_publication_head(job.space_id)
-        Document.objects.filter(id=document.id).update(
-            active_generation=job.id,
-            state=DocumentState.PUBLISHED,
-            node_count=node_count,
-            error_code="",
-            error_message="",
-            updated_at=now,
-        )
-        if previous and previous != job.id:
-            _drop_generation(document.id, previous)
+        for job, token, node_count in items:
+            if not CompilationJob.objects.filter(
+                id=job.id, lease_token=token, run_state=RunState.RUNNING
+            ).update(
+                stage=Stage.PUBLISHED,
+                run_state=RunState.SUCCEEDED,
+                progress_percent=100,
+                finished_at=now,
+                heartbeat_at=now,
+                lease_expires_at=None,
+                error_code="",
+                error_message="",
+            ):
+                continue
+            document = Document.objects.select_for_update().get(id=job.document_id)
+            previous = document.active_generation
+            Document.objects.filter(id=document.id).update(
+                active_generation=job.id,
+                state=DocumentState.PUBLISHED,
+                node_count=node_count,
+                error_code="",
+                error_message="",
+                updated_at=now,
+            )
+            if previous and previous != job.id:
+                _drop_generation(document.id, previous)
+            published.append(job.id)
+        for space_id in {job.space_id for job, _, _ in items if job.id in published}:
+            advance_publication_head(space_id)
+    return published
 
 
 def advance_publication_head(space_id: uuid.UUID, attempts: int = 20) -> int:

@@ -61,7 +61,7 @@ class LocalOnnxEmbedding:
     model_id = MODEL_ID
     dimension = DIMENSION
 
-    def __init__(self, *, batch_size: int = 32, threads: int = 0) -> None:
+    def __init__(self, *, batch_size: int = 8, threads: int = 0) -> None:
         import onnxruntime
         from tokenizers import Tokenizer
 

@@ -54,15 +54,14 @@ class SearchBackend:
     def index_nodes(self, nodes: list[IndexedNode], vectors: np.ndarray, model_id: str) -> None:
         """Write keyword and dense projections for ``nodes`` (``vectors`` shape ``(n, dim)``).
 
-        Idempotent: projections already present for these node ids are replaced.
+        The nodes must not be indexed yet: the compilation writes a generation's projections in
+        the same transaction as its checkpoint, and removes them (:meth:`delete_nodes`) whenever
+        it rebuilds the generation's nodes, so a resumed job never finds half of them.
         """
         if not nodes:
             return
         if vectors.shape[0] != len(nodes):
             raise ValueError(f"{len(nodes)} nodes but {vectors.shape[0]} vectors")
-        ids = [n.id for n in nodes]
-        self._delete_keywords(ids)
-        DenseVector.objects.filter(node_id__in=ids).delete()
         vectors = np.ascontiguousarray(vectors, dtype="<f4")
         DenseVector.objects.bulk_create(
             [
