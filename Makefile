@@ -35,6 +35,7 @@ serve: migrate
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test-sqlite: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)

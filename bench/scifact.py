@@ -1,8 +1,9 @@
 """SciFact benchmark: retrieval quality per leg, ingest throughput and query latency.
 
 Runs ``kfs eval``'s service on BEIR SciFact (``../shared/data/scifact`` or ``--dataset``) for
-keyword-only, dense-only and hybrid Fast retrieval (one ingest, the space is reused), then times
-the raw embedding of the very chunk texts the ingest produced with the same model and batching.
+keyword-only, dense-only and hybrid Fast retrieval (min-max fusion, and RRF for comparison; one
+ingest, the space is reused), then times the raw embedding of the very chunk texts the ingest
+produced with the same model and batching.
 The ingest/raw ratio says how much of the compilation time is the model itself.
 
 Usage: ``python bench/scifact.py [--dataset DIR] [--fresh] [--out bench/results/FILE.json]``.
@@ -47,13 +48,14 @@ def main() -> int:
     call_command("migrate", verbosity=0)
 
     runs = {}
-    for legs, name in (
-        (("dense", "keyword"), "hybrid"),
-        (("keyword",), "keyword"),
-        (("dense",), "dense"),
+    for legs, fusion, name in (
+        (("dense", "keyword"), "minmax", "hybrid"),
+        (("keyword",), "minmax", "keyword"),
+        (("dense",), "minmax", "dense"),
+        (("dense", "keyword"), "rrf", "hybrid-rrf"),
     ):
         runs[name] = evaluate(
-            dataset, split="test", legs=legs, fresh=args.fresh and name == "hybrid"
+            dataset, split="test", legs=legs, fusion=fusion, fresh=args.fresh and name == "hybrid"
         )
         print(name, json.dumps(runs[name]), flush=True)
 

@@ -113,18 +113,32 @@ class _Chunker:
             return
         if len(self.chunks) >= MAX_CHUNKS:
             raise TooManyChunks(
-                f"document produces more than {MAX_CHUNKS} chunks", code="too_many_chunks")
-        self.chunks.append(Chunk(index=len(self.chunks), text=self.text[start:end],
-                                 start_offset=start, end_offset=end,
-                                 page_number=self.page_at(start), section_path=path, kind=kind))
+                f"document produces more than {MAX_CHUNKS} chunks", code="too_many_chunks"
+            )
+        self.chunks.append(
+            Chunk(
+                index=len(self.chunks),
+                text=self.text[start:end],
+                start_offset=start,
+                end_offset=end,
+                page_number=self.page_at(start),
+                section_path=path,
+                kind=kind,
+            )
+        )
 
     # -- splitting ----------------------------------------------------------------------
     def find_cut(self, pos: int, limit: int) -> int:
         """Best end index in ``(pos, limit]`` for a piece starting at ``pos``."""
         text = self.text
         lo = pos + max(1, (limit - pos) // 2)
-        for regex, use_end in ((_BLANK_LINE_RE, False), (_SENTENCE_RE, True),
-                               (_NEWLINE_RE, False), (_CLAUSE_RE, True), (_SPACE_RE, False)):
+        for regex, use_end in (
+            (_BLANK_LINE_RE, False),
+            (_SENTENCE_RE, True),
+            (_NEWLINE_RE, False),
+            (_CLAUSE_RE, True),
+            (_SPACE_RE, False),
+        ):
             best = -1
             for m in regex.finditer(text, lo, min(limit + 1, len(text))):
                 cut = m.end() if use_end else m.start()
@@ -202,8 +216,12 @@ class _Chunker:
         if piece:
             self.add(*piece, path, "table")
 
-    def pack_group(self, items: list[tuple[Element, int, int]], path: tuple[str, ...],
-                   prefix: tuple[int, int] | None) -> None:
+    def pack_group(
+        self,
+        items: list[tuple[Element, int, int]],
+        path: tuple[str, ...],
+        prefix: tuple[int, int] | None,
+    ) -> None:
         target = self.target
         cur: list[int] | None = list(prefix) if prefix else None
         headers_only = prefix is not None
@@ -279,8 +297,9 @@ class _Chunker:
         return self.chunks
 
 
-def chunk_elements(elements: Sequence[Element], *, target_chars: int = 1200,
-                   overlap_chars: int = 120) -> list[Chunk]:
+def chunk_elements(
+    elements: Sequence[Element], *, target_chars: int = 1200, overlap_chars: int = 120
+) -> list[Chunk]:
     """Split a document's elements into chunks over its canonical text.
 
     Args:

@@ -18,6 +18,7 @@ import json
 import math
 import statistics
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -173,6 +174,7 @@ def evaluate(
     split: str = "test",
     mode: str = "fast",
     legs: tuple[str, ...] = LEGS,
+    fusion: str = "minmax",
     fresh: bool = False,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
@@ -189,12 +191,12 @@ def evaluate(
     judged = [q for q in qrels if q in queries]
     for n, query_id in enumerate(judged, 1):
         t0 = time.perf_counter()
-        result = retrieve(space, queries[query_id], top_k=100, mode=mode, legs=legs)
+        result = retrieve(space, queries[query_id], top_k=100, mode=mode, legs=legs, fusion=fusion)
         latencies.append((time.perf_counter() - t0) * 1000)
         ranked: list[str] = []
         seen: set[str] = set()
         for item in result.items:
-            for cid in corpus_ids.get(_uuid(item.citation["document_id"]), []):
+            for cid in corpus_ids.get(uuid.UUID(item.citation["document_id"]), []):
                 if cid not in seen:
                     seen.add(cid)
                     ranked.append(cid)
@@ -210,6 +212,7 @@ def evaluate(
         "split": split,
         "mode": mode,
         "legs": "+".join(legs),
+        "fusion": fusion if len(legs) > 1 else None,
         "ndcg@10": round(statistics.fmean(ndcg), 4) if ndcg else 0.0,
         "recall@100": round(statistics.fmean(recall), 4) if recall else 0.0,
         "mrr@10": round(statistics.fmean(mrr), 4) if mrr else 0.0,
@@ -222,12 +225,6 @@ def evaluate(
         "query_p50_ms": round(_percentile(latencies, 50), 2),
         "query_p95_ms": round(_percentile(latencies, 95), 2),
     }
-
-
-def _uuid(value: str):
-    import uuid
-
-    return uuid.UUID(value)
 
 
 def _percentile(values: list[float], pct: float) -> float:

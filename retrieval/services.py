@@ -121,6 +121,34 @@ def fuse(legs: dict[str, list[ScoredNode]]) -> list[tuple[uuid.UUID, float, dict
     return ranked
 
 
+RRF_K = 60
+
+
+def reciprocal_rank_fusion(
+    legs: dict[str, list[ScoredNode]], k: int = RRF_K
+) -> list[tuple[uuid.UUID, float, dict]]:
+    """Reciprocal rank fusion (Cormack, Clarke & Büttcher, SIGIR 2009): ``Σ 1 / (k + rank)``.
+
+    Kept for comparison (``kfs eval --fusion rrf``). Each leg's ``1 / (k + rank)`` is divided by
+    its best value ``1 / (k + 1)`` and the legs are averaged, so scores stay in [0, 1] and the
+    order is exactly RRF's.
+    """
+    best = 1.0 / (k + 1)
+    fused: dict[uuid.UUID, dict] = {}
+    for name, hits in legs.items():
+        for rank, hit in enumerate(hits, 1):
+            fused.setdefault(hit.node_id, {})[name] = (1.0 / (k + rank)) / best
+    count = max(len(legs), 1)
+    ranked = [
+        (node_id, sum(per_leg.values()) / count, per_leg) for node_id, per_leg in fused.items()
+    ]
+    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    return ranked
+
+
+FUSIONS = {"minmax": fuse, "rrf": reciprocal_rank_fusion}
+
+
 def retrieve(
     space: KnowledgeSpace,
     query: str,
@@ -129,10 +157,12 @@ def retrieve(
     score_threshold: float | None = None,
     mode: str = "fast",
     legs: tuple[str, ...] = LEGS,
+    fusion: str = "minmax",
 ) -> RetrievalResult:
     """Run a retrieval over the space's published nodes; items carry citations.
 
-    ``legs`` is for evaluation (``("keyword",)``, ``("dense",)`` or both).
+    ``legs`` and ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both;
+    ``"minmax"`` or ``"rrf"``).
     """
     query, top_k, score_threshold, mode = validate_request(query, top_k, score_threshold, mode)
     started = time.perf_counter()
@@ -164,7 +194,7 @@ def retrieve(
         t0 = time.perf_counter()
         results["keyword"] = backend.keyword_search(space.id, query, depth)
         timings["keyword_ms"] = (time.perf_counter() - t0) * 1000
-    candidates = fuse(results)
+    candidates = FUSIONS[fusion](results)
     fused = candidates
     if score_threshold is not None:
         fused = [r for r in fused if r[1] >= score_threshold]

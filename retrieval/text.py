@@ -19,6 +19,14 @@ _CJK_RUN = re.compile(f"[{_CJK}]+")
 _WORD = re.compile(r"\w+", re.UNICODE)
 MAX_QUERY_TERMS = 64
 
+# Lucene's default English stop set (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET). Dropped from
+# queries only (the index keeps every word, so BM25 statistics are unchanged): a query's "the"
+# and "of" match nearly every chunk and add cost without adding ranking signal.
+STOP_WORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their "
+    "then there these they this to was will with".split()
+)
+
 
 def _bigrams(run: str) -> str:
     if len(run) == 1:
@@ -32,13 +40,16 @@ def keyword_text(text: str) -> str:
 
 
 def keyword_terms(query: str) -> list[str]:
-    """Split a query into at most 64 distinct lower-case terms, CJK runs as bigrams."""
-    terms: list[str] = []
+    """Split a query into at most 64 distinct lower-case terms, CJK runs as bigrams.
+
+    Stop words are dropped unless the query has nothing else (a query of only "to be or not
+    to be" still searches for those words).
+    """
+    tokens: list[str] = []
     seen: set[str] = set()
     for token in _WORD.findall(keyword_text(query).lower()):
         if token not in seen:
             seen.add(token)
-            terms.append(token)
-        if len(terms) == MAX_QUERY_TERMS:
-            break
-    return terms
+            tokens.append(token)
+    content = [t for t in tokens if t not in STOP_WORDS]
+    return (content or tokens)[:MAX_QUERY_TERMS]

@@ -32,7 +32,7 @@ def check_invariants(elements: list[Element], chunks: list[Chunk], target: int) 
     kept = [e for e in elements if e.text.strip()]
     assert [c.index for c in chunks] == list(range(len(chunks)))
     for chunk in chunks:
-        assert chunk.text == text[chunk.start_offset:chunk.end_offset]
+        assert chunk.text == text[chunk.start_offset : chunk.end_offset]
         assert chunk.text.strip() and chunk.text == chunk.text.strip()
         if chunk.kind == "chunk":
             assert len(chunk.text) <= target
@@ -75,8 +75,10 @@ def test_canonical_text() -> None:
 
 
 def test_bc11_markdown_preface_and_sections() -> None:
-    md = (b"Intro words with PREFACE-7Q before anything.\n\n# Section A\n\nAlpha body.\n\n"
-          b"## Sub\n\nSub body text.\n")
+    md = (
+        b"Intro words with PREFACE-7Q before anything.\n\n# Section A\n\nAlpha body.\n\n"
+        b"## Sub\n\nSub body text.\n"
+    )
     elements = parse_with_report(md, "text/markdown").elements
     chunks = chunk_elements(elements)
     check_invariants(elements, chunks, 1200)
@@ -123,8 +125,10 @@ def test_packing_respects_target_and_sections() -> None:
 
 def test_long_element_split_with_overlap() -> None:
     long_text = SENTENCE * 60  # ~4000 chars
-    elements = [Element(type="heading", text="Long", level=1, section_path=("Long",)),
-                Element(type="paragraph", text=long_text, section_path=("Long",))]
+    elements = [
+        Element(type="heading", text="Long", level=1, section_path=("Long",)),
+        Element(type="paragraph", text=long_text, section_path=("Long",)),
+    ]
     chunks = chunk_elements(elements, target_chars=500, overlap_chars=80)
     check_invariants(elements, chunks, 500)
     assert len(chunks) >= 8
@@ -189,8 +193,10 @@ def test_big_table_split_by_rows() -> None:
 
 
 def test_page_number_of_first_element() -> None:
-    elements = [Element(type="paragraph", text="Page one text.", page_number=1),
-                Element(type="paragraph", text="Page two text.", page_number=2)]
+    elements = [
+        Element(type="paragraph", text="Page one text.", page_number=1),
+        Element(type="paragraph", text="Page two text.", page_number=2),
+    ]
     chunks = chunk_elements(elements)
     assert len(chunks) == 1 and chunks[0].page_number == 1
     long_pages = [Element(type="paragraph", text=SENTENCE * 10, page_number=p) for p in (1, 2)]
@@ -217,10 +223,14 @@ def test_deterministic() -> None:
 
 def test_too_many_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chunking, "MAX_CHUNKS", 5)
-    elements = [Element(type="heading", text=f"H{i}", level=1, section_path=(f"H{i}",))
-                for i in range(6)]
-    elements = [e for h in elements for e in (h, Element(type="paragraph", text="x",
-                                                           section_path=h.section_path))]
+    elements = [
+        Element(type="heading", text=f"H{i}", level=1, section_path=(f"H{i}",)) for i in range(6)
+    ]
+    elements = [
+        e
+        for h in elements
+        for e in (h, Element(type="paragraph", text="x", section_path=h.section_path))
+    ]
     with pytest.raises(ParseError) as exc:
         chunk_elements(elements)
     assert exc.value.code == "too_many_chunks"

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
+from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
 from ingestion.services import compilation
 from ingestion.services.documents import admit_document
 from retrieval.models import DenseVector
@@ -45,40 +45,39 @@ def test_a_stale_lease_cannot_write(space):
     assert (job.stage, job.run_state, job.error_code) == ("queued", "running", "")
 
 
-def test_resuming_from_a_checkpoint_does_not_duplicate_nodes(space):
+@pytest.mark.parametrize(
+    "died_after", [Stage.PARSED, Stage.NODES_GENERATED, Stage.PROJECTION_BUILT]
+)
+def test_resuming_from_a_checkpoint_does_not_duplicate_work(space, died_after):
     admission = _admit(space)
     job_id = admission.job.id
-    token = compilation.claim(job_id, "worker-a")
-    job = CompilationJob.objects.select_related("document").get(id=job_id)
-    nodes = compilation._prepare(job, token)  # parsed + nodes_generated, then the worker "dies"
-    assert CompilationJob.objects.get(id=job_id).stage == Stage.NODES_GENERATED
+    compilation.compile_jobs([job_id], until=died_after)  # the worker "dies" after this stage
+    assert CompilationJob.objects.get(id=job_id).stage == died_after
     # Recovery re-queues it (the sweep of the durable-jobs work does this); a new delivery resumes.
     CompilationJob.objects.filter(id=job_id).update(run_state="queued", lease_token=None)
     compilation.run_job(job_id)
     job = CompilationJob.objects.get(id=job_id)
     assert (job.stage, job.run_state, job.execution_attempts) == ("published", "succeeded", 2)
-    assert KnowledgeNode.objects.count() == len(nodes)
-    assert DenseVector.objects.count() == len(nodes)
+    nodes = KnowledgeNode.objects.count()
+    assert nodes > 1
+    assert DenseVector.objects.count() == nodes
+    assert ParseArtifact.objects.count() == 1
+    assert Document.objects.get().node_count == nodes
+    assert len(retrieve(space, "warranty claims broken screens", top_k=100).items) == nodes
 
 
 def test_nodes_are_invisible_until_published(space):
     admission = _admit(space)
-    token = compilation.claim(admission.job.id, "w")
+    compilation.compile_jobs([admission.job.id], until=Stage.PROJECTION_BUILT)
     job = CompilationJob.objects.select_related("document").get(id=admission.job.id)
-    nodes = compilation._prepare(job, token)
-    from knowledgefs.runtime import get_embedding_model
-    from retrieval.backends import IndexedNode, get_search_backend
-
-    model = get_embedding_model()
-    get_search_backend().index_nodes(
-        [IndexedNode(n.id, n.space_id, n.document_id, n.text) for n in nodes],
-        model.embed_documents([n.text for n in nodes]),
-        model.model_id,
-    )
+    assert job.stage == Stage.PROJECTION_BUILT
     # Both projections exist, but the document's active generation is not this job yet.
+    assert DenseVector.objects.exists()
     assert retrieve(space, "warranty claims", top_k=5).items == []
-    compilation.publish(job, token, node_count=len(nodes))
+    compilation.publish(job, job.lease_token, node_count=KnowledgeNode.objects.count())
     assert retrieve(space, "warranty claims", top_k=5).items
+    with pytest.raises(compilation.LeaseLost):
+        compilation.publish(job, job.lease_token, node_count=1)  # already published: not ours
 
 
 def test_recompiling_swaps_generations_in_one_step(space):

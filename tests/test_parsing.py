@@ -59,8 +59,11 @@ def make_pdf(pages: list[list[str]]) -> bytes:
     font_id = 3 + 2 * n
     objects: dict[int, bytes] = {
         1: b"<< /Type /Catalog /Pages 2 0 R >>",
-        2: ("<< /Type /Pages /Kids [" + " ".join(f"{3 + 2 * i} 0 R" for i in range(n))
-            + f"] /Count {n} >>").encode(),
+        2: (
+            "<< /Type /Pages /Kids ["
+            + " ".join(f"{3 + 2 * i} 0 R" for i in range(n))
+            + f"] /Count {n} >>"
+        ).encode(),
         font_id: b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     }
     for i, lines in enumerate(pages):
@@ -73,8 +76,9 @@ def make_pdf(pages: list[list[str]]) -> bytes:
             f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources "
             f"<< /Font << /F1 {font_id} 0 R >> >> /Contents {4 + 2 * i} 0 R >>"
         ).encode()
-        objects[4 + 2 * i] = (f"<< /Length {len(stream)} >>\nstream\n".encode() + stream
-                              + b"\nendstream")
+        objects[4 + 2 * i] = (
+            f"<< /Length {len(stream)} >>\nstream\n".encode() + stream + b"\nendstream"
+        )
     out = bytearray(b"%PDF-1.4\n")
     offsets = {}
     for num in sorted(objects):
@@ -107,8 +111,9 @@ def make_docx() -> bytes:
     d.add_paragraph("second bullet", style="List Bullet")
     d.add_heading("Details", level=2)
     table = d.add_table(rows=3, cols=3)
-    for r, row in enumerate([["name", "region", "units"], ["widget", "EU", "12"],
-                             ["gadget", "US", "7"]]):
+    for r, row in enumerate(
+        [["name", "region", "units"], ["widget", "EU", "12"], ["gadget", "US", "7"]]
+    ):
         for c, value in enumerate(row):
             table.cell(r, c).text = value
     merged = d.add_table(rows=2, cols=3)
@@ -444,11 +449,13 @@ def test_bc05_semicolon_csv_with_bom() -> None:
 
 
 def test_bc05_tab_separated_csv_and_quoted_newlines() -> None:
-    data = b"name\tregion\tunits\nwidget\tEU\t12\n\"multi\nline\"\tUS\t3\n"
+    data = b'name\tregion\tunits\nwidget\tEU\t12\n"multi\nline"\tUS\t3\n'
     table = parse(data, sniff_mime_type(data, "sales.csv"))[0]
     assert len(table.metadata["header"]) == 3
-    assert table.text.split("\n") == ["name: widget; region: EU; units: 12",
-                                      "name: multi line; region: US; units: 3"]
+    assert table.text.split("\n") == [
+        "name: widget; region: EU; units: 12",
+        "name: multi line; region: US; units: 3",
+    ]
     pipes = parse(b"a|b\n1|2\n3|4\n", "text/csv")[0]
     assert pipes.text == "a: 1; b: 2\na: 3; b: 4"
 
@@ -475,7 +482,9 @@ def test_pdf_pages_and_paragraphs() -> None:
     assert report.page_count == 3
     assert report.pages_without_text == [2]
     assert [(e.page_number, e.text) for e in report.elements] == [
-        (1, "Alpha page one."), (3, "Gamma (third) page.")]
+        (1, "Alpha page one."),
+        (3, "Gamma (third) page."),
+    ]
 
 
 def test_pdf_user_password_is_encrypted() -> None:
@@ -490,8 +499,9 @@ def test_pdf_user_password_is_encrypted() -> None:
 def test_pdf_owner_password_only_opens(algorithm: str) -> None:
     if algorithm.startswith("AES"):
         pytest.importorskip("cryptography")
-    data = encrypt_pdf(make_pdf([["Readable owner-only text"]]), user="", owner="owner",
-                       algorithm=algorithm)
+    data = encrypt_pdf(
+        make_pdf([["Readable owner-only text"]]), user="", owner="owner", algorithm=algorithm
+    )
     assert texts(parse(data, PDF)) == "Readable owner-only text"
 
 
@@ -535,8 +545,7 @@ def test_docx_structure() -> None:
     assert [e.type for e in elements[5:9]] == ["heading", "table", "table", "paragraph"]
     table = elements[6]
     assert table.section_path == ("Overview", "Details")
-    assert table.text == ("name: widget; region: EU; units: 12\n"
-                          "name: gadget; region: US; units: 7")
+    assert table.text == ("name: widget; region: EU; units: 12\nname: gadget; region: US; units: 7")
     assert table.metadata["rows"] == [["widget", "EU", "12"], ["gadget", "US", "7"]]
     merged = elements[7]
     assert merged.text.count("MERGED-X") == 1

@@ -42,6 +42,17 @@ def test_fusion_is_an_equal_weight_mean_with_missing_legs_counting_zero():
     assert [(n, s) for n, s, _ in single] == [(C, 1.0), (A, 0.0)]
 
 
+def test_rrf_orders_by_summed_reciprocal_ranks():
+    from retrieval.services import reciprocal_rank_fusion
+
+    ranked = reciprocal_rank_fusion(
+        {"dense": [ScoredNode(A, 0.9), ScoredNode(B, 0.8)], "keyword": [ScoredNode(B, 5.0)]}, k=60
+    )
+    assert [r[0] for r in ranked] == [B, A]
+    assert ranked[0][1] == pytest.approx((61 / 62 + 1.0) / 2)
+    assert ranked[1][1] == pytest.approx(0.5)
+
+
 @pytest.fixture
 def corpus(space):
     texts = {

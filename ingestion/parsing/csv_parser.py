@@ -55,8 +55,9 @@ def detect_delimiter(text: str) -> str:
         share, mode = scores[sniffed]
         if mode > 1 and share >= 0.8:
             return sniffed
-    valid = [(share, mode, -DELIMITERS.index(d), d) for d, (share, mode) in scores.items()
-             if mode > 1]
+    valid = [
+        (share, mode, -DELIMITERS.index(d), d) for d, (share, mode) in scores.items() if mode > 1
+    ]
     if not valid:
         return ","
     return max(valid)[3]
@@ -87,8 +88,12 @@ def parse_csv(data: bytes) -> list[Element]:
     width = Counter(len(r) for r in rows).most_common(1)[0][0]
     out: list[Element] = []
     titles = 0
-    while (len(rows) > 1 and width > 1 and titles < _MAX_TITLE_ROWS
-           and sum(1 for c in rows[0] if c) <= 1):
+    while (
+        len(rows) > 1
+        and width > 1
+        and titles < _MAX_TITLE_ROWS
+        and sum(1 for c in rows[0] if c) <= 1
+    ):
         out.append(Element(type="paragraph", text=next(c for c in rows[0] if c)))
         rows.pop(0)
         titles += 1
@@ -99,7 +104,7 @@ def parse_csv(data: bytes) -> list[Element]:
         out.append(Element(type="table", text=text_, metadata=meta))
         return out
     for start in range(0, len(body), ROWS_PER_ELEMENT):
-        group = body[start:start + ROWS_PER_ELEMENT]
+        group = body[start : start + ROWS_PER_ELEMENT]
         text_, meta = render_table(header, group)
         if text_.strip():
             out.append(Element(type="table", text=text_, metadata=meta))

@@ -21,8 +21,10 @@ _W_TC = qn("w:tc")
 _CONTAINERS = {qn("w:sdt"), qn("w:sdtContent"), qn("w:customXml")}
 _HEADING_RE = re.compile(r"^heading\s*(\d)$", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"^[\s$€£%()+\-.,\d]+$")
-_RUN_XPATH = ("./w:r | ./w:hyperlink/w:r | ./w:ins/w:r | ./w:smartTag/w:r | ./w:fldSimple/w:r"
-              " | ./w:sdt/w:sdtContent/w:r | ./w:customXml/w:r | ./w:hyperlink/w:ins/w:r")
+_RUN_XPATH = (
+    "./w:r | ./w:hyperlink/w:r | ./w:ins/w:r | ./w:smartTag/w:r | ./w:fldSimple/w:r"
+    " | ./w:sdt/w:sdtContent/w:r | ./w:customXml/w:r | ./w:hyperlink/w:ins/w:r"
+)
 
 
 def _blocks(parent: Any) -> Iterator[Any]:
@@ -138,8 +140,9 @@ class _DocxWalker:
     def emit(self, type_: str, text: str, **kwargs: Any) -> None:
         text = text.strip()
         if text:
-            self.out.append(Element(type=type_, text=text, section_path=self.sections.path,
-                                    **kwargs))
+            self.out.append(
+                Element(type=type_, text=text, section_path=self.sections.path, **kwargs)
+            )
 
     def flush_list(self) -> None:
         if self.list_items:
@@ -189,9 +192,12 @@ class _DocxWalker:
         seen: set[tuple[str, str]] = set()
         for section in self.document.sections:
             parts = [
-                ("header", section.header), ("header", section.first_page_header),
-                ("header", section.even_page_header), ("footer", section.footer),
-                ("footer", section.first_page_footer), ("footer", section.even_page_footer),
+                ("header", section.header),
+                ("header", section.first_page_header),
+                ("header", section.even_page_header),
+                ("footer", section.footer),
+                ("footer", section.first_page_footer),
+                ("footer", section.even_page_footer),
             ]
             for kind, part in parts:
                 if part.is_linked_to_previous:
@@ -205,8 +211,7 @@ class _DocxWalker:
                 text = "\n".join(line for line in lines if line)
                 if text and (kind, text) not in seen:
                     seen.add((kind, text))
-                    self.out.append(Element(type="paragraph", text=text,
-                                            metadata={"part": kind}))
+                    self.out.append(Element(type="paragraph", text=text, metadata={"part": kind}))
 
 
 def parse_docx(data: bytes) -> list[Element]:

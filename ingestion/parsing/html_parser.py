@@ -16,14 +16,60 @@ except ImportError:  # pragma: no cover - older bs4
 from .base import Element, SectionStack, collapse_ws
 from .tables import render_row, render_table
 
-_DROP = {"script", "style", "noscript", "template", "head", "svg", "canvas", "iframe",
-         "object", "embed", "select"}
+_DROP = {
+    "script",
+    "style",
+    "noscript",
+    "template",
+    "head",
+    "svg",
+    "canvas",
+    "iframe",
+    "object",
+    "embed",
+    "select",
+}
 _HEADINGS = {f"h{i}": i for i in range(1, 7)}
-_PARAGRAPH_LIKE = {"p", "blockquote", "dt", "dd", "figcaption", "caption", "summary",
-                   "address", "li", "legend"}
-_BLOCK = {"article", "aside", "body", "center", "details", "dialog", "div", "dl", "fieldset",
-          "figure", "footer", "form", "header", "hgroup", "html", "main", "menu", "nav",
-          "section", "tbody", "thead", "tfoot", "tr", "td", "th", "hr"}
+_PARAGRAPH_LIKE = {
+    "p",
+    "blockquote",
+    "dt",
+    "dd",
+    "figcaption",
+    "caption",
+    "summary",
+    "address",
+    "li",
+    "legend",
+}
+_BLOCK = {
+    "article",
+    "aside",
+    "body",
+    "center",
+    "details",
+    "dialog",
+    "div",
+    "dl",
+    "fieldset",
+    "figure",
+    "footer",
+    "form",
+    "header",
+    "hgroup",
+    "html",
+    "main",
+    "menu",
+    "nav",
+    "section",
+    "tbody",
+    "thead",
+    "tfoot",
+    "tr",
+    "td",
+    "th",
+    "hr",
+}
 _SEPARATING = _BLOCK | _PARAGRAPH_LIKE | set(_HEADINGS) | {"pre", "ul", "ol", "table", "br"}
 _SKIP_STRINGS = (Comment, Declaration, Doctype, ProcessingInstruction)
 _LANG_RE = re.compile(r"^(?:language|lang)-(.+)$")
@@ -65,9 +111,9 @@ class _HtmlWalker:
 
     def emit(self, type_: str, text: str, **kwargs: object) -> None:
         if text.strip():
-            self.out.append(Element(type=type_, text=text.strip(),
-                                    section_path=self.sections.path,
-                                    **kwargs))  # type: ignore[arg-type]
+            self.out.append(
+                Element(type=type_, text=text.strip(), section_path=self.sections.path, **kwargs)
+            )  # type: ignore[arg-type]
 
     def flush(self) -> None:
         text = collapse_ws("".join(self.buf))

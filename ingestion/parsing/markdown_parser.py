@@ -44,9 +44,10 @@ def _is_ordered(line: str) -> bool:
 
 def _starts_block(line: str) -> bool:
     """True for a non-indented line that starts a block which ends a list or quote."""
-    return bool(
-        _FENCE_RE.match(line) or _ATX_RE.match(line) or _HR_RE.match(line)
-    ) and _indent(line) < 4
+    return (
+        bool(_FENCE_RE.match(line) or _ATX_RE.match(line) or _HR_RE.match(line))
+        and _indent(line) < 4
+    )
 
 
 class _MarkdownParser:
@@ -58,8 +59,9 @@ class _MarkdownParser:
 
     def emit(self, type_: str, text: str, **kwargs: object) -> None:
         if text.strip():
-            self.out.append(Element(type=type_, text=text.strip(), section_path=self.sections.path,
-                                    **kwargs))  # type: ignore[arg-type]
+            self.out.append(
+                Element(type=type_, text=text.strip(), section_path=self.sections.path, **kwargs)
+            )  # type: ignore[arg-type]
 
     def flush_para(self) -> None:
         if self.para:
@@ -105,8 +107,12 @@ class _MarkdownParser:
                 self.flush_para()
                 i += 1
                 continue
-            if ("|" in line and i + 1 < n and "|" in lines[i + 1]
-                    and _TABLE_DELIM_RE.match(lines[i + 1])):
+            if (
+                "|" in line
+                and i + 1 < n
+                and "|" in lines[i + 1]
+                and _TABLE_DELIM_RE.match(lines[i + 1])
+            ):
                 self.flush_para()
                 i = self.table(i)
                 continue
@@ -146,8 +152,11 @@ class _MarkdownParser:
         while j < len(self.lines):
             line = self.lines[j]
             stripped = line.strip()
-            if (_indent(line) < 4 and stripped.startswith(marker[0] * len(marker))
-                    and not stripped.strip(marker[0])):
+            if (
+                _indent(line) < 4
+                and stripped.startswith(marker[0] * len(marker))
+                and not stripped.strip(marker[0])
+            ):
                 j += 1
                 break
             body.append(line[indent:] if line[:indent].strip() == "" else line.lstrip())
@@ -204,8 +213,11 @@ class _MarkdownParser:
                     j = k
                     continue
                 break
-            if j > i and _indent(line) < 2 and (
-                    _starts_block(line) or (_LIST_RE.match(line) and not same_list_item(line))):
+            if (
+                j > i
+                and _indent(line) < 2
+                and (_starts_block(line) or (_LIST_RE.match(line) and not same_list_item(line)))
+            ):
                 break
             body.append(line.rstrip())
             j += 1

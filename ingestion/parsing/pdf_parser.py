@@ -78,8 +78,7 @@ def parse_pdf(data: bytes) -> PdfResult:
         paragraphs = split_paragraphs(clean_text(text))
         if not paragraphs:
             without_text.append(number)
-        elements.extend(Element(type="paragraph", text=p, page_number=number)
-                        for p in paragraphs)
+        elements.extend(Element(type="paragraph", text=p, page_number=number) for p in paragraphs)
     if failures == len(pages):
         raise CorruptDocument(_CORRUPT)
     return PdfResult(elements=elements, page_count=len(pages), pages_without_text=without_text)

@@ -68,7 +68,8 @@ def _zip_type(data: bytes, ext: str) -> str:
         raise UnsupportedType("application/vnd.ms-word.document.macroEnabled.12")
     if "wordprocessingml.template" in content_types:
         raise UnsupportedType(
-            "application/vnd.openxmlformats-officedocument.wordprocessingml.template")
+            "application/vnd.openxmlformats-officedocument.wordprocessingml.template"
+        )
     if "wordprocessingml.document.main+xml" in content_types:
         return DOCX
     if not content_types and "word/document.xml" in names:  # content types unreadable
@@ -85,7 +86,7 @@ def _head_text(data: bytes) -> str:
     head = data[:_HEAD_BYTES]
     bom = bom_encoding(head)
     if bom is not None:
-        return head[bom[1]:].decode(bom[0], "ignore")
+        return head[bom[1] :].decode(bom[0], "ignore")
     enc16 = guess_bomless_utf16(head) if b"\x00" in head else None
     if enc16 is not None:
         return head.decode(enc16, "ignore")
@@ -144,8 +145,12 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
     mime = _TEXT_EXT.get(ext, "text/plain")
     if mime == "text/html" and not _head_text(data).lstrip("\ufeff \t\r\n").startswith("<"):
         mime = "text/plain"
-    if (b"\x00" in data[:_HEAD_BYTES] and bom_encoding(data) is None
-            and ext not in _PLAIN_EXT and guess_bomless_utf16(data) is None):
+    if (
+        b"\x00" in data[:_HEAD_BYTES]
+        and bom_encoding(data) is None
+        and ext not in _PLAIN_EXT
+        and guess_bomless_utf16(data) is None
+    ):
         # NULs without a UTF-16 pattern under a non-text name: some binary we don't know.
         raise UnsupportedType("application/octet-stream")
     return mime

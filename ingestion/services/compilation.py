@@ -131,29 +131,111 @@ def run_job(job_id: uuid.UUID | str) -> str:
     return CompilationJob.objects.filter(id=job_id).values_list("run_state", flat=True).first()
 
 
-def compile_jobs(job_ids: Iterable[uuid.UUID]) -> None:
-    """Compile the given jobs as one batch (each claimed individually; unclaimable ones skipped)."""
+def compile_jobs(job_ids: Iterable[uuid.UUID], *, until: str | None = None) -> None:
+    """Compile the given jobs as one batch; jobs that cannot be claimed are skipped.
+
+    Each stage does its work job by job (a parse or chunk failure fails only that job), then
+    commits the outputs and checkpoints of the whole batch in one transaction; if that commit
+    fails, the stage is committed job by job so one bad row cannot sink the others. A job
+    resumes from its last checkpoint. ``until`` stops after that checkpoint with the jobs left
+    running, which is how tests stand in for a worker that dies.
+    """
     tokens = claim_many(list(job_ids), worker_identity())
     if not tokens:
         return
     jobs = CompilationJob.objects.select_related("document").in_bulk(list(tokens))
-    ready: list[tuple[CompilationJob, uuid.UUID, list[KnowledgeNode]]] = []
-    for job_id, token in tokens.items():
-        job = jobs[job_id]
+    order = list(tokens)
+
+    parsed = _run_stage(
+        jobs,
+        tokens,
+        [j for j in order if jobs[j].stage == Stage.QUEUED],
+        _parse,
+        Stage.PARSED,
+        lambda outputs: ParseArtifact.objects.bulk_create(outputs),
+    )
+    if until == Stage.PARSED:
+        return
+    to_chunk = [j for j in order if j in parsed or jobs[j].stage == Stage.PARSED]
+    artifacts = {
+        a.job_id: a
+        for a in ParseArtifact.objects.filter(job_id__in=[j for j in to_chunk if j not in parsed])
+    }
+    artifacts.update(parsed)
+    chunked = _run_stage(
+        jobs,
+        tokens,
+        to_chunk,
+        lambda job: _generate_nodes(job, artifacts[job.id]),
+        Stage.NODES_GENERATED,
+        lambda outputs: KnowledgeNode.objects.bulk_create(
+            [node for nodes in outputs for node in nodes], batch_size=500
+        ),
+    )
+    if until == Stage.NODES_GENERATED:
+        return
+    to_project = [j for j in order if j in chunked or jobs[j].stage == Stage.NODES_GENERATED]
+    nodes = _load_nodes(jobs, [j for j in to_project if j not in chunked])
+    nodes.update(chunked)
+    projected = _project(jobs, tokens, to_project, nodes)
+    if until == Stage.PROJECTION_BUILT:
+        return
+    to_publish = [j for j in order if j in projected or jobs[j].stage == Stage.PROJECTION_BUILT]
+    counts = {j: len(nodes[j]) for j in to_publish if j in nodes}
+    counts.update(_node_counts(jobs, [j for j in to_publish if j not in counts]))
+    publish_many([(jobs[j], tokens[j], counts[j]) for j in to_publish])
+
+
+def _run_stage(jobs, tokens, job_ids, work, stage, write) -> dict:
+    """Run ``work(job)`` for each job, then commit outputs and ``stage`` checkpoints together."""
+    outputs = {}
+    for job_id in job_ids:
         try:
-            nodes = _prepare(job, token)
-        except LeaseLost:
-            continue
+            outputs[job_id] = work(jobs[job_id])
         except CompilationFailure as failure:
-            fail(job.id, token, failure.code, failure.message)
-            continue
+            fail(job_id, tokens[job_id], failure.code, failure.message)
         except Exception as exc:  # noqa: BLE001 - any bug must end the job, never leave it running
-            logger.exception("compilation of job %s failed", job.id)
-            fail(job.id, token, "internal_error", f"{type(exc).__name__}: {exc}")
-            continue
-        ready.append((job, token, nodes))
-    if ready:
-        _project_and_publish(ready)
+            logger.exception("compilation of job %s failed", job_id)
+            fail(job_id, tokens[job_id], "internal_error", f"{type(exc).__name__}: {exc}")
+    return _commit(tokens, outputs, stage, write)
+
+
+def _commit(tokens, outputs: dict, stage: str, write) -> dict:
+    """Write ``outputs`` of the jobs still held, with their checkpoint, in one transaction."""
+    if not outputs:
+        return {}
+    try:
+        with transaction.atomic():
+            held = _checkpoint_many({j: tokens[j] for j in outputs}, stage=stage)
+            write([outputs[j] for j in outputs if j in held])
+        return {j: out for j, out in outputs.items() if j in held}
+    except Exception:  # noqa: BLE001
+        logger.exception("batch commit of stage %s failed; committing job by job", stage)
+    kept = {}
+    for job_id, output in outputs.items():
+        try:
+            with transaction.atomic():
+                if _checkpoint_many({job_id: tokens[job_id]}, stage=stage):
+                    write([output])
+                    kept[job_id] = output
+        except Exception as exc:  # noqa: BLE001
+            logger.exception("stage %s of job %s failed", stage, job_id)
+            fail(job_id, tokens[job_id], "internal_error", f"{type(exc).__name__}: {exc}")
+    return kept
+
+
+def _load_nodes(jobs, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[KnowledgeNode]]:
+    found: dict[uuid.UUID, list[KnowledgeNode]] = {j: [] for j in job_ids}
+    if job_ids:
+        for node in KnowledgeNode.objects.filter(
+            document_id__in={jobs[j].document_id for j in job_ids}, generation__in=job_ids
+        ).order_by("generation", "chunk_index"):
+            found[node.generation].append(node)
+    return found
+
+
+def _node_counts(jobs, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    return {j: len(nodes) for j, nodes in _load_nodes(jobs, job_ids).items()}
 
 
 def claim(job_id: uuid.UUID, worker: str) -> uuid.UUID | None:
@@ -202,36 +284,42 @@ def heartbeat(tokens: dict[uuid.UUID, uuid.UUID]) -> None:
 
 def _checkpoint(job_id: uuid.UUID, token: uuid.UUID, **fields) -> None:
     """Write job fields only while we still hold the lease; raises :class:`LeaseLost` otherwise."""
+    if not _checkpoint_many({job_id: token}, **fields):
+        raise LeaseLost(str(job_id))
+
+
+def _checkpoint_many(tokens: dict[uuid.UUID, uuid.UUID], **fields) -> set[uuid.UUID]:
+    """Write job fields for the jobs still held with these tokens; returns their ids.
+
+    The held rows are locked (``SELECT … FOR UPDATE`` where the database has it; SQLite's
+    IMMEDIATE transactions already serialise writers) before they are updated, so the check
+    and the write cannot be separated by another worker.
+    """
     now = timezone.now()
     fields.setdefault("heartbeat_at", now)
     fields.setdefault("lease_expires_at", now + timedelta(seconds=LEASE_SECONDS))
     if "stage" in fields:
         fields.setdefault("progress_percent", PROGRESS.get(fields["stage"], 0))
-    updated = CompilationJob.objects.filter(
-        id=job_id, lease_token=token, run_state=RunState.RUNNING
-    ).update(**fields)
-    if not updated:
-        raise LeaseLost(str(job_id))
-
-
-def _prepare(job: CompilationJob, token: uuid.UUID) -> list[KnowledgeNode]:
-    """Run (or resume) parse and chunk; returns the generation's nodes."""
-    stage = job.stage
-    if stage == Stage.QUEUED:
-        artifact = _parse(job, token)
-        stage = Stage.PARSED
-    else:
-        artifact = ParseArtifact.objects.get(job=job)
-    if stage == Stage.PARSED:
-        return _generate_nodes(job, token, artifact)
-    return list(
-        KnowledgeNode.objects.filter(document_id=job.document_id, generation=job.id).order_by(
-            "chunk_index"
+    held_by_token = Q()
+    for job_id, token in tokens.items():
+        held_by_token |= Q(id=job_id, lease_token=token)
+    with transaction.atomic():
+        held = set(
+            CompilationJob.objects.select_for_update()
+            .filter(held_by_token, run_state=RunState.RUNNING)
+            .values_list("id", flat=True)
         )
-    )
+        if held:
+            CompilationJob.objects.filter(id__in=held).update(**fields)
+    return held
 
 
-def _parse(job: CompilationJob, token: uuid.UUID) -> ParseArtifact:
+def _parse(job: CompilationJob) -> ParseArtifact:
+    """Read and parse the document; returns an unsaved :class:`ParseArtifact`.
+
+    A job at ``queued`` has no artifact yet: the artifact is only ever written in the same
+    transaction as the ``parsed`` checkpoint.
+    """
     document = job.document
     try:
         data = storage.read_object(
@@ -250,18 +338,15 @@ def _parse(job: CompilationJob, token: uuid.UUID) -> ParseArtifact:
     artifact_hash = hashlib.sha256(
         json.dumps(elements, sort_keys=True, ensure_ascii=False).encode()
     ).hexdigest()
-    with transaction.atomic():
-        _checkpoint(job.id, token, stage=Stage.PARSED)
-        ParseArtifact.objects.filter(job=job).delete()
-        return ParseArtifact.objects.create(
-            job=job,
-            document=document,
-            parser=report.parser,
-            artifact_hash=artifact_hash,
-            page_count=report.page_count,
-            pages_without_text=list(report.pages_without_text),
-            elements=elements,
-        )
+    return ParseArtifact(
+        job=job,
+        document=document,
+        parser=report.parser,
+        artifact_hash=artifact_hash,
+        page_count=report.page_count,
+        pages_without_text=list(report.pages_without_text),
+        elements=elements,
+    )
 
 
 def _element_dict(element: parsing.Element) -> dict:
@@ -277,9 +362,8 @@ def _elements_from(artifact: ParseArtifact) -> list[parsing.Element]:
     ]
 
 
-def _generate_nodes(
-    job: CompilationJob, token: uuid.UUID, artifact: ParseArtifact
-) -> list[KnowledgeNode]:
+def _generate_nodes(job: CompilationJob, artifact: ParseArtifact) -> list[KnowledgeNode]:
+    """Chunk the artifact; returns unsaved nodes (a job at ``parsed`` has none stored yet)."""
     try:
         chunks = chunk_elements(
             _elements_from(artifact),
@@ -294,12 +378,7 @@ def _generate_nodes(
             pages = ", ".join(str(p) for p in artifact.pages_without_text[:20])
             message += f"; pages without a text layer: {pages}"
         raise CompilationFailure("no_extractable_text", message)
-    nodes = [_node(job, chunk) for chunk in chunks]
-    with transaction.atomic():
-        _checkpoint(job.id, token, stage=Stage.NODES_GENERATED)
-        _drop_generation(job.document_id, job.id)
-        KnowledgeNode.objects.bulk_create(nodes, batch_size=500)
-    return nodes
+    return [_node(job, chunk) for chunk in chunks]
 
 
 def _node(job: CompilationJob, chunk: Chunk) -> KnowledgeNode:
@@ -329,15 +408,12 @@ def _drop_generation(document_id: uuid.UUID, generation: uuid.UUID) -> None:
         KnowledgeNode.objects.filter(id__in=ids).delete()
 
 
-def _project_and_publish(
-    ready: list[tuple[CompilationJob, uuid.UUID, list[KnowledgeNode]]],
-) -> None:
+def _project(jobs, tokens, job_ids, nodes) -> dict[uuid.UUID, list[KnowledgeNode]]:
+    """Embed the nodes of all these jobs together, then index them with their checkpoints."""
+    if not job_ids:
+        return {}
     model = get_embedding_model()
-    backend = get_search_backend()
-    pending = [
-        (job, token, nodes) for job, token, nodes in ready if job.stage != Stage.PROJECTION_BUILT
-    ]
-    texts = [node.text for _, _, nodes in pending for node in nodes]
+    texts = [node.text for j in job_ids for node in nodes[j]]
     vectors = np.zeros((len(texts), model.dimension), dtype=np.float32)
     try:
         for start in range(0, len(texts), EMBED_SLICE):
@@ -345,30 +421,32 @@ def _project_and_publish(
                 texts[start : start + EMBED_SLICE]
             )
             # Lost leases are found by the projection checkpoint below.
-            heartbeat({job.id: token for job, token, _ in pending})
+            heartbeat({j: tokens[j] for j in job_ids})
     except Exception as exc:  # noqa: BLE001
         logger.exception("embedding failed")
-        for job, token, _ in ready:
-            fail(job.id, token, "embedding_failed", f"{type(exc).__name__}: {exc}")
-        return
-    offset = 0
-    indexed: list[tuple[CompilationJob, uuid.UUID, int]] = []
-    for job, token, nodes in ready:
-        if job.stage != Stage.PROJECTION_BUILT:
-            job_vectors = vectors[offset : offset + len(nodes)]
-            offset += len(nodes)
-            try:
-                with transaction.atomic():
-                    _checkpoint(job.id, token, stage=Stage.PROJECTION_BUILT)
-                    backend.index_nodes(
-                        [IndexedNode(n.id, n.space_id, n.document_id, n.text) for n in nodes],
-                        job_vectors,
-                        model.model_id,
-                    )
-            except LeaseLost:
-                continue
-        indexed.append((job, token, len(nodes)))
-    publish_many(indexed)
+        for j in job_ids:
+            fail(j, tokens[j], "embedding_failed", f"{type(exc).__name__}: {exc}")
+        return {}
+    outputs, offset = {}, 0
+    for j in job_ids:
+        outputs[j] = (nodes[j], vectors[offset : offset + len(nodes[j])])
+        offset += len(nodes[j])
+    backend = get_search_backend()
+
+    def index(batch: list[tuple[list[KnowledgeNode], np.ndarray]]) -> None:
+        if batch:
+            backend.index_nodes(
+                [
+                    IndexedNode(n.id, n.space_id, n.document_id, n.text)
+                    for ns, _ in batch
+                    for n in ns
+                ],
+                np.concatenate([v for _, v in batch]),
+                model.model_id,
+            )
+
+    done = _commit(tokens, outputs, Stage.PROJECTION_BUILT, index)
+    return {j: out[0] for j, out in done.items()}
 
 
 def publish(job: CompilationJob, token: uuid.UUID, *, node_count: int) -> None:

@@ -18,7 +18,15 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
 from ingestion import parsing
-from ingestion.models import CompilationJob, Document, DocumentState, KnowledgeNode, RunState
+from ingestion.models import (
+    LIVE_RUN_STATES,
+    CompilationJob,
+    Document,
+    DocumentState,
+    KnowledgeNode,
+    RunState,
+    Stage,
+)
 from knowledgefs import storage
 from knowledgefs.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from knowledgefs.errors import UnsupportedMediaType as UnsupportedMediaTypeError
@@ -242,41 +250,30 @@ def delete_document(principal: Principal, space_id, document_id) -> None:
 
 
 def purge_documents(documents: QuerySet[Document]) -> int:
-    """Delete documents with their nodes, projections and stored objects; returns the count."""
+    """Delete documents with their nodes, projections and stored objects; returns the count.
+
+    Each document goes in its own transaction: its live jobs are canceled (a worker still
+    holding one loses its lease and writes nothing more), its nodes leave every index, and the
+    space's publication head moves so that cached indexes are rebuilt. Objects are deleted
+    after the commit.
+    """
     from retrieval.backends import get_search_backend
-    from spaces.models import PublicationHead
+
+    from .compilation import advance_publication_head
 
     backend = get_search_backend()
     keys = []
-    count = 0
     for document in documents.only("id", "storage_key", "space_id"):
         with transaction.atomic():
-            CompilationJob.objects.filter(
-                document=document,
-                run_state__in=[
-                    RunState.QUEUED,
-                    RunState.RUNNING,
-                    RunState.DISPATCH_PENDING,
-                    RunState.RETRY_WAIT,
-                ],
-            ).update(run_state=RunState.CANCELED, stage="canceled")
-            node_ids = list(
-                KnowledgeNode.objects.filter(document=document).values_list("id", flat=True)
+            CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES).update(
+                run_state=RunState.CANCELED, stage=Stage.CANCELED, lease_token=None
             )
-            backend.delete_nodes(node_ids)
+            backend.delete_nodes(
+                list(KnowledgeNode.objects.filter(document=document).values_list("id", flat=True))
+            )
             document.delete()
-            _bump_head(PublicationHead, document.space_id)
+            advance_publication_head(document.space_id)
         keys.append(document.storage_key)
-        count += 1
     for key in keys:
         storage.delete_object(key)
-    return count
-
-
-def _bump_head(head_model, space_id) -> None:
-    from django.db.models import F
-    from django.utils import timezone
-
-    head_model.objects.filter(space_id=space_id).update(
-        revision=F("revision") + 1, published_at=timezone.now()
-    )
+    return len(keys)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from django.db.models import F
 
+from ingestion.models import KnowledgeNode
 from retrieval.models import DenseVector
 
 
@@ -91,6 +92,17 @@ class SearchBackend:
         raise NotImplementedError
 
     # --- reads ------------------------------------------------------------------------------
+    @staticmethod
+    def visible_node_ids(node_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+        """The subset of ``node_ids`` whose generation is their document's active one."""
+        if not node_ids:
+            return set()
+        return set(
+            KnowledgeNode.objects.filter(
+                id__in=node_ids, generation=F("document__active_generation")
+            ).values_list("id", flat=True)
+        )
+
     def keyword_search(
         self, space_id: uuid.UUID, query: str, limit: int
     ) -> list[ScoredNode]:  # pragma: no cover - abstract

@@ -41,18 +41,28 @@ class SQLiteSearchBackend(SearchBackend):
                 cursor.execute(f"DELETE FROM {TABLE} WHERE node_id IN ({marks})", chunk)
 
     def keyword_search(self, space_id: uuid.UUID, query: str, limit: int) -> list[ScoredNode]:
+        """Top ``limit`` visible nodes by BM25.
+
+        FTS5 ranks the space's matching rows first (``ORDER BY rank LIMIT`` lets it skip the joins
+        for every match); rows of unpublished or superseded generations are then removed, and the
+        window grows until ``limit`` visible rows are found or the matches run out.
+        """
         terms = keyword_terms(query)
         if not terms:
             return []
         match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
         sql = (
-            f"SELECT {TABLE}.node_id, bm25({TABLE}) AS rank FROM {TABLE} "
-            f"JOIN ingestion_knowledgenode n ON n.id = {TABLE}.node_id "
-            "JOIN ingestion_document d ON d.id = n.document_id "
-            f"WHERE {TABLE} MATCH %s AND {TABLE}.space_id = %s "
-            "AND d.active_generation = n.generation "
-            "ORDER BY rank LIMIT %s"
+            f"SELECT node_id, bm25({TABLE}) AS rank FROM {TABLE} "
+            f"WHERE {TABLE} MATCH %s AND space_id = %s ORDER BY rank LIMIT %s"
         )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [match, _hex(space_id), limit])
-            return [ScoredNode(uuid.UUID(row[0]), -float(row[1])) for row in cursor.fetchall()]
+        window = limit * 2
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [match, _hex(space_id), window])
+                rows = cursor.fetchall()
+            hits = [ScoredNode(uuid.UUID(node_id), -float(rank)) for node_id, rank in rows]
+            visible = self.visible_node_ids([h.node_id for h in hits])
+            found = [h for h in hits if h.node_id in visible]
+            if len(found) >= limit or len(rows) < window:
+                return found[:limit]
+            window *= 4

@@ -87,6 +87,7 @@ class Command(BaseCommand):
         ev.add_argument("--split", default="test")
         ev.add_argument("--mode", default="fast")
         ev.add_argument("--legs", choices=["hybrid", "keyword", "dense"], default="hybrid")
+        ev.add_argument("--fusion", choices=["minmax", "rrf"], default="minmax")
         ev.add_argument("--fresh", action="store_true", help="rebuild the evaluation space")
         ev.add_argument("--json", action="store_true")
 
@@ -272,6 +273,7 @@ class Command(BaseCommand):
             split=options["split"],
             mode=options["mode"],
             legs=legs,
+            fusion=options["fusion"],
             fresh=options["fresh"],
             on_progress=progress,
         )
