@@ -1,7 +1,8 @@
 """SQLite search backend: FTS5 with BM25 (Porter stemming) for the keyword leg.
 
 The FTS5 table ``retrieval_keyword_fts`` is created by migration ``retrieval.0002``. FTS5's
-``bm25()`` uses k1 = 1.2, b = 0.75 and returns lower-is-better values; we negate it.
+``bm25()`` (its default ``rank``) uses k1 = 1.2, b = 0.75 and returns lower-is-better values; we
+negate it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ class SQLiteSearchBackend(SearchBackend):
         if not terms:
             return []
         match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+        # FTS5's hidden ``rank`` column (bm25 by default) sorts faster than ``bm25()`` in the
+        # select list: 11 ms vs 19 ms median on SciFact queries (docs/benchmarks.md).
         sql = (
-            f"SELECT node_id, bm25({TABLE}) AS rank FROM {TABLE} "
+            f"SELECT node_id, rank FROM {TABLE} "
             f"WHERE {TABLE} MATCH %s AND space_id = %s ORDER BY rank LIMIT %s"
         )
         window = limit * 2
