@@ -9,20 +9,18 @@ import pytest
 import ingestion.chunking as chunking
 from ingestion.chunking import CHUNKER_VERSION, Chunk, canonical_text, chunk_elements
 from ingestion.parsing import Element, ParseError, parse_with_report, sniff_mime_type
+from tests.conftest import SHARED, shared_path
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the riverbank today. "
 
 
 def shared_dir() -> Path:
     """``../shared`` next to the repository root; skips the test when it is absent."""
-    path = Path(__file__).resolve().parents[1].parent / "shared"
-    if not path.is_dir():
-        pytest.skip("../shared/ not present")
-    return path
+    return shared_path()
 
 
 def sample_docs() -> list[Path]:
-    folder = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sample-docs"
+    folder = SHARED / "data" / "sample-docs"
     return sorted(folder.iterdir()) if folder.is_dir() else []
 
 

@@ -26,6 +26,7 @@ from ingestion.parsing import (
     parse_with_report,
     sniff_mime_type,
 )
+from tests.conftest import shared_path
 
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 PDF = "application/pdf"
@@ -36,10 +37,7 @@ PDF = "application/pdf"
 
 def shared_dir() -> Path:
     """``../shared`` next to the repository root; skips the test when it is absent."""
-    path = Path(__file__).resolve().parents[1].parent / "shared"
-    if not path.is_dir():
-        pytest.skip("../shared/ not present")
-    return path
+    return shared_path()
 
 
 def sample(name: str) -> bytes:
