@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from django.conf import settings
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from knowledgefs.errors import InvalidInput, PayloadTooLarge
+from knowledgefs.idempotency import fingerprint, idempotent
 from knowledgefs.uploads import upload_limit_message
 from spaces.api import NewestFirstPagination
 from spaces.services import get_space
@@ -34,20 +37,30 @@ class DocumentListView(APIView):
         if upload is None:
             raise InvalidInput("multipart field 'file' is required", code="file_required")
         on_duplicate = request.query_params.get("on_duplicate", "reject")
-        admission = documents.admit_document(
-            space,
-            filename=getattr(upload, "raw_name", upload.name),
-            data=upload.read(),
-            on_duplicate=on_duplicate,
+        filename = getattr(upload, "raw_name", upload.name)
+        data = upload.read()
+
+        def admit() -> Response:
+            admission = documents.admit_document(
+                space, filename=filename, data=data, on_duplicate=on_duplicate
+            )
+            return Response(
+                {
+                    "document": DocumentSerializer(admission.document).data,
+                    "job": JobSerializer(admission.job).data,
+                    "created": admission.created,
+                },
+                status=status.HTTP_202_ACCEPTED,
+            )
+
+        request_fingerprint = fingerprint(
+            "documents.upload",
+            str(space.id),
+            filename,
+            on_duplicate,
+            hashlib.sha256(data).hexdigest(),
         )
-        return Response(
-            {
-                "document": DocumentSerializer(admission.document).data,
-                "job": JobSerializer(admission.job).data,
-                "created": admission.created,
-            },
-            status=status.HTTP_202_ACCEPTED,
-        )
+        return idempotent(request, request.user.tenant_id, request_fingerprint, admit)
 
 
 class DocumentDetailView(APIView):

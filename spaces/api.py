@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 from rest_framework import status
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
+
+from knowledgefs.idempotency import fingerprint, idempotent
 
 from . import services
 from .serializers import KnowledgeSpaceSerializer, SpaceCreateSerializer, SpaceUpdateSerializer
@@ -29,8 +33,15 @@ class KnowledgeSpaceListView(APIView):
     def post(self, request):
         body = SpaceCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        space = services.create_space(request.user, **body.validated_data)
-        return Response(KnowledgeSpaceSerializer(space).data, status=status.HTTP_201_CREATED)
+
+        def create() -> Response:
+            space = services.create_space(request.user, **body.validated_data)
+            return Response(KnowledgeSpaceSerializer(space).data, status=status.HTTP_201_CREATED)
+
+        request_fingerprint = fingerprint(
+            "spaces.create", json.dumps(body.validated_data, sort_keys=True)
+        )
+        return idempotent(request, request.user.tenant_id, request_fingerprint, create)
 
 
 class KnowledgeSpaceDetailView(APIView):

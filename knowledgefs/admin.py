@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from .models import IdempotencyRecord
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(admin.ModelAdmin):
+    list_display = ("key", "tenant_id", "status", "created_at")
+    list_filter = ("status",)
+    search_fields = ("key", "tenant_id")
+    readonly_fields = ("tenant_id", "key", "fingerprint", "status", "body", "created_at")
+    show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        return False

@@ -1,0 +1,89 @@
+"""``Idempotency-Key`` support for POST routes (the convention of Stripe and the IETF draft
+"The Idempotency-Key HTTP Header Field").
+
+The first request with a key runs and its successful (2xx) response is stored; a retry with the
+same key and the same request gets that response again with ``Idempotent-Replayed: true`` and
+nothing runs twice. Errors are not stored, so a retry after a 4xx or 5xx runs again. Keys are
+per tenant, 1–255 printable ASCII characters, kept 24 hours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from rest_framework.response import Response
+
+from .errors import Conflict, InvalidInput, ServiceError
+from .models import IdempotencyRecord
+
+HEADER = "HTTP_IDEMPOTENCY_KEY"
+RETENTION = timedelta(hours=24)
+
+
+class KeyReused(ServiceError):
+    status = 422
+    code = "idempotency_key_reused"
+
+
+def fingerprint(*parts: str | bytes) -> str:
+    """SHA-256 over the parts that define a request."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else part.encode())
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def idempotent(
+    request, tenant_id: str, request_fingerprint: str, handler: Callable[[], Response]
+) -> Response:
+    """Run ``handler`` once per ``Idempotency-Key``; without the header just run it.
+
+    Raises 400 ``invalid_idempotency_key``, 409 ``idempotency_key_in_progress`` (the first
+    request with this key has not finished) and 422 ``idempotency_key_reused`` (the key was used
+    for a different request).
+    """
+    key = request.META.get(HEADER)
+    if key is None:
+        return handler()
+    if not 1 <= len(key) <= 255 or not key.isascii() or not key.isprintable():
+        raise InvalidInput(
+            "Idempotency-Key must be 1-255 printable ASCII characters",
+            code="invalid_idempotency_key",
+        )
+    IdempotencyRecord.objects.filter(created_at__lt=timezone.now() - RETENTION).delete()
+    try:
+        with transaction.atomic():
+            record = IdempotencyRecord.objects.create(
+                tenant_id=tenant_id, key=key, fingerprint=request_fingerprint
+            )
+    except IntegrityError:
+        existing = IdempotencyRecord.objects.get(tenant_id=tenant_id, key=key)
+        if existing.fingerprint != request_fingerprint:
+            raise KeyReused(
+                "this Idempotency-Key was already used for a different request"
+            ) from None
+        if existing.status is None:
+            raise Conflict(
+                "a request with this Idempotency-Key is still running; retry later",
+                code="idempotency_key_in_progress",
+            ) from None
+        response = Response(existing.body, status=existing.status)
+        response["Idempotent-Replayed"] = "true"
+        return response
+    try:
+        response = handler()
+    except BaseException:
+        record.delete()
+        raise
+    if 200 <= response.status_code < 300:
+        record.status = response.status_code
+        record.body = response.data
+        record.save(update_fields=["status", "body"])
+    else:
+        record.delete()
+    return response
