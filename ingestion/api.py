@@ -9,7 +9,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from knowledgefs.errors import InvalidInput, PayloadTooLarge
+from knowledgefs.errors import InvalidInput, LengthRequired, PayloadTooLarge
 from knowledgefs.idempotency import fingerprint, idempotent
 from knowledgefs.uploads import upload_limit_message
 from spaces.api import NewestFirstPagination
@@ -33,9 +33,20 @@ class DocumentListView(APIView):
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
         if declared > limit + settings.KNOWLEDGE_UPLOAD_ENVELOPE_BYTES:
             raise PayloadTooLarge(upload_limit_message(limit))  # refused before the body is read
-        upload = request.FILES.get("file")
-        if upload is None:
+        if not request.META.get("CONTENT_LENGTH"):
+            raise LengthRequired(
+                "uploads need a Content-Length header (chunked request bodies are not accepted)"
+            )
+        uploads = request.FILES.getlist("file")
+        if len(uploads) > 1:
+            raise InvalidInput(
+                "send one file per request in the field 'file'", code="too_many_files"
+            )
+        if not uploads:
+            if "file" in request.data:
+                raise InvalidInput("the 'file' part has no filename", code="invalid_filename")
             raise InvalidInput("multipart field 'file' is required", code="file_required")
+        upload = uploads[0]
         on_duplicate = request.query_params.get("on_duplicate", "reject")
         filename = getattr(upload, "raw_name", upload.name)
         data = upload.read()

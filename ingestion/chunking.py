@@ -6,10 +6,10 @@ for highlighting and citations.
 
 Rules (``target_chars``/``overlap_chars`` are counted in Python ``str`` code points):
 
-* a chunk never mixes content of two different section paths. A run of headings with no
-  content of their own (e.g. ``# A`` directly followed by ``## Sub``) is prepended to the
-  first chunk of the following descendant section, so heading text always starts the chunk
-  that follows it, and the chunk carries the deeper section path;
+* a chunk never mixes content of two different section paths, nor of two pages. A run of
+  headings with no content of their own (e.g. ``# A`` directly followed by ``## Sub``) is
+  prepended to the first chunk of the following descendant section, so heading text always
+  starts the chunk that follows it, and the chunk carries the deeper section path;
 * consecutive elements of one section are packed up to ``target_chars``;
 * an element longer than ``target_chars`` is split at paragraph/sentence/whitespace
   boundaries (mid-word only when a single word is longer than the target), consecutive
@@ -17,7 +17,7 @@ Rules (``target_chars``/``overlap_chars`` are counted in Python ``str`` code poi
 * tables are their own chunks (``kind="table"``), kept whole up to ``4 * target_chars`` and
   split between rows beyond that. Rows render as ``header: value`` pairs, so every piece is
   self-describing; header lines are not repeated because chunks must stay exact slices;
-* a chunk's ``page_number`` is the page of the element its text starts in;
+* a chunk's ``page_number`` is the page of all its text (chunks never cross pages);
 * no chunk is empty or whitespace-only; output is deterministic.
 """
 
@@ -263,16 +263,18 @@ class _Chunker:
             self.add(cur[0], cur[1], path, "chunk")
 
     def run(self) -> list[Chunk]:
-        groups: list[tuple[tuple[str, ...], list[tuple[Element, int, int]]]] = []
+        # A chunk never crosses a section boundary nor a page boundary, so that its citation's
+        # section path and page number hold for every character of it.
+        groups: list[tuple[tuple, list[tuple[Element, int, int]]]] = []
         for item in self.kept:
-            path = tuple(item[0].section_path)
-            if groups and groups[-1][0] == path:
+            key = (tuple(item[0].section_path), item[0].page_number)
+            if groups and groups[-1][0] == key:
                 groups[-1][1].append(item)
             else:
-                groups.append((path, [item]))
+                groups.append((key, [item]))
         carry: tuple[int, int, tuple[str, ...]] | None = None  # pending heading-only text
         limit = self.target // 2
-        for path, items in groups:
+        for (path, _page), items in groups:
             g_start, g_end = items[0][1], items[-1][2]
             heading_only = all(el.type in _HEADER_TYPES for el, _, _ in items)
             fits = carry is not None and path[: len(carry[2])] == carry[2]

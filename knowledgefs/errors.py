@@ -10,6 +10,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import (
+    RequestDataTooBig,
+    SuspiciousOperation,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
@@ -67,6 +75,11 @@ class UnsupportedMediaType(ServiceError):
     code = "unsupported_media_type"
 
 
+class LengthRequired(ServiceError):
+    status = 411
+    code = "length_required"
+
+
 class Unavailable(ServiceError):
     status = 503
     code = "unavailable"
@@ -106,6 +119,25 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
             response["WWW-Authenticate"] = 'Bearer realm="knowledgefs"'
         return response
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(
+            {
+                "code": "request_too_large",
+                "message": f"request body exceeds the limit of {limit} bytes for non-file data",
+            },
+            status=413,
+        )
+    if isinstance(exc, TooManyFieldsSent | TooManyFilesSent):
+        return Response({"code": "too_many_fields", "message": str(exc)}, status=400)
+    if isinstance(exc, SuspiciousOperation):
+        return Response({"code": "malformed_request", "message": str(exc)}, status=400)
+    if isinstance(exc, DjangoValidationError):
+        return Response({"code": "invalid_request", "message": " ".join(exc.messages)}, status=400)
+    if isinstance(exc, RecursionError):
+        return Response(
+            {"code": "malformed_request", "message": "JSON is nested too deeply"}, status=400
+        )
     logger.exception("unhandled API error", exc_info=exc)
     return Response(
         {"code": "internal_error", "message": "The server failed to handle the request."},
@@ -128,6 +160,14 @@ def _first_error(details: Any, prefix: str = "") -> tuple[str, str]:
 def json_error(status: int, code: str, message: str) -> JsonResponse:
     """A plain Django JSON error response, for views outside DRF (404/500 handlers, probes)."""
     return JsonResponse({"code": code, "message": message}, status=status)
+
+
+def handler400(request, exception=None) -> JsonResponse:  # noqa: ANN001 - Django signature
+    return json_error(400, "bad_request", str(exception) if exception else "Bad request.")
+
+
+def handler403(request, exception=None) -> JsonResponse:  # noqa: ANN001 - Django signature
+    return json_error(403, "permission_denied", "Forbidden.")
 
 
 def handler404(request, exception=None) -> JsonResponse:  # noqa: ANN001 - Django signature

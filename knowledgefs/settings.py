@@ -32,7 +32,9 @@ def bounded_int(name: str, default: int, low: int, high: int) -> int:
 
 SECRET_KEY = env.str("SECRET_KEY", default="insecure-embedded-default-change-me")
 DEBUG = env.bool("DEBUG", default=False)
-ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+# An internal service reached by Dify under its Compose service name: any Host by default;
+# restrict it where the service is reachable from outside.
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["*"])
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -112,6 +114,16 @@ if env.str("REDIS_URL", default=""):
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# API-key authentication results are cached only in a cache every process shares (Redis), so
+# that a revocation made anywhere takes effect on the next request everywhere.
+KNOWLEDGE_AUTH_CACHE_SECONDS = bounded_int(
+    "KNOWLEDGE_AUTH_CACHE_SECONDS", 300 if env.str("REDIS_URL", default="") else 0, 0, 3600
+)
+if KNOWLEDGE_AUTH_CACHE_SECONDS and not env.str("REDIS_URL", default=""):
+    raise ImproperlyConfigured(
+        "KNOWLEDGE_AUTH_CACHE_SECONDS > 0 needs REDIS_URL: a per-process cache cannot see "
+        "revocations made in other processes"
+    )
 
 # --- Object storage boundary --------------------------------------------------------------------
 OBJECT_STORAGE_DIR = Path(env.str("KNOWLEDGE_OBJECT_STORAGE_DIR", default=str(VAR_DIR / "objects")))
@@ -198,5 +210,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
     "loggers": {
         "knowledgefs": {"level": env.str("LOG_LEVEL", default="INFO"), "propagate": True},
+        # pypdf warns about every font it decodes without fontTools; failures still raise.
+        "pypdf": {"level": "ERROR", "propagate": True},
     },
 }

@@ -53,6 +53,10 @@ class RawNameTemporaryUploadHandler(_RawNameMixin, TemporaryFileUploadHandler):
 
 class _VerbatimNameParser(DjangoMultiPartParser):
     def sanitize_file_name(self, file_name):
+        # Browsers and HTTP libraries percent-encode exactly these three characters in a
+        # multipart filename (WHATWG HTML, "multipart/form-data encoding algorithm").
+        if file_name:
+            file_name = file_name.replace("%22", '"').replace("%0D", "\r").replace("%0A", "\n")
         return file_name or None
 
 

@@ -9,6 +9,8 @@ from spaces.api import KnowledgeSpaceDetailView, KnowledgeSpaceListView
 
 from . import health
 
+handler400 = "knowledgefs.errors.handler400"
+handler403 = "knowledgefs.errors.handler403"
 handler404 = "knowledgefs.errors.handler404"
 handler500 = "knowledgefs.errors.handler500"
 

@@ -1,11 +1,12 @@
 """Fast retrieval: dense and keyword legs, per-leg min-max normalisation, equal-weight fusion.
 
-Each leg retrieves ``min(top_k × recall, 100)`` candidates (Fast: recall multiplier 1). Scores of
-each leg are min-max normalised to [0, 1] over that leg's candidates (a single candidate, or equal
-scores, normalise to 1); the fused score of a node is the mean of its two normalised scores, a
-missing leg counting 0 (with one leg enabled it carries full weight). The threshold, when not
-``None``, keeps items whose final score is ``>= threshold`` (``0`` is a real threshold); then the
-list is cut to ``top_k``.
+Each leg retrieves ``min(max(top_k × recall, 50), 100)`` candidates (Fast: recall multiplier 1).
+Scores of each leg are min-max normalised to [0, 1] over that leg's candidates (a single
+candidate, or equal scores, normalise to 1); the fused score of a node is the mean of its two
+normalised scores, a missing leg counting 0 (with one leg enabled it carries full weight). The
+threshold, when not ``None``, keeps items whose final score is ``>= threshold`` (``0`` is a real
+threshold); then the list is cut to ``top_k``. Scores are relative to the query's candidates, so
+a threshold ranks within a result set; it does not measure absolute relevance.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from .backends import ScoredNode, get_search_backend
 MODES = ("fast",)
 LEGS = ("dense", "keyword")
 RECALL_MULTIPLIER = {"fast": 1}
+# Each leg fetches at least this many candidates (capped at 100): min-max normalisation over a
+# handful of hits is unstable, and an exact keyword match missing from a short dense list would
+# otherwise tie with an unrelated dense hit (docs/benchmarks.md).
+MIN_LEG_CANDIDATES = 50
 
 
 @dataclass
@@ -166,7 +171,9 @@ def retrieve(
     """
     query, top_k, score_threshold, mode = validate_request(query, top_k, score_threshold, mode)
     started = time.perf_counter()
-    depth = min(top_k * RECALL_MULTIPLIER[mode], settings.RETRIEVAL_MAX_TOP_K)
+    depth = min(
+        max(top_k * RECALL_MULTIPLIER[mode], MIN_LEG_CANDIDATES), settings.RETRIEVAL_MAX_TOP_K
+    )
     backend = get_search_backend()
     # One read resolves the snapshot: the publication head and the space's embedding model.
     head_revision, embedding_model_id = PublicationHead.objects.filter(

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
@@ -28,7 +29,6 @@ from .models import SLUG_PATTERN, ApiKey, KnowledgeSpace, PublicationHead
 KEY_PREFIX = "kfs_"
 _SLUG_RE = re.compile(SLUG_PATTERN)
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
-AUTH_CACHE_SECONDS = 300
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
@@ -68,6 +68,22 @@ def slugify_name(name: str) -> str:
     return base
 
 
+def _clean_name(name: str | None) -> str:
+    """Strip a space name and refuse control characters or names with nothing visible."""
+    name = (name or "").strip()
+    visible = [c for c in name if not c.isspace() and unicodedata.category(c) not in ("Cf", "Cc")]
+    if not 1 <= len(name) <= 160 or not visible:
+        raise InvalidInput(
+            "name must be 1-160 characters with something visible", code="invalid_name"
+        )
+    bad = next((c for c in name if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise InvalidInput(
+            f"name contains the control character U+{ord(bad):04X}", code="invalid_name"
+        )
+    return name
+
+
 def create_space(
     principal: Principal, *, name: str, slug: str | None = None, description: str = ""
 ) -> KnowledgeSpace:
@@ -82,9 +98,7 @@ def create_space(
             "this API key is bound to specific knowledge spaces and cannot create new ones",
             code="key_scope_forbids_create",
         )
-    name = (name or "").strip()
-    if not 1 <= len(name) <= 160:
-        raise InvalidInput("name must be 1-160 characters", code="invalid_name")
+    name = _clean_name(name)
     if len(description or "") > 2000:
         raise InvalidInput(
             "description must be at most 2000 characters", code="invalid_description"
@@ -170,10 +184,7 @@ def update_space(
     space = get_space(principal, space_id)
     fields: dict = {}
     if "name" in changes:
-        name = (changes["name"] or "").strip()
-        if not 1 <= len(name) <= 160:
-            raise InvalidInput("name must be 1-160 characters", code="invalid_name")
-        fields["name"] = name
+        fields["name"] = _clean_name(changes["name"])
     if "description" in changes:
         if len(changes["description"] or "") > 2000:
             raise InvalidInput(
@@ -185,6 +196,11 @@ def update_space(
         fields["slug"] = changes["slug"]
     revision = space.revision if expected_revision is None else expected_revision
     if not fields:
+        if revision != space.revision:
+            raise Conflict(
+                f"knowledge space changed since revision {revision}; re-read it and retry",
+                code="revision_conflict",
+            )
         return space
     try:
         with transaction.atomic():
@@ -245,7 +261,12 @@ def create_api_key(
 
 
 def revoke_api_key(key_or_prefix: str) -> ApiKey:
-    """Revoke a key given its secret or its visible prefix; effective immediately."""
+    """Revoke a key given its secret or its visible prefix; effective on the next request.
+
+    The cached authentication result is deleted before the revocation commits and again
+    after it, so a request racing the revocation cannot leave a stale entry behind. (The cache
+    is shared only when ``REDIS_URL`` is set; otherwise results are not cached at all.)
+    """
     value = key_or_prefix.strip()
     if value.startswith(KEY_PREFIX) and len(value) > len(KEY_PREFIX) + 8:
         key = ApiKey.objects.filter(key_hash=_hash_secret(value)).first()
@@ -253,9 +274,11 @@ def revoke_api_key(key_or_prefix: str) -> ApiKey:
         key = ApiKey.objects.filter(prefix=value.removeprefix(KEY_PREFIX)).first()
     if key is None:
         raise NotFound("no API key matches that key or prefix", code="api_key_not_found")
+    cache_key = _auth_cache_key(key.key_hash)
     with transaction.atomic():
-        cache.delete(_auth_cache_key(key.key_hash))
+        cache.delete(cache_key)
         ApiKey.objects.filter(id=key.id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        transaction.on_commit(lambda: cache.delete(cache_key))
     key.refresh_from_db()
     return key
 
@@ -267,13 +290,20 @@ def _auth_cache_key(key_hash: str) -> str:
 def authenticate_secret(secret: str) -> Principal | None:
     """Return the principal for a presented secret, or ``None`` (unknown or revoked key).
 
-    Results are cached per key hash; :func:`revoke_api_key` deletes the entry before it commits.
+    With a shared cache (``KNOWLEDGE_AUTH_CACHE_SECONDS`` > 0, the default only when
+    ``REDIS_URL`` is set) results are cached per key hash for at most that long from the
+    database read; :func:`revoke_api_key` deletes the entry. A per-process cache could not be
+    invalidated by a revocation made in another process, so without Redis every request reads
+    the key from the database (one indexed lookup). ``last_used_at`` is written at most once a
+    minute.
     """
     if not secret.startswith(KEY_PREFIX) or len(secret) > 200:
         return None
     key_hash = _hash_secret(secret)
+    ttl = settings.KNOWLEDGE_AUTH_CACHE_SECONDS
     cache_key = _auth_cache_key(key_hash)
-    cached = cache.get(cache_key)
+    cached = cache.get(cache_key) if ttl else None
+    now = timezone.now().timestamp()
     if cached is None:
         key = ApiKey.objects.filter(key_hash=key_hash, revoked_at__isnull=True).first()
         if key is None or not hmac.compare_digest(key.key_hash, key_hash):
@@ -284,13 +314,16 @@ def authenticate_secret(secret: str) -> Principal | None:
             "tenant_id": key.tenant_id,
             "space_ids": [str(s) for s in space_ids] if space_ids else None,
             "last_used_at": key.last_used_at.timestamp() if key.last_used_at else 0,
+            "expires_at": now + ttl,
         }
-        cache.set(cache_key, cached, AUTH_CACHE_SECONDS)
-    now = timezone.now()
-    if now.timestamp() - cached["last_used_at"] >= LAST_USED_RESOLUTION.total_seconds():
-        ApiKey.objects.filter(id=cached["id"]).update(last_used_at=now)
-        cached["last_used_at"] = now.timestamp()
-        cache.set(cache_key, cached, AUTH_CACHE_SECONDS)
+        if ttl:
+            cache.set(cache_key, cached, ttl)
+    if now - cached["last_used_at"] >= LAST_USED_RESOLUTION.total_seconds():
+        ApiKey.objects.filter(id=cached["id"]).update(last_used_at=timezone.now())
+        cached["last_used_at"] = now
+        remaining = int(cached["expires_at"] - now)
+        if ttl and remaining > 0:
+            cache.set(cache_key, cached, remaining)  # keeps the original expiry
     space_ids = cached["space_ids"]
     return Principal(
         tenant_id=cached["tenant_id"],

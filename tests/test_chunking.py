@@ -190,13 +190,16 @@ def test_big_table_split_by_rows() -> None:
     assert sum(len(c.text.split("\n")) for c in chunks) == len(rows)
 
 
-def test_page_number_of_first_element() -> None:
+def test_chunks_never_cross_a_page_boundary() -> None:
     elements = [
         Element(type="paragraph", text="Page one text.", page_number=1),
-        Element(type="paragraph", text="Page two text.", page_number=2),
+        Element(type="paragraph", text="Page two text BRAVO-PDF-222.", page_number=2),
     ]
     chunks = chunk_elements(elements)
-    assert len(chunks) == 1 and chunks[0].page_number == 1
+    assert [(c.text, c.page_number) for c in chunks] == [
+        ("Page one text.", 1),
+        ("Page two text BRAVO-PDF-222.", 2),
+    ]
     long_pages = [Element(type="paragraph", text=SENTENCE * 10, page_number=p) for p in (1, 2)]
     chunks = chunk_elements(long_pages, target_chars=300, overlap_chars=30)
     text, spans = canonical_text(long_pages)

@@ -40,6 +40,22 @@ _PLAIN_EXT = {".txt", ".text", ".log", ".md", ".markdown", ".csv", ".tsv", ".htm
 _LEADING_NOISE_RE = re.compile(r"^(?:\s+|<\?xml[^>]*\?>|<!--.*?-->)+", re.DOTALL)
 _HTML_START_RE = re.compile(r"^<(?:!doctype\s+html|html|head|body)\b", re.IGNORECASE)
 _HTML_MARKER_RE = re.compile(r"<(?:!doctype\s+html|html|body)\b", re.IGNORECASE)
+_SVG_START_RE = re.compile(r"^<(?:!doctype\s+svg|svg)\b", re.IGNORECASE)
+_HEADER_LINE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*:[ \t]")
+_EMAIL_HEADERS = {
+    "from",
+    "to",
+    "subject",
+    "date",
+    "message-id",
+    "mime-version",
+    "received",
+    "return-path",
+    "content-type",
+    "delivered-to",
+    "reply-to",
+    "cc",
+}
 _HEAD_BYTES = 4096
 _BINARY_BYTES_RE = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")
 
@@ -103,6 +119,22 @@ def looks_like_html(data: bytes) -> bool:
     return text.startswith("<") and bool(_HTML_MARKER_RE.search(text))
 
 
+def looks_like_email(head: str) -> bool:
+    """True when the text opens with an RFC 822 header block naming at least three of the
+    usual message headers (``From``, ``To``, ``Subject``, ``Date``, ``Message-ID``,
+    ``MIME-Version``, ``Received``, …)."""
+    names = set()
+    for line in head.splitlines():
+        if not line.strip():
+            break
+        if line[:1] in " \t":  # folded continuation of the previous header
+            continue
+        if not _HEADER_LINE_RE.match(line):
+            return False
+        names.add(line.split(":", 1)[0].lower())
+    return len(names & _EMAIL_HEADERS) >= 3
+
+
 def sniff_mime_type(data: bytes, filename: str) -> str:
     """Detect the MIME type of an upload, content first.
 
@@ -140,6 +172,12 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
         kind = filetype.guess(data[:8192])
         if kind is not None and not kind.mime.startswith("text/"):
             raise UnsupportedType(kind.mime)
+    head = _head_text(data).lstrip("\ufeff")
+    if _SVG_START_RE.match(_LEADING_NOISE_RE.sub("", head, count=1)):
+        raise UnsupportedType("image/svg+xml")
+    if ext in (".eml", ".mbox") or looks_like_email(head):
+        # RFC 822 messages carry base64 attachments; indexing them as text would index noise.
+        raise UnsupportedType("message/rfc822")
     if looks_like_html(data):
         return "text/html"
     mime = _TEXT_EXT.get(ext, "text/plain")

@@ -1,0 +1,130 @@
+"""Bad requests found by breaking the API: each gets a clear 4xx with a stable code, never a 500."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from ingestion.models import Document
+from spaces.models import ApiKey
+from spaces.services import create_api_key
+from tests.conftest import multipart_body, upload
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_key_revoked_by_another_process_fails_on_the_next_request(tenant):
+    key, secret = create_api_key(tenant)
+    api = APIClient(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert api.get("/v1/knowledge-spaces").status_code == 200
+    # Another process (another gunicorn worker, the CLI) revokes it: no shared cache to clear.
+    ApiKey.objects.filter(id=key.id).update(revoked_at=timezone.now())
+    assert api.get("/v1/knowledge-spaces").status_code == 401
+    assert api.post("/v1/knowledge-spaces", {"name": "x"}, format="json").status_code == 401
+
+
+def test_a_key_narrowed_elsewhere_is_narrowed_at_once(tenant, principal):
+    from spaces.services import create_space
+
+    a, b = create_space(principal, name="A"), create_space(principal, name="B")
+    key, secret = create_api_key(tenant, spaces=[a, b])
+    api = APIClient(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert api.get(f"/v1/knowledge-spaces/{b.id}").status_code == 200
+    key.spaces.remove(b)
+    assert api.get(f"/v1/knowledge-spaces/{b.id}").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("mail.eml", b"From: a@example.com\nTo: b@example.com\nSubject: hi\n\nbody"),
+        ("mail.txt", b"Received: from x\nFrom: a@example.com\nDate: Mon\nSubject: s\n\nbody"),
+        ("logo.svg", b'<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg"></svg>'),
+    ],
+)
+def test_email_and_svg_are_refused_until_they_are_parsed(client, space, name, data):
+    response = upload(client, space, name, data)
+    assert response.status_code == 415
+    assert response.json()["code"] == "unsupported_media_type"
+    assert not Document.objects.exists()
+
+
+def test_percent_encoded_quote_and_newline_in_filenames_are_decoded(client, space):
+    quoted = upload(client, space, "say %22hi%22.txt", b"quoted name")
+    assert quoted.status_code == 202
+    assert quoted.json()["document"]["filename"] == 'say "hi".txt'
+    newline = upload(client, space, "a%0Ab.txt", b"newline name")
+    assert newline.status_code == 400
+    assert "U+000A" in newline.json()["message"]
+
+
+def test_upload_part_problems(client, space):
+    url = f"/v1/knowledge-spaces/{space.id}/documents"
+    body, content_type = multipart_body("", b"no name")
+    response = client.generic("POST", url, body, content_type=content_type)
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_filename")
+    boundary = "b0undary"
+    parts = (
+        b"".join(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{n}"\r\n\r\n'
+            f"{n}\r\n".encode()
+            for n in ("one.txt", "two.txt")
+        )
+        + f"--{boundary}--\r\n".encode()
+    )
+    response = client.generic(
+        "POST", url, parts, content_type=f"multipart/form-data; boundary={boundary}"
+    )
+    assert (response.status_code, response.json()["code"]) == (400, "too_many_files")
+    chunked = client.generic(
+        "POST",
+        url,
+        b"",
+        content_type=content_type,
+        CONTENT_LENGTH="",
+        HTTP_TRANSFER_ENCODING="chunked",
+    )
+    assert (chunked.status_code, chunked.json()["code"]) == (411, "length_required")
+    assert not Document.objects.exists()
+
+
+def test_oversized_json_and_deep_nesting_and_bad_cursors(client, space):
+    big = client.post(
+        "/v1/knowledge-spaces",
+        json.dumps({"name": "x", "description": "d" * 3_000_000}),
+        content_type="application/json",
+    )
+    assert (big.status_code, big.json()["code"]) == (413, "request_too_large")
+    deep = client.post(
+        f"/v1/knowledge-spaces/{space.id}/retrieval-tests",
+        "[" * 100_000 + "]" * 100_000,
+        content_type="application/json",
+    )
+    assert deep.status_code == 400
+    assert deep.json()["code"] in {"malformed_request", "invalid_request"}
+    crafted = client.get("/v1/knowledge-spaces?cursor=cD1ub3RhZGF0ZQ==")
+    assert crafted.status_code in (400, 404)
+    assert "code" in crafted.json()
+
+
+def test_space_names_and_revision_only_patches(client):
+    for name in ("line\nbreak", "\u200b\u200b", "del\x7f"):
+        response = client.post("/v1/knowledge-spaces", {"name": name}, format="json")
+        assert (response.status_code, response.json()["code"]) == (400, "invalid_name"), name
+    space = client.post("/v1/knowledge-spaces", {"name": "ok"}, format="json").json()
+    stale = client.patch(f"/v1/knowledge-spaces/{space['id']}", {"revision": 7}, format="json")
+    assert (stale.status_code, stale.json()["code"]) == (409, "revision_conflict")
+    same = client.patch(f"/v1/knowledge-spaces/{space['id']}", {"revision": 1}, format="json")
+    assert same.status_code == 200
+
+
+def test_any_host_name_is_served_and_an_invalid_one_gets_json(client):
+    # Dify reaches the service by its Compose service name.
+    assert client.get("/health", HTTP_HOST="knowledge-fs:8787").status_code == 200
+    # RFC 1034 forbids "_" in host names; Django refuses them whatever ALLOWED_HOSTS says.
+    refused = client.get("/health", HTTP_HOST="knowledge_fs:8787")
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "bad_request"
