@@ -84,6 +84,20 @@ class DocumentDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class DocumentTextView(APIView):
+    def get(self, request, space_id, document_id):
+        """The published canonical text (``?start=&end=`` code-point offsets, as in citations)."""
+        try:
+            start = int(request.query_params.get("start", 0))
+            end = request.query_params.get("end")
+            end = int(end) if end is not None else None
+        except ValueError:
+            raise InvalidInput("start and end must be integers", code="invalid_range") from None
+        return Response(
+            documents.published_text(request.user, space_id, document_id, start=start, end=end)
+        )
+
+
 class JobDetailView(APIView):
     def get(self, request, job_id):
         return Response(JobSerializer(documents.get_job(request.user, job_id)).data)

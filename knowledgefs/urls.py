@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from ingestion.api import DocumentDetailView, DocumentListView, JobDetailView
+from ingestion.api import DocumentDetailView, DocumentListView, DocumentTextView, JobDetailView
 from retrieval.api import RetrievalTestView
 from spaces.api import KnowledgeSpaceDetailView, KnowledgeSpaceListView
 
@@ -28,6 +28,11 @@ v1 = [
         "knowledge-spaces/<str:space_id>/documents/<str:document_id>",
         DocumentDetailView.as_view(),
         name="document-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/documents/<str:document_id>/text",
+        DocumentTextView.as_view(),
+        name="document-text",
     ),
     path(
         "knowledge-spaces/<str:space_id>/retrieval-tests",

@@ -184,3 +184,23 @@ def test_cjk_text_is_found_by_keyword_without_spaces(space):
     top = retrieve(space, "人口統計", top_k=5, legs=("keyword",)).items[0]
     assert top.citation["filename"] == "tokyo.txt"
     assert Document.objects.filter(state="published").count() == 2
+
+
+@pytest.mark.django_db
+def test_citation_offsets_can_be_checked_through_the_text_route(client, space):
+    from tests.conftest import upload
+
+    body = upload(
+        client, space, "pages.md", b"# Intro\n\nAlpha beta.\n\n# Details\n\nGamma delta."
+    ).json()
+    doc = body["document"]["id"]
+    url = f"/v1/knowledge-spaces/{space.id}/documents/{doc}/text"
+    assert client.get(url).json()["code"] == "document_not_published"
+    compile_all()
+    item = client.post(
+        f"/v1/knowledge-spaces/{space.id}/retrieval-tests", {"query": "gamma"}, format="json"
+    ).json()["items"][0]
+    c = item["citation"]
+    piece = client.get(url, {"start": c["start_offset"], "end": c["end_offset"]}).json()
+    assert piece["text"] == item["text"]
+    assert client.get(url, {"start": 5, "end": 2}).json()["code"] == "invalid_range"

@@ -227,6 +227,46 @@ def get_document(principal: Principal, space_id, document_id) -> Document:
     return document
 
 
+MAX_TEXT_SLICE = 1_000_000
+
+
+def published_text(
+    principal: Principal, space_id, document_id, *, start: int = 0, end: int | None = None
+) -> dict:
+    """The published canonical text of a document, or a slice of it, for checking citations.
+
+    Citation offsets are half-open code-point offsets into this text. Returns ``{"document_id",
+    "length", "start", "end", "text"}``; at most 1,000,000 characters per call. Raises 409
+    ``document_not_published`` before the first publication and 400 ``invalid_range``.
+    """
+    from ingestion.chunking import canonical_text
+    from ingestion.models import ParseArtifact
+    from ingestion.parsing import Element
+
+    document = get_document(principal, space_id, document_id)
+    if document.active_generation is None:
+        raise Conflict("the document has no published version yet", code="document_not_published")
+    artifact = ParseArtifact.objects.get(job_id=document.active_generation)
+    elements = [
+        Element(**{**e, "section_path": tuple(e["section_path"])}) for e in artifact.elements
+    ]
+    text, _ = canonical_text(elements)
+    end = len(text) if end is None else end
+    if not 0 <= start <= end <= len(text) or end - start > MAX_TEXT_SLICE:
+        raise InvalidInput(
+            f"start and end must satisfy 0 <= start <= end <= {len(text)} and cover at most "
+            f"{MAX_TEXT_SLICE} characters",
+            code="invalid_range",
+        )
+    return {
+        "document_id": str(document.id),
+        "length": len(text),
+        "start": start,
+        "end": end,
+        "text": text[start:end],
+    }
+
+
 def get_job(principal: Principal, job_id) -> CompilationJob:
     """A compilation job in a space the principal can reach, else 404 ``job_not_found``."""
     try:
