@@ -200,3 +200,15 @@ def test_deleting_a_document_removes_it_from_every_leg(client, space):
     for legs in (("keyword",), ("dense",), ("keyword", "dense")):
         assert retrieve(space, "ZEBRA-CANARY-913", top_k=5, legs=legs).items == []
     assert not KnowledgeNode.objects.exists()
+
+
+def test_a_scan_without_a_text_layer_fails_naming_its_pages(client, space):
+    from tests.conftest import shared_path
+
+    scan = shared_path("data", "sample-docs", "loremipsum-flat.pdf").read_bytes()
+    assert upload(client, space, "scan.pdf", scan).status_code == 202
+    compile_all()
+    document = Document.objects.get()
+    assert (document.state, document.error_code) == ("failed", "no_extractable_text")
+    assert "pages without a text layer: 1" in document.error_message
+    assert not KnowledgeNode.objects.exists()
