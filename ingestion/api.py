@@ -71,7 +71,7 @@ class DocumentListView(APIView):
             on_duplicate,
             hashlib.sha256(data).hexdigest(),
         )
-        return idempotent(request, request.user.tenant_id, request_fingerprint, admit)
+        return idempotent(request, request_fingerprint, admit)
 
 
 class DocumentDetailView(APIView):

@@ -7,10 +7,10 @@ from .models import IdempotencyRecord
 
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(admin.ModelAdmin):
-    list_display = ("key", "tenant_id", "status", "created_at")
+    list_display = ("key", "owner", "status", "created_at")
     list_filter = ("status",)
-    search_fields = ("key", "tenant_id")
-    readonly_fields = ("tenant_id", "key", "fingerprint", "status", "body", "created_at")
+    search_fields = ("key", "owner")
+    readonly_fields = ("owner", "key", "fingerprint", "status", "body", "created_at")
     show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:

@@ -4,7 +4,7 @@
 The first request with a key runs and its successful (2xx) response is stored; a retry with the
 same key and the same request gets that response again with ``Idempotent-Replayed: true`` and
 nothing runs twice. Errors are not stored, so a retry after a 4xx or 5xx runs again. Keys are
-per tenant, 1–255 printable ASCII characters, kept 24 hours.
+per API key, 1–255 printable ASCII characters, kept 24 hours.
 """
 
 from __future__ import annotations
@@ -38,9 +38,7 @@ def fingerprint(*parts: str | bytes) -> str:
     return digest.hexdigest()
 
 
-def idempotent(
-    request, tenant_id: str, request_fingerprint: str, handler: Callable[[], Response]
-) -> Response:
+def idempotent(request, request_fingerprint: str, handler: Callable[[], Response]) -> Response:
     """Run ``handler`` once per ``Idempotency-Key``; without the header just run it.
 
     Raises 400 ``invalid_idempotency_key``, 409 ``idempotency_key_in_progress`` (the first
@@ -50,6 +48,9 @@ def idempotent(
     key = request.META.get(HEADER)
     if key is None:
         return handler()
+    # Records belong to the API key that made the request, so one key can never replay a
+    # response another key (perhaps with a wider scope) received.
+    owner = f"key:{request.user.api_key_id}"
     if not 1 <= len(key) <= 255 or not key.isascii() or not key.isprintable():
         raise InvalidInput(
             "Idempotency-Key must be 1-255 printable ASCII characters",
@@ -59,10 +60,10 @@ def idempotent(
     try:
         with transaction.atomic():
             record = IdempotencyRecord.objects.create(
-                tenant_id=tenant_id, key=key, fingerprint=request_fingerprint
+                owner=owner, key=key, fingerprint=request_fingerprint
             )
     except IntegrityError:
-        existing = IdempotencyRecord.objects.get(tenant_id=tenant_id, key=key)
+        existing = IdempotencyRecord.objects.get(owner=owner, key=key)
         if existing.fingerprint != request_fingerprint:
             raise KeyReused(
                 "this Idempotency-Key was already used for a different request"

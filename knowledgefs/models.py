@@ -13,7 +13,7 @@ class IdempotencyRecord(models.Model):
     ``null`` while the first request is still running.
     """
 
-    tenant_id = models.CharField(max_length=64)
+    owner = models.CharField(max_length=80, help_text="Who made the request: key:<API key id>.")
     key = models.CharField(max_length=255)
     fingerprint = models.CharField(max_length=64)
     status = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -22,8 +22,8 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant_id", "key"], name="idempotency_key_per_tenant")
+            models.UniqueConstraint(fields=["owner", "key"], name="idempotency_key_per_owner")
         ]
 
     def __str__(self) -> str:
-        return f"{self.key} ({self.tenant_id})"
+        return f"{self.key} ({self.owner})"

@@ -19,7 +19,7 @@ import numpy as np
 from django.conf import settings
 
 from ingestion.models import KnowledgeNode
-from knowledgefs.errors import InvalidInput
+from knowledgefs.errors import InvalidInput, Unavailable
 from knowledgefs.runtime import get_embedding_model
 from spaces.models import KnowledgeSpace, PublicationHead
 
@@ -185,7 +185,7 @@ def retrieve(
         t0 = time.perf_counter()
         model = get_embedding_model()
         if model.model_id != embedding_model_id:
-            raise InvalidInput(
+            raise Unavailable(
                 f"this space is indexed with {embedding_model_id!r} but the runtime serves "
                 f"{model.model_id!r}",
                 code="embedding_model_unavailable",

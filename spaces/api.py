@@ -41,7 +41,7 @@ class KnowledgeSpaceListView(APIView):
         request_fingerprint = fingerprint(
             "spaces.create", json.dumps(body.validated_data, sort_keys=True)
         )
-        return idempotent(request, request.user.tenant_id, request_fingerprint, create)
+        return idempotent(request, request_fingerprint, create)
 
 
 class KnowledgeSpaceDetailView(APIView):

@@ -62,8 +62,10 @@ class PublicationHead(models.Model):
 class ApiKey(models.Model):
     """A tenant-bound service API key, stored as a SHA-256 hash with a visible prefix.
 
-    A key with no space bindings reaches every space of its tenant; a key with bindings reaches
-    only those spaces and cannot create new ones. The secret is shown once, at creation.
+    An unscoped key reaches every space of its tenant. A scoped key (``scoped``, fixed at
+    creation) reaches only the spaces it is bound to and cannot create new ones; losing its last
+    binding never widens it (deleting a space deletes the keys bound only to it). The secret is
+    shown once, at creation.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -71,6 +73,9 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=120, blank=True, default="")
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64, unique=True)
+    scoped = models.BooleanField(
+        default=False, help_text="Reaches only its bound spaces; never widens when they go."
+    )
     spaces = models.ManyToManyField(KnowledgeSpace, blank=True, related_name="api_keys")
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

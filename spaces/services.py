@@ -8,7 +8,6 @@ the key's scope is a 404, exactly like an id that does not exist.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import re
 import secrets
 import unicodedata
@@ -19,7 +18,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
-from django.db.models import F, QuerySet
+from django.db.models import Count, F, QuerySet
 from django.utils import timezone
 
 from knowledgefs.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -221,12 +220,28 @@ def update_space(
 
 
 def delete_space(principal: Principal, space_id: uuid.UUID | str) -> None:
-    """Delete a space with its documents, nodes, projections and stored objects."""
+    """Delete a space with its documents, nodes, projections, stored objects and the API keys
+    bound only to it.
+
+    Documents are purged one by one (each in its own transaction, so a long purge does not hold
+    the database); the space row then goes in one transaction that first purges anything
+    admitted meanwhile.
+    """
     from ingestion.services.documents import purge_documents
 
     space = get_space(principal, space_id)
     purge_documents(space.documents.all())
-    space.delete()
+    with transaction.atomic():
+        KnowledgeSpace.objects.select_for_update().filter(id=space.id).first()
+        purge_documents(space.documents.all())  # admitted while the first purge ran
+        # Annotate before filtering on the binding: the count must see all of a key's spaces.
+        only_here = ApiKey.objects.annotate(bound=Count("spaces", distinct=True)).filter(
+            scoped=True, spaces=space, bound=1
+        )
+        for key in only_here:
+            _forget_cached_key(key.key_hash)
+            key.delete()
+        space.delete()
 
 
 # --- API keys -------------------------------------------------------------------------------
@@ -253,7 +268,11 @@ def create_api_key(
     secret = f"{KEY_PREFIX}{prefix}{secrets.token_urlsafe(32)}"
     with transaction.atomic():
         key = ApiKey.objects.create(
-            tenant_id=tenant_id, name=name, prefix=prefix, key_hash=_hash_secret(secret)
+            tenant_id=tenant_id,
+            name=name,
+            prefix=prefix,
+            key_hash=_hash_secret(secret),
+            scoped=bool(spaces),
         )
         if spaces:
             key.spaces.set(spaces)
@@ -274,13 +293,18 @@ def revoke_api_key(key_or_prefix: str) -> ApiKey:
         key = ApiKey.objects.filter(prefix=value.removeprefix(KEY_PREFIX)).first()
     if key is None:
         raise NotFound("no API key matches that key or prefix", code="api_key_not_found")
-    cache_key = _auth_cache_key(key.key_hash)
     with transaction.atomic():
-        cache.delete(cache_key)
+        _forget_cached_key(key.key_hash)
         ApiKey.objects.filter(id=key.id, revoked_at__isnull=True).update(revoked_at=timezone.now())
-        transaction.on_commit(lambda: cache.delete(cache_key))
     key.refresh_from_db()
     return key
+
+
+def _forget_cached_key(key_hash: str) -> None:
+    """Delete a key's cached authentication now and again when the transaction commits."""
+    cache_key = _auth_cache_key(key_hash)
+    cache.delete(cache_key)
+    transaction.on_commit(lambda: cache.delete(cache_key))
 
 
 def _auth_cache_key(key_hash: str) -> str:
@@ -305,14 +329,15 @@ def authenticate_secret(secret: str) -> Principal | None:
     cached = cache.get(cache_key) if ttl else None
     now = timezone.now().timestamp()
     if cached is None:
+        # The lookup is by the SHA-256 of the secret, so comparing secrets leaks no timing.
         key = ApiKey.objects.filter(key_hash=key_hash, revoked_at__isnull=True).first()
-        if key is None or not hmac.compare_digest(key.key_hash, key_hash):
+        if key is None:
             return None
         space_ids = list(key.spaces.values_list("id", flat=True))
         cached = {
             "id": str(key.id),
             "tenant_id": key.tenant_id,
-            "space_ids": [str(s) for s in space_ids] if space_ids else None,
+            "space_ids": [str(s) for s in space_ids] if key.scoped else None,
             "last_used_at": key.last_used_at.timestamp() if key.last_used_at else 0,
             "expires_at": now + ttl,
         }

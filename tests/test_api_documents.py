@@ -200,6 +200,10 @@ def test_deleting_a_document_removes_it_from_every_leg(client, space):
     for legs in (("keyword",), ("dense",), ("keyword", "dense")):
         assert retrieve(space, "ZEBRA-CANARY-913", top_k=5, legs=legs).items == []
     assert not KnowledgeNode.objects.exists()
+    from retrieval.backends import get_search_backend
+
+    # Not just hidden: the projection rows are gone too (BC-24: counts drop to match).
+    assert get_search_backend().projection_counts(space.id) == {"keyword": 0, "dense": 0}
 
 
 def test_a_scan_without_a_text_layer_fails_naming_its_pages(client, space):

@@ -113,3 +113,69 @@ def test_a_parse_failure_fails_only_its_document_in_a_batch(space):
     assert broken.state == "failed"
     assert broken.error_code in {"corrupt_document", "no_extractable_text"}
     assert CompilationJob.objects.get(id=bad.job.id).finished_at is not None
+
+
+def _assert_projections_match_nodes(space):
+    from retrieval.backends import get_search_backend
+
+    nodes = KnowledgeNode.objects.filter(space=space).count()
+    assert get_search_backend().projection_counts(space.id) == {"keyword": nodes, "dense": nodes}
+    return nodes
+
+
+def test_replacing_while_a_job_runs_leaves_no_orphans(space):
+    first = _admit(space)
+    compilation.compile_jobs([first.job.id], until=Stage.PROJECTION_BUILT)  # mid-run
+    assert _assert_projections_match_nodes(space) > 0
+    again = admit_document(
+        space, filename="v2.txt", data=TEXT, on_duplicate="replace", enqueue=False
+    )
+    assert CompilationJob.objects.get(id=first.job.id).run_state == "superseded"
+    assert _assert_projections_match_nodes(space) == 0  # the superseded attempt's output is gone
+    stale = CompilationJob.objects.get(id=first.job.id)
+    with pytest.raises(compilation.LeaseLost):  # the old worker wakes up: it owns nothing
+        compilation.publish(stale, first.job.id, node_count=1)
+    compilation.run_job(again.job.id)
+    nodes = _assert_projections_match_nodes(space)
+    assert nodes == Document.objects.get().node_count
+    assert ParseArtifact.objects.count() == 1
+
+
+def test_publishing_removes_every_other_generation(space):
+    admission = _admit(space)
+    compilation.run_job(admission.job.id)
+    for n in range(2):
+        again = admit_document(
+            space, filename=f"v{n}.txt", data=TEXT, on_duplicate="replace", enqueue=False
+        )
+        compilation.run_job(again.job.id)
+    assert set(KnowledgeNode.objects.values_list("generation", flat=True)) == {again.job.id}
+    assert _assert_projections_match_nodes(space) == Document.objects.get().node_count
+
+
+def test_an_error_outside_one_jobs_work_fails_the_whole_batch(space, monkeypatch):
+    jobs = [
+        _admit(space, data=f"document {n} ".encode() * 50, name=f"{n}.txt").job.id for n in range(3)
+    ]
+
+    def broken_model():
+        raise RuntimeError("model files missing")
+
+    monkeypatch.setattr(compilation, "get_embedding_model", broken_model)
+    compilation.compile_jobs(jobs)
+    states = set(CompilationJob.objects.values_list("run_state", "error_code"))
+    assert states == {("failed", "embedding_failed")}
+    assert set(Document.objects.values_list("state", flat=True)) == {"failed"}
+    assert KnowledgeNode.objects.count() == 0
+
+
+def test_a_document_deleted_between_claim_and_work_does_not_strand_the_batch(space, principal):
+    from ingestion.services.documents import delete_document
+
+    keep = _admit(space, name="keep.txt")
+    gone = _admit(space, data=b"short lived document text", name="gone.txt")
+    tokens = compilation.claim_many([keep.job.id, gone.job.id], "w")
+    delete_document(principal, space.id, gone.document.id)
+    compilation._compile_claimed(tokens, None)
+    assert CompilationJob.objects.get(id=keep.job.id).run_state == "succeeded"
+    _assert_projections_match_nodes(space)

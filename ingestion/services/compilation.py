@@ -3,9 +3,10 @@
 The database is the source of truth; the task queue only delivers job ids. A delivery starts by a
 compare-and-set from ``queued`` to ``running`` that issues a fresh ``lease_token``; every later
 write (checkpoint, failure, success) is conditioned on that token, so a duplicate or late
-delivery changes nothing. Each stage commits its output together with its checkpoint, and a
-resumed job continues from its last checkpoint without duplicating nodes or projections
-(node ids are UUIDv5 of the generation and chunk index; projections are replaced by id).
+delivery changes nothing. Each stage commits its output together with its checkpoint, so a
+resumed job finds either all of a stage's output or none of it and continues from its last
+checkpoint without duplicating nodes or projections (node ids are UUIDv5 of the generation and
+chunk index). Publishing removes every other generation of the document in the same commit.
 
 Several queued jobs of one space can be compiled as one batch so that their chunks share
 embedding batches; a failure in one document's parse or chunk stage fails only that document.
@@ -77,8 +78,13 @@ class CompilationFailure(Exception):
 
 
 def enqueue_on_commit(job_id: uuid.UUID) -> None:
-    """Deliver the job to the worker queue once the surrounding transaction commits."""
-    transaction.on_commit(lambda: dispatch(job_id))
+    """Deliver the job to the worker queue once the surrounding transaction commits.
+
+    ``robust``: a queue failure after the commit is logged, never raised into the request that
+    already stored the document (the job stays ``queued`` in the database, and ``kfs ingest
+    --wait`` or the recovery sweep of the durable-jobs work compiles it).
+    """
+    transaction.on_commit(lambda: dispatch(job_id), robust=True)
 
 
 def dispatch(job_id: uuid.UUID) -> str | None:
@@ -98,10 +104,29 @@ def dispatch(job_id: uuid.UUID) -> str | None:
 
 
 def supersede_live_jobs(document: Document) -> int:
-    """Mark a document's live jobs superseded (a newer upload replaces them)."""
-    return CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES).update(
-        run_state=RunState.SUPERSEDED, lease_token=None, finished_at=timezone.now()
+    """Mark a document's live jobs superseded and remove what they built so far.
+
+    Call inside a transaction holding the document's row lock. A worker still running one of
+    these jobs loses its lease: its next checkpoint finds the job no longer ``running`` and it
+    writes nothing more.
+    """
+    live = list(
+        CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES).values_list(
+            "id", flat=True
+        )
     )
+    if not live:
+        return 0
+    CompilationJob.objects.filter(id__in=live).update(
+        run_state=RunState.SUPERSEDED,
+        lease_token=None,
+        lease_expires_at=None,
+        finished_at=timezone.now(),
+    )
+    for generation in live:
+        if generation != document.active_generation:
+            _drop_generation(document.id, generation)
+    return len(live)
 
 
 # --- running --------------------------------------------------------------------------------
@@ -137,14 +162,30 @@ def compile_jobs(job_ids: Iterable[uuid.UUID], *, until: str | None = None) -> N
     Each stage does its work job by job (a parse or chunk failure fails only that job), then
     commits the outputs and checkpoints of the whole batch in one transaction; if that commit
     fails, the stage is committed job by job so one bad row cannot sink the others. A job
-    resumes from its last checkpoint. ``until`` stops after that checkpoint with the jobs left
-    running, which is how tests stand in for a worker that dies.
+    resumes from its last checkpoint. Any error outside a single job's work (the model failing
+    to load, the database going away) fails every job of the batch that is still held, so no
+    job is left ``running`` by an exception. ``until`` stops after that checkpoint with the
+    jobs left running, which is how tests stand in for a worker that dies.
     """
     tokens = claim_many(list(job_ids), worker_identity())
     if not tokens:
         return
+    try:
+        _compile_claimed(tokens, until)
+    except BaseException as exc:
+        logger.exception("compilation batch failed")
+        for job_id, token in tokens.items():
+            try:
+                fail(job_id, token, "internal_error", f"{type(exc).__name__}: {exc}")
+            except Exception:  # noqa: BLE001 - keep failing the others
+                logger.exception("could not record the failure of job %s", job_id)
+        if not isinstance(exc, Exception):
+            raise  # KeyboardInterrupt, SystemExit: after recording, let the worker stop
+
+
+def _compile_claimed(tokens: dict[uuid.UUID, uuid.UUID], until: str | None) -> None:
     jobs = CompilationJob.objects.select_related("document").in_bulk(list(tokens))
-    order = list(tokens)
+    order = [j for j in tokens if j in jobs]  # a job deleted with its document is gone
 
     parsed = _run_stage(
         jobs,
@@ -398,11 +439,19 @@ def _node(job: CompilationJob, chunk: Chunk) -> KnowledgeNode:
 
 
 def _drop_generation(document_id: uuid.UUID, generation: uuid.UUID) -> None:
-    ids = list(
-        KnowledgeNode.objects.filter(document_id=document_id, generation=generation).values_list(
-            "id", flat=True
-        )
-    )
+    """Remove one generation's nodes, their projections and its parse artifact."""
+    _drop_nodes(KnowledgeNode.objects.filter(document_id=document_id, generation=generation))
+    ParseArtifact.objects.filter(job_id=generation).delete()
+
+
+def _drop_other_generations(document_id: uuid.UUID, keep: uuid.UUID) -> None:
+    """Remove every node, projection and artifact of the document not of generation ``keep``."""
+    _drop_nodes(KnowledgeNode.objects.filter(document_id=document_id).exclude(generation=keep))
+    ParseArtifact.objects.filter(document_id=document_id).exclude(job_id=keep).delete()
+
+
+def _drop_nodes(queryset) -> None:
+    ids = list(queryset.values_list("id", flat=True))
     if ids:
         get_search_backend().delete_nodes(ids)
         KnowledgeNode.objects.filter(id__in=ids).delete()
@@ -412,10 +461,10 @@ def _project(jobs, tokens, job_ids, nodes) -> dict[uuid.UUID, list[KnowledgeNode
     """Embed the nodes of all these jobs together, then index them with their checkpoints."""
     if not job_ids:
         return {}
-    model = get_embedding_model()
     texts = [node.text for j in job_ids for node in nodes[j]]
-    vectors = np.zeros((len(texts), model.dimension), dtype=np.float32)
     try:
+        model = get_embedding_model()
+        vectors = np.zeros((len(texts), model.dimension), dtype=np.float32)
         for start in range(0, len(texts), EMBED_SLICE):
             vectors[start : start + EMBED_SLICE] = model.embed_documents(
                 texts[start : start + EMBED_SLICE]
@@ -461,8 +510,10 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
     For every job still held with its token: the job succeeds, the document's
     ``active_generation`` points at it and the previous generation's nodes and projections are
     removed. The space's publication head then moves forward by one compare-and-set, so a query
-    sees all of these documents' new generations or none of them. Jobs whose lease was lost are
-    skipped. Returns the ids of the jobs published.
+    sees all of these documents' new generations or none of them. Every other generation of the
+    document (the previous one, leftovers of superseded attempts) is removed in the same commit.
+    Jobs whose lease was lost, or whose document was deleted, are skipped. Returns the ids of
+    the jobs published.
     """
     if not items:
         return []
@@ -470,6 +521,9 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
     published: list[uuid.UUID] = []
     with transaction.atomic():
         for job, token, node_count in items:
+            # Lock order everywhere: the document row first, then its jobs.
+            if Document.objects.select_for_update().filter(id=job.document_id).first() is None:
+                continue  # deleted meanwhile
             if not CompilationJob.objects.filter(
                 id=job.id, lease_token=token, run_state=RunState.RUNNING
             ).update(
@@ -483,9 +537,7 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
                 error_message="",
             ):
                 continue
-            document = Document.objects.select_for_update().get(id=job.document_id)
-            previous = document.active_generation
-            Document.objects.filter(id=document.id).update(
+            Document.objects.filter(id=job.document_id).update(
                 active_generation=job.id,
                 state=DocumentState.PUBLISHED,
                 node_count=node_count,
@@ -493,8 +545,9 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
                 error_message="",
                 updated_at=now,
             )
-            if previous and previous != job.id:
-                _drop_generation(document.id, previous)
+            # The previous published generation and anything a superseded or abandoned attempt
+            # left behind go in the same commit.
+            _drop_other_generations(job.document_id, keep=job.id)
             published.append(job.id)
         for space_id in {job.space_id for job, _, _ in items if job.id in published}:
             advance_publication_head(space_id)
@@ -513,10 +566,19 @@ def advance_publication_head(space_id: uuid.UUID, attempts: int = 20) -> int:
 
 
 def fail(job_id: uuid.UUID, token: uuid.UUID, code: str, message: str) -> bool:
-    """End a job as failed (if we still hold it) and remove its partial nodes and projections."""
+    """End a job as failed (if we still hold it) and remove its partial nodes and projections.
+
+    Returns ``False`` when the job is no longer ours (superseded, canceled, deleted): whoever
+    took it over owns the cleanup.
+    """
     now = timezone.now()
+    document_id = CompilationJob.objects.filter(id=job_id).values_list("document_id", flat=True)
+    document_id = document_id.first()
+    if document_id is None:
+        return False
     try:
         with transaction.atomic():
+            Document.objects.select_for_update().filter(id=document_id).first()  # lock order
             _checkpoint(
                 job_id,
                 token,
@@ -527,12 +589,11 @@ def fail(job_id: uuid.UUID, token: uuid.UUID, code: str, message: str) -> bool:
                 error_code=code[:64],
                 error_message=message[:4000],
             )
-            job = CompilationJob.objects.get(id=job_id)
-            _drop_generation(job.document_id, job.id)
-            Document.objects.filter(id=job.document_id, active_generation__isnull=True).update(
+            _drop_generation(document_id, job_id)
+            Document.objects.filter(id=document_id, active_generation__isnull=True).update(
                 state=DocumentState.FAILED, updated_at=now
             )
-            Document.objects.filter(id=job.document_id).update(
+            Document.objects.filter(id=document_id).update(
                 error_code=code[:64], error_message=message[:4000]
             )
     except LeaseLost:

@@ -303,17 +303,24 @@ def purge_documents(documents: QuerySet[Document]) -> int:
 
     backend = get_search_backend()
     keys = []
-    for document in documents.only("id", "storage_key", "space_id"):
-        with transaction.atomic():
-            CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES).update(
-                run_state=RunState.CANCELED, stage=Stage.CANCELED, lease_token=None
-            )
-            backend.delete_nodes(
-                list(KnowledgeNode.objects.filter(document=document).values_list("id", flat=True))
-            )
-            document.delete()
-            advance_publication_head(document.space_id)
-        keys.append(document.storage_key)
-    for key in keys:
-        storage.delete_object(key)
+    try:
+        for document in documents.only("id", "storage_key", "space_id"):
+            with transaction.atomic():
+                # Lock order everywhere: the document row first, then its jobs.
+                if not Document.objects.select_for_update().filter(id=document.id).exists():
+                    continue
+                CompilationJob.objects.filter(
+                    document=document, run_state__in=LIVE_RUN_STATES
+                ).update(run_state=RunState.CANCELED, stage=Stage.CANCELED, lease_token=None)
+                backend.delete_nodes(
+                    list(
+                        KnowledgeNode.objects.filter(document=document).values_list("id", flat=True)
+                    )
+                )
+                document.delete()
+                advance_publication_head(document.space_id)
+            keys.append(document.storage_key)
+    finally:
+        for key in keys:
+            storage.delete_object(key)
     return len(keys)

@@ -91,6 +91,20 @@ class SearchBackend:
     def _delete_keywords(self, node_ids: list[uuid.UUID]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def projection_counts(self, space_id: uuid.UUID) -> dict[str, int]:
+        """Rows in each projection for a space (all generations): ``{"keyword", "dense"}``.
+
+        For diagnostics and tests: after a document is published or deleted these equal the
+        space's node count.
+        """
+        return {
+            "keyword": self._keyword_row_count(space_id),
+            "dense": DenseVector.objects.filter(space_id=space_id).count(),
+        }
+
+    def _keyword_row_count(self, space_id: uuid.UUID) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
     # --- reads ------------------------------------------------------------------------------
     @staticmethod
     def visible_node_ids(node_ids: list[uuid.UUID]) -> set[uuid.UUID]:

@@ -31,6 +31,11 @@ class PostgresSearchBackend(SearchBackend):
         with connection.cursor() as cursor:
             cursor.execute(f"DELETE FROM {TABLE} WHERE node_id = ANY(%s)", [list(node_ids)])
 
+    def _keyword_row_count(self, space_id: uuid.UUID) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM {TABLE} WHERE space_id = %s", [space_id])
+            return cursor.fetchone()[0]
+
     def keyword_search(self, space_id: uuid.UUID, query: str, limit: int) -> list[ScoredNode]:
         terms = keyword_terms(query)
         if not terms:

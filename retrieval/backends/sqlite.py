@@ -35,11 +35,21 @@ class SQLiteSearchBackend(SearchBackend):
             )
 
     def _delete_keywords(self, node_ids: list[uuid.UUID]) -> None:
+        # node_id is an indexed FTS5 column: a MATCH on it is an index lookup.
         with connection.cursor() as cursor:
-            for start in range(0, len(node_ids), 500):
-                chunk = [_hex(i) for i in node_ids[start : start + 500]]
-                marks = ",".join(["%s"] * len(chunk))
-                cursor.execute(f"DELETE FROM {TABLE} WHERE node_id IN ({marks})", chunk)
+            for start in range(0, len(node_ids), 200):
+                tokens = " OR ".join(f'"{_hex(i)}"' for i in node_ids[start : start + 200])
+                cursor.execute(
+                    f"DELETE FROM {TABLE} WHERE {TABLE} MATCH %s", [f"node_id : ({tokens})"]
+                )
+
+    def _keyword_row_count(self, space_id: uuid.UUID) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT count(*) FROM {TABLE} WHERE {TABLE} MATCH %s",
+                [f'space_id : "{_hex(space_id)}"'],
+            )
+            return cursor.fetchone()[0]
 
     def keyword_search(self, space_id: uuid.UUID, query: str, limit: int) -> list[ScoredNode]:
         """Top ``limit`` visible nodes by BM25.
@@ -51,17 +61,16 @@ class SQLiteSearchBackend(SearchBackend):
         terms = keyword_terms(query)
         if not terms:
             return []
-        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
-        # FTS5's hidden ``rank`` column (bm25 by default) sorts faster than ``bm25()`` in the
-        # select list: 11 ms vs 19 ms median on SciFact queries (docs/benchmarks.md).
-        sql = (
-            f"SELECT node_id, rank FROM {TABLE} "
-            f"WHERE {TABLE} MATCH %s AND space_id = %s ORDER BY rank LIMIT %s"
-        )
+        words = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+        # The space restriction is part of the MATCH (space_id is an indexed column), so only
+        # the space's rows are ranked. FTS5's hidden ``rank`` column (bm25 by default) sorts
+        # faster than ``bm25()`` in the select list (docs/benchmarks.md).
+        match = f'text : ({words}) AND space_id : "{_hex(space_id)}"'
+        sql = f"SELECT node_id, rank FROM {TABLE} WHERE {TABLE} MATCH %s ORDER BY rank LIMIT %s"
         window = limit * 2
         while True:
             with connection.cursor() as cursor:
-                cursor.execute(sql, [match, _hex(space_id), window])
+                cursor.execute(sql, [match, window])
                 rows = cursor.fetchall()
             hits = [ScoredNode(uuid.UUID(node_id), -float(rank)) for node_id, rank in rows]
             visible = self.visible_node_ids([h.node_id for h in hits])

@@ -7,9 +7,11 @@ out of the way of Django's table flushes). Other engines get their table with th
 
 from django.db import migrations
 
+# node_id and space_id are indexed columns (one hex token each) so that deleting a node and
+# restricting a query to one space are index lookups, not scans of every tenant's rows.
 SQLITE_CREATE = (
     "CREATE VIRTUAL TABLE retrieval_keyword_fts USING fts5("
-    "text, node_id UNINDEXED, space_id UNINDEXED, document_id UNINDEXED, "
+    "text, node_id, space_id, document_id UNINDEXED, "
     "tokenize = 'porter unicode61 remove_diacritics 2')"
 )
 POSTGRES_CREATE = [

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from ingestion.models import Document, DocumentState
 from ingestion.services import compilation, documents
 from knowledgefs.errors import Conflict, ServiceError
+from knowledgefs.uploads import upload_limit_message
 from retrieval import evaluation
 from retrieval.services import LEGS, retrieve
 from spaces import services as spaces
@@ -171,7 +173,17 @@ class Command(BaseCommand):
             raise CommandError("no files found under the given paths")
         admitted, skipped, rejected = [], [], []
         policy = options["on_duplicate"]
+        limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
         for path in tqdm(files, desc="upload", unit="file", disable=options["json"]):
+            if path.stat().st_size > limit:  # refused before the file is read
+                rejected.append(
+                    {
+                        "path": str(path),
+                        "code": "file_too_large",
+                        "message": upload_limit_message(limit),
+                    }
+                )
+                continue
             try:
                 admission = documents.admit_document(
                     space,
