@@ -49,6 +49,7 @@ class SearchBackend:
     def __init__(self) -> None:
         self._dense_cache: OrderedDict[tuple, tuple[list[uuid.UUID], np.ndarray]] = OrderedDict()
         self._dense_lock = threading.Lock()
+        self._build_locks: dict[tuple, threading.Lock] = {}
         self.dense_cache_spaces = 8
 
     # --- writes -----------------------------------------------------------------------------
@@ -154,21 +155,35 @@ class SearchBackend:
             if key in self._dense_cache:
                 self._dense_cache.move_to_end(key)
                 return self._dense_cache[key]
-        rows = list(
+            build_lock = self._build_locks.setdefault(key[:2], threading.Lock())
+        # One thread per (space, model) rebuilds; the others wait for its result.
+        with build_lock:
+            with self._dense_lock:
+                if key in self._dense_cache:
+                    return self._dense_cache[key]
+            return self._build_dense_matrix(key)
+
+    def _build_dense_matrix(self, key: tuple) -> tuple[list[uuid.UUID], np.ndarray]:
+        space_id, model_id, _ = key
+        rows = (
             DenseVector.objects.filter(
                 space_id=space_id,
                 model_id=model_id,
                 node__generation=F("node__document__active_generation"),
             )
             .order_by("node_id")
-            .values_list("node_id", "vector")
+            .values_list("node_id", "dimension", "vector")
         )
-        ids = [r[0] for r in rows]
-        if rows:
-            matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype="<f4")
-            matrix = matrix.reshape(len(rows), -1)
-        else:
-            matrix = np.zeros((0, 0), dtype=np.float32)
+        ids: list[uuid.UUID] = []
+        matrix = np.zeros((0, 0), dtype=np.float32)
+        for node_id, dimension, vector in rows.iterator(chunk_size=2000):
+            if not ids:  # one preallocated array, grown geometrically
+                matrix = np.empty((1024, dimension), dtype=np.float32)
+            if len(ids) == matrix.shape[0]:
+                matrix = np.resize(matrix, (matrix.shape[0] * 2, matrix.shape[1]))
+            matrix[len(ids)] = np.frombuffer(vector, dtype="<f4")
+            ids.append(node_id)
+        matrix = np.ascontiguousarray(matrix[: len(ids)])
         with self._dense_lock:
             for stale in [k for k in self._dense_cache if k[:2] == key[:2]]:
                 del self._dense_cache[stale]
