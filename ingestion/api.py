@@ -43,7 +43,7 @@ class DocumentListView(APIView):
                 "send one file per request in the field 'file'", code="too_many_files"
             )
         if not uploads:
-            if "file" in request.data:
+            if hasattr(request.data, "get") and "file" in request.data:
                 raise InvalidInput("the 'file' part has no filename", code="invalid_filename")
             raise InvalidInput("multipart field 'file' is required", code="file_required")
         upload = uploads[0]

@@ -170,6 +170,10 @@ def handler403(request, exception=None) -> JsonResponse:  # noqa: ANN001 - Djang
     return json_error(403, "permission_denied", "Forbidden.")
 
 
+def csrf_failure(request, reason="") -> JsonResponse:  # noqa: ANN001 - Django signature
+    return json_error(403, "csrf_failed", f"CSRF verification failed: {reason}")
+
+
 def handler404(request, exception=None) -> JsonResponse:  # noqa: ANN001 - Django signature
     return json_error(404, "not_found", "Not found.")
 

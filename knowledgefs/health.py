@@ -9,10 +9,12 @@ out of rotation.
 
 from __future__ import annotations
 
+from functools import wraps
+
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.http import JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
 
 from . import storage
 from .runtime.local_embedding import ModelFilesMissing, locate_model_files
@@ -44,14 +46,32 @@ def _storage() -> tuple[bool, str]:
     return (True, "writable") if storage.storage_writable() else (False, "not writable")
 
 
-@require_GET
+def get_only(view):
+    """GET/HEAD only; anything else is a JSON 405 (probes never see Django's HTML pages)."""
+
+    @csrf_exempt
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if request.method not in ("GET", "HEAD"):
+            response = JsonResponse(
+                {"code": "method_not_allowed", "message": f"{request.method} is not allowed"},
+                status=405,
+            )
+            response["Allow"] = "GET, HEAD"
+            return response
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@get_only
 def health(request):
     """Liveness: always 200 while the process answers."""
     ok, detail = _database()
     return JsonResponse({"status": "ok", "components": {"database": {"ok": ok, "detail": detail}}})
 
 
-@require_GET
+@get_only
 def ready(request):
     """Readiness: 200 only if every check passes, else 503 naming the failing ones."""
     checks = {

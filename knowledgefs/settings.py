@@ -7,6 +7,8 @@ is documented in ``docs/configuration.md``.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -63,6 +65,7 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "knowledgefs.urls"
+CSRF_FAILURE_VIEW = "knowledgefs.errors.csrf_failure"
 WSGI_APPLICATION = "knowledgefs.wsgi.application"
 
 TEMPLATES = [
@@ -149,7 +152,15 @@ if KNOWLEDGE_MODEL_RUNTIME not in {"local"}:
     )
 # 8 measured fastest on 2 cores (docs/benchmarks.md): larger batches pad more and lose cache.
 KNOWLEDGE_EMBEDDING_BATCH_SIZE = bounded_int("KNOWLEDGE_EMBEDDING_BATCH_SIZE", 8, 1, 256)
-KNOWLEDGE_EMBEDDING_THREADS = bounded_int("KNOWLEDGE_EMBEDDING_THREADS", 0, 0, 64)
+# 0 = every core. Inside a django-q2 cluster the workers share the cores, so each gets its share.
+_workers = bounded_int("KNOWLEDGE_WORKERS", 2, 1, 32)
+_in_cluster = len(sys.argv) > 1 and sys.argv[1] == "qcluster"
+KNOWLEDGE_EMBEDDING_THREADS = bounded_int(
+    "KNOWLEDGE_EMBEDDING_THREADS",
+    max(1, (os.cpu_count() or 1) // _workers) if _in_cluster else 0,
+    0,
+    64,
+)
 
 # --- Upload and ingestion limits (production deployment guide) --------------------------------
 KNOWLEDGE_UPLOAD_MAX_BYTES = bounded_int(
@@ -173,7 +184,7 @@ RETRIEVAL_MAX_QUERY_CHARS = 16000
 Q_CLUSTER = {
     "name": "knowledgefs",
     "orm": "default",
-    "workers": bounded_int("KNOWLEDGE_WORKERS", 2, 1, 32),
+    "workers": _workers,
     "timeout": bounded_int("KNOWLEDGE_JOB_TIMEOUT_SECONDS", 1800, 10, 86400),
     "retry": bounded_int("KNOWLEDGE_JOB_TIMEOUT_SECONDS", 1800, 10, 86400) + 60,
     "max_attempts": 1,

@@ -9,6 +9,7 @@ Bytes beyond ``KNOWLEDGE_UPLOAD_MAX_BYTES`` abort the read with a 413 before the
 
 from __future__ import annotations
 
+import django.http.multipartparser as django_multipart
 from django.conf import settings
 from django.core.files.uploadhandler import MemoryFileUploadHandler, TemporaryFileUploadHandler
 from django.http.multipartparser import MultiPartParser as DjangoMultiPartParser
@@ -21,6 +22,11 @@ from .errors import PayloadTooLarge
 
 def upload_limit_message(limit: int) -> str:
     return f"file exceeds the upload limit of {limit} bytes ({limit / 1048576:g} MiB)"
+
+
+# Django caps one part's headers at 1 KiB, which a 512-character CJK filename (about 1.5 KiB of
+# UTF-8) exceeds; 8 KiB keeps the cap while letting every filename within our own limit through.
+django_multipart.MAX_TOTAL_HEADER_SIZE = max(django_multipart.MAX_TOTAL_HEADER_SIZE, 8 * 1024)
 
 
 class _RawNameMixin:

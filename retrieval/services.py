@@ -70,6 +70,12 @@ def validate_request(query, top_k, score_threshold, mode) -> tuple[str, int, flo
     """Check a retrieval request; raises :class:`InvalidInput` naming the field and the limit."""
     if not isinstance(query, str) or not query.strip():
         raise InvalidInput("query must be a non-empty string", code="invalid_query")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            "query contains an unpaired surrogate (invalid Unicode)", code="invalid_query"
+        ) from None
     if len(query) > settings.RETRIEVAL_MAX_QUERY_CHARS:
         raise InvalidInput(
             f"query is {len(query)} characters; the limit is {settings.RETRIEVAL_MAX_QUERY_CHARS}",

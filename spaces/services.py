@@ -201,11 +201,12 @@ def update_space(
                 code="revision_conflict",
             )
         return space
+    target = KnowledgeSpace.objects.filter(id=space.id)
+    if expected_revision is not None:
+        target = target.filter(revision=expected_revision)
     try:
         with transaction.atomic():
-            updated = KnowledgeSpace.objects.filter(id=space.id, revision=revision).update(
-                revision=F("revision") + 1, updated_at=timezone.now(), **fields
-            )
+            updated = target.update(revision=F("revision") + 1, updated_at=timezone.now(), **fields)
     except IntegrityError:
         raise Conflict(
             f"slug {fields.get('slug')!r} is already used in this tenant", code="slug_taken"

@@ -106,7 +106,7 @@ def test_oversized_json_and_deep_nesting_and_bad_cursors(client, space):
     assert deep.status_code == 400
     assert deep.json()["code"] == "malformed_request"
     crafted = client.get("/v1/knowledge-spaces?cursor=cD1ub3RhZGF0ZQ==")
-    assert (crafted.status_code, crafted.json()["code"]) == (400, "invalid_request")
+    assert (crafted.status_code, crafted.json()["code"]) == (400, "invalid_cursor")
     assert "code" in crafted.json()
 
 
@@ -189,3 +189,47 @@ def test_one_keys_idempotency_record_is_not_replayed_to_another_key(tenant):
     assert one.status_code == two.status_code == 201
     assert one.json()["id"] != two.json()["id"]
     assert "Idempotent-Replayed" not in two
+
+
+@pytest.mark.parametrize(
+    "position", ["9999-12-31 23:59:59-01:00", "0001-01-01 00:00:00-23:59", "notadate"]
+)
+def test_crafted_cursors_are_400(client, space, position):
+    import base64
+
+    cursor = base64.b64encode(f"p={position}".encode()).decode()
+    for url in ("/v1/knowledge-spaces", f"/v1/knowledge-spaces/{space.id}/documents"):
+        response = client.get(url, {"cursor": cursor})
+        assert (response.status_code, response.json()["code"]) == (400, "invalid_cursor")
+    assert client.get("/v1/knowledge-spaces", {"cursor": "zzz"}).json()["code"] == "invalid_cursor"
+
+
+def test_more_bodies_that_used_to_fail(client, space):
+    for body in ("5", "null"):
+        response = client.post(
+            f"/v1/knowledge-spaces/{space.id}/documents", body, content_type="application/json"
+        )
+        assert (response.status_code, response.json()["code"]) == (400, "file_required")
+    surrogate = client.post(
+        f"/v1/knowledge-spaces/{space.id}/retrieval-tests",
+        '{"query": "a\\ud800b"}',
+        content_type="application/json",
+    )
+    assert (surrogate.status_code, surrogate.json()["code"]) == (400, "invalid_query")
+    for method in ("post", "put", "delete"):
+        response = getattr(APIClient(enforce_csrf_checks=True), method)("/health")
+        assert (response.status_code, response.json()["code"]) == (405, "method_not_allowed")
+
+
+def test_a_long_cjk_filename_within_the_limit_is_accepted(client, space):
+    name = "报" * 500 + ".txt"
+    response = upload(client, space, name, b"long name")
+    assert response.status_code == 202
+    assert response.json()["document"]["filename"] == name
+
+
+def test_patch_without_revision_is_last_writer_wins(client, space):
+    url = f"/v1/knowledge-spaces/{space.id}"
+    for n in range(3):
+        assert client.patch(url, {"description": f"d{n}"}, format="json").status_code == 200
+    assert client.get(url).json()["revision"] == 4

@@ -122,6 +122,7 @@ def supersede_live_jobs(document: Document) -> int:
         lease_token=None,
         lease_expires_at=None,
         finished_at=timezone.now(),
+        updated_at=timezone.now(),
     )
     for generation in live:
         if generation != document.active_generation:
@@ -302,6 +303,7 @@ def claim_many(job_ids: list[uuid.UUID], worker: str) -> dict[uuid.UUID, uuid.UU
                 lease_expires_at=now + timedelta(seconds=LEASE_SECONDS),
                 heartbeat_at=now,
                 started_at=now,
+                updated_at=now,
                 execution_attempts=F("execution_attempts") + 1,
             ):
                 won[job_id] = token
@@ -339,6 +341,7 @@ def _checkpoint_many(tokens: dict[uuid.UUID, uuid.UUID], **fields) -> set[uuid.U
     now = timezone.now()
     fields.setdefault("heartbeat_at", now)
     fields.setdefault("lease_expires_at", now + timedelta(seconds=LEASE_SECONDS))
+    fields["updated_at"] = now  # queryset updates bypass auto_now
     if "stage" in fields:
         fields.setdefault("progress_percent", PROGRESS.get(fields["stage"], 0))
     held_by_token = Q()
@@ -532,6 +535,7 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
                 progress_percent=100,
                 finished_at=now,
                 heartbeat_at=now,
+                updated_at=now,
                 lease_expires_at=None,
                 error_code="",
                 error_message="",
