@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from django.db import connections
 from django_q.brokers import get_broker
 from django_q.cluster import Cluster
 
@@ -15,6 +16,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def cluster():
+    # The cluster forks its workers from this process. Close our database connections first so
+    # that no child inherits (and later closes) a socket the test itself is using: on
+    # PostgreSQL a child closing an inherited connection ends it for the parent too.
+    connections.close_all()
     broker = get_broker()
     running = Cluster(broker)
     running.start()
