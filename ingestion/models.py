@@ -70,15 +70,6 @@ class Stage(models.TextChoices):
     CANCELED = "canceled", "Canceled"
 
 
-STAGE_ORDER = [
-    Stage.QUEUED,
-    Stage.PARSED,
-    Stage.NODES_GENERATED,
-    Stage.PROJECTION_BUILT,
-    Stage.PUBLISHED,
-]
-
-
 class RunState(models.TextChoices):
     DISPATCH_PENDING = "dispatch_pending", "Dispatch pending"
     QUEUED = "queued", "Queued"
@@ -142,15 +133,6 @@ class CompilationJob(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.id} ({self.stage}/{self.run_state})"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.run_state in {
-            RunState.SUCCEEDED,
-            RunState.FAILED,
-            RunState.CANCELED,
-            RunState.SUPERSEDED,
-        }
 
 
 class ParseArtifact(models.Model):
