@@ -27,7 +27,7 @@ from datetime import timedelta
 import numpy as np
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from ingestion import parsing
@@ -277,7 +277,18 @@ def _load_nodes(jobs, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[Knowledg
 
 
 def _node_counts(jobs, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
-    return {j: len(nodes) for j, nodes in _load_nodes(jobs, job_ids).items()}
+    """Nodes per generation, counted by the database (no node text is loaded)."""
+    counts = {j: 0 for j in job_ids}
+    if job_ids:
+        counts.update(
+            KnowledgeNode.objects.filter(
+                document_id__in={jobs[j].document_id for j in job_ids}, generation__in=job_ids
+            )
+            .values_list("generation")
+            .annotate(n=Count("id"))
+            .values_list("generation", "n")
+        )
+    return counts
 
 
 def claim(job_id: uuid.UUID, worker: str) -> uuid.UUID | None:
