@@ -93,9 +93,14 @@ class CompilationJob(models.Model):
     """One durable attempt to compile a document; the database, not the queue, is the truth.
 
     ``stage`` is the last committed checkpoint; ``run_state`` says whether the attempt is live. At
-    most one live attempt exists per document (partial unique index). A delivery starts only by a
-    compare-and-set from ``queued`` and writes only while it holds ``lease_token``; the job id is
-    also the node generation it builds.
+    most one live attempt exists per document (partial unique index). A dispatch first claims the
+    attempt by writing a fresh ``task_id`` (and ``dispatched_at``); a delivery starts only by a
+    compare-and-set from ``queued`` with that task id and writes only while it holds
+    ``lease_token``; the job id is also the node generation it builds.
+
+    ``progress`` is ``{"phase", "operation", "elements_parsed", "nodes_total", "nodes_embedded",
+    "percent"}``. ``retry_of`` links a manual retry to the attempt it continues (the attempt
+    history); ``next_attempt_at`` is when a ``retry_wait`` attempt becomes due again.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -110,9 +115,17 @@ class CompilationJob(models.Model):
     lease_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
+    attempt_number = models.PositiveIntegerField(default=1)
     progress_percent = models.PositiveSmallIntegerField(default=0)
+    progress = models.JSONField(default=dict, blank=True)
     error_code = models.CharField(max_length=64, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
+    error_retryable = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -129,6 +142,7 @@ class CompilationJob(models.Model):
         indexes = [
             models.Index(fields=["run_state", "updated_at"], name="job_run_state_updated"),
             models.Index(fields=["document", "-created_at"], name="job_document_created"),
+            models.Index(fields=["run_state", "lease_expires_at"], name="job_run_state_lease"),
         ]
 
     def __str__(self) -> str:
