@@ -6,3 +6,6 @@ class KnowledgeFSConfig(AppConfig):
 
     name = "knowledgefs"
     verbose_name = "KnowledgeFS"
+
+    def ready(self) -> None:
+        from knowledgefs import checks  # noqa: F401  (registers the system checks)

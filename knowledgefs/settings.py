@@ -180,6 +180,33 @@ KNOWLEDGE_COMPILE_BATCH_DOCUMENTS = bounded_int("KNOWLEDGE_COMPILE_BATCH_DOCUMEN
 RETRIEVAL_MAX_TOP_K = 100
 RETRIEVAL_MAX_QUERY_CHARS = 16000
 
+# --- Jobs, leases and memory bounds (production deployment guide; docs/configuration.md) ------
+# Source materialization (read + parse), machine-wide; the heavy lane (every PDF, anything over
+# 8 MiB) is nested inside it with max(1, N - 1) slots so light documents keep one (ingestion.gates).
+KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY = bounded_int(
+    "KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY", 2, 1, 8
+)
+# Parse artifacts retained through chunking, embedding and indexing: count and aggregate bytes.
+KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_CONCURRENCY = bounded_int(
+    "KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_CONCURRENCY", 4, 1, 32
+)
+KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES = bounded_int(
+    "KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES", 128 * 1024 * 1024, 1024 * 1024, 1024**3
+)
+# Durable compilation jobs: lease length, expired-lease sweep interval, dispatch grace, attempts
+# and retry backoff (docs/configuration.md, "Jobs, leases and memory bounds").
+KNOWLEDGE_JOB_LEASE_SECONDS = bounded_int("KNOWLEDGE_JOB_LEASE_SECONDS", 120, 10, 3600)
+KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS = bounded_int(
+    "KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS", 30, 5, 3600
+)
+KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS = bounded_int(
+    "KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS", 300, 10, 86400
+)
+KNOWLEDGE_JOB_MAX_ATTEMPTS = bounded_int("KNOWLEDGE_JOB_MAX_ATTEMPTS", 3, 1, 10)
+KNOWLEDGE_JOB_RETRY_BACKOFF_SECONDS = bounded_int(
+    "KNOWLEDGE_JOB_RETRY_BACKOFF_SECONDS", 10, 1, 3600
+)
+
 # --- django-q2 ------------------------------------------------------------------------------
 Q_CLUSTER = {
     "name": "knowledgefs",

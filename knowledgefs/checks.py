@@ -1,0 +1,62 @@
+"""Django system checks of the deployment configuration (registered by ``KnowledgeFSConfig``)."""
+
+from __future__ import annotations
+
+from django.apps import apps
+from django.conf import settings
+from django.core.checks import Error, register
+
+#: django-q2's ``retry`` when ``Q_CLUSTER`` does not set it (``django_q.conf.Conf.RETRY``).
+DJANGO_Q_DEFAULT_RETRY = 60
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+@register("django_q")
+def check_q_cluster_retry(app_configs=None, **kwargs) -> list[Error]:
+    """``knowledgefs.E001``: django-q2's ``retry`` must be strictly larger than its ``timeout``.
+
+    django-q2 re-delivers a task that has not been acknowledged ``retry`` seconds after it was
+    handed out, even while the first delivery is still running (django-q2 issue #173, tasks
+    "reincarnated"). A task can run for up to ``timeout`` seconds, so ``retry <= timeout`` (or no
+    ``timeout`` at all, where ``retry`` defaults to 60) lets a long task run twice at once.
+    Skipped when django_q is not installed or ``Q_CLUSTER["sync"]`` runs tasks inline.
+    """
+    if not apps.is_installed("django_q"):
+        return []
+    conf = getattr(settings, "Q_CLUSTER", None) or {}
+    if conf.get("sync"):
+        return []
+    retry_value = conf.get("retry", DJANGO_Q_DEFAULT_RETRY)
+    timeout_value = conf.get("timeout")
+    retry = _seconds(retry_value)
+    timeout = _seconds(timeout_value)
+    hint_value = f"{timeout + 60:g}" if timeout is not None else "timeout + 60"
+    hint = (
+        'Set Q_CLUSTER["timeout"] to the longest a task may run (KnowledgeFS reads it from '
+        'KNOWLEDGE_JOB_TIMEOUT_SECONDS) and Q_CLUSTER["retry"] strictly larger, e.g. '
+        f"{hint_value}."
+    )
+    where = "" if "retry" in conf else " (django-q2's default, as Q_CLUSTER sets no retry)"
+    if retry is None:
+        message = f'Q_CLUSTER["retry"] must be a number of seconds, got {retry_value!r}.'
+    elif timeout is None and timeout_value is not None:
+        message = f'Q_CLUSTER["timeout"] must be a number of seconds, got {timeout_value!r}.'
+    elif timeout is None:
+        message = (
+            f'Q_CLUSTER has no "timeout" while retry is {retry_value!r}{where}: a task running '
+            f"longer than {retry_value!r} s is delivered again while it still runs."
+        )
+    elif retry <= timeout:
+        message = (
+            f'Q_CLUSTER["retry"]={retry_value!r}{where} is not larger than '
+            f'Q_CLUSTER["timeout"]={timeout_value!r}: django-q2 delivers a task again while it '
+            "still runs (django-q2 issue #173)."
+        )
+    else:
+        return []
+    return [Error(message, hint=hint, obj="settings.Q_CLUSTER", id="knowledgefs.E001")]
