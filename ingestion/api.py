@@ -16,7 +16,7 @@ from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
 from .serializers import DocumentSerializer, JobSerializer
-from .services import documents
+from .services import compilation, documents
 
 
 class DocumentListView(APIView):
@@ -100,4 +100,28 @@ class DocumentTextView(APIView):
 
 class JobDetailView(APIView):
     def get(self, request, job_id):
+        """Stage, run state, progress and error of one compilation attempt."""
         return Response(JobSerializer(documents.get_job(request.user, job_id)).data)
+
+    def delete(self, request, job_id):
+        """Cancel a live attempt (409 ``job_finished`` once it ended); 200 with the job."""
+        job = documents.get_job(request.user, job_id)
+        return Response(JobSerializer(compilation.cancel_job(job.id)).data)
+
+
+class JobRetryView(APIView):
+    def post(self, request, job_id):
+        """Start a new attempt of a failed or canceled job from its last good checkpoint.
+
+        Body (optional): ``{"from": "checkpoint" | "start"}``. 202 with the new attempt.
+        """
+        job = documents.get_job(request.user, job_id)
+        start = request.data.get("from", "checkpoint") if hasattr(request.data, "get") else None
+        if start not in ("checkpoint", "start"):
+            raise InvalidInput("'from' must be 'checkpoint' or 'start'", code="invalid_retry_start")
+
+        def retry() -> Response:
+            attempt = compilation.retry_job(job.id, from_checkpoint=start == "checkpoint")
+            return Response(JobSerializer(attempt).data, status=status.HTTP_202_ACCEPTED)
+
+        return idempotent(request, fingerprint("jobs.retry", str(job.id), start), retry)

@@ -4,10 +4,40 @@ from rest_framework import serializers
 
 from .models import CompilationJob, Document
 
+PUBLIC_STAGE_STATES = {"succeeded": "published", "failed": "failed", "canceled": "canceled"}
+
+
+def public_state(job: CompilationJob) -> str:
+    """The one word a caller needs: ``published``, ``failed``, ``canceled``, ``superseded``,
+    ``retry_wait``, or the current checkpoint of a live attempt (``queued``, ``parsed``, …)."""
+    if job.run_state in PUBLIC_STAGE_STATES:
+        return PUBLIC_STAGE_STATES[job.run_state]
+    if job.run_state in ("superseded", "retry_wait"):
+        return job.run_state
+    return job.stage
+
 
 class JobSerializer(serializers.ModelSerializer):
     document_id = serializers.UUIDField(read_only=True)
     space_id = serializers.UUIDField(read_only=True)
+    retry_of = serializers.UUIDField(source="retry_of_id", read_only=True)
+    state = serializers.SerializerMethodField()
+    progress = serializers.SerializerMethodField()
+
+    def get_state(self, job: CompilationJob) -> str:
+        return public_state(job)
+
+    def get_progress(self, job: CompilationJob) -> dict:
+        progress = {
+            "phase": job.stage,
+            "operation": "",
+            "elements_parsed": None,
+            "nodes_total": None,
+            "nodes_embedded": None,
+            "percent": job.progress_percent,
+        }
+        progress.update(job.progress or {})
+        return progress
 
     class Meta:
         model = CompilationJob
@@ -15,12 +45,20 @@ class JobSerializer(serializers.ModelSerializer):
             "id",
             "space_id",
             "document_id",
+            "state",
             "stage",
             "run_state",
+            "progress",
             "progress_percent",
+            "attempt_number",
+            "retry_of",
             "execution_attempts",
             "error_code",
             "error_message",
+            "error_retryable",
+            "next_attempt_at",
+            "lease_expires_at",
+            "heartbeat_at",
             "created_at",
             "started_at",
             "finished_at",

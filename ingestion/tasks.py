@@ -5,6 +5,11 @@ from __future__ import annotations
 from ingestion.services import compilation
 
 
-def compile_document(job_id: str) -> str:
-    """Compile the job (safe to deliver twice); returns its run state."""
-    return compilation.run_job(job_id)
+def compile_document(job_id: str, delivery_id: str | None = None) -> str:
+    """Compile the job if ``delivery_id`` still claims it (safe to deliver twice); run state."""
+    return compilation.run_job(job_id, delivery_id)
+
+
+def recover_jobs() -> dict[str, int]:
+    """The recovery sweep (scheduled every minute by migration ``ingestion.0003``)."""
+    return compilation.recover_jobs().as_dict()

@@ -197,7 +197,7 @@ KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES = bounded_int(
 # and retry backoff (docs/configuration.md, "Jobs, leases and memory bounds").
 KNOWLEDGE_JOB_LEASE_SECONDS = bounded_int("KNOWLEDGE_JOB_LEASE_SECONDS", 120, 10, 3600)
 KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS = bounded_int(
-    "KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS", 30, 5, 3600
+    "KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS", 60, 60, 3600
 )
 KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS = bounded_int(
     "KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS", 300, 10, 86400
@@ -252,3 +252,8 @@ LOGGING = {
         "pypdf": {"level": "ERROR", "propagate": True},
     },
 }
+
+# --- Embedding models -------------------------------------------------------------------------
+# Extra embedding models by id: {"model-id": "dotted.path.to.ClassOrFactory"} (called without
+# arguments; the object's model_id must be its id). The local default model is always registered.
+KNOWLEDGE_EMBEDDING_MODELS: dict[str, str] = {}

@@ -3,7 +3,13 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from ingestion.api import DocumentDetailView, DocumentListView, DocumentTextView, JobDetailView
+from ingestion.api import (
+    DocumentDetailView,
+    DocumentListView,
+    DocumentTextView,
+    JobDetailView,
+    JobRetryView,
+)
 from retrieval.api import RetrievalTestView
 from spaces.api import KnowledgeSpaceDetailView, KnowledgeSpaceListView
 
@@ -40,6 +46,7 @@ v1 = [
         name="retrieval-test",
     ),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),
+    path("jobs/<str:job_id>/retry", JobRetryView.as_view(), name="job-retry"),
 ]
 
 urlpatterns = [

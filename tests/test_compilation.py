@@ -5,10 +5,12 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from django.conf import settings
 
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
 from ingestion.services import compilation
 from ingestion.services.documents import admit_document
+from retrieval.backends import get_search_backend
 from retrieval.models import DenseVector
 from retrieval.services import retrieve
 from spaces.models import PublicationHead
@@ -158,14 +160,25 @@ def test_an_error_outside_one_jobs_work_fails_the_whole_batch(space, monkeypatch
         _admit(space, data=f"document {n} ".encode() * 50, name=f"{n}.txt").job.id for n in range(3)
     ]
 
-    def broken_model():
+    def broken_model(space_id):
         raise RuntimeError("model files missing")
 
-    monkeypatch.setattr(compilation, "get_embedding_model", broken_model)
+    monkeypatch.setattr(compilation, "projection_targets", broken_model)
     compilation.compile_jobs(jobs)
+    # Retryable: every job of the batch waits to retry, none is left running.
+    states = set(CompilationJob.objects.values_list("run_state", "error_code", "error_retryable"))
+    assert states == {("retry_wait", "embedding_unavailable", True)}
+    # The nodes_generated checkpoint is kept for the retry; nothing is projected or visible.
+    assert set(CompilationJob.objects.values_list("stage", flat=True)) == {"nodes_generated"}
+    assert get_search_backend().projection_counts(space.id) == {"keyword": 0, "dense": 0}
+    # Attempts are bounded: the last one fails the jobs for good.
+    for _ in range(settings.KNOWLEDGE_JOB_MAX_ATTEMPTS - 1):
+        CompilationJob.objects.update(run_state="queued", next_attempt_at=None)
+        compilation.compile_jobs(jobs)
     states = set(CompilationJob.objects.values_list("run_state", "error_code"))
-    assert states == {("failed", "embedding_failed")}
+    assert states == {("failed", "embedding_unavailable")}
     assert set(Document.objects.values_list("state", flat=True)) == {"failed"}
+    assert "gave up after 3 attempts" in CompilationJob.objects.first().error_message
     assert KnowledgeNode.objects.count() == 0
 
 
@@ -176,6 +189,6 @@ def test_a_document_deleted_between_claim_and_work_does_not_strand_the_batch(spa
     gone = _admit(space, data=b"short lived document text", name="gone.txt")
     tokens = compilation.claim_many([keep.job.id, gone.job.id], "w")
     delete_document(principal, space.id, gone.document.id)
-    compilation._compile_claimed(tokens, None)
+    compilation._compile_claimed(compilation.Held(tokens), None)
     assert CompilationJob.objects.get(id=keep.job.id).run_state == "succeeded"
     _assert_projections_match_nodes(space)

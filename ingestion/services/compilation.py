@@ -1,15 +1,31 @@
 """Durable document compilation: parse → chunk → embed → index → publish.
 
-The database is the source of truth; the task queue only delivers job ids. A delivery starts by a
-compare-and-set from ``queued`` to ``running`` that issues a fresh ``lease_token``; every later
-write (checkpoint, failure, success) is conditioned on that token, so a duplicate or late
-delivery changes nothing. Each stage commits its output together with its checkpoint, so a
-resumed job finds either all of a stage's output or none of it and continues from its last
-checkpoint without duplicating nodes or projections (node ids are UUIDv5 of the generation and
-chunk index). Publishing removes every other generation of the document in the same commit.
+The database is the source of truth; the task queue only delivers ids.
+
+* **Dispatch without a gap.** :func:`dispatch` first claims a ``queued`` attempt that has no
+  task id by writing a fresh delivery id (``task_id``) in its own committed transaction, then
+  enqueues ``(job id, delivery id)``; if enqueueing fails the claim is released, but only if it
+  still holds our delivery id. Nothing is enqueued without a claim.
+* **Fenced execution.** A delivery starts only by a compare-and-set from ``queued`` with its own
+  delivery id, which issues a fresh ``lease_token``; every later write (checkpoint, progress,
+  failure, success) is conditioned on that token, so a stale worker, a duplicate delivery or a
+  late message changes nothing. A lease keeper thread extends the lease while the worker lives.
+* **Checkpoints.** Each stage commits its output together with its checkpoint, so a resumed
+  attempt finds all of a stage's output or none of it and continues from the last checkpoint
+  without duplicating nodes or projections (node ids are UUIDv5 of the generation and chunk).
+* **Recovery.** :func:`recover_jobs` (a django-q2 schedule) re-dispatches attempts claimed but
+  never delivered, attempts whose lease expired (a killed worker) and retries that are due,
+  through the same claim path; it fails an attempt whose task django-q2 recorded as timed out.
+* **Retry and cancel.** Failures carry a stable ``error_code`` and are retryable (back off, then
+  ``failed`` after ``KNOWLEDGE_JOB_MAX_ATTEMPTS``) or terminal. Cancel is cooperative: the
+  worker checks its lease between stages and after every embedding batch, and a canceled
+  attempt writes nothing after the cancel commits.
+* **Bounded memory.** Parsing runs under the machine-wide materialization gate; a parsed
+  artifact is retained only under a retained-artifact lease (count and byte budget), so a
+  claimed batch is compiled in waves that fit (see :mod:`ingestion.gates`).
 
 Several queued jobs of one space can be compiled as one batch so that their chunks share
-embedding batches; a failure in one document's parse or chunk stage fails only that document.
+embedding batches; a failure in one document fails only that document.
 """
 
 from __future__ import annotations
@@ -17,20 +33,24 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
 import numpy as np
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Count, F, Q
+from django.db import DatabaseError, connection, transaction
+from django.db.models import Count, F, Q, Sum
+from django.db.models.functions import Length
 from django.utils import timezone
 
-from ingestion import parsing
+from ingestion import gates, parsing
 from ingestion.chunking import Chunk, chunk_elements
 from ingestion.models import (
     LIVE_RUN_STATES,
@@ -43,22 +63,33 @@ from ingestion.models import (
     Stage,
 )
 from knowledgefs import storage
-from knowledgefs.runtime import get_embedding_model
+from knowledgefs.errors import Conflict, NotFound
 from retrieval.backends import IndexedNode, get_search_backend
+from retrieval.indexing import index_projections, projection_targets
 from spaces.models import PublicationHead
 
 logger = logging.getLogger("knowledgefs.compilation")
 
-LEASE_SECONDS = 300
-EMBED_SLICE = 256
+TERMINAL_RUN_STATES = (
+    RunState.SUCCEEDED,
+    RunState.FAILED,
+    RunState.CANCELED,
+    RunState.SUPERSEDED,
+)
+# Percent of the whole job reached at each checkpoint; embedding fills 50 → 90.
 PROGRESS = {
     Stage.QUEUED: 0,
     Stage.PARSED: 30,
     Stage.NODES_GENERATED: 50,
-    Stage.PROJECTION_BUILT: 90,
+    Stage.PROJECTION_BUILT: 95,
     Stage.PUBLISHED: 100,
 }
 _NODE_NAMESPACE = uuid.UUID("8f6d2a44-5c1e-4f7a-9f0e-3b9d6c2a7e10")
+TASK_FUNCTION = "ingestion.tasks.compile_document"
+
+
+def lease_seconds() -> int:
+    return settings.KNOWLEDGE_JOB_LEASE_SECONDS
 
 
 class LeaseLost(Exception):
@@ -66,41 +97,78 @@ class LeaseLost(Exception):
 
 
 class CompilationFailure(Exception):
-    """A document-level failure with a stable ``code`` and a message for the user."""
+    """A document-level failure with a stable ``code``, a message and its retry class.
 
-    def __init__(self, code: str, message: str) -> None:
+    ``retryable=False`` (the default) ends the attempt as ``failed``; ``True`` puts it in
+    ``retry_wait`` with exponential back-off until ``KNOWLEDGE_JOB_MAX_ATTEMPTS`` is reached.
+    """
+
+    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.retryable = retryable
+
+
+# Exceptions that say "try again later" rather than "this document cannot be compiled".
+# A parser transport timeout is deliberately absent: the remote parser may still be working on
+# the document, so an automatic retry would pile up work (see docs/architecture.md).
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (DatabaseError, ConnectionError)
+
+
+def classify(exc: BaseException) -> CompilationFailure:
+    """Map an unexpected exception to a :class:`CompilationFailure` with its retry class."""
+    if isinstance(exc, CompilationFailure):
+        return exc
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return CompilationFailure("transient_error", text, retryable=True)
+    return CompilationFailure("internal_error", text)
 
 
 # --- dispatch -------------------------------------------------------------------------------
 
 
 def enqueue_on_commit(job_id: uuid.UUID) -> None:
-    """Deliver the job to the worker queue once the surrounding transaction commits.
+    """Dispatch the job once the surrounding transaction commits.
 
     ``robust``: a queue failure after the commit is logged, never raised into the request that
-    already stored the document (the job stays ``queued`` in the database, and ``kfs ingest
-    --wait`` or the recovery sweep of the durable-jobs work compiles it).
+    already stored the document; the job stays ``queued`` without a claim and the recovery
+    sweep dispatches it.
     """
     transaction.on_commit(lambda: dispatch(job_id), robust=True)
 
 
 def dispatch(job_id: uuid.UUID) -> str | None:
-    """Put a queued job on the django-q2 queue; returns the task id (``None`` if not queued)."""
+    """Claim a queued, unclaimed job with a fresh delivery id, then put it on the queue.
+
+    Returns the delivery id, or ``None`` when the job was not ``queued`` without a claim or the
+    queue refused it (the claim is then released so the sweep can try again).
+    """
     from django_q.tasks import async_task
 
-    if not CompilationJob.objects.filter(id=job_id, run_state=RunState.QUEUED).exists():
+    delivery = uuid.uuid4().hex
+    with transaction.atomic():
+        claimed = CompilationJob.objects.filter(
+            id=job_id, run_state=RunState.QUEUED, task_id=""
+        ).update(task_id=delivery, dispatched_at=timezone.now(), updated_at=timezone.now())
+    if not claimed:
         return None
-    task_id = async_task(
-        "ingestion.tasks.compile_document",
-        str(job_id),
-        task_name=f"compile-{job_id}",
-        group="compile",
-    )
-    CompilationJob.objects.filter(id=job_id, run_state=RunState.QUEUED).update(task_id=task_id)
-    return task_id
+    try:
+        async_task(
+            TASK_FUNCTION,
+            str(job_id),
+            delivery,
+            task_name=f"compile:{delivery}",
+            group="compile",
+        )
+    except Exception:  # noqa: BLE001 - the broker failed: release our claim, the sweep retries
+        logger.exception("could not enqueue job %s; releasing the claim", job_id)
+        CompilationJob.objects.filter(
+            id=job_id, run_state=RunState.QUEUED, task_id=delivery
+        ).update(task_id="", dispatched_at=None, updated_at=timezone.now())
+        return None
+    return delivery
 
 
 def supersede_live_jobs(document: Document) -> int:
@@ -117,12 +185,13 @@ def supersede_live_jobs(document: Document) -> int:
     )
     if not live:
         return 0
+    now = timezone.now()
     CompilationJob.objects.filter(id__in=live).update(
         run_state=RunState.SUPERSEDED,
         lease_token=None,
         lease_expires_at=None,
-        finished_at=timezone.now(),
-        updated_at=timezone.now(),
+        finished_at=now,
+        updated_at=now,
     )
     for generation in live:
         if generation != document.active_generation:
@@ -137,133 +206,503 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def run_job(job_id: uuid.UUID | str) -> str:
-    """Compile one job plus up to ``KNOWLEDGE_COMPILE_BATCH_DOCUMENTS - 1`` queued siblings.
+def run_job(job_id: uuid.UUID | str, delivery_id: str | None = None) -> str:
+    """Compile one delivered job plus up to ``KNOWLEDGE_COMPILE_BATCH_DOCUMENTS - 1`` siblings.
 
-    Safe to call any number of times: a job that is not ``queued`` is left alone. Returns the
-    job's resulting run state.
+    The delivered job is claimed only if it is ``queued`` with ``delivery_id`` as its task id
+    (``None`` accepts any claim: the in-process drain). Queued siblings of the same space are
+    adopted by the same compare-and-set on the task id read with them, so their own messages
+    later find them taken and do nothing. Safe to call any number of times. Returns the job's
+    resulting run state (``"missing"`` for an unknown id).
     """
     job_id = uuid.UUID(str(job_id))
     job = CompilationJob.objects.filter(id=job_id).only("space_id").first()
     if job is None:
         return "missing"
-    siblings = list(
+    expected = {job_id: delivery_id}
+    siblings = (
         CompilationJob.objects.filter(space_id=job.space_id, run_state=RunState.QUEUED)
         .exclude(id=job_id)
         .order_by("created_at")
-        .values_list("id", flat=True)[: settings.KNOWLEDGE_COMPILE_BATCH_DOCUMENTS - 1]
+        .values_list("id", "task_id")[: settings.KNOWLEDGE_COMPILE_BATCH_DOCUMENTS - 1]
     )
-    compile_jobs([job_id, *siblings])
+    expected.update(dict(siblings))
+    compile_jobs(expected)
     return CompilationJob.objects.filter(id=job_id).values_list("run_state", flat=True).first()
 
 
-def compile_jobs(job_ids: Iterable[uuid.UUID], *, until: str | None = None) -> None:
+def compile_jobs(
+    job_ids: Iterable[uuid.UUID] | dict[uuid.UUID, str | None], *, until: str | None = None
+) -> None:
     """Compile the given jobs as one batch; jobs that cannot be claimed are skipped.
 
-    Each stage does its work job by job (a parse or chunk failure fails only that job), then
-    commits the outputs and checkpoints of the whole batch in one transaction; if that commit
-    fails, the stage is committed job by job so one bad row cannot sink the others. A job
-    resumes from its last checkpoint. Any error outside a single job's work (the model failing
-    to load, the database going away) fails every job of the batch that is still held, so no
-    job is left ``running`` by an exception. ``until`` stops after that checkpoint with the
-    jobs left running, which is how tests stand in for a worker that dies.
+    ``job_ids`` may map each job to the task id its claim must match (``None``: any). Work
+    happens in waves admitted by the retained-artifact gate; within a wave each stage does its
+    work job by job (one job's failure fails only that job), then commits the outputs and
+    checkpoints together. Any error outside a single job's work fails or defers every job of
+    the batch still held, so no job is left ``running`` by an exception; a django-q2 timeout
+    (``SystemExit``) fails them as ``timeout`` and is re-raised so the worker stops. ``until``
+    stops after that checkpoint with the jobs left running, which is how tests stand in for a
+    worker that dies.
     """
-    tokens = claim_many(list(job_ids), worker_identity())
+    expected = job_ids if isinstance(job_ids, dict) else dict.fromkeys(job_ids)
+    tokens = claim_many(expected, worker_identity())
     if not tokens:
         return
+    held = Held(tokens)
     try:
-        _compile_claimed(tokens, until)
+        with held.keep_alive():
+            _compile_claimed(held, until)
     except BaseException as exc:
-        logger.exception("compilation batch failed")
-        for job_id, token in tokens.items():
+        timed_out = not isinstance(exc, Exception)
+        if timed_out:
+            failure = CompilationFailure(
+                "timeout",
+                f"compilation exceeded the worker timeout of {settings.Q_CLUSTER['timeout']} s",
+            )
+        else:
+            logger.exception("compilation batch failed")
+            failure = classify(exc)
+        for job_id in list(held.tokens):
             try:
-                fail(job_id, token, "internal_error", f"{type(exc).__name__}: {exc}")
+                end_attempt(job_id, held.tokens[job_id], failure)
             except Exception:  # noqa: BLE001 - keep failing the others
                 logger.exception("could not record the failure of job %s", job_id)
-        if not isinstance(exc, Exception):
-            raise  # KeyboardInterrupt, SystemExit: after recording, let the worker stop
+        if timed_out:
+            raise  # SystemExit from the django-q2 timeout: after recording, let the worker stop
 
 
-def _compile_claimed(tokens: dict[uuid.UUID, uuid.UUID], until: str | None) -> None:
-    jobs = CompilationJob.objects.select_related("document").in_bulk(list(tokens))
-    order = [j for j in tokens if j in jobs]  # a job deleted with its document is gone
+@dataclass
+class Held:
+    """The jobs a worker holds, by lease token, and a keeper thread that extends the leases.
 
-    parsed = _run_stage(
-        jobs,
-        tokens,
-        [j for j in order if jobs[j].stage == Stage.QUEUED],
-        _parse,
+    ``lost`` collects jobs whose lease is gone (canceled, superseded, re-issued); the compiler
+    drops them at the next check. ``release(job_id)`` forgets a job that ended.
+    """
+
+    tokens: dict[uuid.UUID, uuid.UUID]
+    lost: set[uuid.UUID] = field(default_factory=set)
+    _checked_at: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def release(self, job_id: uuid.UUID) -> None:
+        with self._lock:
+            self.tokens.pop(job_id, None)
+
+    def live(self, job_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
+        return [j for j in job_ids if j in self.tokens and j not in self.lost]
+
+    def beat(self, progress: dict[uuid.UUID, dict] | None = None) -> set[uuid.UUID]:
+        """Extend the leases (and write ``progress``); returns the jobs still held."""
+        with self._lock:
+            tokens = dict(self.tokens)
+        still = heartbeat(tokens, progress=progress)
+        with self._lock:
+            self.lost |= set(tokens) - still
+            self._checked_at = time.monotonic()
+        return still
+
+    def is_lost(self, job_id: uuid.UUID, *, max_age: float = 1.0) -> bool:
+        """Whether the job was canceled or taken over (re-checked at most every ``max_age`` s)."""
+        if time.monotonic() - self._checked_at > max_age:
+            self.beat()
+        return job_id in self.lost or job_id not in self.tokens
+
+    def keep_alive(self):
+        # Inside an outer transaction (tests) another connection could not see these rows.
+        return _LeaseKeeper(self, active=not connection.in_atomic_block)
+
+
+class _LeaseKeeper:
+    """Extends the held leases every third of the lease while the compiling thread works."""
+
+    def __init__(self, held: Held, *, active: bool) -> None:
+        self.held, self.active = held, active
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self):
+        if self.active:
+            self.thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+            self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        interval = max(1.0, lease_seconds() / 3)
+        try:
+            while not self.stop.wait(interval):
+                try:
+                    self.held.beat()
+                except Exception:  # noqa: BLE001 - a missed beat is retried next interval
+                    logger.warning("lease heartbeat failed", exc_info=True)
+        finally:
+            connection.close()
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+
+
+def claim(job_id: uuid.UUID, worker: str) -> uuid.UUID | None:
+    """Compare-and-set ``queued`` → ``running`` with a fresh lease token (``None`` if not ours)."""
+    return claim_many({job_id: None}, worker).get(job_id)
+
+
+def claim_many(
+    expected: dict[uuid.UUID, str | None] | list[uuid.UUID], worker: str
+) -> dict[uuid.UUID, uuid.UUID]:
+    """Claim each job by its own compare-and-set, all in one transaction.
+
+    ``expected`` maps a job to the task id its claim must match (``None`` matches any). Returns
+    ``{job_id: lease_token}`` for the jobs won, in the given order; a job that is not
+    ``queued`` (another delivery owns it, or it ended) or whose claim changed is left out.
+    """
+    if not isinstance(expected, dict):
+        expected = dict.fromkeys(expected)
+    now = timezone.now()
+    won: dict[uuid.UUID, uuid.UUID] = {}
+    with transaction.atomic():
+        for job_id, task_id in expected.items():
+            token = uuid.uuid4()
+            qs = CompilationJob.objects.filter(id=job_id, run_state=RunState.QUEUED)
+            if task_id is not None:
+                qs = qs.filter(task_id=task_id)
+            if qs.update(
+                run_state=RunState.RUNNING,
+                lease_token=token,
+                worker_id=worker[:120],
+                lease_expires_at=now + timedelta(seconds=lease_seconds()),
+                heartbeat_at=now,
+                started_at=now,
+                updated_at=now,
+                next_attempt_at=None,
+                execution_attempts=F("execution_attempts") + 1,
+            ):
+                won[job_id] = token
+        if won:
+            Document.objects.filter(jobs__id__in=list(won), active_generation__isnull=True).update(
+                state=DocumentState.PROCESSING
+            )
+    return won
+
+
+def heartbeat(
+    tokens: dict[uuid.UUID, uuid.UUID], *, progress: dict[uuid.UUID, dict] | None = None
+) -> set[uuid.UUID]:
+    """Extend the leases of the jobs still held with these tokens; returns their ids.
+
+    ``progress`` (job id → progress dict) is written in the same statement per job.
+    """
+    if not tokens:
+        return set()
+    now = timezone.now()
+    fields = {"heartbeat_at": now, "lease_expires_at": now + timedelta(seconds=lease_seconds())}
+    held_by_token = Q()
+    for job_id, token in tokens.items():
+        held_by_token |= Q(id=job_id, lease_token=token)
+    live = CompilationJob.objects.filter(held_by_token, run_state=RunState.RUNNING)
+    if not progress:
+        still = set(live.values_list("id", flat=True))
+        if still:
+            CompilationJob.objects.filter(id__in=still).update(**fields)
+        return still
+    still = set()
+    with transaction.atomic():
+        for job_id in live.select_for_update().values_list("id", flat=True):
+            extra = {}
+            if job_id in progress:
+                extra = {
+                    "progress": progress[job_id],
+                    "progress_percent": progress[job_id]["percent"],
+                }
+            CompilationJob.objects.filter(id=job_id).update(**fields, **extra, updated_at=now)
+            still.add(job_id)
+    return still
+
+
+def _checkpoint(job_id: uuid.UUID, token: uuid.UUID, **fields) -> None:
+    """Write job fields only while we still hold the lease; raises :class:`LeaseLost` otherwise."""
+    if not _checkpoint_many({job_id: token}, **fields):
+        raise LeaseLost(str(job_id))
+
+
+def _checkpoint_many(tokens: dict[uuid.UUID, uuid.UUID], **fields) -> set[uuid.UUID]:
+    """Write job fields for the jobs still held with these tokens; returns their ids.
+
+    The held rows are locked (``SELECT … FOR UPDATE`` where the database has it; SQLite's
+    IMMEDIATE transactions already serialise writers) before they are updated, so the check
+    and the write cannot be separated by another worker or a cancel.
+    """
+    now = timezone.now()
+    fields.setdefault("heartbeat_at", now)
+    fields.setdefault("lease_expires_at", now + timedelta(seconds=lease_seconds()))
+    fields["updated_at"] = now  # queryset updates bypass auto_now
+    if "stage" in fields:
+        fields.setdefault("progress_percent", PROGRESS.get(fields["stage"], 0))
+    held_by_token = Q()
+    for job_id, token in tokens.items():
+        held_by_token |= Q(id=job_id, lease_token=token)
+    with transaction.atomic():
+        held = set(
+            CompilationJob.objects.select_for_update()
+            .filter(held_by_token, run_state=RunState.RUNNING)
+            .values_list("id", flat=True)
+        )
+        if held:
+            CompilationJob.objects.filter(id__in=held).update(**fields)
+    return held
+
+
+def _progress(phase: str, operation: str, percent: int, **counters) -> dict:
+    return {"phase": phase, "operation": operation, "percent": int(percent), **counters}
+
+
+# --- the stages -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Work:
+    """One held job inside a wave: what it has in memory and its retained-artifact lease."""
+
+    job: CompilationJob
+    artifact: ParseArtifact | None = None
+    nodes: list[KnowledgeNode] | None = None
+    lease: gates.Lease | None = None
+
+
+def _compile_claimed(held: Held, until: str | None) -> None:
+    jobs = CompilationJob.objects.select_related("document").in_bulk(list(held.tokens))
+    for job_id in [j for j in held.tokens if j not in jobs]:
+        held.release(job_id)  # deleted with its document meanwhile
+    pending = [j for j in held.tokens if j in jobs]
+    while pending:
+        wave, pending = _admit_wave(held, jobs, pending)
+        try:
+            if until == Stage.PARSED:
+                return
+            _finish_wave(held, wave, until)
+            if until:
+                return
+        finally:
+            for work in wave.values():
+                if work.lease is not None:
+                    work.lease.release()
+
+
+def _admit_wave(
+    held: Held, jobs: dict[uuid.UUID, CompilationJob], pending: list[uuid.UUID]
+) -> tuple[dict[uuid.UUID, _Work], list[uuid.UUID]]:
+    """Parse what needs parsing and admit jobs under retained-artifact leases.
+
+    The first job of a wave waits for its lease (it can always run alone); later ones join only
+    if a lease is free now, otherwise the wave closes and they wait for the next one. Parsed
+    artifacts are committed with their ``parsed`` checkpoint before the wave runs, so a job left
+    for the next wave reloads its artifact instead of holding it in memory.
+    """
+    gate = gates.retained_artifact_gate()
+    wave: dict[uuid.UUID, _Work] = {}
+    parsed: dict[uuid.UUID, ParseArtifact] = {}
+    rest = list(pending)
+    while rest:
+        job_id = rest[0]
+        if held.is_lost(job_id):
+            rest.pop(0)
+            held.release(job_id)
+            continue
+        job = jobs[job_id]
+        work = _Work(job)
+        try:
+            if job.stage == Stage.QUEUED:
+                work.artifact, work.lease = _materialize(held, job, gate, block=not wave)
+                if work.artifact is None:  # lost while waiting
+                    rest.pop(0)
+                    continue
+                parsed[job_id] = work.artifact
+            elif job.stage == Stage.PARSED:
+                work.artifact = ParseArtifact.objects.filter(job_id=job_id).first()
+                if work.artifact is None:
+                    raise CompilationFailure(
+                        "artifact_missing", "the parse checkpoint has no artifact", retryable=True
+                    )
+                work.lease = _retain(
+                    held, job_id, gate, _artifact_charge(work.artifact, gate), block=not wave
+                )
+            else:
+                work.lease = _retain(held, job_id, gate, _node_charge(job), block=not wave)
+        except Exception as exc:  # noqa: BLE001 - any error ends only this job
+            if not isinstance(exc, CompilationFailure):
+                logger.exception("compilation of job %s failed", job_id)
+            end_attempt(job_id, held.tokens[job_id], classify(exc))
+            held.release(job_id)
+            rest.pop(0)
+            continue
+        if work.lease is None:
+            if held.is_lost(job_id, max_age=0):  # canceled while waiting: never starts work
+                rest.pop(0)
+                held.release(job_id)
+                continue
+            break  # no room: close the wave (a new artifact is committed below, then dropped)
+        rest.pop(0)
+        wave[job_id] = work
+    committed = _commit(
+        held,
+        parsed,
         Stage.PARSED,
-        lambda outputs: ParseArtifact.objects.bulk_create(outputs),
+        lambda outs: ParseArtifact.objects.bulk_create(outs),
+        progress=lambda a: _progress(
+            "parsed", "parsed", PROGRESS[Stage.PARSED], elements_parsed=len(a.elements)
+        ),
     )
-    if until == Stage.PARSED:
-        return
-    to_chunk = [j for j in order if j in parsed or jobs[j].stage == Stage.PARSED]
-    artifacts = {
-        a.job_id: a
-        for a in ParseArtifact.objects.filter(job_id__in=[j for j in to_chunk if j not in parsed])
-    }
-    artifacts.update(parsed)
-    chunked = _run_stage(
-        jobs,
-        tokens,
-        to_chunk,
-        lambda job: _generate_nodes(job, artifacts[job.id]),
+    for job_id in list(wave):
+        if job_id in parsed and job_id not in committed:
+            wave.pop(job_id).lease.release()
+    for job_id in parsed:
+        if job_id not in wave and job_id in committed:
+            jobs[job_id].stage = Stage.PARSED  # left for the next wave; reload from the database
+    return wave, rest
+
+
+def _materialize(held: Held, job: CompilationJob, gate, *, block: bool):
+    """Parse under the materialization gate, then take a retained lease before letting go.
+
+    Returns ``(artifact, lease)``; ``lease`` is ``None`` when ``block`` is false and the gate is
+    full (the artifact is then committed and dropped from memory by the caller), ``artifact``
+    is ``None`` when the job was lost while waiting.
+    """
+    document = job.document
+    heavy = gates.is_heavy(document.mime_type, document.size_bytes)
+    aborted = lambda: held.is_lost(job.id)  # noqa: E731
+    try:
+        with gates.materialization_slot(heavy, should_abort=aborted):
+            _report(held, job.id, _progress("parsing", "reading and parsing the source", 5))
+            artifact = _parse(job)
+            # Hand-off: the materialization slot goes only once the artifact is retained.
+            lease = _retain(held, job.id, gate, _artifact_charge(artifact, gate), block=block)
+    except gates.GateAborted:
+        return None, None
+    return artifact, lease
+
+
+def _retain(held: Held, job_id: uuid.UUID, gate, charge: int, *, block: bool):
+    """A retained-artifact lease, or ``None`` (gate full and not blocking, or job lost)."""
+    try:
+        return gate.acquire(charge, block=block, should_abort=lambda: held.is_lost(job_id))
+    except gates.GateAborted:
+        return None
+
+
+def _artifact_charge(artifact: ParseArtifact, gate) -> int:
+    return gates.estimate_retained_bytes(artifact.elements, gate.byte_budget)
+
+
+def _node_charge(job: CompilationJob) -> int:
+    """A conservative retained-byte charge for a job resuming after chunking (its node texts)."""
+    agg = KnowledgeNode.objects.filter(document_id=job.document_id, generation=job.id).aggregate(
+        chars=Sum(Length("text")), n=Count("id")
+    )
+    return 2 * (agg["chars"] or 0) + 512 * (agg["n"] or 0)
+
+
+def _report(held: Held, job_id: uuid.UUID, progress: dict) -> None:
+    held.beat({job_id: progress})
+
+
+def _finish_wave(held: Held, wave: dict[uuid.UUID, _Work], until: str | None) -> None:
+    order = list(wave)
+    jobs = {j: wave[j].job for j in order}
+    to_chunk = [
+        j
+        for j in held.live(order)
+        if wave[j].artifact is not None and jobs[j].stage in (Stage.QUEUED, Stage.PARSED)
+    ]
+    outputs = {}
+    for job_id in to_chunk:
+        try:
+            outputs[job_id] = _generate_nodes(jobs[job_id], wave[job_id].artifact)
+        except Exception as exc:  # noqa: BLE001
+            if not isinstance(exc, CompilationFailure):
+                logger.exception("chunking of job %s failed", job_id)
+            end_attempt(job_id, held.tokens[job_id], classify(exc))
+            held.release(job_id)
+        wave[job_id].artifact = None  # the artifact's memory goes as soon as its nodes exist
+    chunked = _commit(
+        held,
+        outputs,
         Stage.NODES_GENERATED,
-        lambda outputs: KnowledgeNode.objects.bulk_create(
-            [node for nodes in outputs for node in nodes], batch_size=500
+        lambda outs: KnowledgeNode.objects.bulk_create(
+            [node for nodes in outs for node in nodes], batch_size=500
+        ),
+        progress=lambda nodes: _progress(
+            "chunked",
+            "nodes generated",
+            PROGRESS[Stage.NODES_GENERATED],
+            nodes_total=len(nodes),
+            nodes_embedded=0,
         ),
     )
     if until == Stage.NODES_GENERATED:
         return
-    to_project = [j for j in order if j in chunked or jobs[j].stage == Stage.NODES_GENERATED]
-    nodes = _load_nodes(jobs, [j for j in to_project if j not in chunked])
-    nodes.update(chunked)
-    projected = _project(jobs, tokens, to_project, nodes)
+    nodes = dict(chunked)
+    nodes.update(
+        _load_nodes(
+            jobs,
+            [
+                j
+                for j in held.live(order)
+                if j not in nodes and jobs[j].stage == Stage.NODES_GENERATED
+            ],
+        )
+    )
+    projected = _project(held, jobs, [j for j in held.live(order) if j in nodes], nodes)
     if until == Stage.PROJECTION_BUILT:
         return
-    to_publish = [j for j in order if j in projected or jobs[j].stage == Stage.PROJECTION_BUILT]
+    to_publish = [
+        j for j in held.live(order) if j in projected or jobs[j].stage == Stage.PROJECTION_BUILT
+    ]
     counts = {j: len(nodes[j]) for j in to_publish if j in nodes}
     counts.update(_node_counts(jobs, [j for j in to_publish if j not in counts]))
-    publish_many([(jobs[j], tokens[j], counts[j]) for j in to_publish])
+    for job_id in publish_many([(jobs[j], held.tokens[j], counts[j]) for j in to_publish]):
+        held.release(job_id)
 
 
-def _run_stage(jobs, tokens, job_ids, work, stage, write) -> dict:
-    """Run ``work(job)`` for each job, then commit outputs and ``stage`` checkpoints together."""
-    outputs = {}
-    for job_id in job_ids:
-        try:
-            outputs[job_id] = work(jobs[job_id])
-        except CompilationFailure as failure:
-            fail(job_id, tokens[job_id], failure.code, failure.message)
-        except Exception as exc:  # noqa: BLE001 - any bug must end the job, never leave it running
-            logger.exception("compilation of job %s failed", job_id)
-            fail(job_id, tokens[job_id], "internal_error", f"{type(exc).__name__}: {exc}")
-    return _commit(tokens, outputs, stage, write)
+def _commit(held: Held, outputs: dict, stage: str, write, *, progress=None) -> dict:
+    """Write ``outputs`` of the jobs still held, with their checkpoint, in one transaction.
 
-
-def _commit(tokens, outputs: dict, stage: str, write) -> dict:
-    """Write ``outputs`` of the jobs still held, with their checkpoint, in one transaction."""
+    ``progress(output)`` gives each job's progress dict. If the batch commit fails, the stage
+    is committed job by job so one bad row cannot sink the others. Returns the outputs kept.
+    """
     if not outputs:
         return {}
-    try:
+
+    def commit(job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+        done: set[uuid.UUID] = set()
         with transaction.atomic():
-            held = _checkpoint_many({j: tokens[j] for j in outputs}, stage=stage)
-            write([outputs[j] for j in outputs if j in held])
-        return {j: out for j, out in outputs.items() if j in held}
+            for job_id in job_ids:
+                extra = {}
+                if progress is not None:
+                    extra["progress"] = progress(outputs[job_id])
+                if _checkpoint_many({job_id: held.tokens[job_id]}, stage=stage, **extra):
+                    done.add(job_id)
+            write([outputs[j] for j in job_ids if j in done])
+        return done
+
+    live = [j for j in outputs if j in held.tokens]
+    try:
+        done = commit(live)
     except Exception:  # noqa: BLE001
         logger.exception("batch commit of stage %s failed; committing job by job", stage)
-    kept = {}
-    for job_id, output in outputs.items():
-        try:
-            with transaction.atomic():
-                if _checkpoint_many({job_id: tokens[job_id]}, stage=stage):
-                    write([output])
-                    kept[job_id] = output
-        except Exception as exc:  # noqa: BLE001
-            logger.exception("stage %s of job %s failed", stage, job_id)
-            fail(job_id, tokens[job_id], "internal_error", f"{type(exc).__name__}: {exc}")
-    return kept
+        done = set()
+        for job_id in live:
+            try:
+                done |= commit([job_id])
+            except Exception as exc:  # noqa: BLE001
+                logger.exception("stage %s of job %s failed", stage, job_id)
+                end_attempt(job_id, held.tokens[job_id], classify(exc))
+                held.release(job_id)
+    for job_id in set(live) - done:
+        held.lost.add(job_id)
+    return {j: out for j, out in outputs.items() if j in done}
 
 
 def _load_nodes(jobs, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[KnowledgeNode]]:
@@ -291,82 +730,148 @@ def _node_counts(jobs, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
     return counts
 
 
-def claim(job_id: uuid.UUID, worker: str) -> uuid.UUID | None:
-    """Compare-and-set ``queued`` → ``running`` with a fresh lease token (``None`` if not ours)."""
-    return claim_many([job_id], worker).get(job_id)
+def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[KnowledgeNode]]:
+    """Embed the nodes of these jobs together (per index version), then index them.
 
-
-def claim_many(job_ids: list[uuid.UUID], worker: str) -> dict[uuid.UUID, uuid.UUID]:
-    """Claim each job by its own compare-and-set, all in one transaction.
-
-    Returns ``{job_id: lease_token}`` for the jobs won, in the given order; a job that is not
-    ``queued`` (another delivery owns it, or it ended) is left out.
+    Texts are embedded one model batch at a time; after each batch the leases are extended,
+    progress is written and canceled jobs are dropped from the rest of the stream, so a cancel
+    stops the work within one batch.
     """
-    now = timezone.now()
-    won: dict[uuid.UUID, uuid.UUID] = {}
-    with transaction.atomic():
-        for job_id in job_ids:
-            token = uuid.uuid4()
-            if CompilationJob.objects.filter(id=job_id, run_state=RunState.QUEUED).update(
-                run_state=RunState.RUNNING,
-                lease_token=token,
-                worker_id=worker[:120],
-                lease_expires_at=now + timedelta(seconds=LEASE_SECONDS),
-                heartbeat_at=now,
-                started_at=now,
-                updated_at=now,
-                execution_attempts=F("execution_attempts") + 1,
-            ):
-                won[job_id] = token
-        if won:
-            Document.objects.filter(jobs__id__in=list(won), active_generation__isnull=True).update(
-                state=DocumentState.PROCESSING
+    if not job_ids:
+        return {}
+    space_id = jobs[job_ids[0]].space_id
+    try:
+        targets = projection_targets(space_id)
+    except Exception as exc:  # noqa: BLE001
+        logger.exception("no embedding model for space %s", space_id)
+        for j in job_ids:
+            end_attempt(
+                j,
+                held.tokens[j],
+                CompilationFailure(
+                    "embedding_unavailable", f"{type(exc).__name__}: {exc}", retryable=True
+                ),
             )
-    return won
+            held.release(j)
+        return {}
+    step = max(1, settings.KNOWLEDGE_EMBEDDING_BATCH_SIZE)
+    vectors: dict[uuid.UUID, dict[int, np.ndarray]] = {j: {} for j in job_ids}
+    total = {j: len(nodes[j]) for j in job_ids}
+    for t_index, target in enumerate(targets):
+        for j in job_ids:
+            vectors[j][target.index_version] = np.zeros(
+                (total[j], target.model.dimension), dtype=np.float32
+            )
+        stream = [(j, i) for j in job_ids for i in range(total[j])]
+        done = dict.fromkeys(job_ids, 0)
+        position = 0
+        try:
+            while position < len(stream):
+                batch = stream[position : position + step]
+                out = target.model.embed_documents([nodes[j][i].text for j, i in batch])
+                for row, (j, i) in enumerate(batch):
+                    vectors[j][target.index_version][i] = out[row]
+                    done[j] += 1
+                position += len(batch)
+                progress = {
+                    j: _progress(
+                        "embedding",
+                        f"embedding with {target.model.model_id}",
+                        PROGRESS[Stage.NODES_GENERATED]
+                        + 40 * (t_index + done[j] / max(1, total[j])) / len(targets),
+                        nodes_total=total[j],
+                        nodes_embedded=done[j],
+                    )
+                    for j in held.live(job_ids)
+                }
+                held.beat(progress)
+                lost = [j for j in job_ids if j not in held.tokens or j in held.lost]
+                if lost:  # canceled or taken over: stop embedding its remaining nodes
+                    job_ids = [j for j in job_ids if j not in lost]
+                    stream = stream[:position] + [s for s in stream[position:] if s[0] not in lost]
+                    if not job_ids:
+                        return {}
+        except Exception as exc:  # noqa: BLE001
+            logger.exception("embedding failed")
+            for j in held.live(job_ids):
+                end_attempt(
+                    j,
+                    held.tokens[j],
+                    CompilationFailure(
+                        "embedding_failed", f"{type(exc).__name__}: {exc}", retryable=True
+                    ),
+                )
+                held.release(j)
+            return {}
+    outputs = {j: (nodes[j], vectors[j]) for j in held.live(job_ids)}
 
-
-def heartbeat(tokens: dict[uuid.UUID, uuid.UUID]) -> None:
-    """Extend the leases of running jobs still held with these tokens (one statement)."""
-    now = timezone.now()
-    live = Q()
-    for job_id, token in tokens.items():
-        live |= Q(id=job_id, lease_token=token)
-    CompilationJob.objects.filter(live, run_state=RunState.RUNNING).update(
-        heartbeat_at=now, lease_expires_at=now + timedelta(seconds=LEASE_SECONDS)
-    )
-
-
-def _checkpoint(job_id: uuid.UUID, token: uuid.UUID, **fields) -> None:
-    """Write job fields only while we still hold the lease; raises :class:`LeaseLost` otherwise."""
-    if not _checkpoint_many({job_id: token}, **fields):
-        raise LeaseLost(str(job_id))
-
-
-def _checkpoint_many(tokens: dict[uuid.UUID, uuid.UUID], **fields) -> set[uuid.UUID]:
-    """Write job fields for the jobs still held with these tokens; returns their ids.
-
-    The held rows are locked (``SELECT … FOR UPDATE`` where the database has it; SQLite's
-    IMMEDIATE transactions already serialise writers) before they are updated, so the check
-    and the write cannot be separated by another worker.
-    """
-    now = timezone.now()
-    fields.setdefault("heartbeat_at", now)
-    fields.setdefault("lease_expires_at", now + timedelta(seconds=LEASE_SECONDS))
-    fields["updated_at"] = now  # queryset updates bypass auto_now
-    if "stage" in fields:
-        fields.setdefault("progress_percent", PROGRESS.get(fields["stage"], 0))
-    held_by_token = Q()
-    for job_id, token in tokens.items():
-        held_by_token |= Q(id=job_id, lease_token=token)
-    with transaction.atomic():
-        held = set(
-            CompilationJob.objects.select_for_update()
-            .filter(held_by_token, run_state=RunState.RUNNING)
-            .values_list("id", flat=True)
+    def index(batch: list[tuple[list[KnowledgeNode], dict[int, np.ndarray]]]) -> None:
+        if not batch:
+            return
+        flat = [IndexedNode(n.id, n.space_id, n.document_id, n.text) for ns, _ in batch for n in ns]
+        index_projections(
+            flat,
+            {
+                t.index_version: np.concatenate([v[t.index_version] for _, v in batch])
+                for t in targets
+            },
         )
-        if held:
-            CompilationJob.objects.filter(id__in=held).update(**fields)
-    return held
+
+    done = _commit(
+        held,
+        outputs,
+        Stage.PROJECTION_BUILT,
+        index,
+        progress=lambda out: _progress(
+            "indexed",
+            "projections built",
+            PROGRESS[Stage.PROJECTION_BUILT],
+            nodes_total=len(out[0]),
+            nodes_embedded=len(out[0]),
+        ),
+    )
+    return {j: out[0] for j, out in done.items()}
+
+
+# --- ending an attempt ----------------------------------------------------------------------
+
+
+def end_attempt(job_id: uuid.UUID, token: uuid.UUID, failure: CompilationFailure) -> str | None:
+    """Fail the attempt or, for a retryable failure with attempts left, put it in retry_wait.
+
+    Returns the new run state, or ``None`` when the job was no longer ours.
+    """
+    attempts = (
+        CompilationJob.objects.filter(id=job_id)
+        .values_list("execution_attempts", flat=True)
+        .first()
+    )
+    if attempts is None:
+        return None
+    if failure.retryable and attempts < settings.KNOWLEDGE_JOB_MAX_ATTEMPTS:
+        delay = settings.KNOWLEDGE_JOB_RETRY_BACKOFF_SECONDS * 2 ** max(0, attempts - 1)
+        now = timezone.now()
+        if _checkpoint_many(
+            {job_id: token},
+            run_state=RunState.RETRY_WAIT,
+            lease_token=None,
+            lease_expires_at=None,
+            task_id="",
+            next_attempt_at=now + timedelta(seconds=delay),
+            error_code=failure.code[:64],
+            error_message=failure.message[:4000],
+            error_retryable=True,
+        ):
+            return RunState.RETRY_WAIT
+        return None
+    message = failure.message
+    if failure.retryable:
+        message += f" (gave up after {attempts} attempts)"
+    return (
+        RunState.FAILED
+        if fail(job_id, token, failure.code, message, retryable=failure.retryable)
+        else None
+    )
 
 
 def _parse(job: CompilationJob) -> ParseArtifact:
@@ -385,10 +890,19 @@ def _parse(job: CompilationJob) -> ParseArtifact:
         raise CompilationFailure(
             "source_missing", "the stored source file of this document is missing"
         ) from None
+    except OSError as exc:
+        raise CompilationFailure(
+            "source_unavailable", f"could not read the stored source: {exc}", retryable=True
+        ) from exc
     try:
         report = parsing.parse_with_report(data, document.mime_type)
     except parsing.ParseError as exc:
         raise CompilationFailure(exc.code, exc.message) from exc
+    except TimeoutError as exc:
+        # Terminal on purpose: a parser that timed out may still be working on the document.
+        raise CompilationFailure(
+            "parser_timeout", f"the parser did not answer in time ({exc}); retry manually"
+        ) from exc
     elements = [_element_dict(e) for e in report.elements]
     artifact_hash = hashlib.sha256(
         json.dumps(elements, sort_keys=True, ensure_ascii=False).encode()
@@ -471,47 +985,6 @@ def _drop_nodes(queryset) -> None:
         KnowledgeNode.objects.filter(id__in=ids).delete()
 
 
-def _project(jobs, tokens, job_ids, nodes) -> dict[uuid.UUID, list[KnowledgeNode]]:
-    """Embed the nodes of all these jobs together, then index them with their checkpoints."""
-    if not job_ids:
-        return {}
-    texts = [node.text for j in job_ids for node in nodes[j]]
-    try:
-        model = get_embedding_model()
-        vectors = np.zeros((len(texts), model.dimension), dtype=np.float32)
-        for start in range(0, len(texts), EMBED_SLICE):
-            vectors[start : start + EMBED_SLICE] = model.embed_documents(
-                texts[start : start + EMBED_SLICE]
-            )
-            # Lost leases are found by the projection checkpoint below.
-            heartbeat({j: tokens[j] for j in job_ids})
-    except Exception as exc:  # noqa: BLE001
-        logger.exception("embedding failed")
-        for j in job_ids:
-            fail(j, tokens[j], "embedding_failed", f"{type(exc).__name__}: {exc}")
-        return {}
-    outputs, offset = {}, 0
-    for j in job_ids:
-        outputs[j] = (nodes[j], vectors[offset : offset + len(nodes[j])])
-        offset += len(nodes[j])
-    backend = get_search_backend()
-
-    def index(batch: list[tuple[list[KnowledgeNode], np.ndarray]]) -> None:
-        if batch:
-            backend.index_nodes(
-                [
-                    IndexedNode(n.id, n.space_id, n.document_id, n.text)
-                    for ns, _ in batch
-                    for n in ns
-                ],
-                np.concatenate([v for _, v in batch]),
-                model.model_id,
-            )
-
-    done = _commit(tokens, outputs, Stage.PROJECTION_BUILT, index)
-    return {j: out[0] for j, out in done.items()}
-
-
 def publish(job: CompilationJob, token: uuid.UUID, *, node_count: int) -> None:
     """Publish one job (see :func:`publish_many`); raises :class:`LeaseLost` if it is not ours."""
     if not publish_many([(job, token, node_count)]):
@@ -544,6 +1017,10 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
                 stage=Stage.PUBLISHED,
                 run_state=RunState.SUCCEEDED,
                 progress_percent=100,
+                progress=_progress(
+                    "published", "published", 100, nodes_total=node_count, nodes_embedded=node_count
+                ),
+                lease_token=None,
                 finished_at=now,
                 heartbeat_at=now,
                 updated_at=now,
@@ -580,9 +1057,12 @@ def advance_publication_head(space_id: uuid.UUID, attempts: int = 20) -> int:
     raise RuntimeError(f"publication head of space {space_id} kept moving; gave up")
 
 
-def fail(job_id: uuid.UUID, token: uuid.UUID, code: str, message: str) -> bool:
+def fail(
+    job_id: uuid.UUID, token: uuid.UUID, code: str, message: str, *, retryable: bool = False
+) -> bool:
     """End a job as failed (if we still hold it) and remove its partial nodes and projections.
 
+    The parse artifact is kept, so a manual retry resumes from the ``parsed`` checkpoint.
     Returns ``False`` when the job is no longer ours (superseded, canceled, deleted): whoever
     took it over owns the cleanup.
     """
@@ -600,11 +1080,13 @@ def fail(job_id: uuid.UUID, token: uuid.UUID, code: str, message: str) -> bool:
                 stage=Stage.FAILED,
                 run_state=RunState.FAILED,
                 finished_at=now,
+                lease_token=None,
                 lease_expires_at=None,
                 error_code=code[:64],
                 error_message=message[:4000],
+                error_retryable=retryable,
             )
-            _drop_generation(document_id, job_id)
+            _drop_nodes(KnowledgeNode.objects.filter(document_id=document_id, generation=job_id))
             Document.objects.filter(id=document_id, active_generation__isnull=True).update(
                 state=DocumentState.FAILED, updated_at=now
             )
@@ -614,6 +1096,271 @@ def fail(job_id: uuid.UUID, token: uuid.UUID, code: str, message: str) -> bool:
     except LeaseLost:
         return False
     return True
+
+
+# --- operator and API actions ---------------------------------------------------------------
+
+
+def _job_for_update(job_id) -> CompilationJob:
+    try:
+        job_uuid = uuid.UUID(str(job_id))
+    except ValueError:
+        raise NotFound("job not found", code="job_not_found") from None
+    document_id = (
+        CompilationJob.objects.filter(id=job_uuid).values_list("document_id", flat=True).first()
+    )
+    if document_id is None:
+        raise NotFound("job not found", code="job_not_found")
+    # Lock order everywhere: the document row first, then its jobs.
+    Document.objects.select_for_update().filter(id=document_id).first()
+    job = CompilationJob.objects.select_for_update().filter(id=job_uuid).first()
+    if job is None:
+        raise NotFound("job not found", code="job_not_found")
+    return job
+
+
+def cancel_job(job_id) -> CompilationJob:
+    """Cancel a live attempt; returns it ``canceled``.
+
+    The attempt's lease is revoked in the same commit, so the worker (if any) writes nothing
+    more: its next lease check, at most one embedding batch later, finds the job gone, and any
+    checkpoint or finish it tries is refused. Nodes and projections it built are removed; the
+    document keeps its published generation if it has one, else becomes ``canceled``.
+
+    Raises :class:`NotFound` (``job_not_found``) or :class:`Conflict` (``job_finished``, 409)
+    when the attempt already ended.
+    """
+    with transaction.atomic():
+        job = _job_for_update(job_id)
+        if job.run_state in TERMINAL_RUN_STATES:
+            raise Conflict(
+                f"job {job.id} already ended as {job.run_state}; nothing to cancel",
+                code="job_finished",
+            )
+        now = timezone.now()
+        CompilationJob.objects.filter(id=job.id).update(
+            run_state=RunState.CANCELED,
+            stage=Stage.CANCELED,
+            lease_token=None,
+            lease_expires_at=None,
+            task_id="",
+            finished_at=now,
+            updated_at=now,
+            error_code="canceled",
+            error_message="canceled by request",
+            error_retryable=False,
+            progress={**(job.progress or {}), "phase": "canceled", "operation": "canceled"},
+        )
+        _drop_nodes(KnowledgeNode.objects.filter(document_id=job.document_id, generation=job.id))
+        Document.objects.filter(id=job.document_id, active_generation__isnull=True).update(
+            state=DocumentState.CANCELED, updated_at=now
+        )
+    job.refresh_from_db()
+    return job
+
+
+def retry_job(job_id, *, from_checkpoint: bool = True) -> CompilationJob:
+    """Start a new attempt for a failed or canceled one; returns the new ``queued`` attempt.
+
+    With ``from_checkpoint`` the new attempt takes over the previous attempt's parse artifact
+    (the last checkpoint kept after a failure) and starts at ``parsed``; chunks and vectors are
+    always rebuilt, because a failed attempt's partial nodes are removed. The new attempt links
+    to the old one (``retry_of``) and is dispatched after the commit.
+
+    Raises :class:`NotFound`, or :class:`Conflict` (409): ``job_live`` (still running or
+    queued), ``job_succeeded`` (already published) or ``job_superseded`` (a newer upload or
+    attempt replaced it).
+    """
+    with transaction.atomic():
+        job = _job_for_update(job_id)
+        if job.run_state in LIVE_RUN_STATES:
+            raise Conflict(f"job {job.id} is still {job.run_state}", code="job_live")
+        if job.run_state == RunState.SUCCEEDED:
+            raise Conflict(f"job {job.id} already succeeded", code="job_succeeded")
+        newer = CompilationJob.objects.filter(
+            document_id=job.document_id, created_at__gt=job.created_at
+        )
+        if job.run_state == RunState.SUPERSEDED or newer.exists():
+            raise Conflict(
+                f"job {job.id} was replaced by a newer attempt of its document",
+                code="job_superseded",
+            )
+        attempt = CompilationJob.objects.create(
+            tenant_id=job.tenant_id,
+            space_id=job.space_id,
+            document_id=job.document_id,
+            retry_of=job,
+            attempt_number=job.attempt_number + 1,
+        )
+        if from_checkpoint and ParseArtifact.objects.filter(job_id=job.id).update(job=attempt):
+            CompilationJob.objects.filter(id=attempt.id).update(
+                stage=Stage.PARSED,
+                progress_percent=PROGRESS[Stage.PARSED],
+                progress=_progress(
+                    "parsed", "resumed from the parse checkpoint", PROGRESS[Stage.PARSED]
+                ),
+            )
+        Document.objects.filter(id=job.document_id, active_generation__isnull=True).update(
+            state=DocumentState.QUEUED, updated_at=timezone.now()
+        )
+        Document.objects.filter(id=job.document_id).update(error_code="", error_message="")
+        enqueue_on_commit(attempt.id)
+    attempt.refresh_from_db()
+    return attempt
+
+
+# --- recovery -------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepReport:
+    """What one recovery sweep did (counts of jobs)."""
+
+    redispatched_undelivered: int = 0
+    requeued_expired: int = 0
+    failed_expired: int = 0
+    retries_due: int = 0
+    dispatched: int = 0
+    index_builds: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _locked_batch(qs, batch: int) -> list[CompilationJob]:
+    """Up to ``batch`` rows of ``qs`` locked for this transaction (skipping locked ones)."""
+    if connection.features.has_select_for_update_skip_locked:
+        qs = qs.select_for_update(skip_locked=True)
+    else:
+        qs = qs.select_for_update()
+    return list(qs.order_by("updated_at")[:batch])
+
+
+def _timeout_recorded(task_id: str) -> bool:
+    """Whether django-q2 recorded the delivery ``task_id`` as failed by its timeout."""
+    from django_q.models import Task
+
+    if not task_id:
+        return False
+    result = (
+        Task.objects.filter(name=f"compile:{task_id}", success=False)
+        .values_list("result", flat=True)
+        .first()
+    )
+    return bool(result) and "timeout" in str(result).lower()
+
+
+def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
+    """The recovery sweep: re-dispatch or fail every attempt that lost its way.
+
+    * ``queued`` with a claim older than ``KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS`` (claimed but
+      never delivered: the broker lost it, or the dispatcher died between claim and enqueue):
+      the claim is replaced, so the old message, if it ever arrives, finds nothing to do.
+    * ``queued`` without a claim for more than a few seconds (a failed enqueue): dispatched.
+    * ``running`` with an expired lease (the worker died or hangs): failed as ``timeout`` if
+      django-q2 recorded the delivery as timed out, failed as ``worker_lost`` once
+      ``KNOWLEDGE_JOB_MAX_ATTEMPTS`` deliveries started, else put back to ``queued`` (the next
+      delivery resumes from the last checkpoint).
+    * ``retry_wait`` whose ``next_attempt_at`` passed: back to ``queued``.
+
+    Rows are taken in bounded batches with ``SELECT … FOR UPDATE SKIP LOCKED`` where the
+    database has it, and every state change is a compare-and-set, so two sweeps never act on
+    one job twice. Returns a :class:`SweepReport`.
+    """
+    now = now or timezone.now()
+    report = SweepReport()
+    grace = timedelta(seconds=settings.KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS)
+    to_dispatch: list[uuid.UUID] = []
+    with transaction.atomic():
+        for job in _locked_batch(
+            CompilationJob.objects.filter(
+                run_state=RunState.QUEUED, dispatched_at__lt=now - grace
+            ).exclude(task_id=""),
+            batch,
+        ):
+            if CompilationJob.objects.filter(
+                id=job.id, run_state=RunState.QUEUED, task_id=job.task_id
+            ).update(task_id="", dispatched_at=None, updated_at=now):
+                report.redispatched_undelivered += 1
+                to_dispatch.append(job.id)
+    with transaction.atomic():
+        for job in _locked_batch(
+            CompilationJob.objects.filter(
+                run_state__in=[RunState.QUEUED, RunState.DISPATCH_PENDING],
+                task_id="",
+                updated_at__lt=now - timedelta(seconds=5),
+            ),
+            batch,
+        ):
+            CompilationJob.objects.filter(id=job.id, task_id="").update(
+                run_state=RunState.QUEUED, updated_at=now
+            )
+            to_dispatch.append(job.id)
+    expired = []
+    with transaction.atomic():
+        for job in _locked_batch(
+            CompilationJob.objects.filter(run_state=RunState.RUNNING).filter(
+                Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
+            ),
+            batch,
+        ):
+            expired.append((job.id, job.lease_token, job.task_id, job.execution_attempts))
+    for job_id, token, task_id, attempts in expired:
+        if _timeout_recorded(task_id):
+            if fail(job_id, token, "timeout", "compilation exceeded the worker timeout"):
+                report.failed_expired += 1
+        elif attempts >= settings.KNOWLEDGE_JOB_MAX_ATTEMPTS:
+            if fail(
+                job_id,
+                token,
+                "worker_lost",
+                f"the worker stopped {attempts} times while compiling this document "
+                "(killed, out of memory or restarted); retry it when the cause is fixed",
+                retryable=True,
+            ):
+                report.failed_expired += 1
+        elif CompilationJob.objects.filter(
+            id=job_id, run_state=RunState.RUNNING, lease_token=token
+        ).update(
+            run_state=RunState.QUEUED,
+            lease_token=None,
+            lease_expires_at=None,
+            worker_id="",
+            task_id="",
+            dispatched_at=None,
+            updated_at=now,
+            progress={
+                "phase": "recovering",
+                "operation": "lease expired; queued again",
+                "percent": 0,
+            },
+        ):
+            report.requeued_expired += 1
+            to_dispatch.append(job_id)
+    with transaction.atomic():
+        for job in _locked_batch(
+            CompilationJob.objects.filter(run_state=RunState.RETRY_WAIT, next_attempt_at__lte=now),
+            batch,
+        ):
+            if CompilationJob.objects.filter(id=job.id, run_state=RunState.RETRY_WAIT).update(
+                run_state=RunState.QUEUED, task_id="", next_attempt_at=None, updated_at=now
+            ):
+                report.retries_due += 1
+                to_dispatch.append(job.id)
+    for job_id in dict.fromkeys(to_dispatch):
+        if dispatch(job_id):
+            report.dispatched += 1
+    report.index_builds = _recover_index_builds()
+    if any(report.as_dict().values()):
+        logger.info("recovery sweep: %s", report.as_dict())
+    return report
+
+
+def _recover_index_builds() -> int:
+    from retrieval import indexing
+
+    recover = getattr(indexing, "recover_index_builds", None)
+    return recover() if recover else 0
 
 
 def drain_queued(space_id: uuid.UUID | None = None, *, on_progress=None) -> int:
@@ -636,3 +1383,27 @@ def drain_queued(space_id: uuid.UUID | None = None, *, on_progress=None) -> int:
         done += len(batch)
         if on_progress:
             on_progress(len(batch))
+
+
+RECOVERY_SCHEDULE = "knowledgefs.recover_jobs"
+
+
+def ensure_recovery_schedule():
+    """Create or repair the django-q2 schedule that runs :func:`recover_jobs`; returns it.
+
+    The interval is ``KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS`` rounded up to whole minutes (the
+    unit of django-q2 schedules); migration ``ingestion.0003`` creates the same schedule.
+    """
+    from django_q.models import Schedule
+
+    minutes = max(1, math.ceil(settings.KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS / 60))
+    schedule, _ = Schedule.objects.update_or_create(
+        name=RECOVERY_SCHEDULE,
+        defaults={
+            "func": "ingestion.tasks.recover_jobs",
+            "schedule_type": Schedule.MINUTES,
+            "minutes": minutes,
+            "repeats": -1,
+        },
+    )
+    return schedule

@@ -10,7 +10,8 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from ingestion.models import Document, DocumentState
-from ingestion.services import compilation, documents
+from ingestion.serializers import JobSerializer
+from ingestion.services import compilation, documents, reports
 from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
 from retrieval import evaluation
@@ -20,7 +21,10 @@ from spaces.models import KnowledgeSpace
 
 
 class Command(BaseCommand):
-    help = "KnowledgeFS operator commands: spaces, API keys, ingest, query, documents, eval."
+    help = (
+        "KnowledgeFS operator commands: spaces, API keys, ingest, query, documents, jobs, "
+        "stats, retry, cancel, schedules, sweep, eval."
+    )
 
     def add_arguments(self, parser) -> None:
         sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -84,6 +88,37 @@ class Command(BaseCommand):
         docs.add_argument("--tenant", required=True)
         docs.add_argument("--json", action="store_true")
 
+        jobs = sub.add_parser("jobs", help="list a space's compilation jobs with progress")
+        jobs.add_argument("--space", required=True, metavar="SLUG")
+        jobs.add_argument("--tenant", required=True)
+        jobs.add_argument("--state", help="published, failed, canceled, retry_wait, or a stage")
+        jobs.add_argument("--limit", type=int, default=100)
+        jobs.add_argument("--json", action="store_true")
+
+        stats = sub.add_parser("stats", help="document, node and job counts of a space")
+        stats.add_argument("--space", required=True, metavar="SLUG")
+        stats.add_argument("--tenant", required=True)
+        stats.add_argument("--json", action="store_true")
+
+        retry = sub.add_parser("retry", help="retry a failed or canceled job")
+        retry.add_argument("job_id", metavar="JOB_ID")
+        retry.add_argument(
+            "--from-start", action="store_true", help="parse again instead of resuming"
+        )
+        retry.add_argument("--json", action="store_true")
+
+        cancel = sub.add_parser("cancel", help="cancel a queued or running job")
+        cancel.add_argument("job_id", metavar="JOB_ID")
+        cancel.add_argument("--json", action="store_true")
+
+        sched = sub.add_parser(
+            "schedules", help="create or repair the recovery sweep schedule, then show it"
+        )
+        sched.add_argument("--json", action="store_true")
+
+        sweep = sub.add_parser("sweep", help="run one recovery sweep now")
+        sweep.add_argument("--json", action="store_true")
+
         ev = sub.add_parser("eval", help="evaluate retrieval on a BEIR-format dataset")
         ev.add_argument("dataset_dir", metavar="DATASET_DIR")
         ev.add_argument("--split", default="test")
@@ -100,6 +135,12 @@ class Command(BaseCommand):
             "ingest": self.ingest,
             "query": self.query,
             "documents": self.documents,
+            "jobs": self.jobs,
+            "stats": self.stats,
+            "retry": self.retry,
+            "cancel": self.cancel,
+            "schedules": self.schedules,
+            "sweep": self.sweep,
             "eval": self.eval,
         }[options["command"]]
         try:
@@ -270,6 +311,50 @@ class Command(BaseCommand):
             or "no documents",
         )
 
+    def jobs(self, options: dict) -> None:
+        space = self._space(options)
+        rows = [
+            _job_row(job)
+            for job in reports.jobs_in(space, state=options["state"])[: max(1, options["limit"])]
+        ]
+        lines = [
+            f"{r['state']:<16} {r['progress']['percent']:>3}%  {r['filename']}  {r['id']}"
+            + (f"  [{r['error_code']}]" if r["error_code"] else "")
+            for r in rows
+        ]
+        self.emit(options, {"items": rows}, "\n".join(lines) or "no jobs")
+
+    def stats(self, options: dict) -> None:
+        payload = reports.space_stats(self._space(options))
+        self.emit(options, payload, json.dumps(payload, indent=2))
+
+    def retry(self, options: dict) -> None:
+        job = compilation.retry_job(options["job_id"], from_checkpoint=not options["from_start"])
+        self.emit(options, _job_row(job), f"queued attempt {job.attempt_number}: {job.id}")
+
+    def cancel(self, options: dict) -> None:
+        job = compilation.cancel_job(options["job_id"])
+        self.emit(options, _job_row(job), f"canceled {job.id}")
+
+    def schedules(self, options: dict) -> None:
+        schedule = compilation.ensure_recovery_schedule()
+        payload = {
+            "name": schedule.name,
+            "func": schedule.func,
+            "minutes": schedule.minutes,
+            "next_run": schedule.next_run.isoformat() if schedule.next_run else None,
+        }
+        self.emit(
+            options,
+            payload,
+            f"{schedule.name}: {schedule.func} every {schedule.minutes} min "
+            f"(next {payload['next_run']})",
+        )
+
+    def sweep(self, options: dict) -> None:
+        report = compilation.recover_jobs().as_dict()
+        self.emit(options, report, json.dumps(report, indent=2))
+
     def eval(self, options: dict) -> None:
         legs = LEGS if options["legs"] == "hybrid" else (options["legs"],)
         bars: dict[str, tqdm] = {}
@@ -292,6 +377,22 @@ class Command(BaseCommand):
         for bar in bars.values():
             bar.close()
         self.emit(options, metrics, json.dumps(metrics, indent=2))
+
+
+def _job_row(job) -> dict:
+    data = JobSerializer(job).data
+    return {
+        "id": str(job.id),
+        "document_id": str(job.document_id),
+        "filename": job.document.filename,
+        "state": data["state"],
+        "stage": job.stage,
+        "run_state": job.run_state,
+        "progress": data["progress"],
+        "attempt_number": job.attempt_number,
+        "error_code": job.error_code or None,
+        "error_message": job.error_message or None,
+    }
 
 
 def _collect_files(paths: list[str]) -> list[Path]:

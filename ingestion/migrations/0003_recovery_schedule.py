@@ -1,0 +1,31 @@
+"""The recovery sweep as a django-q2 schedule (every minute), owned by the schema.
+
+Reversible: unapplying removes the schedule. ``kfs schedules`` recreates it if an operator
+deleted it by hand.
+"""
+
+from django.db import migrations
+
+NAME = "knowledgefs.recover_jobs"
+FUNC = "ingestion.tasks.recover_jobs"
+
+
+def create_schedule(apps, schema_editor):
+    Schedule = apps.get_model("django_q", "Schedule")
+    Schedule.objects.update_or_create(
+        name=NAME,
+        defaults={"func": FUNC, "schedule_type": "I", "minutes": 1, "repeats": -1},
+    )
+
+
+def delete_schedule(apps, schema_editor):
+    apps.get_model("django_q", "Schedule").objects.filter(name=NAME).delete()
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("ingestion", "0002_job_recovery_fields"),
+        ("django_q", "0019_alter_task_options_alter_ormq_key_alter_ormq_lock_and_more"),
+    ]
+
+    operations = [migrations.RunPython(create_schedule, delete_schedule)]
