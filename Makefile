@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install migrate demo serve worker test test-sqlite test-postgres lint bench clean
+.PHONY: install chromium migrate demo serve worker test test-sqlite test-postgres lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Debian's chromium for the admin browser test (Playwright drives it; `playwright install`, which
+# downloads browsers of its own, is never used). Needs root, or sudo.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
+	@chromium --version 2>/dev/null
 
 migrate: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)

@@ -1,8 +1,20 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from datetime import timedelta
 
-from .models import CompilationJob, Document, KnowledgeNode, ParseArtifact
+from django.contrib import admin, messages
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.html import format_html, format_html_join
+from django.utils.timesince import timesince
+from django.utils.timezone import localtime
+
+from knowledgefs.errors import ServiceError
+from spaces.models import KnowledgeSpace
+
+from .models import CompilationJob, Document, KnowledgeNode, ParseArtifact, RunState
+from .services import compilation
 
 
 @admin.register(Document)
@@ -24,27 +36,278 @@ class DocumentAdmin(admin.ModelAdmin):
     show_full_result_count = False
 
 
+class TenantFilter(admin.SimpleListFilter):
+    title = "tenant"
+    parameter_name = "tenant"
+
+    def lookups(self, request, model_admin):
+        # Tenants are read from the spaces table: a job's tenant is its space's, and a DISTINCT
+        # over the (much larger, tenant-unindexed) jobs table would scan it on every page load.
+        tenants = (
+            KnowledgeSpace.objects.order_by("tenant_id")
+            .values_list("tenant_id", flat=True)
+            .distinct()
+        )
+        return [(tenant, tenant) for tenant in tenants]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(tenant_id=self.value())
+        return queryset
+
+
+class AgeFilter(admin.SimpleListFilter):
+    title = "age"
+    parameter_name = "age"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("lt1h", "< 1 hour"),
+            ("1h-24h", "1–24 hours"),
+            ("gt1d", "> 1 day"),
+            ("stale", "Stale: running, lease expired"),
+        ]
+
+    def queryset(self, request, queryset):
+        now = timezone.now()
+        hour, day = now - timedelta(hours=1), now - timedelta(days=1)
+        match self.value():
+            case "lt1h":
+                return queryset.filter(created_at__gte=hour)
+            case "1h-24h":
+                return queryset.filter(created_at__lt=hour, created_at__gte=day)
+            case "gt1d":
+                return queryset.filter(created_at__lt=day)
+            case "stale":
+                # A worker that died mid-job leaves it running with a lease nobody renews.
+                return queryset.filter(run_state=RunState.RUNNING, lease_expires_at__lt=now)
+        return queryset
+
+
+def progress_label(job: CompilationJob) -> str:
+    """Say where a job is in a few words, e.g. ``62% embedding 310/500``.
+
+    The phase is the short word; the longer ``operation`` goes into the column's title.
+    """
+    progress = job.progress if isinstance(job.progress, dict) else {}
+    percent = progress.get("percent")
+    if not isinstance(percent, int | float):
+        percent = job.progress_percent
+    parts = [f"{percent:.0f}%"]
+    step = progress.get("phase") or progress.get("operation")
+    if step:
+        parts.append(str(step))
+    total, embedded = progress.get("nodes_total"), progress.get("nodes_embedded")
+    if total and embedded is not None:
+        parts.append(f"{embedded}/{total}")
+    elif total:
+        parts.append(f"{total} nodes")
+    elif progress.get("elements_parsed"):
+        parts.append(f"{progress['elements_parsed']} elements")
+    return " ".join(parts)
+
+
+HISTORY_LIMIT = 50  # attempts shown either side of this one; a chain longer than that is a bug
+
+
+def attempt_chain(job: CompilationJob) -> list[CompilationJob]:
+    """Return this job's attempt history: what it retried (backwards) and its retries (forwards)."""
+    fields = ("id", "attempt_number", "stage", "run_state", "error_code", "created_at")
+    fields += ("finished_at", "retry_of_id")
+    chain = [job]
+    previous_id = job.retry_of_id
+    while previous_id and len(chain) <= HISTORY_LIMIT:
+        previous = CompilationJob.objects.only(*fields).filter(id=previous_id).first()
+        if previous is None or previous in chain:
+            break
+        chain.append(previous)
+        previous_id = previous.retry_of_id
+    frontier = [job.id]
+    for _ in range(HISTORY_LIMIT):
+        retries = list(CompilationJob.objects.only(*fields).filter(retry_of_id__in=frontier))
+        retries = [retry for retry in retries if retry not in chain]
+        if not retries:
+            break
+        chain.extend(retries)
+        frontier = [retry.id for retry in retries]
+    return sorted(chain, key=lambda attempt: (attempt.attempt_number, attempt.created_at))
+
+
 @admin.register(CompilationJob)
 class CompilationJobAdmin(admin.ModelAdmin):
     list_display = (
-        "id",
-        "document",
+        "document_filename",
+        "space_slug",
+        "tenant",
         "stage",
-        "run_state",
-        "progress_percent",
-        "error_code",
-        "execution_attempts",
+        "run_state_column",
+        "progress_column",
+        "error_column",
+        "attempts",
+        "age",
         "updated_at",
     )
-    list_filter = ("run_state", "stage")
-    list_select_related = ("document",)
-    search_fields = ("=id", "document__filename", "task_id")
-    raw_id_fields = ("space", "document")
-    readonly_fields = [f.name for f in CompilationJob._meta.fields]
+    list_filter = ("run_state", "stage", "space", TenantFilter, AgeFilter)
+    list_select_related = ("document", "space")
+    search_fields = ("=id", "document__filename", "=task_id")
+    ordering = ("-created_at",)
+    actions = ["retry_jobs", "cancel_jobs"]
+    readonly_fields = [f.name for f in CompilationJob._meta.fields] + ["attempt_history"]
+    fieldsets = [
+        (None, {"fields": ["id", "document", "space", "tenant_id", "stage", "run_state"]}),
+        ("Progress", {"fields": ["progress_percent", "progress"]}),
+        ("Error", {"fields": ["error_code", "error_message", "error_retryable"]}),
+        (
+            "Execution",
+            {
+                "fields": [
+                    "task_id",
+                    "dispatched_at",
+                    "execution_attempts",
+                    "worker_id",
+                    "lease_token",
+                    "lease_expires_at",
+                    "heartbeat_at",
+                    "next_attempt_at",
+                ]
+            },
+        ),
+        ("Attempts", {"fields": ["attempt_number", "retry_of", "attempt_history"]}),
+        ("Times", {"fields": ["created_at", "started_at", "finished_at", "updated_at"]}),
+    ]
     show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # Every field is read-only: offer no Save buttons that would save nothing.
+        extra_context = {
+            **(extra_context or {}),
+            "show_save": False,
+            "show_save_and_continue": False,
+            "show_save_and_add_another": False,
+        }
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    # --- columns ------------------------------------------------------------------------------
+
+    @admin.display(description="document", ordering="document__filename")
+    def document_filename(self, job: CompilationJob) -> str:
+        return job.document.filename
+
+    @admin.display(description="space", ordering="space__slug")
+    def space_slug(self, job: CompilationJob) -> str:
+        return job.space.slug
+
+    @admin.display(description="tenant", ordering="tenant_id")
+    def tenant(self, job: CompilationJob) -> str:
+        return job.tenant_id
+
+    @admin.display(description="run state", ordering="run_state")
+    def run_state_column(self, job: CompilationJob) -> str:
+        label = job.get_run_state_display()
+        if _lease_expired(job):
+            return format_html("{} <strong>(lease expired)</strong>", label)
+        return label
+
+    @admin.display(description="progress", ordering="progress_percent")
+    def progress_column(self, job: CompilationJob) -> str:
+        operation = (
+            (job.progress or {}).get("operation", "") if isinstance(job.progress, dict) else ""
+        )
+        return format_html('<span title="{}">{}</span>', operation, progress_label(job))
+
+    @admin.display(description="error", ordering="error_code")
+    def error_column(self, job: CompilationJob) -> str:
+        if not job.error_code:
+            return ""
+        return format_html('<span title="{}">{}</span>', job.error_message, job.error_code)
+
+    @admin.display(description="attempts", ordering="attempt_number")
+    def attempts(self, job: CompilationJob) -> str:
+        runs = job.execution_attempts
+        return f"#{job.attempt_number} · {runs} run{'' if runs == 1 else 's'}"
+
+    @admin.display(description="age", ordering="-created_at")
+    def age(self, job: CompilationJob) -> str:
+        return timesince(job.created_at, depth=1)
+
+    @admin.display(description="attempt history")
+    def attempt_history(self, job: CompilationJob) -> str:
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    _job_link(attempt, current=attempt.pk == job.pk),
+                    attempt.attempt_number,
+                    attempt.get_stage_display(),
+                    attempt.get_run_state_display(),
+                    attempt.error_code or "–",
+                    _when(attempt.created_at),
+                    _when(attempt.finished_at),
+                )
+                for attempt in attempt_chain(job)
+            ),
+        )
+        return format_html(
+            '<table class="attempt-history"><thead><tr><th>job</th><th>attempt</th>'
+            "<th>stage</th><th>run state</th><th>error</th><th>created</th><th>finished</th>"
+            "</tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    # --- actions: each calls the service per job and reports every outcome ---------------------
+
+    @admin.action(description="Retry selected jobs", permissions=["change"])
+    def retry_jobs(self, request, queryset) -> None:
+        done = self._for_each_job(request, queryset, compilation.retry_job)
+        if done:
+            self.message_user(request, f"Queued a new attempt for {_jobs(done)}.", messages.SUCCESS)
+
+    @admin.action(description="Cancel selected jobs", permissions=["change"])
+    def cancel_jobs(self, request, queryset) -> None:
+        done = self._for_each_job(request, queryset, compilation.cancel_job)
+        if done:
+            self.message_user(request, f"Canceled {_jobs(done)}.", messages.SUCCESS)
+
+    def _for_each_job(self, request, queryset, operation) -> int:
+        """Apply ``operation(job_id)`` to every selected job; warn about each one refused."""
+        done = 0
+        for job_id, filename in queryset.values_list("id", "document__filename"):
+            try:
+                operation(job_id)
+            except ServiceError as exc:
+                self.message_user(
+                    request, f"Job {job_id} ({filename}): {exc.message}", messages.WARNING
+                )
+            else:
+                done += 1
+        return done
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job{'' if count == 1 else 's'}"
+
+
+def _job_link(job: CompilationJob, *, current: bool) -> str:
+    if current:
+        return format_html("<strong>{}</strong> (this job)", job.pk)
+    url = reverse("admin:ingestion_compilationjob_change", args=[job.pk])
+    return format_html('<a href="{}">{}</a>', url, job.pk)
+
+
+def _lease_expired(job: CompilationJob) -> bool:
+    return bool(
+        job.run_state == RunState.RUNNING
+        and job.lease_expires_at
+        and job.lease_expires_at < timezone.now()
+    )
+
+
+def _when(moment) -> str:
+    return date_format(localtime(moment), "DATETIME_FORMAT") if moment else "–"
 
 
 @admin.register(ParseArtifact)
