@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from django.conf import settings
+from django.db.models import OuterRef, Subquery
 
 from ingestion.models import KnowledgeNode
 from knowledgefs.errors import InvalidInput, Unavailable
-from knowledgefs.runtime import get_embedding_model
+from knowledgefs.runtime import UnknownEmbeddingModel, get_embedding_model
 from spaces.models import KnowledgeSpace, PublicationHead
 
 from .backends import ScoredNode, get_search_backend
+from .models import IndexState, IndexVersion
 
 MODES = ("fast",)
 LEGS = ("dense", "keyword")
@@ -181,26 +183,37 @@ def retrieve(
         max(top_k * RECALL_MULTIPLIER[mode], MIN_LEG_CANDIDATES), settings.RETRIEVAL_MAX_TOP_K
     )
     backend = get_search_backend()
-    # One read resolves the snapshot: the publication head and the space's embedding model.
-    head_revision, embedding_model_id = PublicationHead.objects.filter(
-        space_id=space.id
-    ).values_list("revision", "space__embedding_model_id").first() or (0, "")
+    # One read resolves the snapshot: the publication head and the space's active index version
+    # (its number, model and dimension). A cutover changes both in one commit.
+    head_revision, version = _snapshot(space.id)
     results: dict[str, list[ScoredNode]] = {}
     timings: dict[str, float] = {}
-    if "dense" in legs and embedding_model_id:
+    if "dense" in legs and version is not None:
+        number, model_id, dimension = version
         t0 = time.perf_counter()
-        model = get_embedding_model()
-        if model.model_id != embedding_model_id:
+        try:
+            model = get_embedding_model(model_id)
+        except UnknownEmbeddingModel:
             raise Unavailable(
-                f"this space is indexed with {embedding_model_id!r} but the runtime serves "
-                f"{model.model_id!r}",
+                f"this space is indexed with {model_id!r}, which this server does not serve",
+                code="embedding_model_unavailable",
+            ) from None
+        if model.dimension != dimension:
+            raise Unavailable(
+                f"this space's index holds {dimension}-d vectors but {model_id!r} now makes "
+                f"{model.dimension}-d ones",
                 code="embedding_model_unavailable",
             )
         vector = model.embed_query(query)
         timings["embed_ms"] = (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
         results["dense"] = backend.dense_search(
-            space.id, vector, model_id=model.model_id, head_revision=head_revision, limit=depth
+            space.id,
+            vector,
+            index_version=number,
+            head_revision=head_revision,
+            limit=depth,
+            dimension=dimension,
         )
         timings["dense_ms"] = (time.perf_counter() - t0) * 1000
     if "keyword" in legs:
@@ -218,10 +231,28 @@ def retrieve(
         "keyword_candidates": len(results.get("keyword", [])),
         "fused_candidates": len(candidates),
         "publication_revision": head_revision,
+        "index_version": version[0] if version is not None else None,
         **{k: round(v, 2) for k, v in timings.items()},
         "total_ms": round((time.perf_counter() - started) * 1000, 2),
     }
     return RetrievalResult(mode=mode, items=items, metrics=metrics)
+
+
+def _snapshot(space_id: uuid.UUID) -> tuple[int, tuple[int, str, int] | None]:
+    """``(head revision, (version number, model_id, dimension) | None)`` in one statement."""
+    head = PublicationHead.objects.filter(space_id=OuterRef("space_id")).values("revision")[:1]
+    row = (
+        IndexVersion.objects.filter(space_id=space_id, state=IndexState.ACTIVE)
+        .annotate(head=Subquery(head))
+        .values_list("head", "number", "model_id", "dimension")
+        .first()
+    )
+    if row is not None:
+        return row[0] or 0, (row[1], row[2], row[3])
+    revision = (
+        PublicationHead.objects.filter(space_id=space_id).values_list("revision", flat=True)
+    ).first()
+    return revision or 0, None
 
 
 def _hydrate(ranked: list[tuple[uuid.UUID, float, dict]]) -> list[RetrievalItem]:

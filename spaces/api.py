@@ -56,7 +56,8 @@ class NewestFirstPagination(CursorPagination):
 class KnowledgeSpaceListView(APIView):
     def get(self, request):
         paginator = NewestFirstPagination()
-        page = paginator.paginate_queryset(services.spaces_for(request.user), request, view=self)
+        spaces = services.spaces_for(request.user).prefetch_related("index_versions")
+        page = paginator.paginate_queryset(spaces, request, view=self)
         return paginator.get_paginated_response(KnowledgeSpaceSerializer(page, many=True).data)
 
     def post(self, request):
@@ -85,7 +86,13 @@ class KnowledgeSpaceDetailView(APIView):
         space = services.update_space(
             request.user, space_id, changes=changes, expected_revision=revision
         )
-        return Response(KnowledgeSpaceSerializer(space).data)
+        data = KnowledgeSpaceSerializer(space).data
+        # A model change is accepted, not done: the new index builds beside the live one.
+        building = data["index"]["building"]
+        accepted = building is not None and building["model_id"] == changes.get(
+            "embedding_model_id"
+        )
+        return Response(data, status=status.HTTP_202_ACCEPTED if accepted else status.HTTP_200_OK)
 
     def delete(self, request, space_id):
         services.delete_space(request.user, space_id)

@@ -6,6 +6,8 @@ from .models import KnowledgeSpace
 
 
 class KnowledgeSpaceSerializer(serializers.ModelSerializer):
+    index = serializers.SerializerMethodField()
+
     class Meta:
         model = KnowledgeSpace
         fields = [
@@ -17,10 +19,17 @@ class KnowledgeSpaceSerializer(serializers.ModelSerializer):
             "revision",
             "embedding_model_id",
             "embedding_dimension",
+            "index",
             "created_at",
             "updated_at",
         ]
         read_only_fields = fields
+
+    def get_index(self, space) -> dict:
+        """``{"active": {number, model_id, dimension} | None, "building": … | None}``."""
+        from retrieval.indexing import index_summary
+
+        return index_summary(space.index_versions.all())
 
 
 class SpaceCreateSerializer(serializers.Serializer):
@@ -35,4 +44,5 @@ class SpaceUpdateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=160, required=False)
     slug = serializers.CharField(max_length=160, required=False)
     description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    embedding_model_id = serializers.CharField(max_length=200, required=False)
     revision = serializers.IntegerField(required=False, min_value=1)

@@ -175,10 +175,15 @@ def update_space(
     changes: dict,
     expected_revision: int | None = None,
 ) -> KnowledgeSpace:
-    """Apply ``changes`` (``name``, ``description``, ``slug``) by compare-and-set on ``revision``.
+    """Apply ``changes`` (``name``, ``description``, ``slug``, ``embedding_model_id``) by
+    compare-and-set on ``revision``.
 
     With ``expected_revision`` the update applies only if the stored revision still matches,
     else 409 ``revision_conflict``; without it the current revision is used (last writer wins).
+    ``embedding_model_id`` (400 ``unknown_embedding_model`` unless registered) starts a new
+    index version built beside the live one (:func:`retrieval.indexing.change_embedding_model`);
+    the space's ``embedding_model_id`` changes when that version takes over. Asking for the
+    model already in use changes nothing.
     """
     space = get_space(principal, space_id)
     fields: dict = {}
@@ -193,8 +198,15 @@ def update_space(
     if "slug" in changes:
         _check_slug(changes["slug"])
         fields["slug"] = changes["slug"]
+    model_id = changes.get("embedding_model_id")
+    model_change = False
+    if model_id is not None:
+        from retrieval.indexing import model_change_needed, resolve_model
+
+        resolve_model(model_id)
+        model_change = model_change_needed(space, model_id)
     revision = space.revision if expected_revision is None else expected_revision
-    if not fields:
+    if not fields and not model_change:
         if revision != space.revision:
             raise Conflict(
                 f"knowledge space changed since revision {revision}; re-read it and retry",
@@ -207,7 +219,13 @@ def update_space(
     try:
         with transaction.atomic():
             updated = target.update(revision=F("revision") + 1, updated_at=timezone.now(), **fields)
+            if updated and model_change:
+                from retrieval.indexing import change_embedding_model
+
+                change_embedding_model(space, model_id)
     except IntegrityError:
+        if "slug" not in fields:
+            raise
         raise Conflict(
             f"slug {fields.get('slug')!r} is already used in this tenant", code="slug_taken"
         ) from None

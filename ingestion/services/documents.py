@@ -199,13 +199,16 @@ def _new_job(document: Document, *, enqueue: bool) -> CompilationJob:
 
 
 def _freeze_embedding_model(space: KnowledgeSpace) -> None:
-    """Bind the space to the runtime's embedding model at its first admission (a latch)."""
-    if space.embedding_model_id:
-        return
-    model = get_embedding_model()
-    KnowledgeSpace.objects.filter(id=space.id, embedding_model_id="").update(
-        embedding_model_id=model.model_id, embedding_dimension=model.dimension
-    )
+    """Give the space its first index version at its first admission (a latch).
+
+    Version 1 is active with the model chosen for the space before any upload, else the
+    runtime's default model; later changes go through
+    :func:`retrieval.indexing.change_embedding_model` and never through an upload.
+    """
+    from retrieval.indexing import ensure_active_version
+
+    default = None if space.embedding_model_id else get_embedding_model()
+    ensure_active_version(space, default_model=default)
     space.refresh_from_db(fields=["embedding_model_id", "embedding_dimension"])
 
 

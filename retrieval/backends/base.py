@@ -7,6 +7,7 @@ the dense leg. Both legs return only *visible* nodes: nodes whose generation is 
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import OrderedDict
@@ -17,6 +18,8 @@ from django.db.models import F
 
 from ingestion.models import KnowledgeNode
 from retrieval.models import DenseVector
+
+logger = logging.getLogger("knowledgefs.retrieval")
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class SearchBackend:
     Subclasses implement the keyword projection (``_index_keywords``, ``_delete_keywords``,
     ``keyword_search``). Dense vectors are stored portably in :class:`DenseVector` and searched
     exactly (cosine = dot product of unit vectors) over an in-process matrix cached per
-    ``(space, model, publication head revision)``.
+    ``(space, index version, publication head revision)``.
     """
 
     def __init__(self) -> None:
@@ -53,23 +56,37 @@ class SearchBackend:
         self.dense_cache_spaces = 8
 
     # --- writes -----------------------------------------------------------------------------
-    def index_nodes(self, nodes: list[IndexedNode], vectors: np.ndarray, model_id: str) -> None:
-        """Write keyword and dense projections for ``nodes`` (``vectors`` shape ``(n, dim)``).
+    def index_keywords(self, nodes: list[IndexedNode]) -> None:
+        """Write the keyword projection of ``nodes`` (once per node, whatever the versions)."""
+        if nodes:
+            self._index_keywords(nodes)
 
-        The nodes must not be indexed yet: the compilation writes a generation's projections in
-        the same transaction as its checkpoint, and removes them (:meth:`delete_nodes`) whenever
-        it rebuilds the generation's nodes, so a resumed job never finds half of them.
+    def index_dense(
+        self,
+        nodes: list[IndexedNode],
+        vectors: np.ndarray,
+        *,
+        index_version: int,
+        model_id: str,
+        ignore_conflicts: bool = False,
+    ) -> None:
+        """Write one index version's vectors of ``nodes`` (``vectors`` shape ``(n, dim)``).
+
+        Every row gets the matrix's dimension, so one call never mixes dimensions; the caller
+        (:mod:`retrieval.indexing`) checks it against the version. ``ignore_conflicts`` keeps a
+        vector another writer stored first (rebuilds); the compiler's own writes never collide.
         """
         if not nodes:
             return
-        if vectors.shape[0] != len(nodes):
-            raise ValueError(f"{len(nodes)} nodes but {vectors.shape[0]} vectors")
+        if vectors.ndim != 2 or vectors.shape[0] != len(nodes):
+            raise ValueError(f"{len(nodes)} nodes but vectors of shape {vectors.shape}")
         vectors = np.ascontiguousarray(vectors, dtype="<f4")
         DenseVector.objects.bulk_create(
             [
                 DenseVector(
                     node_id=n.id,
                     space_id=n.space_id,
+                    index_version=index_version,
                     model_id=model_id,
                     dimension=vectors.shape[1],
                     vector=vectors[i].tobytes(),
@@ -77,11 +94,36 @@ class SearchBackend:
                 for i, n in enumerate(nodes)
             ],
             batch_size=500,
+            ignore_conflicts=ignore_conflicts,
         )
-        self._index_keywords(nodes)
+
+    def index_nodes(self, nodes: list[IndexedNode], vectors: np.ndarray, model_id: str) -> None:
+        """Write keyword and dense projections for nodes embedded with one model.
+
+        For callers that do not know index versions: the vectors go to the space's live
+        versions filled by ``model_id`` and the rest is decided by
+        :func:`retrieval.indexing.index_projections` (an active version of another model is
+        embedded there). The nodes must not be indexed yet: the compilation writes a
+        generation's projections in the same transaction as its checkpoint, and removes them
+        (:meth:`delete_nodes`) whenever it rebuilds the generation's nodes.
+        """
+        from retrieval.indexing import index_projections, vectors_for_model
+
+        if not nodes:
+            return
+        if vectors.shape[0] != len(nodes):
+            raise ValueError(f"{len(nodes)} nodes but {vectors.shape[0]} vectors")
+        by_space: dict[uuid.UUID, list[int]] = {}
+        for i, node in enumerate(nodes):
+            by_space.setdefault(node.space_id, []).append(i)
+        for space_id, rows in by_space.items():
+            index_projections(
+                [nodes[i] for i in rows], vectors_for_model(space_id, model_id, vectors[rows])
+            )
 
     def delete_nodes(self, node_ids: list[uuid.UUID]) -> None:
-        """Remove every projection of these nodes (call before deleting the nodes)."""
+        """Remove every projection of these nodes, in every index version (call before deleting
+        the nodes)."""
         if node_ids:
             self._delete_keywords(node_ids)
             DenseVector.objects.filter(node_id__in=node_ids).delete()
@@ -129,12 +171,19 @@ class SearchBackend:
         space_id: uuid.UUID,
         query_vector: np.ndarray,
         *,
-        model_id: str,
+        index_version: int,
         head_revision: int,
         limit: int,
+        dimension: int | None = None,
     ) -> list[ScoredNode]:
-        """Exact cosine top-``limit`` over the space's visible vectors of ``model_id``."""
-        node_ids, matrix = self._dense_matrix(space_id, model_id, head_revision)
+        """Exact cosine top-``limit`` over the space's visible vectors of one index version.
+
+        ``dimension`` is the version's; rows of any other dimension are left out of the matrix
+        (and logged), so the matrix never mixes dimensions.
+        """
+        node_ids, matrix = self._dense_matrix(
+            space_id, index_version, head_revision, dimension or query_vector.shape[0]
+        )
         if not node_ids:
             return []
         if matrix.shape[1] != query_vector.shape[0]:
@@ -148,44 +197,54 @@ class SearchBackend:
         return [ScoredNode(node_ids[i], float(scores[i])) for i in top]
 
     def _dense_matrix(
-        self, space_id: uuid.UUID, model_id: str, head_revision: int
+        self, space_id: uuid.UUID, index_version: int, head_revision: int, dimension: int
     ) -> tuple[list[uuid.UUID], np.ndarray]:
-        key = (space_id, model_id, head_revision)
+        key = (space_id, index_version, head_revision)
         with self._dense_lock:
             if key in self._dense_cache:
                 self._dense_cache.move_to_end(key)
                 return self._dense_cache[key]
             build_lock = self._build_locks.setdefault(key[:2], threading.Lock())
-        # One thread per (space, model) rebuilds; the others wait for its result.
+        # One thread per (space, version) rebuilds; the others wait for its result.
         with build_lock:
             with self._dense_lock:
                 if key in self._dense_cache:
                     return self._dense_cache[key]
-            return self._build_dense_matrix(key)
+            return self._build_dense_matrix(key, dimension)
 
-    def _build_dense_matrix(self, key: tuple) -> tuple[list[uuid.UUID], np.ndarray]:
-        space_id, model_id, _ = key
+    def _build_dense_matrix(self, key: tuple, dimension: int) -> tuple[list[uuid.UUID], np.ndarray]:
+        space_id, index_version, _ = key
         rows = (
             DenseVector.objects.filter(
                 space_id=space_id,
-                model_id=model_id,
+                index_version=index_version,
                 node__generation=F("node__document__active_generation"),
             )
             .order_by("node_id")
             .values_list("node_id", "dimension", "vector")
         )
         ids: list[uuid.UUID] = []
-        matrix = np.zeros((0, 0), dtype=np.float32)
-        for node_id, dimension, vector in rows.iterator(chunk_size=2000):
-            if not ids:  # one preallocated array, grown geometrically
-                matrix = np.empty((1024, dimension), dtype=np.float32)
+        matrix = np.empty((1024, dimension), dtype=np.float32)  # grown geometrically
+        foreign = 0
+        for node_id, row_dimension, vector in rows.iterator(chunk_size=2000):
+            if row_dimension != dimension or len(vector) != 4 * dimension:
+                foreign += 1
+                continue
             if len(ids) == matrix.shape[0]:
-                matrix = np.resize(matrix, (matrix.shape[0] * 2, matrix.shape[1]))
+                matrix = np.resize(matrix, (matrix.shape[0] * 2, dimension))
             matrix[len(ids)] = np.frombuffer(vector, dtype="<f4")
             ids.append(node_id)
+        if foreign:
+            logger.error(
+                "index v%s of space %s: left out %d vectors whose dimension is not %d",
+                index_version,
+                space_id,
+                foreign,
+                dimension,
+            )
         matrix = np.ascontiguousarray(matrix[: len(ids)])
         with self._dense_lock:
-            for stale in [k for k in self._dense_cache if k[:2] == key[:2]]:
+            for stale in [k for k in self._dense_cache if k[0] == space_id and k != key]:
                 del self._dense_cache[stale]
             self._dense_cache[key] = (ids, matrix)
             while len(self._dense_cache) > self.dense_cache_spaces:
