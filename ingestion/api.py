@@ -16,7 +16,7 @@ from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
 from .serializers import DocumentSerializer, JobSerializer
-from .services import compilation, documents
+from .services import compilation, documents, reports
 
 
 class DocumentListView(APIView):
@@ -96,6 +96,16 @@ class DocumentTextView(APIView):
         return Response(
             documents.published_text(request.user, space_id, document_id, start=start, end=end)
         )
+
+
+class JobListView(APIView):
+    def get(self, request, space_id):
+        """The space's compilation attempts, newest first; ``?state=`` filters by public state."""
+        space = get_space(request.user, space_id)
+        paginator = NewestFirstPagination()
+        jobs = reports.jobs_in(space, state=request.query_params.get("state") or None)
+        page = paginator.paginate_queryset(jobs, request, view=self)
+        return paginator.get_paginated_response(JobSerializer(page, many=True).data)
 
 
 class JobDetailView(APIView):

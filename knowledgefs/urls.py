@@ -8,6 +8,7 @@ from ingestion.api import (
     DocumentListView,
     DocumentTextView,
     JobDetailView,
+    JobListView,
     JobRetryView,
 )
 from retrieval.api import RetrievalTestView
@@ -40,6 +41,7 @@ v1 = [
         DocumentTextView.as_view(),
         name="document-text",
     ),
+    path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
     path(
         "knowledge-spaces/<str:space_id>/retrieval-tests",
         RetrievalTestView.as_view(),

@@ -428,3 +428,39 @@ def test_an_artifact_over_the_byte_budget_runs_alone(space, settings, monkeypatc
     assert waves == [1, 1]
     assert set(CompilationJob.objects.values_list("run_state", flat=True)) == {"succeeded"}
     assert gates.retained_artifact_gate().snapshot()["holders"] == []
+
+
+def test_job_list_api_filters_by_state_and_paginates(client, space):
+    ids = [
+        _admit(space, data=f"note {n} on tides ".encode() * 30, name=f"{n}.txt").job.id
+        for n in range(3)
+    ]
+    compilation.compile_jobs([ids[0]])  # only this one (run_job would take its siblings)
+    response = client.get(f"/v1/knowledge-spaces/{space.id}/jobs?limit=2")
+    assert response.status_code == 200
+    page = response.json()
+    assert [j["id"] for j in page["results"]] == [str(ids[2]), str(ids[1])]
+    rest = client.get(page["next"]).json()
+    assert [(j["id"], j["state"]) for j in rest["results"]] == [(str(ids[0]), "published")]
+    only = client.get(f"/v1/knowledge-spaces/{space.id}/jobs?state=published").json()
+    assert [j["id"] for j in only["results"]] == [str(ids[0])]
+    bad = client.get(f"/v1/knowledge-spaces/{space.id}/jobs?state=stuck")
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_state"
+
+
+def test_drain_waits_for_a_due_retry(space, settings, monkeypatch):
+    settings.KNOWLEDGE_JOB_RETRY_BACKOFF_SECONDS = 1
+    job_id = _admit(space).job.id
+    real = compilation.projection_targets
+    calls = []
+
+    def flaky_once(space_id):
+        calls.append(space_id)
+        if len(calls) == 1:
+            raise ConnectionError("model runtime restarting")
+        return real(space_id)
+
+    monkeypatch.setattr(compilation, "projection_targets", flaky_once)
+    compilation.drain_queued(space.id)
+    job = _job(job_id)
+    assert (job.run_state, job.execution_attempts, len(calls)) == ("succeeded", 2, 2)

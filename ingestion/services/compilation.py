@@ -1363,26 +1363,38 @@ def _recover_index_builds() -> int:
     return recover() if recover else 0
 
 
-def drain_queued(space_id: uuid.UUID | None = None, *, on_progress=None) -> int:
+def drain_queued(
+    space_id: uuid.UUID | None = None, *, on_progress=None, wait_for_retries: bool = True
+) -> int:
     """Compile every queued job in-process (for ``kfs ingest --wait`` and evaluation).
 
     Jobs are taken in batches of ``KNOWLEDGE_COMPILE_BATCH_DOCUMENTS``; a job a worker cluster
-    claims first is simply skipped. ``on_progress(n)`` is called with the number of jobs done in
-    each batch. Returns how many jobs were attempted.
+    claims first is simply skipped. With ``wait_for_retries`` a job in ``retry_wait`` is waited
+    for and compiled again when due (attempts are bounded, so this ends). ``on_progress(n)`` is
+    called with the number of jobs done in each batch. Returns how many deliveries were made.
     """
     done = 0
     batch_size = settings.KNOWLEDGE_COMPILE_BATCH_DOCUMENTS
+    scope = CompilationJob.objects.all()
+    if space_id is not None:
+        scope = scope.filter(space_id=space_id)
     while True:
-        qs = CompilationJob.objects.filter(run_state=RunState.QUEUED)
-        if space_id is not None:
-            qs = qs.filter(space_id=space_id)
+        qs = scope.filter(run_state=RunState.QUEUED)
         batch = list(qs.order_by("created_at").values_list("id", flat=True)[:batch_size])
-        if not batch:
+        if batch:
+            compile_jobs(batch)
+            done += len(batch)
+            if on_progress:
+                on_progress(len(batch))
+            continue
+        due = scope.filter(run_state=RunState.RETRY_WAIT).order_by("next_attempt_at").first()
+        if not wait_for_retries or due is None:
             return done
-        compile_jobs(batch)
-        done += len(batch)
-        if on_progress:
-            on_progress(len(batch))
+        pause = (due.next_attempt_at - timezone.now()).total_seconds() if due.next_attempt_at else 0
+        time.sleep(min(max(pause, 0.0), 60.0))
+        scope.filter(run_state=RunState.RETRY_WAIT, next_attempt_at__lte=timezone.now()).update(
+            run_state=RunState.QUEUED, task_id="", next_attempt_at=None, updated_at=timezone.now()
+        )
 
 
 RECOVERY_SCHEDULE = "knowledgefs.recover_jobs"

@@ -45,7 +45,7 @@ def jobs_in(space: KnowledgeSpace, *, state: str | None = None) -> QuerySet[Comp
     qs = CompilationJob.objects.filter(space=space).select_related("document")
     if state:
         qs = qs.filter(**public_state_filter(state))
-    return qs.order_by("-created_at")
+    return qs.order_by("-created_at", "-id")
 
 
 def space_stats(space: KnowledgeSpace) -> dict:
