@@ -80,3 +80,31 @@ def test_errors_are_reported_with_their_code():
         kfs("query", "x", "--space", "nope", "--tenant", "acme")
     with pytest.raises(CommandError, match="invalid_tenant"):
         kfs("space", "create", "S", "--tenant", "bad tenant!")
+
+
+def test_space_set_model_builds_and_cuts_over_with_wait(tmp_path, settings):
+    from retrieval.models import DenseVector
+    from tests.embedders import FAKE_MODELS, MODEL_B
+
+    settings.KNOWLEDGE_EMBEDDING_MODELS = FAKE_MODELS
+    call_command("kfs", "space", "create", "Models", "--tenant", "t1", "--slug", "models")
+    (tmp_path / "a.md").write_text("# Tides\n\nThe moon pulls the oceans.\n")
+    call_command("kfs", "ingest", str(tmp_path), "--space", "models", "--tenant", "t1", "--wait")
+    out = StringIO()
+    call_command(
+        "kfs",
+        "space",
+        "set-model",
+        "models",
+        MODEL_B,
+        "--tenant",
+        "t1",
+        "--wait",
+        "--json",
+        stdout=out,
+    )
+    summary = json.loads(out.getvalue())
+    assert summary["active"]["model_id"] == MODEL_B and summary["building"] is None
+    assert set(DenseVector.objects.values_list("dimension", flat=True)) == {4}
+    with pytest.raises(CommandError, match="unknown_embedding_model"):
+        call_command("kfs", "space", "set-model", "models", "nope/x", "--tenant", "t1")

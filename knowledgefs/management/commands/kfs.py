@@ -14,7 +14,7 @@ from ingestion.serializers import JobSerializer
 from ingestion.services import compilation, documents, reports
 from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
-from retrieval import evaluation
+from retrieval import evaluation, indexing
 from retrieval.services import LEGS, retrieve
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
@@ -42,6 +42,16 @@ class Command(BaseCommand):
             help="succeed if a space with this slug already exists",
         )
         create.add_argument("--json", action="store_true")
+        set_model = space_sub.add_parser(
+            "set-model", help="change a space's embedding model (builds a new index beside)"
+        )
+        set_model.add_argument("slug")
+        set_model.add_argument("model_id")
+        set_model.add_argument("--tenant", required=True)
+        set_model.add_argument(
+            "--wait", action="store_true", help="build and cut over in this process"
+        )
+        set_model.add_argument("--json", action="store_true")
         listing = space_sub.add_parser("list", help="list a tenant's knowledge spaces")
         listing.add_argument("--tenant", required=True)
         listing.add_argument("--json", action="store_true")
@@ -161,6 +171,18 @@ class Command(BaseCommand):
     # --- subcommands ------------------------------------------------------------------------
     def space(self, options: dict) -> None:
         principal = spaces.Principal(tenant_id=spaces.validate_tenant_id(options["tenant"]))
+        if options["action"] == "set-model":
+            space = spaces.get_space_by_slug(principal, options["slug"])
+            version = indexing.change_embedding_model(space, options["model_id"])
+            if options["wait"] and version.state == "building":
+                indexing.rebuild_index_version(version.id)
+            summary = indexing.index_summary([v for v in indexing.live_versions(space.id) if v])
+            self.emit(
+                options,
+                summary,
+                f"active: {summary['active']}\nbuilding: {summary['building']}",
+            )
+            return
         if options["action"] == "create":
             existing = None
             if options["exists_ok"] and options["slug"]:
