@@ -456,15 +456,17 @@ def materialization_capacities() -> tuple[int, int]:
 
 @contextmanager
 def materialization_slot(
-    heavy: bool, should_abort: Callable[[], bool] | None = None
-) -> Iterator[Lease]:
+    heavy: bool, should_abort: Callable[[], bool] | None = None, *, block: bool = True
+) -> Iterator[Lease | None]:
     """Hold a source-materialization slot (source read + parse) for the ``with`` body.
 
     A heavy document (:func:`is_heavy`) first takes the heavy lane (capacity ``max(1, N - 1)``),
     then the main lane (capacity ``N``); a light one takes only the main lane. Both waits block
     and are FIFO; both slots are released when the body exits, however it exits. Yields the
-    main-lane :class:`Lease`. Deployment guide, environment table,
-    ``KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY``.
+    main-lane :class:`Lease`. With ``block=False`` nothing waits: the body gets ``None`` when a
+    lane is not free at once (a caller that already holds retained-artifact leases must never
+    wait here, or two workers could each hold what the other waits for). Deployment guide,
+    environment table, ``KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY``.
 
     Raises:
         GateAborted: ``should_abort()`` returned true while waiting (nothing is held then).
@@ -473,11 +475,18 @@ def materialization_slot(
     heavy_lease = None
     if heavy:
         heavy_lease = MachineSemaphore(MATERIALIZATION_HEAVY_GATE, heavy_capacity).acquire(
-            should_abort=should_abort
+            block=block, should_abort=should_abort
         )
+        if heavy_lease is None:
+            yield None
+            return
     try:
-        lease = MachineSemaphore(MATERIALIZATION_GATE, main).acquire(should_abort=should_abort)
-        assert lease is not None  # blocking without timeout
+        lease = MachineSemaphore(MATERIALIZATION_GATE, main).acquire(
+            block=block, should_abort=should_abort
+        )
+        if lease is None:
+            yield None
+            return
         with lease:
             yield lease
     finally:

@@ -164,6 +164,9 @@ class ParseArtifact(models.Model):
     page_count = models.PositiveIntegerField(null=True, blank=True)
     pages_without_text = models.JSONField(default=list, blank=True)
     elements = models.JSONField(default=list)
+    # Conservative in-memory size of ``elements`` (ingestion.gates.estimate_retained_bytes),
+    # charged against the retained-artifact budget before a resumed job loads the artifact.
+    retained_bytes = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
 

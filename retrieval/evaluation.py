@@ -27,6 +27,7 @@ from django.db import transaction
 from ingestion.chunking import CHUNKER_VERSION
 from ingestion.models import Document, DocumentState
 from ingestion.services import compilation, documents
+from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, InvalidInput
 from knowledgefs.runtime import get_embedding_model
 from spaces.models import KnowledgeSpace
@@ -146,9 +147,7 @@ def prepare_space(
             )
         except Conflict as exc:  # identical text under two ids: both ids map to one document
             with transaction.atomic():
-                doc = Document.objects.select_for_update().get(
-                    id=exc.details["existing_document_id"]
-                )
+                doc = lock_for_update(Document.objects).get(id=exc.details["existing_document_id"])
                 doc.metadata["corpus_ids"].append(corpus_id)
                 doc.save(update_fields=["metadata"])
         except InvalidInput:

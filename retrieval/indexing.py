@@ -37,6 +37,7 @@ from django.db.models import Exists, F, Max, OuterRef, Q
 from django.utils import timezone
 
 from ingestion.models import KnowledgeNode
+from knowledgefs.db import lock_for_update
 from knowledgefs.errors import InvalidInput
 from knowledgefs.runtime import (
     EmbeddingModel,
@@ -119,7 +120,7 @@ def ensure_active_version(
     if active is not None:
         return active
     with transaction.atomic():
-        locked = KnowledgeSpace.objects.select_for_update().filter(id=space.id).first()
+        locked = lock_for_update(KnowledgeSpace.objects.filter(id=space.id)).first()
         if locked is None:
             raise KnowledgeSpace.DoesNotExist(f"knowledge space {space.id} is gone")
         active = IndexVersion.objects.filter(space_id=space.id, state=IndexState.ACTIVE).first()
@@ -294,7 +295,7 @@ def change_embedding_model(space: KnowledgeSpace, model_id: str) -> IndexVersion
     model = resolve_model(model_id)
     now = timezone.now()
     with transaction.atomic():
-        if not KnowledgeSpace.objects.select_for_update().filter(id=space.id).exists():
+        if not lock_for_update(KnowledgeSpace.objects.filter(id=space.id)).exists():
             raise KnowledgeSpace.DoesNotExist(f"knowledge space {space.id} is gone")
         versions = {
             v.state: v
@@ -499,7 +500,7 @@ def cutover(
             ).first()
             if space_id is None:
                 return "missing"
-            if not KnowledgeSpace.objects.select_for_update().filter(id=space_id).exists():
+            if not lock_for_update(KnowledgeSpace.objects.filter(id=space_id)).exists():
                 return "missing"
             versions = {
                 v.state: v

@@ -63,6 +63,7 @@ from ingestion.models import (
     Stage,
 )
 from knowledgefs import storage
+from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, NotFound
 from retrieval.backends import IndexedNode, get_search_backend
 from retrieval.indexing import index_projections, projection_targets
@@ -84,6 +85,8 @@ PROGRESS = {
     Stage.PROJECTION_BUILT: 95,
     Stage.PUBLISHED: 100,
 }
+# Embedding progress is written at most this often; leases are re-read after every batch.
+PROGRESS_WRITE_SECONDS = 1.0
 _NODE_NAMESPACE = uuid.UUID("8f6d2a44-5c1e-4f7a-9f0e-3b9d6c2a7e10")
 TASK_FUNCTION = "ingestion.tasks.compile_document"
 
@@ -145,8 +148,9 @@ def dispatch(job_id: uuid.UUID) -> str | None:
     Returns the delivery id, or ``None`` when the job was not ``queued`` without a claim or the
     queue refused it (the claim is then released so the sweep can try again).
     """
-    from django_q.tasks import async_task
-
+    if connection.in_atomic_block and not settings.Q_CLUSTER.get("orm"):
+        # A message on another broker would be visible before the claim commits.
+        raise RuntimeError("dispatch() must run after the commit: use enqueue_on_commit()")
     delivery = uuid.uuid4().hex
     with transaction.atomic():
         claimed = CompilationJob.objects.filter(
@@ -154,6 +158,13 @@ def dispatch(job_id: uuid.UUID) -> str | None:
         ).update(task_id=delivery, dispatched_at=timezone.now(), updated_at=timezone.now())
     if not claimed:
         return None
+    return delivery if _enqueue(job_id, delivery) else None
+
+
+def _enqueue(job_id: uuid.UUID, delivery: str) -> bool:
+    """Put ``(job id, delivery id)`` on the queue; on failure release the claim if still ours."""
+    from django_q.tasks import async_task
+
     try:
         async_task(
             TASK_FUNCTION,
@@ -167,8 +178,8 @@ def dispatch(job_id: uuid.UUID) -> str | None:
         CompilationJob.objects.filter(
             id=job_id, run_state=RunState.QUEUED, task_id=delivery
         ).update(task_id="", dispatched_at=None, updated_at=timezone.now())
-        return None
-    return delivery
+        return False
+    return True
 
 
 def supersede_live_jobs(document: Document) -> int:
@@ -212,64 +223,126 @@ def run_job(job_id: uuid.UUID | str, delivery_id: str | None = None) -> str:
     The delivered job is claimed only if it is ``queued`` with ``delivery_id`` as its task id
     (``None`` accepts any claim: the in-process drain). Queued siblings of the same space are
     adopted by the same compare-and-set on the task id read with them, so their own messages
-    later find them taken and do nothing. Safe to call any number of times. Returns the job's
-    resulting run state (``"missing"`` for an unknown id).
+    later find them taken and do nothing. A job that already started once (a worker died on it,
+    or it waits out a retry) is compiled alone and adopts no siblings, so one document that kills
+    its worker cannot spend the attempts of a whole batch. Safe to call any number of times.
+    Returns the job's resulting run state (``"missing"`` for an unknown id).
     """
     job_id = uuid.UUID(str(job_id))
-    job = CompilationJob.objects.filter(id=job_id).only("space_id").first()
+    job = CompilationJob.objects.filter(id=job_id).only("space_id", "execution_attempts").first()
     if job is None:
         return "missing"
     expected = {job_id: delivery_id}
-    siblings = (
-        CompilationJob.objects.filter(space_id=job.space_id, run_state=RunState.QUEUED)
-        .exclude(id=job_id)
-        .order_by("created_at")
-        .values_list("id", "task_id")[: settings.KNOWLEDGE_COMPILE_BATCH_DOCUMENTS - 1]
-    )
-    expected.update(dict(siblings))
-    compile_jobs(expected)
+    if job.execution_attempts == 0:
+        siblings = (
+            CompilationJob.objects.filter(
+                space_id=job.space_id, run_state=RunState.QUEUED, execution_attempts=0
+            )
+            .exclude(id=job_id)
+            .order_by("created_at")
+            .values_list("id", "task_id")[: settings.KNOWLEDGE_COMPILE_BATCH_DOCUMENTS - 1]
+        )
+        expected.update(dict(siblings))
+    compile_jobs(expected, delivery=delivery_id)
     return CompilationJob.objects.filter(id=job_id).values_list("run_state", flat=True).first()
 
 
 def compile_jobs(
-    job_ids: Iterable[uuid.UUID] | dict[uuid.UUID, str | None], *, until: str | None = None
+    job_ids: Iterable[uuid.UUID] | dict[uuid.UUID, str | None],
+    *,
+    until: str | None = None,
+    delivery: str | None = None,
 ) -> None:
     """Compile the given jobs as one batch; jobs that cannot be claimed are skipped.
 
-    ``job_ids`` may map each job to the task id its claim must match (``None``: any). Work
-    happens in waves admitted by the retained-artifact gate; within a wave each stage does its
-    work job by job (one job's failure fails only that job), then commits the outputs and
-    checkpoints together. Any error outside a single job's work fails or defers every job of
-    the batch still held, so no job is left ``running`` by an exception; a django-q2 timeout
-    (``SystemExit``) fails them as ``timeout`` and is re-raised so the worker stops. ``until``
-    stops after that checkpoint with the jobs left running, which is how tests stand in for a
-    worker that dies.
+    ``job_ids`` may map each job to the task id its claim must match (``None``: any);
+    ``delivery`` is the id of the message being run, recorded on every job claimed so the sweep
+    can find django-q2's record of it. Work happens in waves admitted by the retained-artifact
+    gate; within a wave each stage does its work job by job (one job's failure fails only that
+    job), then commits the outputs and checkpoints together. Any error outside a single job's
+    work fails or defers every job of the batch still held, so no job is left ``running`` by an
+    exception. A django-q2 timeout fails the jobs of the current wave as ``timeout`` with one
+    statement, puts the batch's other jobs back to ``queued`` and is re-raised so the worker
+    stops; an interrupt (Ctrl-C, shutdown) puts every held job back to ``queued``. ``until`` stops
+    after that checkpoint with the jobs left running, which is how tests stand in for a worker
+    that dies.
     """
+    from django_q.exceptions import TimeoutException
+
     expected = job_ids if isinstance(job_ids, dict) else dict.fromkeys(job_ids)
-    tokens = claim_many(expected, worker_identity())
+    tokens = claim_many(expected, worker_identity(), delivery=delivery)
     if not tokens:
         return
     held = Held(tokens)
     try:
         with held.keep_alive():
             _compile_claimed(held, until)
+    except TimeoutException:
+        _stop_on_timeout(held)
+        raise
     except BaseException as exc:
-        timed_out = not isinstance(exc, Exception)
-        if timed_out:
-            failure = CompilationFailure(
-                "timeout",
-                f"compilation exceeded the worker timeout of {settings.Q_CLUSTER['timeout']} s",
-            )
-        else:
-            logger.exception("compilation batch failed")
-            failure = classify(exc)
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not the job's fault
+            _requeue(held, list(held.tokens))
+            raise
+        logger.exception("compilation batch failed")
+        failure = classify(exc)
         for job_id in list(held.tokens):
             try:
                 end_attempt(job_id, held.tokens[job_id], failure)
             except Exception:  # noqa: BLE001 - keep failing the others
                 logger.exception("could not record the failure of job %s", job_id)
-        if timed_out:
-            raise  # SystemExit from the django-q2 timeout: after recording, let the worker stop
+
+
+def _stop_on_timeout(held: Held) -> None:
+    """Fail the current wave as ``timeout`` and requeue the rest, fast (the guard kills soon).
+
+    Two statements, conditioned on the lease tokens; the failed attempts' partial nodes are
+    invisible and are removed by the sweep's cleanup.
+    """
+    message = f"compilation exceeded the worker timeout of {settings.Q_CLUSTER['timeout']} s"
+    now = timezone.now()
+    try:
+        in_wave = {j: t for j, t in held.tokens.items() if j in held.active}
+        if in_wave:
+            CompilationJob.objects.filter(_held_by(in_wave), run_state=RunState.RUNNING).update(
+                run_state=RunState.FAILED,
+                stage=Stage.FAILED,
+                lease_token=None,
+                lease_expires_at=None,
+                finished_at=now,
+                updated_at=now,
+                error_code="timeout",
+                error_message=message,
+                error_retryable=False,
+            )
+            Document.objects.filter(
+                jobs__id__in=list(in_wave), active_generation__isnull=True
+            ).update(state=DocumentState.FAILED, error_code="timeout", error_message=message)
+        _requeue(held, [j for j in held.tokens if j not in held.active])
+    except Exception:  # noqa: BLE001 - the sweep finds the expired leases and the timeout record
+        logger.exception("could not record the timeout of a compilation batch")
+
+
+def _requeue(held: Held, job_ids: list[uuid.UUID]) -> None:
+    """Give held jobs back: ``queued`` without a claim (the sweep dispatches them)."""
+    tokens = {j: held.tokens[j] for j in job_ids if j in held.tokens}
+    if tokens:
+        CompilationJob.objects.filter(_held_by(tokens), run_state=RunState.RUNNING).update(
+            run_state=RunState.QUEUED,
+            lease_token=None,
+            lease_expires_at=None,
+            task_id="",
+            dispatched_at=None,
+            worker_id="",
+            updated_at=timezone.now(),
+        )
+
+
+def _held_by(tokens: dict[uuid.UUID, uuid.UUID]) -> Q:
+    condition = Q(pk__in=[])
+    for job_id, token in tokens.items():
+        condition |= Q(id=job_id, lease_token=token)
+    return condition
 
 
 @dataclass
@@ -277,20 +350,40 @@ class Held:
     """The jobs a worker holds, by lease token, and a keeper thread that extends the leases.
 
     ``lost`` collects jobs whose lease is gone (canceled, superseded, re-issued); the compiler
-    drops them at the next check. ``release(job_id)`` forgets a job that ended.
+    drops them at the next check. ``release(job_id)`` forgets a job that ended. ``active`` is
+    the current wave (jobs whose work started); ``touch()`` records that the compiling thread
+    made progress, and the keeper stops renewing leases when it has not for
+    ``KNOWLEDGE_JOB_STALL_SECONDS``, so a hung worker's jobs are recovered by the sweep.
     """
 
     tokens: dict[uuid.UUID, uuid.UUID]
     lost: set[uuid.UUID] = field(default_factory=set)
+    active: set[uuid.UUID] = field(default_factory=set)
+    started: set[uuid.UUID] = field(default_factory=set)
+    touched_at: float = field(default_factory=time.monotonic)
     _checked_at: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def release(self, job_id: uuid.UUID) -> None:
         with self._lock:
             self.tokens.pop(job_id, None)
+            self.active.discard(job_id)
+
+    def touch(self) -> None:
+        self.touched_at = time.monotonic()
 
     def live(self, job_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
         return [j for j in job_ids if j in self.tokens and j not in self.lost]
+
+    def start(self, job_id: uuid.UUID) -> None:
+        """Count one execution attempt for a job whose work begins now (once per delivery)."""
+        self.active.add(job_id)
+        if job_id in self.started:
+            return
+        self.started.add(job_id)
+        CompilationJob.objects.filter(
+            id=job_id, lease_token=self.tokens[job_id], run_state=RunState.RUNNING
+        ).update(execution_attempts=F("execution_attempts") + 1)
 
     def beat(self, progress: dict[uuid.UUID, dict] | None = None) -> set[uuid.UUID]:
         """Extend the leases (and write ``progress``); returns the jobs still held."""
@@ -300,12 +393,29 @@ class Held:
         with self._lock:
             self.lost |= set(tokens) - still
             self._checked_at = time.monotonic()
+        self.touch()
         return still
+
+    def refresh(self) -> None:
+        """Re-read which jobs are still held (a read: no lease renewal, no write lock)."""
+        with self._lock:
+            tokens = dict(self.tokens)
+        if not tokens:
+            return
+        still = set(
+            CompilationJob.objects.filter(_held_by(tokens), run_state=RunState.RUNNING).values_list(
+                "id", flat=True
+            )
+        )
+        with self._lock:
+            self.lost |= set(tokens) - still
+            self._checked_at = time.monotonic()
+        self.touch()
 
     def is_lost(self, job_id: uuid.UUID, *, max_age: float = 1.0) -> bool:
         """Whether the job was canceled or taken over (re-checked at most every ``max_age`` s)."""
         if time.monotonic() - self._checked_at > max_age:
-            self.beat()
+            self.refresh()
         return job_id in self.lost or job_id not in self.tokens
 
     def keep_alive(self):
@@ -314,7 +424,7 @@ class Held:
 
 
 class _LeaseKeeper:
-    """Extends the held leases every third of the lease while the compiling thread works."""
+    """Extends the held leases every third of the lease while the compiling thread progresses."""
 
     def __init__(self, held: Held, *, active: bool) -> None:
         self.held, self.active = held, active
@@ -329,10 +439,18 @@ class _LeaseKeeper:
 
     def _run(self) -> None:
         interval = max(1.0, lease_seconds() / 3)
+        stall = settings.KNOWLEDGE_JOB_STALL_SECONDS
         try:
             while not self.stop.wait(interval):
+                if time.monotonic() - self.held.touched_at > stall:
+                    logger.warning(
+                        "compilation made no progress for %s s; letting the leases expire", stall
+                    )
+                    continue
                 try:
-                    self.held.beat()
+                    with self.held._lock:
+                        tokens = dict(self.held.tokens)
+                    heartbeat(tokens)
                 except Exception:  # noqa: BLE001 - a missed beat is retried next interval
                     logger.warning("lease heartbeat failed", exc_info=True)
         finally:
@@ -350,41 +468,52 @@ def claim(job_id: uuid.UUID, worker: str) -> uuid.UUID | None:
 
 
 def claim_many(
-    expected: dict[uuid.UUID, str | None] | list[uuid.UUID], worker: str
+    expected: dict[uuid.UUID, str | None] | list[uuid.UUID],
+    worker: str,
+    *,
+    delivery: str | None = None,
 ) -> dict[uuid.UUID, uuid.UUID]:
     """Claim each job by its own compare-and-set, all in one transaction.
 
-    ``expected`` maps a job to the task id its claim must match (``None`` matches any). Returns
-    ``{job_id: lease_token}`` for the jobs won, in the given order; a job that is not
-    ``queued`` (another delivery owns it, or it ended) or whose claim changed is left out.
+    ``expected`` maps a job to the task id its claim must match (``None`` matches any). Rows are
+    updated in id order, so two deliveries adopting each other's jobs cannot deadlock. Returns
+    ``{job_id: lease_token}`` for the jobs won, in the given order; a job that is not ``queued``
+    (another delivery owns it, or it ended) or whose claim changed is left out. ``delivery``
+    becomes every won job's ``task_id``. Execution attempts are counted when work on a job
+    starts (:meth:`Held.start`), not here.
     """
     if not isinstance(expected, dict):
         expected = dict.fromkeys(expected)
     now = timezone.now()
     won: dict[uuid.UUID, uuid.UUID] = {}
     with transaction.atomic():
-        for job_id, task_id in expected.items():
+        for job_id, task_id in sorted(expected.items(), key=lambda item: str(item[0])):
             token = uuid.uuid4()
             qs = CompilationJob.objects.filter(id=job_id, run_state=RunState.QUEUED)
             if task_id is not None:
                 qs = qs.filter(task_id=task_id)
-            if qs.update(
-                run_state=RunState.RUNNING,
-                lease_token=token,
-                worker_id=worker[:120],
-                lease_expires_at=now + timedelta(seconds=lease_seconds()),
-                heartbeat_at=now,
-                started_at=now,
-                updated_at=now,
-                next_attempt_at=None,
-                execution_attempts=F("execution_attempts") + 1,
-            ):
+            fields = {
+                "run_state": RunState.RUNNING,
+                "lease_token": token,
+                "worker_id": worker[:120],
+                "lease_expires_at": now + timedelta(seconds=lease_seconds()),
+                "heartbeat_at": now,
+                "started_at": now,
+                "updated_at": now,
+                "next_attempt_at": None,
+            }
+            if delivery:
+                fields["task_id"] = delivery
+            if qs.update(**fields):
                 won[job_id] = token
-        if won:
-            Document.objects.filter(jobs__id__in=list(won), active_generation__isnull=True).update(
-                state=DocumentState.PROCESSING
-            )
-    return won
+    if won:
+        # After the claim commits: document rows are locked before job rows everywhere else.
+        Document.objects.filter(
+            jobs__id__in=list(won),
+            active_generation__isnull=True,
+            state__in=[DocumentState.QUEUED, DocumentState.FAILED],
+        ).update(state=DocumentState.PROCESSING)
+    return {j: won[j] for j in expected if j in won}
 
 
 def heartbeat(
@@ -392,42 +521,49 @@ def heartbeat(
 ) -> set[uuid.UUID]:
     """Extend the leases of the jobs still held with these tokens; returns their ids.
 
-    ``progress`` (job id → progress dict) is written in the same statement per job.
+    Every UPDATE is conditioned on the token and ``running``, so a heartbeat racing a cancel or
+    a finish writes nothing on the ended job. ``progress`` (job id → progress dict) is written
+    in the same statement for those jobs.
     """
     if not tokens:
         return set()
     now = timezone.now()
     fields = {"heartbeat_at": now, "lease_expires_at": now + timedelta(seconds=lease_seconds())}
-    held_by_token = Q()
-    for job_id, token in tokens.items():
-        held_by_token |= Q(id=job_id, lease_token=token)
-    live = CompilationJob.objects.filter(held_by_token, run_state=RunState.RUNNING)
-    if not progress:
-        still = set(live.values_list("id", flat=True))
-        if still:
-            CompilationJob.objects.filter(id__in=still).update(**fields)
-        return still
-    still = set()
+    progress = progress or {}
     with transaction.atomic():
-        for job_id in live.select_for_update().values_list("id", flat=True):
-            extra = {}
-            if job_id in progress:
-                extra = {
-                    "progress": progress[job_id],
-                    "progress_percent": progress[job_id]["percent"],
-                }
-            CompilationJob.objects.filter(id=job_id).update(**fields, **extra, updated_at=now)
-            still.add(job_id)
-    return still
+        plain = {j: t for j, t in tokens.items() if j not in progress}
+        if plain:
+            CompilationJob.objects.filter(_held_by(plain), run_state=RunState.RUNNING).update(
+                **fields
+            )
+        for job_id in progress:
+            if job_id in tokens:
+                CompilationJob.objects.filter(
+                    id=job_id, lease_token=tokens[job_id], run_state=RunState.RUNNING
+                ).update(
+                    **fields,
+                    progress=progress[job_id],
+                    progress_percent=progress[job_id]["percent"],
+                    updated_at=now,
+                )
+        return set(
+            CompilationJob.objects.filter(_held_by(tokens), run_state=RunState.RUNNING).values_list(
+                "id", flat=True
+            )
+        )
 
 
-def _checkpoint(job_id: uuid.UUID, token: uuid.UUID, **fields) -> None:
+def _checkpoint(
+    job_id: uuid.UUID, token: uuid.UUID, *, condition: Q | None = None, **fields
+) -> None:
     """Write job fields only while we still hold the lease; raises :class:`LeaseLost` otherwise."""
-    if not _checkpoint_many({job_id: token}, **fields):
+    if not _checkpoint_many({job_id: token}, condition=condition, **fields):
         raise LeaseLost(str(job_id))
 
 
-def _checkpoint_many(tokens: dict[uuid.UUID, uuid.UUID], **fields) -> set[uuid.UUID]:
+def _checkpoint_many(
+    tokens: dict[uuid.UUID, uuid.UUID], *, condition: Q | None = None, **fields
+) -> set[uuid.UUID]:
     """Write job fields for the jobs still held with these tokens; returns their ids.
 
     The held rows are locked (``SELECT … FOR UPDATE`` where the database has it; SQLite's
@@ -440,13 +576,10 @@ def _checkpoint_many(tokens: dict[uuid.UUID, uuid.UUID], **fields) -> set[uuid.U
     fields["updated_at"] = now  # queryset updates bypass auto_now
     if "stage" in fields:
         fields.setdefault("progress_percent", PROGRESS.get(fields["stage"], 0))
-    held_by_token = Q()
-    for job_id, token in tokens.items():
-        held_by_token |= Q(id=job_id, lease_token=token)
     with transaction.atomic():
         held = set(
             CompilationJob.objects.select_for_update()
-            .filter(held_by_token, run_state=RunState.RUNNING)
+            .filter(_held_by(tokens), condition or Q(), run_state=RunState.RUNNING)
             .values_list("id", flat=True)
         )
         if held:
@@ -477,13 +610,17 @@ def _compile_claimed(held: Held, until: str | None) -> None:
         held.release(job_id)  # deleted with its document meanwhile
     pending = [j for j in held.tokens if j in jobs]
     while pending:
-        wave, pending = _admit_wave(held, jobs, pending)
+        wave: dict[uuid.UUID, _Work] = {}
         try:
+            pending = _admit_wave(held, jobs, pending, wave)
             if until == Stage.PARSED:
                 return
             _finish_wave(held, wave, until)
             if until:
                 return
+            held.active -= set(wave)  # (kept on an exception: the timeout handler needs it)
+            for job_id in wave:
+                jobs.pop(job_id, None)
         finally:
             for work in wave.values():
                 if work.lease is not None:
@@ -491,100 +628,128 @@ def _compile_claimed(held: Held, until: str | None) -> None:
 
 
 def _admit_wave(
-    held: Held, jobs: dict[uuid.UUID, CompilationJob], pending: list[uuid.UUID]
-) -> tuple[dict[uuid.UUID, _Work], list[uuid.UUID]]:
-    """Parse what needs parsing and admit jobs under retained-artifact leases.
+    held: Held,
+    jobs: dict[uuid.UUID, CompilationJob],
+    pending: list[uuid.UUID],
+    wave: dict[uuid.UUID, _Work],
+) -> list[uuid.UUID]:
+    """Fill ``wave`` with jobs admitted under retained-artifact leases; returns the rest.
 
-    The first job of a wave waits for its lease (it can always run alone); later ones join only
-    if a lease is free now, otherwise the wave closes and they wait for the next one. Parsed
-    artifacts are committed with their ``parsed`` checkpoint before the wave runs, so a job left
-    for the next wave reloads its artifact instead of holding it in memory.
+    The first job of a wave holds nothing while it waits, so it may wait for the
+    materialization gate and then for its lease (an artifact over the whole budget runs
+    alone). A later job never waits on either gate while the wave holds leases (two workers
+    could otherwise each hold what the other waits for): if a gate is not free at once, the
+    wave closes. A resumed job's lease is taken before its artifact is loaded; a freshly parsed
+    artifact that finds no lease is committed with its ``parsed`` checkpoint at once and dropped
+    from memory. The caller releases the leases of ``wave``, however this returns.
     """
     gate = gates.retained_artifact_gate()
-    wave: dict[uuid.UUID, _Work] = {}
     parsed: dict[uuid.UUID, ParseArtifact] = {}
     rest = list(pending)
-    while rest:
-        job_id = rest[0]
-        if held.is_lost(job_id):
-            rest.pop(0)
-            held.release(job_id)
-            continue
-        job = jobs[job_id]
-        work = _Work(job)
-        try:
-            if job.stage == Stage.QUEUED:
-                work.artifact, work.lease = _materialize(held, job, gate, block=not wave)
-                if work.artifact is None:  # lost while waiting
-                    rest.pop(0)
-                    continue
-                parsed[job_id] = work.artifact
-            elif job.stage == Stage.PARSED:
-                work.artifact = ParseArtifact.objects.filter(job_id=job_id).first()
-                if work.artifact is None:
-                    raise CompilationFailure(
-                        "artifact_missing", "the parse checkpoint has no artifact", retryable=True
-                    )
-                work.lease = _retain(
-                    held, job_id, gate, _artifact_charge(work.artifact, gate), block=not wave
-                )
-            else:
-                work.lease = _retain(held, job_id, gate, _node_charge(job), block=not wave)
-        except Exception as exc:  # noqa: BLE001 - any error ends only this job
-            if not isinstance(exc, CompilationFailure):
-                logger.exception("compilation of job %s failed", job_id)
-            end_attempt(job_id, held.tokens[job_id], classify(exc))
-            held.release(job_id)
-            rest.pop(0)
-            continue
-        if work.lease is None:
-            if held.is_lost(job_id, max_age=0):  # canceled while waiting: never starts work
+    try:
+        while rest:
+            job_id = rest[0]
+            if held.is_lost(job_id):
                 rest.pop(0)
                 held.release(job_id)
                 continue
-            break  # no room: close the wave (a new artifact is committed below, then dropped)
-        rest.pop(0)
-        wave[job_id] = work
-    committed = _commit(
-        held,
-        parsed,
-        Stage.PARSED,
-        lambda outs: ParseArtifact.objects.bulk_create(outs),
-        progress=lambda a: _progress(
-            "parsed", "parsed", PROGRESS[Stage.PARSED], elements_parsed=len(a.elements)
-        ),
+            job, first = jobs[job_id], not wave
+            work = _Work(job)
+            try:
+                if job.stage == Stage.QUEUED:
+                    outcome, work.artifact, work.lease = _materialize(held, job, gate, first=first)
+                    if outcome == "lost":
+                        rest.pop(0)
+                        held.release(job_id)
+                        continue
+                    if outcome == "busy":
+                        break
+                    if work.lease is None:  # parsed, but no room left in this wave
+                        held.active.discard(job_id)
+                        if _commit(
+                            held,
+                            {job_id: work.artifact},
+                            Stage.PARSED,
+                            _save_artifacts,
+                            progress=_parsed_progress,
+                        ):
+                            job.stage = Stage.PARSED  # reloaded in a later wave
+                        break
+                    parsed[job_id] = work.artifact
+                else:
+                    work.lease = _retain(held, job_id, gate, _resume_charge(job, gate), first)
+                    if work.lease is None:
+                        if held.is_lost(job_id, max_age=0):  # canceled: never starts work
+                            rest.pop(0)
+                            held.release(job_id)
+                            continue
+                        break
+                    held.start(job_id)
+                    if job.stage == Stage.PARSED:
+                        work.artifact = ParseArtifact.objects.filter(job_id=job_id).first()
+                        if work.artifact is None:
+                            raise CompilationFailure(
+                                "artifact_missing",
+                                "the parse checkpoint has no artifact",
+                                retryable=True,
+                            )
+            except Exception as exc:  # noqa: BLE001 - any error ends only this job
+                if work.lease is not None:
+                    work.lease.release()
+                held.start(job_id)  # a failure counts as an attempt, so retries stay bounded
+                if not isinstance(exc, CompilationFailure):
+                    logger.exception("compilation of job %s failed", job_id)
+                end_attempt(job_id, held.tokens[job_id], classify(exc))
+                held.release(job_id)
+                rest.pop(0)
+                continue
+            rest.pop(0)
+            wave[job_id] = work
+    finally:
+        committed = _commit(held, parsed, Stage.PARSED, _save_artifacts, progress=_parsed_progress)
+    for job_id in [j for j in parsed if j not in committed and j in wave]:
+        wave.pop(job_id).lease.release()
+    return rest
+
+
+def _save_artifacts(artifacts: list[ParseArtifact]) -> None:
+    ParseArtifact.objects.bulk_create(artifacts)
+
+
+def _parsed_progress(artifact: ParseArtifact) -> dict:
+    return _progress(
+        "parsed", "parsed", PROGRESS[Stage.PARSED], elements_parsed=len(artifact.elements)
     )
-    for job_id in list(wave):
-        if job_id in parsed and job_id not in committed:
-            wave.pop(job_id).lease.release()
-    for job_id in parsed:
-        if job_id not in wave and job_id in committed:
-            jobs[job_id].stage = Stage.PARSED  # left for the next wave; reload from the database
-    return wave, rest
 
 
-def _materialize(held: Held, job: CompilationJob, gate, *, block: bool):
+def _materialize(held: Held, job: CompilationJob, gate, *, first: bool):
     """Parse under the materialization gate, then take a retained lease before letting go.
 
-    Returns ``(artifact, lease)``; ``lease`` is ``None`` when ``block`` is false and the gate is
-    full (the artifact is then committed and dropped from memory by the caller), ``artifact``
-    is ``None`` when the job was lost while waiting.
+    Returns ``(outcome, artifact, lease)``: ``("lost", None, None)`` when the job was canceled
+    or taken over before it started, ``("busy", None, None)`` when ``first`` is false and a
+    materialization lane is not free at once, else ``("parsed", artifact, lease)`` where
+    ``lease`` is ``None`` if ``first`` is false and the retained gate had no room.
     """
     document = job.document
     heavy = gates.is_heavy(document.mime_type, document.size_bytes)
     aborted = lambda: held.is_lost(job.id)  # noqa: E731
     try:
-        with gates.materialization_slot(heavy, should_abort=aborted):
+        with gates.materialization_slot(heavy, should_abort=aborted, block=first) as slot:
+            if slot is None:
+                return "busy", None, None
             _report(held, job.id, _progress("parsing", "reading and parsing the source", 5))
+            if job.id in held.lost or job.id not in held.tokens:
+                return "lost", None, None
+            held.start(job.id)
             artifact = _parse(job)
             # Hand-off: the materialization slot goes only once the artifact is retained.
-            lease = _retain(held, job.id, gate, _artifact_charge(artifact, gate), block=block)
+            lease = _retain(held, job.id, gate, artifact.retained_bytes, first)
     except gates.GateAborted:
-        return None, None
-    return artifact, lease
+        return "lost", None, None
+    return "parsed", artifact, lease
 
 
-def _retain(held: Held, job_id: uuid.UUID, gate, charge: int, *, block: bool):
+def _retain(held: Held, job_id: uuid.UUID, gate, charge: int, block: bool):
     """A retained-artifact lease, or ``None`` (gate full and not blocking, or job lost)."""
     try:
         return gate.acquire(charge, block=block, should_abort=lambda: held.is_lost(job_id))
@@ -592,8 +757,16 @@ def _retain(held: Held, job_id: uuid.UUID, gate, charge: int, *, block: bool):
         return None
 
 
-def _artifact_charge(artifact: ParseArtifact, gate) -> int:
-    return gates.estimate_retained_bytes(artifact.elements, gate.byte_budget)
+def _resume_charge(job: CompilationJob, gate) -> int:
+    """The retained-byte charge of a job resuming after ``parsed``, read without loading it."""
+    if job.stage == Stage.PARSED:
+        charge = (
+            ParseArtifact.objects.filter(job_id=job.id)
+            .values_list("retained_bytes", flat=True)
+            .first()
+        )
+        return charge or gate.byte_budget  # unknown size: run alone
+    return _node_charge(job)
 
 
 def _node_charge(job: CompilationJob) -> int:
@@ -676,14 +849,14 @@ def _commit(held: Held, outputs: dict, stage: str, write, *, progress=None) -> d
         return {}
 
     def commit(job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
-        done: set[uuid.UUID] = set()
         with transaction.atomic():
-            for job_id in job_ids:
-                extra = {}
-                if progress is not None:
-                    extra["progress"] = progress(outputs[job_id])
-                if _checkpoint_many({job_id: held.tokens[job_id]}, stage=stage, **extra):
-                    done.add(job_id)
+            # One locked read of the jobs still held; then their checkpoints and the output.
+            done = _checkpoint_many({j: held.tokens[j] for j in job_ids}, stage=stage)
+            if progress is not None:
+                for job_id in done:
+                    CompilationJob.objects.filter(id=job_id).update(
+                        progress=progress(outputs[job_id])
+                    )
             write([outputs[j] for j in job_ids if j in done])
         return done
 
@@ -765,6 +938,7 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
         stream = [(j, i) for j in job_ids for i in range(total[j])]
         done = dict.fromkeys(job_ids, 0)
         position = 0
+        last_write, written = 0.0, {}
         try:
             while position < len(stream):
                 batch = stream[position : position + step]
@@ -773,18 +947,27 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
                     vectors[j][target.index_version][i] = out[row]
                     done[j] += 1
                 position += len(batch)
-                progress = {
-                    j: _progress(
-                        "embedding",
-                        f"embedding with {target.model.model_id}",
-                        PROGRESS[Stage.NODES_GENERATED]
-                        + 40 * (t_index + done[j] / max(1, total[j])) / len(targets),
-                        nodes_total=total[j],
-                        nodes_embedded=done[j],
+                if time.monotonic() - last_write >= PROGRESS_WRITE_SECONDS:
+                    # Renew, write progress of the jobs that moved, learn of cancels: one write.
+                    moved = {j for j in job_ids if done[j] != written.get(j)}
+                    written.update({j: done[j] for j in moved})
+                    held.beat(
+                        {
+                            j: _progress(
+                                "embedding",
+                                f"embedding with {target.model.model_id}",
+                                PROGRESS[Stage.NODES_GENERATED]
+                                + 40 * (t_index + done[j] / max(1, total[j])) / len(targets),
+                                nodes_total=total[j],
+                                nodes_embedded=done[j],
+                            )
+                            for j in held.live(job_ids)
+                            if j in moved
+                        }
                     )
-                    for j in held.live(job_ids)
-                }
-                held.beat(progress)
+                    last_write = time.monotonic()
+                else:
+                    held.refresh()  # a read: a cancel is seen within one batch
                 lost = [j for j in job_ids if j not in held.tokens or j in held.lost]
                 if lost:  # canceled or taken over: stop embedding its remaining nodes
                     job_ids = [j for j in job_ids if j not in lost]
@@ -907,14 +1090,19 @@ def _parse(job: CompilationJob) -> ParseArtifact:
     artifact_hash = hashlib.sha256(
         json.dumps(elements, sort_keys=True, ensure_ascii=False).encode()
     ).hexdigest()
+    # Ids, not instances: assigning the job would cache the artifact on it (a one-to-one
+    # reverse cache) and keep it alive as long as the batch holds the job.
     return ParseArtifact(
-        job=job,
-        document=document,
+        job_id=job.id,
+        document_id=document.id,
         parser=report.parser,
         artifact_hash=artifact_hash,
         page_count=report.page_count,
         pages_without_text=list(report.pages_without_text),
         elements=elements,
+        retained_bytes=gates.estimate_retained_bytes(
+            elements, settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES
+        ),
     )
 
 
@@ -1009,7 +1197,7 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
     with transaction.atomic():
         for job, token, node_count in items:
             # Lock order everywhere: the document row first, then its jobs.
-            if Document.objects.select_for_update().filter(id=job.document_id).first() is None:
+            if lock_for_update(Document.objects.filter(id=job.document_id)).first() is None:
                 continue  # deleted meanwhile
             if not CompilationJob.objects.filter(
                 id=job.id, lease_token=token, run_state=RunState.RUNNING
@@ -1058,11 +1246,18 @@ def advance_publication_head(space_id: uuid.UUID, attempts: int = 20) -> int:
 
 
 def fail(
-    job_id: uuid.UUID, token: uuid.UUID, code: str, message: str, *, retryable: bool = False
+    job_id: uuid.UUID,
+    token: uuid.UUID,
+    code: str,
+    message: str,
+    *,
+    retryable: bool = False,
+    condition: Q | None = None,
 ) -> bool:
     """End a job as failed (if we still hold it) and remove its partial nodes and projections.
 
     The parse artifact is kept, so a manual retry resumes from the ``parsed`` checkpoint.
+    ``condition`` must also hold on the job row (the sweep passes "lease still expired").
     Returns ``False`` when the job is no longer ours (superseded, canceled, deleted): whoever
     took it over owns the cleanup.
     """
@@ -1073,10 +1268,11 @@ def fail(
         return False
     try:
         with transaction.atomic():
-            Document.objects.select_for_update().filter(id=document_id).first()  # lock order
+            lock_for_update(Document.objects.filter(id=document_id)).first()  # lock order
             _checkpoint(
                 job_id,
                 token,
+                condition=condition,
                 stage=Stage.FAILED,
                 run_state=RunState.FAILED,
                 finished_at=now,
@@ -1112,7 +1308,7 @@ def _job_for_update(job_id) -> CompilationJob:
     if document_id is None:
         raise NotFound("job not found", code="job_not_found")
     # Lock order everywhere: the document row first, then its jobs.
-    Document.objects.select_for_update().filter(id=document_id).first()
+    lock_for_update(Document.objects.filter(id=document_id)).first()
     job = CompilationJob.objects.select_for_update().filter(id=job_uuid).first()
     if job is None:
         raise NotFound("job not found", code="job_not_found")
@@ -1221,6 +1417,7 @@ class SweepReport:
     failed_expired: int = 0
     retries_due: int = 0
     dispatched: int = 0
+    orphan_nodes_removed: int = 0
     index_builds: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -1255,12 +1452,15 @@ def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
 
     * ``queued`` with a claim older than ``KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS`` (claimed but
       never delivered: the broker lost it, or the dispatcher died between claim and enqueue):
-      the claim is replaced, so the old message, if it ever arrives, finds nothing to do.
+      enqueued again with the same delivery id, so a message that was only delayed still works
+      and whichever copy arrives first does the job (the claim is a compare-and-set).
     * ``queued`` without a claim for more than a few seconds (a failed enqueue): dispatched.
     * ``running`` with an expired lease (the worker died or hangs): failed as ``timeout`` if
       django-q2 recorded the delivery as timed out, failed as ``worker_lost`` once
       ``KNOWLEDGE_JOB_MAX_ATTEMPTS`` deliveries started, else put back to ``queued`` (the next
-      delivery resumes from the last checkpoint).
+      delivery resumes from the last checkpoint). Each action re-checks that the lease is
+      still expired, so a worker that renewed it meanwhile keeps its job.
+    * nodes left by attempts that ended without publishing (see :func:`_remove_orphan_nodes`).
     * ``retry_wait`` whose ``next_attempt_at`` passed: back to ``queued``.
 
     Rows are taken in bounded batches with ``SELECT … FOR UPDATE SKIP LOCKED`` where the
@@ -1271,6 +1471,7 @@ def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
     report = SweepReport()
     grace = timedelta(seconds=settings.KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS)
     to_dispatch: list[uuid.UUID] = []
+    to_redeliver: list[tuple[uuid.UUID, str]] = []
     with transaction.atomic():
         for job in _locked_batch(
             CompilationJob.objects.filter(
@@ -1280,9 +1481,8 @@ def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
         ):
             if CompilationJob.objects.filter(
                 id=job.id, run_state=RunState.QUEUED, task_id=job.task_id
-            ).update(task_id="", dispatched_at=None, updated_at=now):
-                report.redispatched_undelivered += 1
-                to_dispatch.append(job.id)
+            ).update(dispatched_at=now, updated_at=now):
+                to_redeliver.append((job.id, job.task_id))
     with transaction.atomic():
         for job in _locked_batch(
             CompilationJob.objects.filter(
@@ -1305,9 +1505,18 @@ def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
             batch,
         ):
             expired.append((job.id, job.lease_token, job.task_id, job.execution_attempts))
+    # Every action re-checks that the lease is still expired: a worker that renewed it since
+    # (a slow keeper) keeps its job.
+    still_expired = Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
     for job_id, token, task_id, attempts in expired:
         if _timeout_recorded(task_id):
-            if fail(job_id, token, "timeout", "compilation exceeded the worker timeout"):
+            if fail(
+                job_id,
+                token,
+                "timeout",
+                "compilation exceeded the worker timeout",
+                condition=still_expired,
+            ):
                 report.failed_expired += 1
         elif attempts >= settings.KNOWLEDGE_JOB_MAX_ATTEMPTS:
             if fail(
@@ -1317,10 +1526,11 @@ def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
                 f"the worker stopped {attempts} times while compiling this document "
                 "(killed, out of memory or restarted); retry it when the cause is fixed",
                 retryable=True,
+                condition=still_expired,
             ):
                 report.failed_expired += 1
         elif CompilationJob.objects.filter(
-            id=job_id, run_state=RunState.RUNNING, lease_token=token
+            still_expired, id=job_id, run_state=RunState.RUNNING, lease_token=token
         ).update(
             run_state=RunState.QUEUED,
             lease_token=None,
@@ -1350,10 +1560,34 @@ def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
     for job_id in dict.fromkeys(to_dispatch):
         if dispatch(job_id):
             report.dispatched += 1
+    for job_id, delivery in to_redeliver:
+        if _enqueue(job_id, delivery):
+            report.redispatched_undelivered += 1
+    report.orphan_nodes_removed = _remove_orphan_nodes(batch=batch * 25)
     report.index_builds = _recover_index_builds()
     if any(report.as_dict().values()):
         logger.info("recovery sweep: %s", report.as_dict())
     return report
+
+
+def _remove_orphan_nodes(*, batch: int) -> int:
+    """Remove up to ``batch`` nodes (with projections) of attempts that ended without publishing.
+
+    Normally an ending attempt removes its own nodes; a worker killed right after a django-q2
+    timeout may leave them. They are invisible to queries; this only reclaims the space.
+    """
+    ended = CompilationJob.objects.filter(
+        run_state__in=[RunState.FAILED, RunState.CANCELED, RunState.SUPERSEDED]
+    ).values("id")
+    ids = list(
+        KnowledgeNode.objects.filter(generation__in=ended)
+        .exclude(generation=F("document__active_generation"))
+        .values_list("id", flat=True)[:batch]
+    )
+    if ids:
+        with transaction.atomic():
+            _drop_nodes(KnowledgeNode.objects.filter(id__in=ids))
+    return len(ids)
 
 
 def _recover_index_builds() -> int:
@@ -1380,7 +1614,13 @@ def drain_queued(
         scope = scope.filter(space_id=space_id)
     while True:
         qs = scope.filter(run_state=RunState.QUEUED)
-        batch = list(qs.order_by("created_at").values_list("id", flat=True)[:batch_size])
+        oldest = qs.order_by("created_at").values_list("space_id", flat=True).first()
+        # One space per batch: a batch shares one set of embedding targets.
+        batch = list(
+            qs.filter(space_id=oldest)
+            .order_by("created_at")
+            .values_list("id", flat=True)[:batch_size]
+        )
         if batch:
             compile_jobs(batch)
             done += len(batch)

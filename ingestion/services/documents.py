@@ -28,6 +28,7 @@ from ingestion.models import (
     Stage,
 )
 from knowledgefs import storage
+from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from knowledgefs.errors import UnsupportedMediaType as UnsupportedMediaTypeError
 from knowledgefs.runtime import get_embedding_model
@@ -173,7 +174,7 @@ def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission:
     from .compilation import supersede_live_jobs
 
     with transaction.atomic():
-        document = Document.objects.select_for_update().get(id=existing.id)
+        document = lock_for_update(Document.objects).get(id=existing.id)
         supersede_live_jobs(document)
         document.filename = filename
         if document.active_generation is None:
@@ -310,7 +311,7 @@ def purge_documents(documents: QuerySet[Document]) -> int:
         for document in documents.only("id", "storage_key", "space_id"):
             with transaction.atomic():
                 # Lock order everywhere: the document row first, then its jobs.
-                if not Document.objects.select_for_update().filter(id=document.id).exists():
+                if not lock_for_update(Document.objects.filter(id=document.id)).exists():
                     continue
                 CompilationJob.objects.filter(
                     document=document, run_state__in=LIVE_RUN_STATES

@@ -1,0 +1,224 @@
+"""Races and bounds of the job machinery found in review; each test once failed."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from ingestion import gates
+from ingestion.models import CompilationJob, Stage
+from ingestion.services import compilation
+from ingestion.services.documents import admit_document
+
+pytestmark = pytest.mark.django_db
+
+TEXT = ("Section one explains warranty claims for broken screens. " * 30).encode()
+
+
+def _admit(space, data=TEXT, name="doc.txt"):
+    return admit_document(space, filename=name, data=data, enqueue=False)
+
+
+def _job(job_id):
+    return CompilationJob.objects.get(id=job_id)
+
+
+# 1. Gate lock-order inversion: a wave holds retained leases while it blocks on the
+#    materialization gate; another worker holds a materialization slot while it blocks on the
+#    retained gate.
+def test_a_wave_never_waits_for_materialization_while_holding_retained_leases(
+    space, settings, monkeypatch
+):
+    settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_CONCURRENCY = 1
+    settings.KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY = 2  # heavy lane: 1 slot
+    monkeypatch.setattr(gates, "is_heavy", lambda mime, size: True)  # e.g. two PDFs
+    a = _admit(space, name="a.txt").job.id
+    b = _admit(space, data=b"another note about tides " * 40, name="b.txt").job.id
+    other: dict = {}
+    real_retain = compilation._retain
+
+    def other_worker():  # another worker process starting its own wave (see _materialize)
+        with gates.materialization_slot(True):
+            lease = gates.retained_artifact_gate().acquire(0, timeout=8)  # production: no timeout
+            other["admitted"] = lease is not None
+            if lease:
+                lease.release()
+
+    def retain(held, job_id, gate, charge, block):
+        lease = real_retain(held, job_id, gate, charge, block)
+        if job_id == a and "thread" not in other:
+            other["thread"] = threading.Thread(target=other_worker)
+            other["thread"].start()
+            heavy = gates.MachineSemaphore(gates.MATERIALIZATION_HEAVY_GATE, 1)
+            while not heavy.snapshot()["waiters"]:  # it queues for the heavy lane we hold
+                time.sleep(0.01)
+        return lease
+
+    monkeypatch.setattr(compilation, "_retain", retain)
+    started = time.monotonic()
+    compilation.compile_jobs([a, b])
+    other["thread"].join()
+    assert other["admitted"], (
+        f"deadlock: broken only by the other worker's 8 s timeout "
+        f"(compile took {time.monotonic() - started:.1f} s)"
+    )
+
+
+# 2. The artifact stays referenced (reverse one-to-one cache on the job) after its lease is gone.
+def test_an_artifact_is_not_kept_alive_after_its_wave(space, settings, monkeypatch):
+    settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_CONCURRENCY = 1
+    jobs = [
+        _admit(space, data=f"wave document {n} about tides ".encode() * 40, name=f"{n}.txt").job.id
+        for n in range(3)
+    ]
+    refs = []
+    real_parse = compilation._parse
+
+    def parse(job):
+        artifact = real_parse(job)
+        refs.append(weakref.ref(artifact))
+        return artifact
+
+    alive = []
+    finish = compilation._finish_wave
+
+    def spy(held, wave, until):
+        gc.collect()
+        alive.append(sum(r() is not None for r in refs))
+        return finish(held, wave, until)
+
+    monkeypatch.setattr(compilation, "_parse", parse)
+    monkeypatch.setattr(compilation, "_finish_wave", spy)
+    compilation.compile_jobs(jobs)
+    # Wave 1 holds one leased artifact (+ the one parsed then committed to close the wave);
+    # later waves reload from the database, so nothing parsed earlier should still be alive.
+    assert alive[1:] == [0] * (len(alive) - 1), alive
+
+
+# 3. The sweep requeues a job whose lease was renewed after the sweep read it.
+def test_the_sweep_does_not_requeue_a_lease_renewed_meanwhile(space, monkeypatch):
+    job_id = _admit(space).job.id
+    compilation.compile_jobs([job_id], until=Stage.NODES_GENERATED)
+    token = _job(job_id).lease_token
+    CompilationJob.objects.filter(id=job_id).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    real = compilation._timeout_recorded
+
+    def keeper_beats_now(task_id):  # the worker's keeper renews between read and write
+        assert compilation.heartbeat({job_id: token}) == {job_id}
+        return real(task_id)
+
+    monkeypatch.setattr(compilation, "_timeout_recorded", keeper_beats_now)
+    compilation.recover_jobs()
+    job = _job(job_id)
+    assert (job.run_state, job.lease_token) == ("running", token)
+
+
+# 4. A heartbeat after a cancel writes nothing (the UPDATE itself is conditioned on the token).
+def test_a_heartbeat_writes_nothing_after_a_cancel(space):
+    job_id = _admit(space).job.id
+    compilation.compile_jobs([job_id], until=Stage.NODES_GENERATED)
+    token = _job(job_id).lease_token
+    compilation.cancel_job(job_id)
+    assert compilation.heartbeat({job_id: token}) == set()
+    assert compilation.heartbeat({job_id: token}, progress={job_id: {"percent": 99}}) == set()
+    job = _job(job_id)
+    assert job.run_state == "canceled"
+    assert job.lease_expires_at is None and job.progress_percent != 99
+
+
+# 5. A message still waiting in the broker is invalidated after the grace; with a backlog
+#    longer than the grace the job is pushed to the back again and again.
+def test_a_message_still_in_the_broker_is_not_invalidated_by_the_sweep(space):
+    job_id = _admit(space).job.id
+    first = compilation.dispatch(job_id)
+    old = timezone.now() - timedelta(seconds=settings.KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS + 1)
+    CompilationJob.objects.filter(id=job_id).update(dispatched_at=old)
+    compilation.recover_jobs()  # the message is still queued behind a long backlog
+    assert OrmQ.objects.count() == 2
+    assert compilation.run_job(job_id, first) == "succeeded"
+
+
+# 6. A document that kills its worker spends its own attempts, not its batch-mates'.
+def test_a_poison_document_does_not_exhaust_the_attempts_of_its_batch(space, monkeypatch):
+    poison = _admit(space, name="poison.txt").job.id
+    innocent = _admit(space, data=b"an innocent note on tides " * 30, name="ok.txt").job.id
+    real = compilation._parse
+
+    class Killed(BaseException):  # the worker dies while parsing the poison document
+        pass
+
+    def parse(job):
+        if job.id == poison:
+            raise Killed
+        return real(job)
+
+    monkeypatch.setattr(compilation, "_parse", parse)
+    for _ in range(settings.KNOWLEDGE_JOB_MAX_ATTEMPTS):
+        CompilationJob.objects.filter(id=poison).update(run_state="queued", task_id="")
+        with pytest.raises(Killed):
+            compilation.run_job(poison)
+        CompilationJob.objects.filter(run_state="running").update(
+            lease_expires_at=timezone.now() - timedelta(seconds=1)
+        )
+        # An interrupt gives held jobs back; a real kill leaves them running until the sweep.
+        compilation.recover_jobs()
+    poisoned, job = _job(poison), _job(innocent)
+    assert poisoned.execution_attempts == settings.KNOWLEDGE_JOB_MAX_ATTEMPTS
+    assert job.execution_attempts <= 1 and job.run_state != "failed", (
+        job.run_state,
+        job.error_code,
+        job.execution_attempts,
+    )
+
+
+# 7. A batch-mate canceled while it waits its turn still starts work (is_lost is cached 1 s).
+def test_a_batch_mate_canceled_before_its_turn_never_parses(space, monkeypatch):
+    a = _admit(space, name="a.txt").job.id
+    b = _admit(space, data=b"another note about tides " * 40, name="b.txt").job.id
+    parsed = []
+    real = compilation._parse
+
+    def parse(job):
+        parsed.append(job.id)
+        artifact = real(job)
+        if job.id == a:
+            compilation.cancel_job(b)  # acknowledged before b's turn comes
+        return artifact
+
+    monkeypatch.setattr(compilation, "_parse", parse)
+    compilation.compile_jobs([a, b])
+    assert parsed == [a]
+
+
+# 8. django-q2's timeout fails, terminally, batch-mates that never started.
+def test_a_timeout_does_not_fail_batch_mates_that_never_started(space, settings, monkeypatch):
+    from django_q.exceptions import TimeoutException
+
+    settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_CONCURRENCY = 1
+    ids = [
+        _admit(space, data=f"note {n} about tides ".encode() * 40, name=f"{n}.txt").job.id
+        for n in range(3)
+    ]
+
+    def slow(held, jobs, job_ids, nodes):
+        raise TimeoutException("Task exceeded maximum timeout value (5 seconds)")
+
+    monkeypatch.setattr(compilation, "_project", slow)
+    with pytest.raises(TimeoutException):
+        compilation.compile_jobs(ids)
+    from ingestion.models import ParseArtifact
+
+    assert not ParseArtifact.objects.filter(job_id=ids[2]).exists()  # it never started
+    last = _job(ids[2])
+    assert last.run_state == "queued", (last.run_state, last.error_code, last.error_message)
+    assert (_job(ids[0]).run_state, _job(ids[0]).error_code) == ("failed", "timeout")
