@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from ingestion import gates
-from ingestion.models import CompilationJob, Stage
+from ingestion.models import CompilationJob, ParseArtifact, Stage
 from ingestion.services import compilation
 from ingestion.services.documents import admit_document
 
@@ -216,9 +216,40 @@ def test_a_timeout_does_not_fail_batch_mates_that_never_started(space, settings,
     monkeypatch.setattr(compilation, "_project", slow)
     with pytest.raises(TimeoutException):
         compilation.compile_jobs(ids)
-    from ingestion.models import ParseArtifact
 
     assert not ParseArtifact.objects.filter(job_id=ids[2]).exists()  # it never started
     last = _job(ids[2])
     assert last.run_state == "queued", (last.run_state, last.error_code, last.error_message)
     assert (_job(ids[0]).run_state, _job(ids[0]).error_code) == ("failed", "timeout")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hung_worker_stops_renewing_its_lease_and_the_sweep_takes_the_job_back(
+    space, settings, monkeypatch
+):
+    settings.KNOWLEDGE_JOB_LEASE_SECONDS = 3  # the keeper renews every second
+    settings.KNOWLEDGE_JOB_STALL_SECONDS = 1
+    job_id = _admit(space).job.id
+    release = threading.Event()
+    real = compilation._parse
+
+    def hangs(job):
+        release.wait(30)  # a parser that never answers
+        return real(job)
+
+    monkeypatch.setattr(compilation, "_parse", hangs)
+    worker = threading.Thread(target=lambda: compilation.compile_jobs([job_id]))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and compilation.recover_jobs().requeued_expired == 0:
+            time.sleep(0.5)
+        job = _job(job_id)
+        assert (job.run_state, job.lease_token) == ("queued", None)
+    finally:
+        release.set()
+        worker.join(30)
+    # The hung worker woke up: everything it tried was refused; the job waits for its delivery.
+    job = _job(job_id)
+    assert job.run_state == "queued" and job.stage == "queued"
+    assert not ParseArtifact.objects.filter(job_id=job_id).exists()
