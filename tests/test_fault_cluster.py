@@ -262,3 +262,34 @@ def test_the_cluster_runs_the_recovery_schedule_itself(space, clusters):
         75,
         step=0.5,
     ), CompilationJob.objects.get(id=job.id).run_state
+
+
+def test_kfs_ingest_follow_shows_the_cluster_compiling_until_done(
+    space, clusters, tmp_path, capsys
+):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for n in range(3):
+        (folder / f"{n}.md").write_text(f"# Note {n}\n\n" + "Tides follow the moon. " * 200)
+    clusters(KFS_TEST_EMBED_DELAY="0.01")
+    out = StringIO()
+    call_command(
+        "kfs",
+        "ingest",
+        str(folder),
+        "--space",
+        space.slug,
+        "--tenant",
+        space.tenant_id,
+        "--follow",
+        stdout=out,
+    )
+    states = set(Document.objects.filter(space=space).values_list("state", flat=True))
+    assert states == {"published"}
+    bar = capsys.readouterr().err  # tqdm draws on stderr
+    assert "compile: 100%" in bar and "300/300" in bar
+    assert out.getvalue().count("published") == 3

@@ -69,3 +69,21 @@ def space_stats(space: KnowledgeSpace) -> dict:
         space=space, generation=F("document__active_generation")
     ).count()
     return {"documents": documents, "nodes": nodes, "jobs": jobs}
+
+
+def latest_job_percents(document_ids: list) -> dict:
+    """``{document_id: percent}`` of each document's newest attempt; an ended attempt is 100."""
+    ended = {RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELED, RunState.SUPERSEDED}
+    percents: dict = {}
+    for job in (
+        CompilationJob.objects.filter(document_id__in=document_ids)
+        .order_by("document_id", "-created_at")
+        .only("document_id", "run_state", "progress_percent")
+    ):
+        if job.document_id not in percents:
+            percents[job.document_id] = (
+                100 if job.run_state in ended else min(job.progress_percent, 99)
+            )
+    for document_id in document_ids:
+        percents.setdefault(document_id, 100)  # deleted meanwhile
+    return percents

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -80,6 +81,11 @@ class Command(BaseCommand):
             "--wait",
             action="store_true",
             help="compile in this process until done; exit 1 if any failed",
+        )
+        ingest.add_argument(
+            "--follow",
+            action="store_true",
+            help="leave compilation to the worker cluster and show its progress until done",
         )
         ingest.add_argument("--on-duplicate", choices=["skip", "reject", "replace"], default="skip")
         ingest.add_argument("--json", action="store_true")
@@ -268,6 +274,8 @@ class Command(BaseCommand):
                 total=len(admitted), desc="compile", unit="doc", disable=options["json"]
             ) as bar:
                 compilation.drain_queued(space.id, on_progress=bar.update)
+        elif options["follow"] and admitted:
+            self._follow(admitted, quiet=options["json"])
         rows = list(
             Document.objects.filter(id__in=admitted).values(
                 "id", "filename", "state", "error_code", "error_message", "node_count"
@@ -290,6 +298,17 @@ class Command(BaseCommand):
         self.emit(options, payload, "\n".join(lines))
         if options["wait"] and (failed or rejected):
             raise CommandError(f"{len(failed)} documents failed, {len(rejected)} files rejected")
+
+    def _follow(self, document_ids: list, *, quiet: bool) -> None:
+        """A progress bar over the documents' latest jobs (percent summed) until all ended."""
+        with tqdm(total=100 * len(document_ids), desc="compile", unit="%", disable=quiet) as bar:
+            while True:
+                percents = reports.latest_job_percents(document_ids)
+                done = sum(percents.values())
+                bar.update(done - bar.n)
+                if all(p == 100 for p in percents.values()):
+                    return
+                time.sleep(0.5)
 
     def query(self, options: dict) -> None:
         space = self._space(options)
