@@ -935,7 +935,11 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
             vectors[j][target.index_version] = np.zeros(
                 (total[j], target.model.dimension), dtype=np.float32
             )
-        stream = [(j, i) for j in job_ids for i in range(total[j])]
+        # Length-sorted, so each model batch pads little (the model sorts only within a call).
+        stream = sorted(
+            ((j, i) for j in job_ids for i in range(total[j])),
+            key=lambda item: len(nodes[item[0]][item[1]].text),
+        )
         done = dict.fromkeys(job_ids, 0)
         position = 0
         last_write, written = 0.0, {}

@@ -1,0 +1,99 @@
+"""Compilation cost beyond the model: in-process ingest time vs raw embedding of the same chunks.
+
+Admits the first ``--docs`` SciFact records (title + abstract as one ``.txt`` each) into a fresh
+space of a fresh SQLite database, compiles them with ``drain_queued`` (the worker's code path,
+without the queue), then embeds the very chunk texts the compilation produced with the same
+model and batching, ``--repeat`` times each. Reports medians, the ingest/raw ratio (closer to 1 =
+less overhead) and the non-model overhead per document.
+
+Run it from any checkout (``python bench/compile_overhead.py --out FILE``) to compare versions;
+``KNOWLEDGE_VAR_DIR`` must point at an empty folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "knowledgefs.settings")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "data" / "scifact"))
+    parser.add_argument("--docs", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    corpus = Path(args.dataset) / "corpus.jsonl"
+    if not corpus.exists():
+        print(f"dataset not found: {corpus}", file=sys.stderr)
+        return 2
+
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from ingestion.models import KnowledgeNode
+    from ingestion.services.compilation import drain_queued
+    from ingestion.services.documents import admit_document
+    from knowledgefs.runtime import get_embedding_model
+    from spaces.services import Principal, create_space
+
+    call_command("migrate", verbosity=0)
+    records = []
+    with corpus.open() as handle:
+        for line in handle:
+            row = json.loads(line)
+            records.append((row["_id"], f"{row.get('title', '')}\n\n{row['text']}"))
+            if len(records) == args.docs:
+                break
+    model = get_embedding_model()
+    model.embed_documents(["warm-up"] * 16)
+    ingest, raw, nodes = [], [], 0
+    for run in range(args.repeat):
+        space = create_space(Principal(tenant_id="bench"), name=f"overhead {run} {time.time()}")
+        for doc_id, text in records:
+            admit_document(space, filename=f"{doc_id}.txt", data=text.encode(), enqueue=False)
+        started = time.perf_counter()
+        drain_queued(space.id)
+        ingest.append(time.perf_counter() - started)
+        texts = list(
+            KnowledgeNode.objects.filter(space=space)
+            .order_by("document_id", "chunk_index")
+            .values_list("text", flat=True)
+        )
+        nodes = len(texts)
+        started = time.perf_counter()
+        for start in range(0, len(texts), 256):
+            model.embed_documents(texts[start : start + 256])
+        raw.append(time.perf_counter() - started)
+        print(f"run {run}: ingest {ingest[-1]:.1f} s, raw {raw[-1]:.1f} s", flush=True)
+    result = {
+        "docs": len(records),
+        "nodes": nodes,
+        "ingest_seconds": ingest,
+        "raw_seconds": raw,
+        "ingest_median_s": statistics.median(ingest),
+        "raw_median_s": statistics.median(raw),
+        "raw_to_ingest_ratio": round(statistics.median(raw) / statistics.median(ingest), 3),
+        "overhead_ms_per_doc": round(
+            1000 * (statistics.median(ingest) - statistics.median(raw)) / len(records), 1
+        ),
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
