@@ -26,7 +26,14 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 def bounded_int(name: str, default: int, low: int, high: int) -> int:
     """Read an integer setting and refuse values outside ``[low, high]`` at start-up."""
-    value = env.int(name, default=default)
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not (raw.isascii() and raw.lstrip("-").isdigit()):
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} is not a whole number; accepted range {low}..{high}"
+        )
+    value = int(raw)
     if not low <= value <= high:
         raise ImproperlyConfigured(f"{name}={value} is outside the accepted range {low}..{high}")
     return value

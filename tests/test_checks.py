@@ -113,3 +113,15 @@ def test_manage_check_fails_on_a_bad_q_cluster():
     )
     assert result.returncode != 0
     assert "knowledgefs.E001" in result.stderr
+
+
+def test_a_setting_that_is_not_a_whole_number_is_refused_by_name():
+    for raw in ("abc", "10.5", "128 MiB", "١٢٠"):
+        result = subprocess.run(
+            [sys.executable, "-c", "import django; django.setup()"],
+            env={**os.environ, "KNOWLEDGE_JOB_LEASE_SECONDS": raw},
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode != 0
+        assert "KNOWLEDGE_JOB_LEASE_SECONDS" in result.stderr and "10..3600" in result.stderr

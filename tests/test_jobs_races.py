@@ -253,3 +253,60 @@ def test_a_hung_worker_stops_renewing_its_lease_and_the_sweep_takes_the_job_back
     job = _job(job_id)
     assert job.run_state == "queued" and job.stage == "queued"
     assert not ParseArtifact.objects.filter(job_id=job_id).exists()
+
+
+def test_a_batch_hands_back_what_it_cannot_start_in_half_the_worker_timeout(space, settings):
+    settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_CONCURRENCY = 1  # one job per wave
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "timeout": 0.001}  # spent after the first wave
+    ids = [
+        _admit(space, data=f"note {n} about tides ".encode() * 40, name=f"{n}.txt").job.id
+        for n in range(3)
+    ]
+    compilation.compile_jobs(ids)
+    states = [(_job(j).run_state, bool(_job(j).task_id)) for j in ids]
+    assert states[0][0] == "succeeded"
+    assert states[1:] == [("queued", True), ("queued", True)]  # requeued and dispatched again
+    assert OrmQ.objects.count() == 2
+
+
+def test_a_replace_racing_a_delete_admits_the_bytes_as_a_new_document(space, principal):
+    from ingestion.models import Document
+    from ingestion.services import documents
+
+    first = _admit(space, name="a.txt")
+    real = documents._replace
+
+    def deleted_meanwhile(existing, **kwargs):
+        documents.delete_document(principal, space.id, existing.id)
+        return real(existing, **kwargs)
+
+    documents._replace = deleted_meanwhile
+    try:
+        again = admit_document(
+            space, filename="b.txt", data=TEXT, on_duplicate="replace", enqueue=False
+        )
+    finally:
+        documents._replace = real
+    assert again.created and again.document.id != first.document.id
+    assert list(Document.objects.values_list("filename", flat=True)) == ["b.txt"]
+
+
+def test_kfs_ingest_wait_compiles_only_its_own_documents(space, tmp_path):
+    from django.core.management import call_command
+
+    other = _admit(space, name="someone-else.txt").job.id
+    (tmp_path / "mine.md").write_text("# Mine\n\nTides follow the moon.\n")
+    call_command(
+        "kfs",
+        "ingest",
+        str(tmp_path),
+        "--space",
+        space.slug,
+        "--tenant",
+        space.tenant_id,
+        "--wait",
+        "--json",
+    )
+    assert _job(other).run_state == "queued"
+    mine = CompilationJob.objects.exclude(id=other).get()
+    assert mine.run_state == "succeeded"

@@ -323,6 +323,14 @@ def _stop_on_timeout(held: Held) -> None:
         logger.exception("could not record the timeout of a compilation batch")
 
 
+def _hand_back(held: Held, job_ids: list[uuid.UUID]) -> None:
+    """Requeue held jobs whose work has not started and dispatch each on its own."""
+    _requeue(held, job_ids)
+    for job_id in job_ids:
+        held.release(job_id)
+        dispatch(job_id)
+
+
 def _requeue(held: Held, job_ids: list[uuid.UUID]) -> None:
     """Give held jobs back: ``queued`` without a claim (the sweep dispatches them)."""
     tokens = {j: held.tokens[j] for j in job_ids if j in held.tokens}
@@ -361,6 +369,7 @@ class Held:
     active: set[uuid.UUID] = field(default_factory=set)
     started: set[uuid.UUID] = field(default_factory=set)
     touched_at: float = field(default_factory=time.monotonic)
+    created_at: float = field(default_factory=time.monotonic)
     _checked_at: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -574,8 +583,8 @@ def _checkpoint_many(
     fields.setdefault("heartbeat_at", now)
     fields.setdefault("lease_expires_at", now + timedelta(seconds=lease_seconds()))
     fields["updated_at"] = now  # queryset updates bypass auto_now
-    if "stage" in fields:
-        fields.setdefault("progress_percent", PROGRESS.get(fields["stage"], 0))
+    if fields.get("stage") in PROGRESS:
+        fields.setdefault("progress_percent", PROGRESS[fields["stage"]])
     with transaction.atomic():
         held = set(
             CompilationJob.objects.select_for_update()
@@ -609,7 +618,14 @@ def _compile_claimed(held: Held, until: str | None) -> None:
     for job_id in [j for j in held.tokens if j not in jobs]:
         held.release(job_id)  # deleted with its document meanwhile
     pending = [j for j in held.tokens if j in jobs]
+    budget = settings.Q_CLUSTER.get("timeout") or 0
+    first_wave = True
     while pending:
+        if not first_wave and budget and time.monotonic() - held.created_at > budget / 2:
+            # Half the worker timeout is spent: hand the rest back rather than risk it all.
+            _hand_back(held, pending)
+            return
+        first_wave = False
         wave: dict[uuid.UUID, _Work] = {}
         try:
             pending = _admit_wave(held, jobs, pending, wave)
@@ -1028,13 +1044,12 @@ def end_attempt(job_id: uuid.UUID, token: uuid.UUID, failure: CompilationFailure
 
     Returns the new run state, or ``None`` when the job was no longer ours.
     """
-    attempts = (
-        CompilationJob.objects.filter(id=job_id)
-        .values_list("execution_attempts", flat=True)
-        .first()
+    row = (
+        CompilationJob.objects.filter(id=job_id).values_list("execution_attempts", "stage").first()
     )
-    if attempts is None:
+    if row is None:
         return None
+    attempts, stage = row
     if failure.retryable and attempts < settings.KNOWLEDGE_JOB_MAX_ATTEMPTS:
         delay = settings.KNOWLEDGE_JOB_RETRY_BACKOFF_SECONDS * 2 ** max(0, attempts - 1)
         now = timezone.now()
@@ -1045,6 +1060,9 @@ def end_attempt(job_id: uuid.UUID, token: uuid.UUID, failure: CompilationFailure
             lease_expires_at=None,
             task_id="",
             next_attempt_at=now + timedelta(seconds=delay),
+            progress=_progress(
+                "retry_wait", f"{failure.code}; retrying after {delay} s", PROGRESS.get(stage, 0)
+            ),
             error_code=failure.code[:64],
             error_message=failure.message[:4000],
             error_retryable=True,
@@ -1078,8 +1096,10 @@ def _parse(job: CompilationJob) -> ParseArtifact:
             "source_missing", "the stored source file of this document is missing"
         ) from None
     except OSError as exc:
-        raise CompilationFailure(
-            "source_unavailable", f"could not read the stored source: {exc}", retryable=True
+        raise CompilationFailure(  # no server paths in the message
+            "source_unavailable",
+            f"could not read the stored source ({type(exc).__name__}: {exc.strerror or 'error'})",
+            retryable=True,
         ) from exc
     try:
         report = parsing.parse_with_report(data, document.mime_type)
@@ -1266,10 +1286,14 @@ def fail(
     took it over owns the cleanup.
     """
     now = timezone.now()
-    document_id = CompilationJob.objects.filter(id=job_id).values_list("document_id", flat=True)
-    document_id = document_id.first()
-    if document_id is None:
+    row = (
+        CompilationJob.objects.filter(id=job_id)
+        .values_list("document_id", "progress_percent")
+        .first()
+    )
+    if row is None:
         return False
+    document_id, percent = row
     try:
         with transaction.atomic():
             lock_for_update(Document.objects.filter(id=document_id)).first()  # lock order
@@ -1285,6 +1309,7 @@ def fail(
                 error_code=code[:64],
                 error_message=message[:4000],
                 error_retryable=retryable,
+                progress=_progress("failed", code, percent),
             )
             _drop_nodes(KnowledgeNode.objects.filter(document_id=document_id, generation=job_id))
             Document.objects.filter(id=document_id, active_generation__isnull=True).update(
@@ -1508,11 +1533,13 @@ def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
             ),
             batch,
         ):
-            expired.append((job.id, job.lease_token, job.task_id, job.execution_attempts))
+            expired.append(
+                (job.id, job.lease_token, job.task_id, job.execution_attempts, job.stage)
+            )
     # Every action re-checks that the lease is still expired: a worker that renewed it since
     # (a slow keeper) keeps its job.
     still_expired = Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
-    for job_id, token, task_id, attempts in expired:
+    for job_id, token, task_id, attempts, stage in expired:
         if _timeout_recorded(task_id):
             if fail(
                 job_id,
@@ -1543,11 +1570,10 @@ def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
             task_id="",
             dispatched_at=None,
             updated_at=now,
-            progress={
-                "phase": "recovering",
-                "operation": "lease expired; queued again",
-                "percent": 0,
-            },
+            progress=_progress(
+                "queued", "the worker stopped; queued again", PROGRESS.get(stage, 0)
+            ),
+            progress_percent=PROGRESS.get(stage, 0),
         ):
             report.requeued_expired += 1
             to_dispatch.append(job_id)
@@ -1602,12 +1628,17 @@ def _recover_index_builds() -> int:
 
 
 def drain_queued(
-    space_id: uuid.UUID | None = None, *, on_progress=None, wait_for_retries: bool = True
+    space_id: uuid.UUID | None = None,
+    *,
+    document_ids: list | None = None,
+    on_progress=None,
+    wait_for_retries: bool = True,
 ) -> int:
     """Compile every queued job in-process (for ``kfs ingest --wait`` and evaluation).
 
     Jobs are taken in batches of ``KNOWLEDGE_COMPILE_BATCH_DOCUMENTS``; a job a worker cluster
-    claims first is simply skipped. With ``wait_for_retries`` a job in ``retry_wait`` is waited
+    claims first is simply skipped; ``document_ids`` limits the drain to those documents' jobs.
+    With ``wait_for_retries`` a job in ``retry_wait`` is waited
     for and compiled again when due (attempts are bounded, so this ends). ``on_progress(n)`` is
     called with the number of jobs done in each batch. Returns how many deliveries were made.
     """
@@ -1616,6 +1647,8 @@ def drain_queued(
     scope = CompilationJob.objects.all()
     if space_id is not None:
         scope = scope.filter(space_id=space_id)
+    if document_ids is not None:
+        scope = scope.filter(document_id__in=document_ids)
     while True:
         qs = scope.filter(run_state=RunState.QUEUED)
         oldest = qs.order_by("created_at").values_list("space_id", flat=True).first()

@@ -122,7 +122,10 @@ def admit_document(
     if existing is not None:
         if on_duplicate == "reject":
             raise _duplicate(existing)
-        return _replace(existing, filename=filename, enqueue=enqueue)
+        replaced = _replace(existing, filename=filename, enqueue=enqueue)
+        if replaced is not None:
+            return replaced
+        # The document was deleted since we found it: admit the bytes as a new document.
 
     _freeze_embedding_model(space)
     document_id = uuid.uuid4()
@@ -150,7 +153,13 @@ def admit_document(
             raise
         if on_duplicate == "reject":
             raise _duplicate(winner) from None
-        return _replace(winner, filename=filename, enqueue=enqueue)
+        replaced = _replace(winner, filename=filename, enqueue=enqueue)
+        if replaced is None:
+            raise Conflict(
+                "a concurrent upload and deletion of the same content raced; send it again",
+                code="concurrent_change",
+            ) from None
+        return replaced
     except BaseException:
         storage.delete_object(key)
         raise
@@ -170,11 +179,14 @@ def _duplicate(existing: Document) -> Conflict:
     )
 
 
-def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission:
+def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission | None:
+    """Recompile ``existing`` under ``filename``; ``None`` if it was deleted meanwhile."""
     from .compilation import supersede_live_jobs
 
     with transaction.atomic():
-        document = lock_for_update(Document.objects).get(id=existing.id)
+        document = lock_for_update(Document.objects.filter(id=existing.id)).first()
+        if document is None:
+            return None
         supersede_live_jobs(document)
         document.filename = filename
         if document.active_generation is None:

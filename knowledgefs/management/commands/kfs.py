@@ -273,7 +273,10 @@ class Command(BaseCommand):
             with tqdm(
                 total=len(admitted), desc="compile", unit="doc", disable=options["json"]
             ) as bar:
-                compilation.drain_queued(space.id, on_progress=bar.update)
+                compilation.drain_queued(space.id, document_ids=admitted, on_progress=bar.update)
+            # A running worker cluster may have taken some of them: wait for those too.
+            if any(p < 100 for p in reports.latest_job_percents(admitted).values()):
+                self._follow(admitted, quiet=options["json"])
         elif options["follow"] and admitted:
             self._follow(admitted, quiet=options["json"])
         rows = list(
