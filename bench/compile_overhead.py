@@ -13,6 +13,7 @@ Run it from any checkout (``python bench/compile_overhead.py --out FILE``) to co
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -32,7 +33,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    corpus = Path(args.dataset) / "corpus.jsonl"
+    corpus = Path(args.dataset) / "corpus.jsonl.gz"
     if not corpus.exists():
         print(f"dataset not found: {corpus}", file=sys.stderr)
         return 2
@@ -50,7 +51,7 @@ def main() -> int:
 
     call_command("migrate", verbosity=0)
     records = []
-    with corpus.open() as handle:
+    with gzip.open(corpus, "rt", encoding="utf-8") as handle:
         for line in handle:
             row = json.loads(line)
             records.append((row["_id"], f"{row.get('title', '')}\n\n{row['text']}"))

@@ -933,15 +933,7 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
         targets = projection_targets(space_id)
     except Exception as exc:  # noqa: BLE001
         logger.exception("no embedding model for space %s", space_id)
-        for j in job_ids:
-            end_attempt(
-                j,
-                held.tokens[j],
-                CompilationFailure(
-                    "embedding_unavailable", f"{type(exc).__name__}: {exc}", retryable=True
-                ),
-            )
-            held.release(j)
+        _end_all(held, job_ids, "embedding_unavailable", exc)
         return {}
     step = max(1, settings.KNOWLEDGE_EMBEDDING_BATCH_SIZE)
     vectors: dict[uuid.UUID, dict[int, np.ndarray]] = {j: {} for j in job_ids}
@@ -996,15 +988,7 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
                         return {}
         except Exception as exc:  # noqa: BLE001
             logger.exception("embedding failed")
-            for j in held.live(job_ids):
-                end_attempt(
-                    j,
-                    held.tokens[j],
-                    CompilationFailure(
-                        "embedding_failed", f"{type(exc).__name__}: {exc}", retryable=True
-                    ),
-                )
-                held.release(j)
+            _end_all(held, held.live(job_ids), "embedding_failed", exc)
             return {}
     outputs = {j: (nodes[j], vectors[j]) for j in held.live(job_ids)}
 
@@ -1037,6 +1021,14 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
 
 
 # --- ending an attempt ----------------------------------------------------------------------
+
+
+def _end_all(held: Held, job_ids: list[uuid.UUID], code: str, exc: Exception) -> None:
+    """End these held jobs with one retryable failure (the model runtime failed them all)."""
+    failure = CompilationFailure(code, f"{type(exc).__name__}: {exc}", retryable=True)
+    for job_id in job_ids:
+        end_attempt(job_id, held.tokens[job_id], failure)
+        held.release(job_id)
 
 
 def end_attempt(job_id: uuid.UUID, token: uuid.UUID, failure: CompilationFailure) -> str | None:
