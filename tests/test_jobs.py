@@ -395,14 +395,14 @@ def test_a_batch_larger_than_the_retained_artifact_limit_runs_in_waves(
         for n in range(3)
     ]
     waves = []
-    finish = compilation._finish_wave
+    finish = compilation._chunk_wave
 
-    def spy(held, wave, until):
+    def spy(held, wave):
         holders = gates.retained_artifact_gate().snapshot()["holders"]
         waves.append((len(wave), len(holders)))
-        return finish(held, wave, until)
+        return finish(held, wave)
 
-    monkeypatch.setattr(compilation, "_finish_wave", spy)
+    monkeypatch.setattr(compilation, "_chunk_wave", spy)
     compilation.compile_jobs(jobs)
     assert waves == [(1, 1), (1, 1), (1, 1)]  # one retained artifact at a time
     assert set(CompilationJob.objects.values_list("run_state", flat=True)) == {"succeeded"}
@@ -420,9 +420,9 @@ def test_an_artifact_over_the_byte_budget_runs_alone(space, settings, monkeypatc
         _admit(space, data=b"a small note about tides " * 10, name="small.txt").job.id,
     ]
     waves = []
-    finish = compilation._finish_wave
+    finish = compilation._chunk_wave
     monkeypatch.setattr(
-        compilation, "_finish_wave", lambda h, w, u: (waves.append(len(w)), finish(h, w, u))
+        compilation, "_chunk_wave", lambda h, w: (waves.append(len(w)), finish(h, w))[1]
     )
     compilation.compile_jobs(jobs)
     assert waves == [1, 1]

@@ -261,11 +261,10 @@ def compile_jobs(
     gate; within a wave each stage does its work job by job (one job's failure fails only that
     job), then commits the outputs and checkpoints together. Any error outside a single job's
     work fails or defers every job of the batch still held, so no job is left ``running`` by an
-    exception. A django-q2 timeout fails the jobs of the current wave as ``timeout`` with one
-    statement, puts the batch's other jobs back to ``queued`` and is re-raised so the worker
-    stops; an interrupt (Ctrl-C, shutdown) puts every held job back to ``queued``. ``until`` stops
-    after that checkpoint with the jobs left running, which is how tests stand in for a worker
-    that dies.
+    exception. A django-q2 timeout is recorded by :func:`_stop_on_timeout` and re-raised so the
+    worker stops; an interrupt (Ctrl-C, shutdown) puts every held job back to ``queued``.
+    ``until`` stops after that checkpoint with the jobs left running, which is how tests stand
+    in for a worker that dies.
     """
     from django_q.exceptions import TimeoutException
 
@@ -294,31 +293,34 @@ def compile_jobs(
 
 
 def _stop_on_timeout(held: Held) -> None:
-    """Fail the current wave as ``timeout`` and requeue the rest, fast (the guard kills soon).
+    """Record a django-q2 timeout fast (the guard kills the worker seconds later).
 
-    Two statements, conditioned on the lease tokens; the failed attempts' partial nodes are
-    invisible and are removed by the sweep's cleanup.
+    A delivery that held one job fails it as ``timeout``. A delivery that held several puts them
+    all back to ``queued`` instead: a job that already started is then delivered alone, so a
+    document that really needs longer than the timeout fails on its own run and its batch-mates
+    are not charged for it. One or two statements, conditioned on the lease tokens; a failed
+    attempt's invisible partial nodes are removed by the sweep's cleanup.
     """
     message = f"compilation exceeded the worker timeout of {settings.Q_CLUSTER['timeout']} s"
     now = timezone.now()
     try:
-        in_wave = {j: t for j, t in held.tokens.items() if j in held.active}
-        if in_wave:
-            CompilationJob.objects.filter(_held_by(in_wave), run_state=RunState.RUNNING).update(
-                run_state=RunState.FAILED,
-                stage=Stage.FAILED,
-                lease_token=None,
-                lease_expires_at=None,
-                finished_at=now,
-                updated_at=now,
-                error_code="timeout",
-                error_message=message,
-                error_retryable=False,
-            )
-            Document.objects.filter(
-                jobs__id__in=list(in_wave), active_generation__isnull=True
-            ).update(state=DocumentState.FAILED, error_code="timeout", error_message=message)
-        _requeue(held, [j for j in held.tokens if j not in held.active])
+        if len(held.tokens) != 1:
+            _requeue(held, list(held.tokens))
+            return
+        CompilationJob.objects.filter(_held_by(held.tokens), run_state=RunState.RUNNING).update(
+            run_state=RunState.FAILED,
+            stage=Stage.FAILED,
+            lease_token=None,
+            lease_expires_at=None,
+            finished_at=now,
+            updated_at=now,
+            error_code="timeout",
+            error_message=message,
+            error_retryable=False,
+        )
+        Document.objects.filter(
+            jobs__id__in=list(held.tokens), active_generation__isnull=True
+        ).update(state=DocumentState.FAILED, error_code="timeout", error_message=message)
     except Exception:  # noqa: BLE001 - the sweep finds the expired leases and the timeout record
         logger.exception("could not record the timeout of a compilation batch")
 
@@ -614,33 +616,54 @@ class _Work:
 
 
 def _compile_claimed(held: Held, until: str | None) -> None:
+    """Compile the held jobs in groups: artifacts in waves under the gates, chunks together.
+
+    Each wave parses and chunks at most the retained-artifact limit of documents and gives its
+    leases back as soon as their chunks exist (the artifacts are then no longer held); chunked
+    documents collect into a group until their chunks reach the retained byte budget or the
+    batch ends, and a group is embedded, indexed and published together, so embedding batches
+    draw from many documents however small the waves are.
+    """
     jobs = CompilationJob.objects.select_related("document").in_bulk(list(held.tokens))
     for job_id in [j for j in held.tokens if j not in jobs]:
         held.release(job_id)  # deleted with its document meanwhile
     pending = [j for j in held.tokens if j in jobs]
     budget = settings.Q_CLUSTER.get("timeout") or 0
+    byte_budget = settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES
     first_wave = True
     while pending:
-        if not first_wave and budget and time.monotonic() - held.created_at > budget / 2:
-            # Half the worker timeout is spent: hand the rest back rather than risk it all.
-            _hand_back(held, pending)
-            return
-        first_wave = False
-        wave: dict[uuid.UUID, _Work] = {}
-        try:
-            pending = _admit_wave(held, jobs, pending, wave)
-            if until == Stage.PARSED:
+        group: dict[uuid.UUID, CompilationJob] = {}
+        nodes: dict[uuid.UUID, list[KnowledgeNode]] = {}
+        group_bytes = 0
+        while pending and group_bytes < byte_budget:
+            if not first_wave and budget and time.monotonic() - held.created_at > budget / 2:
+                # Half the worker timeout is spent: hand the rest back rather than risk it all.
+                _hand_back(held, pending)
+                pending = []
+                break
+            first_wave = False
+            wave: dict[uuid.UUID, _Work] = {}
+            try:
+                pending = _admit_wave(held, jobs, pending, wave)
+                if until == Stage.PARSED:
+                    return
+                chunked = _chunk_wave(held, wave)
+            finally:
+                for work in wave.values():
+                    if work.lease is not None:
+                        work.lease.release()
+            if until == Stage.NODES_GENERATED:
                 return
-            _finish_wave(held, wave, until)
+            group.update({j: wave[j].job for j in wave})
+            nodes.update(chunked)
+            group_bytes += sum(2 * len(n.text) + 512 for ns in chunked.values() for n in ns)
+        if group:
+            _embed_and_publish(held, group, nodes, until)
             if until:
                 return
-            held.active -= set(wave)  # (kept on an exception: the timeout handler needs it)
-            for job_id in wave:
+            held.active -= set(group)  # (kept on an exception: the timeout handler needs it)
+            for job_id in group:
                 jobs.pop(job_id, None)
-        finally:
-            for work in wave.values():
-                if work.lease is not None:
-                    work.lease.release()
 
 
 def _admit_wave(
@@ -797,7 +820,8 @@ def _report(held: Held, job_id: uuid.UUID, progress: dict) -> None:
     held.beat({job_id: progress})
 
 
-def _finish_wave(held: Held, wave: dict[uuid.UUID, _Work], until: str | None) -> None:
+def _chunk_wave(held: Held, wave: dict[uuid.UUID, _Work]) -> dict[uuid.UUID, list[KnowledgeNode]]:
+    """Chunk the wave's artifacts and commit their nodes; returns the nodes per job chunked."""
     order = list(wave)
     jobs = {j: wave[j].job for j in order}
     to_chunk = [
@@ -830,8 +854,17 @@ def _finish_wave(held: Held, wave: dict[uuid.UUID, _Work], until: str | None) ->
             nodes_embedded=0,
         ),
     )
-    if until == Stage.NODES_GENERATED:
-        return
+    return chunked
+
+
+def _embed_and_publish(
+    held: Held,
+    jobs: dict[uuid.UUID, CompilationJob],
+    chunked: dict[uuid.UUID, list[KnowledgeNode]],
+    until: str | None,
+) -> None:
+    """Embed and index a group's chunks together, then publish the group."""
+    order = list(jobs)
     nodes = dict(chunked)
     nodes.update(
         _load_nodes(
