@@ -611,7 +611,6 @@ class _Work:
 
     job: CompilationJob
     artifact: ParseArtifact | None = None
-    nodes: list[KnowledgeNode] | None = None
     lease: gates.Lease | None = None
 
 
@@ -776,7 +775,7 @@ def _materialize(held: Held, job: CompilationJob, gate, *, first: bool):
         with gates.materialization_slot(heavy, should_abort=aborted, block=first) as slot:
             if slot is None:
                 return "busy", None, None
-            _report(held, job.id, _progress("parsing", "reading and parsing the source", 5))
+            held.beat({job.id: _progress("parsing", "reading and parsing the source", 5)})
             if job.id in held.lost or job.id not in held.tokens:
                 return "lost", None, None
             held.start(job.id)
@@ -814,10 +813,6 @@ def _node_charge(job: CompilationJob) -> int:
         chars=Sum(Length("text")), n=Count("id")
     )
     return 2 * (agg["chars"] or 0) + 512 * (agg["n"] or 0)
-
-
-def _report(held: Held, job_id: uuid.UUID, progress: dict) -> None:
-    held.beat({job_id: progress})
 
 
 def _chunk_wave(held: Held, wave: dict[uuid.UUID, _Work]) -> dict[uuid.UUID, list[KnowledgeNode]]:
