@@ -50,7 +50,7 @@ def idempotent(request, request_fingerprint: str, handler: Callable[[], Response
         return handler()
     # Records belong to the API key that made the request, so one key can never replay a
     # response another key (perhaps with a wider scope) received.
-    owner = f"key:{request.user.api_key_id}"
+    owner = request.user.owner
     if not 1 <= len(key) <= 255 or not key.isascii() or not key.isprintable():
         raise InvalidInput(
             "Idempotency-Key must be 1-255 printable ASCII characters",

@@ -12,7 +12,6 @@ import re
 import secrets
 import unicodedata
 import uuid
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
@@ -21,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, F, QuerySet
 from django.utils import timezone
 
+from knowledgefs.auth.principal import Principal
 from knowledgefs.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 from .models import SLUG_PATTERN, ApiKey, KnowledgeSpace, PublicationHead
@@ -29,19 +29,6 @@ KEY_PREFIX = "kfs_"
 _SLUG_RE = re.compile(SLUG_PATTERN)
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 LAST_USED_RESOLUTION = timedelta(minutes=1)
-
-
-@dataclass(frozen=True)
-class Principal:
-    """An authenticated caller: a tenant, and the spaces it may reach (``None`` = all of them)."""
-
-    tenant_id: str
-    space_ids: frozenset[uuid.UUID] | None = None
-    api_key_id: uuid.UUID | None = None
-    is_authenticated: bool = field(default=True, repr=False)
-
-    def can_reach(self, space_id: uuid.UUID) -> bool:
-        return self.space_ids is None or space_id in self.space_ids
 
 
 def validate_tenant_id(tenant_id: str) -> str:
@@ -373,4 +360,6 @@ def authenticate_secret(secret: str) -> Principal | None:
         tenant_id=cached["tenant_id"],
         space_ids=frozenset(uuid.UUID(s) for s in space_ids) if space_ids is not None else None,
         api_key_id=uuid.UUID(cached["id"]),
+        kind="api_key",
+        subject=f"key:{cached['id']}",
     )
