@@ -115,7 +115,13 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Cache (API-key authentication results); Redis when REDIS_URL is set ----------------------
-if env.str("REDIS_URL", default=""):
+# Authentication results are cached per process (locmem) or in Redis, and stay valid only while
+# the revocation epoch they were read under is unchanged (spaces.services, "Authentication
+# cache"): every revocation or scope change replaces it before its commit and again after. With
+# locmem the epoch is a file in KNOWLEDGE_VAR_DIR, so every API process must share that folder
+# (one machine or one volume); processes that do not share it must share REDIS_URL instead.
+KNOWLEDGE_AUTH_CACHE_SHARED = bool(env.str("REDIS_URL", default=""))
+if KNOWLEDGE_AUTH_CACHE_SHARED:
     CACHES = {
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
@@ -124,16 +130,17 @@ if env.str("REDIS_URL", default=""):
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-# API-key authentication results are cached only in a cache every process shares (Redis), so
-# that a revocation made anywhere takes effect on the next request everywhere.
-KNOWLEDGE_AUTH_CACHE_SECONDS = bounded_int(
-    "KNOWLEDGE_AUTH_CACHE_SECONDS", 300 if env.str("REDIS_URL", default="") else 0, 0, 3600
-)
-if KNOWLEDGE_AUTH_CACHE_SECONDS and not env.str("REDIS_URL", default=""):
-    raise ImproperlyConfigured(
-        "KNOWLEDGE_AUTH_CACHE_SECONDS > 0 needs REDIS_URL: a per-process cache cannot see "
-        "revocations made in other processes"
-    )
+KNOWLEDGE_AUTH_CACHE_SECONDS = bounded_int("KNOWLEDGE_AUTH_CACHE_SECONDS", 300, 0, 3600)
+KNOWLEDGE_AUTH_EPOCH_FILE = VAR_DIR / "auth" / "revocation-epoch"
+if KNOWLEDGE_AUTH_CACHE_SECONDS and not KNOWLEDGE_AUTH_CACHE_SHARED:
+    # A process that could not replace the epoch could not revoke; one that could not read it
+    # would never cache. Refuse to start rather than find out at the first revocation.
+    KNOWLEDGE_AUTH_EPOCH_FILE.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(KNOWLEDGE_AUTH_EPOCH_FILE.parent, os.R_OK | os.W_OK | os.X_OK):
+        raise ImproperlyConfigured(
+            f"{KNOWLEDGE_AUTH_EPOCH_FILE.parent} must be readable and writable: it holds the "
+            "API-key revocation epoch (or set REDIS_URL, or KNOWLEDGE_AUTH_CACHE_SECONDS=0)"
+        )
 
 # --- Object storage boundary --------------------------------------------------------------------
 OBJECT_STORAGE_DIR = Path(env.str("KNOWLEDGE_OBJECT_STORAGE_DIR", default=str(VAR_DIR / "objects")))

@@ -1,10 +1,18 @@
+"""Operator screens for spaces and API keys. Every change goes through ``spaces.services``."""
+
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import Count
 from django.utils import timezone
 
-from .models import ApiKey, KnowledgeSpace, PublicationHead
-from .services import revoke_api_key
+from knowledgefs.auth.principal import Principal
+from knowledgefs.errors import ServiceError
+
+from . import services
+from .models import ApiKey, ApiKeyBinding, BindingType, KnowledgeSpace, PublicationHead
 
 
 @admin.register(KnowledgeSpace)
@@ -19,8 +27,17 @@ class KnowledgeSpaceAdmin(admin.ModelAdmin):
         "embedding_dimension",
         "created_at",
         "updated_at",
+        "deleting_at",
     )
     show_full_result_count = False
+
+    def delete_model(self, request, obj) -> None:
+        # The service purges documents and stored objects and deletes keys bound only here.
+        services.delete_space(Principal(tenant_id=obj.tenant_id), obj.id)
+
+    def delete_queryset(self, request, queryset) -> None:
+        for space in queryset:
+            self.delete_model(request, space)
 
 
 @admin.register(PublicationHead)
@@ -33,23 +50,251 @@ class PublicationHeadAdmin(admin.ModelAdmin):
         return False
 
 
+# --- API keys -------------------------------------------------------------------------------
+
+
+class KeyStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return (("active", "Active"), ("revoked", "Revoked"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "active":
+            return queryset.filter(revoked_at__isnull=True)
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        return queryset
+
+
+class BindingForm(forms.ModelForm):
+    """One new binding; checked by the same rules as ``services.bind_api_key``."""
+
+    class Meta:
+        model = ApiKeyBinding
+        fields = ("resource_type", "space", "dataset_id")
+
+    def clean(self):
+        data = super().clean()
+        kind, space, dataset = data.get("resource_type"), data.get("space"), data.get("dataset_id")
+        if kind == BindingType.KNOWLEDGE_FS_SPACE and (space is None or dataset):
+            raise ValidationError("a knowledge-space binding names a space and no dataset id")
+        if kind == BindingType.DATASET and (space is not None or not dataset):
+            raise ValidationError("a dataset binding names a dataset id and no space")
+        return data
+
+
+class ApiKeyBindingInline(admin.TabularInline):
+    """Existing bindings are read-only (delete and add instead); saving goes through
+    :meth:`ApiKeyAdmin.save_formset`, so removing the last binding revokes the key."""
+
+    model = ApiKeyBinding
+    form = BindingForm
+    fields = ("resource_type", "space", "dataset_id", "created_at")
+    readonly_fields = ("created_at",)
+    extra = 0
+    verbose_name_plural = "Bindings (none: the key reaches every space of its tenant)"
+
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        if obj is not None and "space" in formset.form.base_fields:
+            formset.form.base_fields["space"].queryset = KnowledgeSpace.objects.filter(
+                tenant_id=obj.tenant_id, deleting_at__isnull=True
+            ).order_by("slug")
+        return formset
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # a binding is added or removed, never edited in place
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return bool(obj and obj.revoked_at is None) and request.user.has_perm(
+            "spaces.change_apikey"
+        )
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return bool(obj and obj.revoked_at is None) and request.user.has_perm(
+            "spaces.change_apikey"
+        )
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("spaces.view_apikey") or request.user.has_perm(
+            "spaces.change_apikey"
+        )
+
+
+class ApiKeyCreationForm(forms.ModelForm):
+    """Create a key through ``services.create_api_key``; the secret is shown once."""
+
+    spaces = forms.ModelMultipleChoiceField(
+        queryset=KnowledgeSpace.objects.filter(deleting_at__isnull=True).order_by(
+            "tenant_id", "slug"
+        ),
+        required=False,
+        help_text="Spaces of the key's tenant it is bound to. None (and no dataset): the whole "
+        "tenant.",
+    )
+    datasets = forms.CharField(
+        required=False,
+        help_text="Dify dataset ids it is bound to, separated by spaces or commas.",
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = ("tenant_id", "name")
+
+    def clean_datasets(self) -> list[str]:
+        raw = self.cleaned_data.get("datasets") or ""
+        datasets = [d for d in raw.replace(",", " ").split() if d]
+        try:
+            return [services.validate_dataset_id(d) for d in datasets]
+        except ServiceError as exc:
+            raise ValidationError(exc.message) from None
+
+    def clean_name(self) -> str:
+        try:
+            return services.validate_key_name(self.cleaned_data.get("name") or "")
+        except ServiceError as exc:
+            raise ValidationError(exc.message) from None
+
+    def clean(self):
+        data = super().clean()
+        tenant = data.get("tenant_id")
+        if tenant:
+            try:
+                services.validate_tenant_id(tenant)
+            except ServiceError as exc:
+                self.add_error("tenant_id", exc.message)
+            wrong = [s.slug for s in data.get("spaces") or [] if s.tenant_id != tenant]
+            if wrong:
+                self.add_error("spaces", f"not spaces of tenant {tenant}: {', '.join(wrong)}")
+        return data
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "tenant_id", "name", "created_at", "last_used_at", "revoked_at")
-    list_filter = ("tenant_id", ("revoked_at", admin.EmptyFieldListFilter))
-    search_fields = ("prefix", "tenant_id", "name")
-    readonly_fields = ("id", "prefix", "key_hash", "created_at", "last_used_at", "revoked_at")
-    filter_horizontal = ("spaces",)
+    list_display = (
+        "prefix",
+        "name",
+        "tenant_id",
+        "state",
+        "binding_summary",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
+    list_filter = ("tenant_id", KeyStateFilter)
+    search_fields = ("prefix", "name", "tenant_id")
     actions = ["revoke"]
+    inlines = [ApiKeyBindingInline]
 
-    def has_add_permission(self, request) -> bool:
-        return False  # keys are created with 'kfs apikey create' so the secret is shown once
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(binding_count=Count("bindings"))
 
-    @admin.action(description="Revoke selected API keys (immediately)")
+    @admin.display(description="state")
+    def state(self, obj) -> str:
+        return "Active" if obj.revoked_at is None else "Revoked"
+
+    @admin.display(description="bindings")
+    def binding_summary(self, obj) -> str:
+        count = getattr(obj, "binding_count", None)
+        if count is None:
+            count = obj.bindings.count()
+        return f"{count} bound" if count else "whole tenant"
+
+    # The secret is never shown (only its prefix); key_hash is not shown either.
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ("tenant_id", "name", "spaces", "datasets")
+        return ("id", "prefix", "tenant_id", "name", "created_at", "last_used_at", "revoked_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return ()
+        return ("id", "prefix", "tenant_id", "created_at", "last_used_at", "revoked_at")
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        if obj is None:
+            kwargs["form"] = ApiKeyCreationForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_inlines(self, request, obj):
+        return self.inlines if obj is not None else []
+
+    def save_model(self, request, obj, form, change) -> None:
+        if change:
+            obj.save(update_fields=["name"])
+            return
+        try:
+            key, secret = services.create_api_key(
+                form.cleaned_data["tenant_id"],
+                spaces=list(form.cleaned_data.get("spaces") or []),
+                datasets=form.cleaned_data.get("datasets") or [],
+                name=form.cleaned_data.get("name") or "",
+            )
+        except ServiceError as exc:  # changed since the form was checked
+            self.message_user(
+                request, f"No key was created: {exc.code}: {exc.message}", messages.ERROR
+            )
+            return
+        obj.pk, obj.prefix, obj.created_at = key.pk, key.prefix, key.created_at
+        obj._state.adding = False
+        self.message_user(
+            request,
+            f"The new key's secret, shown this once (copy it now): {secret}",
+            messages.WARNING,
+        )
+
+    def save_formset(self, request, form, formset, change) -> None:
+        """Bindings change only through the services: new ones first, then removals, so
+        replacing a key's only binding never passes through zero; removing the last one
+        revokes the key."""
+        if formset.model is not ApiKeyBinding:
+            return super().save_formset(request, form, formset, change)
+        key = form.instance
+        formset.save(commit=False)
+        for binding in formset.new_objects:
+            is_space = binding.resource_type == BindingType.KNOWLEDGE_FS_SPACE
+            try:
+                services.bind_api_key(
+                    key,
+                    binding.space if is_space else None,
+                    dataset_id=None if is_space else binding.dataset_id,
+                )
+            except ServiceError as exc:
+                # Changed since the form was checked (e.g. the space's deletion started):
+                # remove nothing either, so the key keeps the scope it had.
+                self.message_user(
+                    request,
+                    f"Key {key.prefix}: binding {binding} refused ({exc.code}: {exc.message}); "
+                    "no binding was removed.",
+                    messages.ERROR,
+                )
+                formset.new_objects = formset.changed_objects = formset.deleted_objects = []
+                return
+        for binding in formset.deleted_objects:
+            result = services.unbind_api_key(key, binding)
+            if result.revoked:
+                self.message_user(
+                    request,
+                    f"Key {key.prefix} lost its last binding and was revoked (a key with no "
+                    "bindings would reach the whole tenant).",
+                    messages.WARNING,
+                )
+        formset.new_objects = formset.changed_objects = formset.deleted_objects = []
+
+    def delete_model(self, request, obj) -> None:
+        services.delete_api_key(obj)
+
+    def delete_queryset(self, request, queryset) -> None:
+        for key in queryset:
+            services.delete_api_key(key)
+
+    @admin.action(description="Revoke selected keys (immediately)")
     def revoke(self, request, queryset) -> None:
         count = 0
         for key in queryset.filter(revoked_at__isnull=True):
-            revoke_api_key(key.prefix)
+            services.revoke_api_key(key)
             count += 1
         self.message_user(
             request, f"Revoked {count} API keys at {timezone.now():%H:%M:%S} UTC.", messages.SUCCESS

@@ -6,6 +6,8 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.signals import pre_delete
+from django.dispatch import receiver
 
 SLUG_PATTERN = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
 
@@ -28,6 +30,9 @@ class KnowledgeSpace(models.Model):
     embedding_dimension = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Set when a deletion starts (the purge of a large space takes several transactions); such
+    # a space can no longer be bound to an API key.
+    deleting_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         constraints = [
@@ -62,10 +67,12 @@ class PublicationHead(models.Model):
 class ApiKey(models.Model):
     """A tenant-bound service API key, stored as a SHA-256 hash with a visible prefix.
 
-    An unscoped key reaches every space of its tenant. A scoped key (``scoped``, fixed at
-    creation) reaches only the spaces it is bound to and cannot create new ones; losing its last
-    binding never widens it (deleting a space deletes the keys bound only to it). The secret is
-    shown once, at creation.
+    Its scope is its :class:`ApiKeyBinding` rows: a key with **no** bindings reaches every space
+    of its tenant; a key with bindings reaches exactly the bound resources, and each API surface
+    honours only bindings of its own kind (this service's routes read ``knowledge_fs_space``
+    bindings, so a key bound only to Dify datasets reaches no space here). A key never widens:
+    removing its last binding revokes it in the same transaction, and deleting a space deletes
+    the keys bound only to it (``spaces.services``). The secret is shown once, at creation.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -73,10 +80,6 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=120, blank=True, default="")
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64, unique=True)
-    scoped = models.BooleanField(
-        default=False, help_text="Reaches only its bound spaces; never widens when they go."
-    )
-    spaces = models.ManyToManyField(KnowledgeSpace, blank=True, related_name="api_keys")
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
@@ -95,3 +98,88 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class BindingType(models.TextChoices):
+    """What an :class:`ApiKeyBinding` points at."""
+
+    KNOWLEDGE_FS_SPACE = "knowledge_fs_space", "Knowledge space"
+    DATASET = "dataset", "Dify dataset"
+
+
+class ApiKeyBinding(models.Model):
+    """One resource an API key is restricted to: a knowledge space here, or a classic Dify
+    Dataset (by id; the Dataset lives on Dify's side and is honoured by Dify's dataset API).
+
+    Exactly one target is set, matching ``resource_type`` (check constraint
+    ``apikey_binding_target``). A key is bound to a resource at most once. The uniqueness
+    constraints are plain (not conditional): SQLite, PostgreSQL and MySQL/MariaDB all treat NULLs
+    as distinct in a unique index, so the rows of the other type never collide, and Django does
+    not create conditional unique constraints on MySQL/MariaDB at all.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="bindings")
+    resource_type = models.CharField(max_length=32, choices=BindingType.choices)
+    space = models.ForeignKey(
+        KnowledgeSpace,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="api_key_bindings",
+    )
+    dataset_id = models.CharField(max_length=64, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "API key binding"
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(
+                        resource_type=BindingType.KNOWLEDGE_FS_SPACE,
+                        space__isnull=False,
+                        dataset_id__isnull=True,
+                    )
+                    | (
+                        Q(
+                            resource_type=BindingType.DATASET,
+                            space__isnull=True,
+                            dataset_id__isnull=False,
+                        )
+                        & ~Q(dataset_id="")
+                    )
+                ),
+                name="apikey_binding_target",
+                violation_error_message=(
+                    "a knowledge-space binding names a space and no dataset; a dataset binding "
+                    "names a dataset id and no space"
+                ),
+            ),
+            models.UniqueConstraint(
+                fields=["api_key", "space"],
+                name="apikey_binding_space_unique",
+                violation_error_message="the key is already bound to this space",
+            ),
+            models.UniqueConstraint(
+                fields=["api_key", "dataset_id"],
+                name="apikey_binding_dataset_unique",
+                violation_error_message="the key is already bound to this dataset",
+            ),
+        ]
+        indexes = [models.Index(fields=["dataset_id"], name="apikey_binding_dataset")]
+
+    def __str__(self) -> str:
+        if self.resource_type == BindingType.KNOWLEDGE_FS_SPACE:
+            return f"space {self.space_id}"
+        return f"dataset {self.dataset_id}"
+
+
+@receiver(pre_delete, sender=KnowledgeSpace, dispatch_uid="spaces.keys_never_widen")
+def _keys_never_widen(sender, instance: KnowledgeSpace, **kwargs) -> None:
+    """Whatever deletes a space (``delete_space``, a cascade, the shell), the keys bound only to
+    it go first: once their binding cascaded away they would reach the whole tenant. Runs inside
+    the deletion's transaction."""
+    from .services import delete_keys_scoped_only_to
+
+    delete_keys_scoped_only_to(instance)

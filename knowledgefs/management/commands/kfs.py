@@ -68,10 +68,21 @@ class Command(BaseCommand):
             metavar="SLUG",
             help="bind the key to this space (repeatable); none = whole tenant",
         )
+        key_create.add_argument(
+            "--dataset",
+            action="append",
+            default=[],
+            metavar="DATASET_ID",
+            help="bind the key to this Dify dataset (repeatable; reaches no space here)",
+        )
         key_create.add_argument("--name", default="")
         key_create.add_argument("--json", action="store_true")
         revoke = apikey_sub.add_parser("revoke", help="revoke a key by secret or prefix")
-        revoke.add_argument("key")
+        revoke.add_argument("key", metavar="KEY_OR_PREFIX")
+        revoke.add_argument("--json", action="store_true")
+        key_list = apikey_sub.add_parser("list", help="list a tenant's keys (never secrets)")
+        key_list.add_argument("--tenant", required=True)
+        key_list.add_argument("--json", action="store_true")
 
         ingest = sub.add_parser("ingest", help="upload files or folders into a space")
         ingest.add_argument("paths", nargs="+", metavar="PATH")
@@ -220,17 +231,31 @@ class Command(BaseCommand):
 
     def apikey(self, options: dict) -> None:
         if options["action"] == "revoke":
-            key = spaces.revoke_api_key(options["key"])
-            self.stdout.write(f"revoked key {key.prefix}… of tenant {key.tenant_id}")
+            key = spaces.describe_api_key(spaces.revoke_api_key(options["key"]))
+            self.emit(options, key, f"revoked key {key['prefix']}… of tenant {key['tenant_id']}")
             return
         tenant = spaces.validate_tenant_id(options["tenant"])
+        if options["action"] == "list":
+            rows = [spaces.describe_api_key(k) for k in spaces.list_api_keys(tenant)]
+            self.emit(
+                options,
+                {"items": rows},
+                "\n".join(_key_line(r) for r in rows) or f"no keys in tenant {tenant}",
+            )
+            return
         principal = spaces.Principal(tenant_id=tenant)
         bound = [spaces.get_space_by_slug(principal, slug) for slug in options["space"]]
-        key, secret = spaces.create_api_key(tenant, spaces=bound, name=options["name"])
+        key, secret = spaces.create_api_key(
+            tenant, spaces=bound, datasets=options["dataset"], name=options["name"]
+        )
         payload = {
-            "key": secret,
+            "id": str(key.id),
             "prefix": key.prefix,
+            "secret": secret,
             "tenant_id": tenant,
+            "bindings": spaces.describe_api_key(key)["bindings"],
+            # earlier names of the same values
+            "key": secret,
             "spaces": [s.slug for s in bound],
         }
         self.emit(options, payload, f"{secret}\n(shown once; prefix {key.prefix})")
@@ -421,6 +446,24 @@ class Command(BaseCommand):
         for bar in bars.values():
             bar.close()
         self.emit(options, metrics, json.dumps(metrics, indent=2))
+
+
+def _key_line(key: dict) -> str:
+    """One ``kfs apikey list`` line: prefix, state, name, bindings, created, last used."""
+    bindings = ",".join(
+        b["space_slug"] if b["type"] == "knowledge_fs_space" else f"dataset:{b['dataset_id']}"
+        for b in key["bindings"]
+    )
+    return "\t".join(
+        [
+            key["prefix"],
+            key["state"],
+            key["name"] or "-",
+            bindings or "(whole tenant)",
+            f"created {key['created_at']}",
+            f"last used {key['last_used_at'] or 'never'}",
+        ]
+    )
 
 
 def _job_row(job) -> dict:
