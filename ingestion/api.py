@@ -9,6 +9,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
 from knowledgefs.errors import InvalidInput, LengthRequired, PayloadTooLarge
 from knowledgefs.idempotency import fingerprint, idempotent
 from knowledgefs.uploads import upload_limit_message
@@ -20,6 +21,11 @@ from .services import compilation, documents, reports
 
 
 class DocumentListView(APIView):
+    operations = {
+        "GET": Operation("documents.list", space_from()),
+        "POST": Operation("documents.create", space_from(), WRITE_CALLERS),
+    }
+
     def get(self, request, space_id):
         space = get_space(request.user, space_id)
         paginator = NewestFirstPagination()
@@ -75,6 +81,11 @@ class DocumentListView(APIView):
 
 
 class DocumentDetailView(APIView):
+    operations = {
+        "GET": Operation("documents.read", child("document", "document_id")),
+        "DELETE": Operation("documents.delete", child("document", "document_id"), WRITE_CALLERS),
+    }
+
     def get(self, request, space_id, document_id):
         document = documents.get_document(request.user, space_id, document_id)
         return Response(DocumentSerializer(document).data)
@@ -85,6 +96,8 @@ class DocumentDetailView(APIView):
 
 
 class DocumentTextView(APIView):
+    operations = {"GET": Operation("documents.read_text", child("document", "document_id"))}
+
     def get(self, request, space_id, document_id):
         """The published canonical text (``?start=&end=`` code-point offsets, as in citations)."""
         try:
@@ -99,6 +112,8 @@ class DocumentTextView(APIView):
 
 
 class JobListView(APIView):
+    operations = {"GET": Operation("jobs.list", space_from())}
+
     def get(self, request, space_id):
         """The space's compilation attempts, newest first; ``?state=`` filters by public state."""
         space = get_space(request.user, space_id)
@@ -109,6 +124,14 @@ class JobListView(APIView):
 
 
 class JobDetailView(APIView):
+    # /v1/jobs/{job_id} does not name the space: the token's parent_id scopes the lookup.
+    operations = {
+        "GET": Operation("jobs.read", child("job", "job_id", parent_field=None)),
+        "DELETE": Operation(
+            "jobs.cancel", child("job", "job_id", parent_field=None), WRITE_CALLERS
+        ),
+    }
+
     def get(self, request, job_id):
         """Stage, run state, progress and error of one compilation attempt."""
         return Response(JobSerializer(documents.get_job(request.user, job_id)).data)
@@ -120,6 +143,10 @@ class JobDetailView(APIView):
 
 
 class JobRetryView(APIView):
+    operations = {
+        "POST": Operation("jobs.retry", child("job", "job_id", parent_field=None), WRITE_CALLERS)
+    }
+
     def post(self, request, job_id):
         """Start a new attempt of a failed or canceled job from its last good checkpoint.
 

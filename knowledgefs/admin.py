@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 
-from .models import IdempotencyRecord
+from .auth import grants
+from .models import CapabilityGrant, IdempotencyRecord
 
 
 @admin.register(IdempotencyRecord)
@@ -15,3 +16,40 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+@admin.register(CapabilityGrant)
+class CapabilityGrantAdmin(admin.ModelAdmin):
+    """Grants are written by accepted tokens and Dify's revocations: read-only here, except the
+    revoke action, which goes through :func:`knowledgefs.auth.grants.revoke_grant`."""
+
+    list_display = (
+        "grant_id",
+        "tenant_id",
+        "caller_kind",
+        "action",
+        "resource_type",
+        "resource_id",
+        "first_seen_at",
+        "last_seen_at",
+        "revoked_at",
+    )
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter), "caller_kind", "action")
+    search_fields = ("grant_id", "tenant_id", "resource_id", "subject")
+    readonly_fields = [f.name for f in CapabilityGrant._meta.fields]
+    actions = ["revoke_grants"]
+    show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # deleting a revoked grant would let its tokens in again
+
+    @admin.action(description="Revoke selected grants")
+    def revoke_grants(self, request, queryset) -> None:
+        revoked = sum(
+            grants.revoke_grant(grant_id, reason=f"revoked in admin by {request.user}")[1]
+            for grant_id in queryset.values_list("grant_id", flat=True)
+        )
+        self.message_user(request, f"Revoked {revoked} grant(s).", messages.SUCCESS)

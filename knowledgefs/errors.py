@@ -113,7 +113,14 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         )
     if isinstance(exc, drf_exceptions.APIException):
         code = next((c for k, c in _DRF_CODES.items() if isinstance(exc, k)), "error")
+        # A specific code given where the exception was raised (``code="token_expired"``)
+        # wins over the class's generic one.
+        specific = getattr(exc.detail, "code", None)
+        if isinstance(specific, str) and specific != exc.default_code:
+            code = specific
         response = Response({"code": code, "message": str(exc.detail)}, status=exc.status_code)
+        if isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
+            response["Retry-After"] = str(max(1, int(exc.wait)))
         if getattr(exc, "auth_header", None):
             response["WWW-Authenticate"] = exc.auth_header
         if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):

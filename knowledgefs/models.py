@@ -1,4 +1,4 @@
-"""Project-level records: idempotent request replays."""
+"""Project-level records: idempotent request replays and capability grants."""
 
 from __future__ import annotations
 
@@ -27,3 +27,36 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.owner})"
+
+
+class CapabilityGrant(models.Model):
+    """A Dify capability grant seen on an accepted token, or revoked before first use.
+
+    Dify issues each capability token under a ``grant_id`` for one tenant, caller, action and
+    resource. The first accepted token records that tuple here (provenance); later tokens of the
+    same grant must carry the same tuple, and a revoked grant is refused on the next request.
+    A grant revoked before any token was seen has ``action`` empty.
+    """
+
+    grant_id = models.CharField(max_length=128, primary_key=True)
+    tenant_id = models.CharField(max_length=64, blank=True, db_index=True)
+    caller_kind = models.CharField(max_length=32, blank=True)
+    subject = models.CharField(max_length=256, blank=True)
+    action = models.CharField(max_length=120, blank=True)
+    resource_type = models.CharField(max_length=32, blank=True)
+    resource_id = models.CharField(max_length=128, blank=True)
+    resource_parent_id = models.CharField(max_length=128, blank=True)
+    first_seen_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoke_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant_id", "-first_seen_at"], name="grant_tenant_seen")]
+
+    def __str__(self) -> str:
+        return f"{self.grant_id} ({self.action or 'revoked before use'})"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None

@@ -15,6 +15,9 @@ from urllib.parse import unquote
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from knowledgefs.auth.capability import parse_public_jwks
+from knowledgefs.auth.rates import rates_from_env, validate_rates
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -135,8 +138,12 @@ KNOWLEDGE_AUTH_EPOCH_FILE = VAR_DIR / "auth" / "revocation-epoch"
 if KNOWLEDGE_AUTH_CACHE_SECONDS and not KNOWLEDGE_AUTH_CACHE_SHARED:
     # A process that could not replace the epoch could not revoke; one that could not read it
     # would never cache. Refuse to start rather than find out at the first revocation.
-    KNOWLEDGE_AUTH_EPOCH_FILE.parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(KNOWLEDGE_AUTH_EPOCH_FILE.parent, os.R_OK | os.W_OK | os.X_OK):
+    try:
+        KNOWLEDGE_AUTH_EPOCH_FILE.parent.mkdir(parents=True, exist_ok=True)
+        _epoch_dir_usable = os.access(KNOWLEDGE_AUTH_EPOCH_FILE.parent, os.R_OK | os.W_OK | os.X_OK)
+    except OSError:
+        _epoch_dir_usable = False
+    if not _epoch_dir_usable:
         raise ImproperlyConfigured(
             f"{KNOWLEDGE_AUTH_EPOCH_FILE.parent} must be readable and writable: it holds the "
             "API-key revocation epoch (or set REDIS_URL, or KNOWLEDGE_AUTH_CACHE_SECONDS=0)"
@@ -238,10 +245,41 @@ Q_CLUSTER = {
     "label": "Worker tasks",
 }
 
+# --- Callers: Dify capability tokens, the inner API key, rate limits ---------------------------
+# Capability v2 tokens are RS256 JWTs Dify signs; KnowledgeFS holds the public JWKS only (one
+# current key and at most two previous ones). A JWKS with private key members is refused here.
+KNOWLEDGE_FS_CAPABILITY_V2_ENABLED = env.bool("KNOWLEDGE_FS_CAPABILITY_V2_ENABLED", default=False)
+KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS = env.str(
+    "KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS", default=""
+)
+if KNOWLEDGE_FS_CAPABILITY_V2_ENABLED and not KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS.strip():
+    raise ImproperlyConfigured(
+        "KNOWLEDGE_FS_CAPABILITY_V2_ENABLED needs KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS"
+    )
+if KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS.strip():
+    parse_public_jwks(KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS)
+# The key Dify presents on internal routes (X-Inner-Api-Key) and that KnowledgeFS presents on
+# Dify's inner API: Dify's INNER_API_KEY_FOR_PLUGIN. Empty: internal routes are off.
+DIFY_INNER_API_KEY = env.str("DIFY_INNER_API_KEY", default="")
+if DIFY_INNER_API_KEY and (len(DIFY_INNER_API_KEY) < 16 or not DIFY_INNER_API_KEY.isascii()):
+    raise ImproperlyConfigured("DIFY_INNER_API_KEY must be at least 16 ASCII characters")
+# Fixed-window limits per (tenant, caller, operation id); JSON object, null = unlimited.
+KNOWLEDGE_RATE_LIMITS = {
+    "default": "1200/minute",
+    "documents.create": "600/minute",
+    "queries.create": "600/minute",
+    **rates_from_env(env.str("KNOWLEDGE_RATE_LIMITS", default="")),
+}
+validate_rates(KNOWLEDGE_RATE_LIMITS)
+
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["spaces.authentication.ApiKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "knowledgefs.auth.authentication.CapabilityTokenAuthentication",
+        "spaces.authentication.ApiKeyAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["knowledgefs.auth.permissions.OperationPermission"],
+    "DEFAULT_THROTTLE_CLASSES": ["knowledgefs.auth.throttling.OperationThrottle"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
         "rest_framework.parsers.JSONParser",

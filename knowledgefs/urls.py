@@ -1,4 +1,5 @@
-"""URL map: the product API under ``/v1/``, probes, and Django admin."""
+"""URL map: the product API under ``/v1/``, Dify's internal routes under ``/internal/``,
+probes, and Django admin."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -14,7 +15,7 @@ from ingestion.api import (
 from retrieval.api import RetrievalTestView
 from spaces.api import KnowledgeSpaceDetailView, KnowledgeSpaceListView
 
-from . import health
+from . import health, internal
 
 handler400 = "knowledgefs.errors.handler400"
 handler403 = "knowledgefs.errors.handler403"
@@ -51,9 +52,28 @@ v1 = [
     path("jobs/<str:job_id>/retry", JobRetryView.as_view(), name="job-retry"),
 ]
 
+internal_routes = [
+    path(
+        "knowledge-spaces/provision",
+        internal.ProvisionSpaceView.as_view(),
+        name="internal-space-provision",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/delete",
+        internal.DeleteSpaceView.as_view(),
+        name="internal-space-delete",
+    ),
+    path(
+        "capability-grants/<str:grant_id>/revoke",
+        internal.RevokeGrantView.as_view(),
+        name="internal-grant-revoke",
+    ),
+]
+
 urlpatterns = [
     path("health", health.health, name="health"),
     path("ready", health.ready, name="ready"),
     path("admin/", admin.site.urls),
     path("v1/", include(v1)),
+    path("internal/", include(internal_routes)),
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from knowledgefs.auth.operations import Operation, space_from
 from knowledgefs.errors import InvalidInput
 from spaces.services import get_space
 
@@ -12,6 +13,8 @@ from . import services
 
 
 class RetrievalTestView(APIView):
+    operations = {"POST": Operation("queries.create", space_from())}
+
     def post(self, request, space_id):
         """Body: ``{"query", "top_k" (1..100, default 10), "score_threshold", "mode"}``.
 

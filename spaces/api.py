@@ -12,6 +12,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from knowledgefs.auth.operations import ADMIN_CALLERS, Operation, namespace_wide, space_from
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
 
@@ -54,6 +55,11 @@ class NewestFirstPagination(CursorPagination):
 
 
 class KnowledgeSpaceListView(APIView):
+    operations = {
+        "GET": Operation("knowledge_spaces.list", namespace_wide()),
+        "POST": Operation("knowledge_spaces.create", namespace_wide(), ADMIN_CALLERS),
+    }
+
     def get(self, request):
         paginator = NewestFirstPagination()
         spaces = services.spaces_for(request.user).prefetch_related("index_versions")
@@ -75,6 +81,12 @@ class KnowledgeSpaceListView(APIView):
 
 
 class KnowledgeSpaceDetailView(APIView):
+    operations = {
+        "GET": Operation("knowledge_spaces.read", space_from()),
+        "PATCH": Operation("knowledge_spaces.update", space_from(), ADMIN_CALLERS),
+        "DELETE": Operation("knowledge_spaces.delete", space_from(), ADMIN_CALLERS),
+    }
+
     def get(self, request, space_id):
         return Response(KnowledgeSpaceSerializer(services.get_space(request.user, space_id)).data)
 

@@ -144,6 +144,26 @@ def spaces_for(principal: Principal) -> QuerySet[KnowledgeSpace]:
     return qs.order_by("-created_at", "-id")
 
 
+def provision_space(
+    tenant_id: str, *, name: str, slug: str, description: str = ""
+) -> tuple[KnowledgeSpace, bool]:
+    """Create the tenant's space ``slug`` unless it exists; returns ``(space, created)``.
+
+    Dify's provisioning call (internal route) is retried by its workers, so the slug is the
+    idempotency key: a repeat returns the existing space unchanged. Raises
+    :class:`InvalidInput` for a bad tenant, name or slug.
+    """
+    principal = Principal(tenant_id=validate_tenant_id(tenant_id), kind="internal")
+    _check_slug(slug)
+    existing = KnowledgeSpace.objects.filter(tenant_id=tenant_id, slug=slug).first()
+    if existing is not None:
+        return existing, False
+    try:
+        return create_space(principal, name=name, slug=slug, description=description), True
+    except Conflict:  # created by a concurrent repeat of the same call
+        return KnowledgeSpace.objects.get(tenant_id=tenant_id, slug=slug), False
+
+
 def get_space(principal: Principal, space_id: uuid.UUID | str) -> KnowledgeSpace:
     """The space with this id if the principal may reach it, else :class:`NotFound`."""
     try:

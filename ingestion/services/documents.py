@@ -289,12 +289,14 @@ def get_job(principal: Principal, job_id) -> CompilationJob:
         job_uuid = uuid.UUID(str(job_id))
     except ValueError:
         raise NotFound("job not found", code="job_not_found") from None
-    job = (
-        CompilationJob.objects.select_related("document")
-        .filter(id=job_uuid, tenant_id=principal.tenant_id)
-        .first()
+    # The caller's scope is part of the query, so an out-of-scope job is never loaded.
+    jobs = CompilationJob.objects.select_related("document").filter(
+        id=job_uuid, tenant_id=principal.tenant_id
     )
-    if job is None or not principal.can_reach(job.space_id):
+    if principal.space_ids is not None:
+        jobs = jobs.filter(space_id__in=principal.space_ids)
+    job = jobs.first()
+    if job is None:
         raise NotFound("job not found", code="job_not_found")
     return job
 

@@ -1,0 +1,74 @@
+"""DRF permission that enforces the operation registry (:mod:`knowledgefs.auth.operations`)."""
+
+from __future__ import annotations
+
+from rest_framework import exceptions, permissions
+
+from . import grants
+from .authentication import refuse
+from .capability import CapabilityError
+from .operations import operation_for, same_id
+
+
+class OperationPermission(permissions.BasePermission):
+    """Every request must match its route's registered operation.
+
+    - A method with no registered operation is refused (403 ``operation_not_registered``).
+    - Internal operations take only the inner API key; product operations never do.
+    - A capability token must name the operation's action (403 ``action_not_permitted``), a
+      caller kind the operation allows (403 ``caller_kind_not_permitted``) and the very
+      resource the request names (403 ``resource_not_permitted``); then its grant must not be
+      revoked or reused for another tuple (403 ``grant_revoked`` / ``grant_mismatch``), and
+      is recorded.
+    - API keys pass here; their space scope is applied in every queryset
+      (:func:`spaces.services.get_space`), so a foreign or out-of-scope id is a 404.
+    """
+
+    def has_permission(self, request, view) -> bool:
+        operation = operation_for(view, request.method)
+        if operation is None:
+            raise exceptions.PermissionDenied(
+                f"{request.method} has no registered operation on this route",
+                code="operation_not_registered",
+            )
+        principal = request.user
+        if principal is None or not getattr(principal, "is_authenticated", False):
+            raise exceptions.NotAuthenticated("authentication credentials were not provided")
+        if operation.internal != (principal.kind == "internal"):
+            raise exceptions.PermissionDenied(
+                "this route does not accept these credentials", code="credential_not_permitted"
+            )
+        if principal.kind == "capability":
+            self._check_capability(operation, principal, request, view)
+        return True
+
+    @staticmethod
+    def _check_capability(operation, principal, request, view) -> None:
+        if principal.action != operation.action:
+            raise exceptions.PermissionDenied(
+                f"the token's action is not {operation.action!r}", code="action_not_permitted"
+            )
+        if principal.caller_kind not in operation.callers:
+            raise exceptions.PermissionDenied(
+                f"{operation.action!r} is not open to {principal.caller_kind} callers",
+                code="caller_kind_not_permitted",
+            )
+        binding, resource = operation.binding, principal.resource
+        if resource is None or resource.type != binding.type:
+            raise exceptions.PermissionDenied(
+                f"{operation.action!r} needs a token for a {binding.type} resource",
+                code="resource_not_permitted",
+            )
+        if binding.source == "none":
+            return
+        ident, parent = binding.values(request, getattr(view, "kwargs", {}) or {})
+        if not same_id(ident, resource.id) or (
+            binding.parent_field is not None and not same_id(parent, resource.parent_id)
+        ):
+            raise exceptions.PermissionDenied(
+                "the token was issued for a different resource", code="resource_not_permitted"
+            )
+        try:
+            grants.admit_grant(request.auth)
+        except CapabilityError as error:
+            raise refuse(error) from None
