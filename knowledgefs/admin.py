@@ -43,6 +43,9 @@ class CapabilityGrantAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False
 
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # deleting a revoked grant would let its tokens in again
 

@@ -535,3 +535,33 @@ def test_startup_refuses_a_short_inner_key(tmp_path):
         [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert run.returncode != 0 and "DIFY_INNER_API_KEY" in run.stderr
+
+
+# --- admin -------------------------------------------------------------------------------------
+
+
+def test_grants_are_read_only_in_admin_and_revoked_through_the_service(admin_client, space):
+    from django.urls import reverse
+
+    payload = cap.claims(action="knowledge_spaces.read", resource=cap.space_resource(space.id))
+    api = bearer(cap.sign(payload))
+    assert api.get(f"/v1/knowledge-spaces/{space.id}").status_code == 200
+    changelist = reverse("admin:knowledgefs_capabilitygrant_changelist")
+    page = admin_client.get(changelist + "?revoked_at__isempty=1")
+    assert page.status_code == 200 and payload["grant_id"].encode() in page.content
+    change = admin_client.get(
+        reverse("admin:knowledgefs_capabilitygrant_change", args=[payload["grant_id"]])
+    )
+    assert change.status_code == 200 and b'name="_save"' not in change.content
+    assert admin_client.get(reverse("admin:knowledgefs_capabilitygrant_add")).status_code == 403
+    done = admin_client.post(
+        changelist,
+        {"action": "revoke_grants", "_selected_action": [payload["grant_id"]]},
+        follow=True,
+    )
+    assert b"Revoked 1 grant(s)." in done.content
+    refused = api.get(f"/v1/knowledge-spaces/{space.id}")
+    assert (refused.status_code, refused.json()["code"]) == (403, "grant_revoked")
+    assert CapabilityGrant.objects.get(grant_id=payload["grant_id"]).revoke_reason.startswith(
+        "revoked in admin by"
+    )
