@@ -1,4 +1,4 @@
-"""Operator screens for compilation jobs, driven in a real headless browser.
+"""Operator screens for compilation jobs and API keys, driven in a real headless browser.
 
 Playwright's Python package drives Debian's ``chromium`` (never a browser Playwright downloads).
 On a machine without either the tests skip with the reason; under CI (``CI`` set) they fail
@@ -10,12 +10,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import urllib.error
+import urllib.request
 
 import pytest
 from django.db import connections
 
 from ingestion.models import CompilationJob, RunState
 from ingestion.services.documents import admit_document
+from spaces.models import ApiKey
+from spaces.services import create_api_key, revoke_api_key
 from tests.conftest import compile_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -151,3 +155,45 @@ def test_an_operator_cancels_a_queued_job(page, live_server, operator, space):
     run_action(page, "notes.md", "cancel_jobs")
     warning = page.locator("ul.messagelist li.warning").inner_text()
     assert str(admitted.job.id) in warning and "notes.md" in warning
+
+
+# --- API keys ---------------------------------------------------------------------------------
+
+
+def api_status(live_server, secret: str) -> int:
+    """Status of ``GET /v1/knowledge-spaces`` with this key, over HTTP to the live server."""
+    request = urllib.request.Request(
+        f"{live_server.url}/v1/knowledge-spaces", headers={"Authorization": f"Bearer {secret}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_an_operator_revokes_an_api_key_and_the_api_refuses_it_at_once(
+    page, live_server, operator, tenant, space
+):
+    key, secret = create_api_key(tenant, spaces=[space], name="reporting")
+    old, _ = create_api_key(tenant, name="retired")
+    revoke_api_key(old)
+    assert api_status(live_server, secret) == 200  # the server's cache now holds the key
+
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/admin/spaces/apikey/")
+    apply_filter(page, "state", "Active")
+    assert "state=active" in page.url
+    assert row(page, key.prefix).count() == 1
+    assert row(page, old.prefix).count() == 0
+    assert "1 bound" in row(page, key.prefix).inner_text()
+    assert secret not in page.content()
+
+    run_action(page, key.prefix, "revoke")
+    assert "Revoked 1 API keys" in page.locator("ul.messagelist li.success").inner_text()
+    assert ApiKey.objects.get(id=key.id).revoked_at is not None
+    assert api_status(live_server, secret) == 401
+
+    apply_filter(page, "state", "Revoked")
+    assert row(page, key.prefix).count() == 1
+    assert row(page, old.prefix).count() == 1
