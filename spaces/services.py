@@ -716,6 +716,23 @@ def _current_epoch(cached: dict) -> str | None:
     return _read_file_epoch()
 
 
+def _load_key_record(key_hash: str, epoch: str | None) -> tuple[dict, float | None] | None:
+    """Read an active key and its scope: ``({id, tenant_id, space_ids, epoch}, last_used)``,
+    or ``None`` for an unknown or revoked key."""
+    # The lookup is by the SHA-256 of the secret, so comparing secrets leaks no timing.
+    key = ApiKey.objects.filter(key_hash=key_hash, revoked_at__isnull=True).first()
+    if key is None:
+        return None
+    bindings = list(key.bindings.values_list("resource_type", "space_id"))
+    space_ids = (
+        sorted(str(s) for t, s in bindings if t == BindingType.KNOWLEDGE_FS_SPACE)
+        if bindings
+        else None
+    )
+    record = {"id": str(key.id), "tenant_id": key.tenant_id, "space_ids": space_ids, "epoch": epoch}
+    return record, (key.last_used_at.timestamp() if key.last_used_at else None)
+
+
 def authenticate_secret(secret: str) -> Principal | None:
     """Return the principal for a presented secret, or ``None`` (unknown or revoked key).
 
@@ -732,10 +749,7 @@ def authenticate_secret(secret: str) -> Principal | None:
     key_hash = _hash_secret(secret)
     ttl = settings.KNOWLEDGE_AUTH_CACHE_SECONDS
     entry_key, used_key = _auth_cache_key(key_hash), _used_cache_key(key_hash)
-    now = timezone.now()
-    record = None
-    last_used = None
-    epoch = None
+    record = last_used = epoch = None
     if ttl:
         names = [entry_key, used_key]
         if settings.KNOWLEDGE_AUTH_CACHE_SHARED:
@@ -746,39 +760,25 @@ def authenticate_secret(secret: str) -> Principal | None:
         epoch = _current_epoch(cached)
         found = cached.get(entry_key)
         if found is not None and epoch is not None and found.get("epoch") == epoch:
-            record = found
-            last_used = cached.get(used_key)
+            record, last_used = found, cached.get(used_key)
+    remember = None  # a last-used time to put in the cache
     if record is None:
-        # The lookup is by the SHA-256 of the secret, so comparing secrets leaks no timing.
-        key = ApiKey.objects.filter(key_hash=key_hash, revoked_at__isnull=True).first()
-        if key is None:
-            return None
-        bindings = list(key.bindings.values_list("resource_type", "space_id"))
-        space_ids = (
-            sorted(str(s) for t, s in bindings if t == BindingType.KNOWLEDGE_FS_SPACE)
-            if bindings
-            else None
-        )
-        record = {
-            "id": str(key.id),
-            "tenant_id": key.tenant_id,
-            "space_ids": space_ids,
-            "epoch": epoch,
-        }
-        last_used = key.last_used_at.timestamp() if key.last_used_at else None
+        loaded = _load_key_record(key_hash, epoch)
+        if loaded is None:
+            return None  # unknown or revoked: never cached
+        record, last_used = loaded
         if ttl and epoch is not None:
-            cache.set_many(
-                {entry_key: record}
-                if last_used is None
-                else {entry_key: record, used_key: last_used},
-                ttl,
-            )
-    if last_used is None or now.timestamp() - last_used >= LAST_USED_RESOLUTION.total_seconds():
+            cache.set(entry_key, record, ttl)
+            remember = last_used
+    now = timezone.now()
+    resolution = LAST_USED_RESOLUTION.total_seconds()
+    if last_used is None or now.timestamp() - last_used >= resolution:
         ApiKey.objects.filter(id=record["id"]).filter(
             Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_RESOLUTION)
         ).update(last_used_at=now)
-        if ttl:
-            cache.set(used_key, now.timestamp(), ttl)
+        remember = now.timestamp()
+    if ttl and remember is not None:
+        cache.set(used_key, remember, max(ttl, int(resolution)))
     space_ids = record["space_ids"]
     return Principal(
         tenant_id=record["tenant_id"],
