@@ -8,7 +8,10 @@ from .services import authenticate_secret
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
-    """Sets ``request.user`` to a :class:`spaces.services.Principal`."""
+    """Sets ``request.user`` to a :class:`knowledgefs.auth.principal.Principal` of kind
+    ``api_key``, scoped by the key's bindings (:func:`spaces.services.authenticate_secret`,
+    which caches the result until the key is revoked or its bindings change). An unknown or
+    revoked key is 401 ``authentication_failed``; the secret is never logged."""
 
     keyword = "Bearer"
 
