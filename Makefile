@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium migrate demo serve worker test test-sqlite test-postgres lint bench clean
+.PHONY: install chromium redis migrate demo serve worker test test-sqlite test-postgres lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ chromium:
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
 	@chromium --version 2>/dev/null
+
+# Debian's redis-server for the REDIS_URL tests (tests/test_redis.py starts its own on loopback).
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends redis-server; }
+	@redis-server --version 2>/dev/null
 
 migrate: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
