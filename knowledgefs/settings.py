@@ -272,6 +272,29 @@ KNOWLEDGE_RATE_LIMITS = {
 }
 validate_rates(KNOWLEDGE_RATE_LIMITS)
 
+# --- Dify inner API ---------------------------------------------------------------------------
+# Models, object storage and datasources are Dify's: KnowledgeFS reaches them only through
+# Dify's inner API with DIFY_INNER_API_KEY and never holds their credentials (knowledgefs/dify/,
+# docs/dify-boundary.md). Compose injects DIFY_INNER_API_URL=http://api:5001.
+from knowledgefs.dify.config import parse_inner_api_url  # noqa: E402 - this block's own check
+
+DIFY_INNER_API_URL = env.str("DIFY_INNER_API_URL", default="").strip()
+if DIFY_INNER_API_URL:
+    DIFY_INNER_API_URL = parse_inner_api_url(DIFY_INNER_API_URL)
+# Per request, its retries and its body included (Dify's client contract: 60 s, at most 10 min).
+DIFY_MODEL_RUNTIME_TIMEOUT_MS = bounded_int("DIFY_MODEL_RUNTIME_TIMEOUT_MS", 60000, 100, 600000)
+DIFY_MODEL_RUNTIME_MAX_RESPONSE_BYTES = bounded_int(
+    "DIFY_MODEL_RUNTIME_MAX_RESPONSE_BYTES", 8 * 1024 * 1024, 1024, 256 * 1024 * 1024
+)
+# Embedding requests in flight per call (16 texts each); production guide: 2, 1..8.
+KNOWLEDGE_EMBEDDING_REQUEST_CONCURRENCY = bounded_int(
+    "KNOWLEDGE_EMBEDDING_REQUEST_CONCURRENCY", 2, 1, 8
+)
+# Each object-storage request, its body included (production guide: 60 s).
+DIFY_OBJECT_STORAGE_REQUEST_TIMEOUT_MS = bounded_int(
+    "DIFY_OBJECT_STORAGE_REQUEST_TIMEOUT_MS", 60000, 100, 3600000
+)
+
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

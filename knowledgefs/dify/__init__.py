@@ -1,0 +1,17 @@
+"""Clients of Dify's inner API: the only way KnowledgeFS reaches models, objects and datasources.
+
+In production KnowledgeFS holds no model, datasource or storage credential. Dify does, and
+KnowledgeFS calls Dify's inner API (``DIFY_INNER_API_URL``) with the inner key
+(``DIFY_INNER_API_KEY``, header ``X-Inner-Api-Key``). One module per Dify surface:
+
+- :mod:`.http`: the shared transport (pooled session, deadlines, capped reads, retries,
+  envelopes, length-prefixed frames);
+- :mod:`.model_runtime`: embeddings, rerank, LLM streams, the model catalog, and
+  ``DifyEmbeddingModel`` for :mod:`knowledgefs.runtime`;
+- :mod:`.object_storage`: ``DifyObjectStorage``, a Django ``Storage``;
+- :mod:`.datasources`: credential validation and browsing by Dify-managed ``credential_id``;
+- :mod:`.errors`: typed errors with stable codes and a ``retryable`` flag.
+
+See docs/dify-boundary.md. This package imports nothing at import time, so settings can use
+:mod:`.config`.
+"""

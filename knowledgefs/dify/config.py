@@ -1,0 +1,80 @@
+"""Defaults and limits of the Dify inner API, and the check of ``DIFY_INNER_API_URL``.
+
+Imported by ``knowledgefs/settings.py``, so it imports nothing heavy. Where a number comes from
+is said next to it; docs/dify-boundary.md lists them all.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from .errors import DifyNotConfigured
+
+# Model runtime (Dify's model-runtime client contract): 60 s per request, at most 10 minutes;
+# 8 MiB per response body.
+MODEL_RUNTIME_TIMEOUT_MS = 60_000
+MODEL_RUNTIME_TIMEOUT_MS_MAX = 600_000
+MODEL_RUNTIME_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+# Embedding fan-out (production guide, "Capacity knobs"): 16 texts per request, 2 requests in
+# flight per call (KNOWLEDGE_EMBEDDING_REQUEST_CONCURRENCY, 1..8).
+EMBEDDING_TEXTS_PER_REQUEST = 16
+EMBEDDING_REQUEST_CONCURRENCY = 2
+# Image embedding batches (production guide: KNOWLEDGE_VISUAL_EMBEDDING_MAX_BATCH_ASSETS 8,
+# _MAX_BATCH_BYTES 32 MiB, _MAX_ASSET_BYTES 20 MiB).
+MULTIMODAL_DOCUMENTS_PER_REQUEST = 8
+MULTIMODAL_MAX_BATCH_BYTES = 32 * 1024 * 1024
+MULTIMODAL_MAX_DOCUMENT_BYTES = 20 * 1024 * 1024
+# Model catalog pages hold at most 100 items (Dify's catalog route).
+CATALOG_MAX_LIMIT = 100
+
+# Object storage (Dify's storage route): 64 MiB per object, list pages of at most 100 keys,
+# keys of at most 1024 UTF-8 bytes, metadata of at most 64 entries (key ≤ 64 B, value ≤ 1 KiB).
+OBJECT_STORAGE_TIMEOUT_MS = 60_000
+OBJECT_MAX_BYTES = 64 * 1024 * 1024
+OBJECT_KEY_MAX_BYTES = 1024
+OBJECT_LIST_MAX_LIMIT = 100
+OBJECT_METADATA_MAX_ENTRIES = 64
+OBJECT_METADATA_KEY_MAX_BYTES = 64
+OBJECT_METADATA_VALUE_MAX_BYTES = 1024
+# JSON answers of the storage routes (metadata of one object, a page of 100).
+OBJECT_METADATA_RESPONSE_MAX_BYTES = 1024 * 1024
+OBJECT_LIST_RESPONSE_MAX_BYTES = 16 * 1024 * 1024
+
+# Datasources (Dify's datasource-runtime client contract): 60 s, 8 MiB, browse pages ≤ 1000 keys.
+DATASOURCE_TIMEOUT_MS = 60_000
+DATASOURCE_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+DATASOURCE_MAX_KEYS = 1000
+
+# Transport: connections kept per process (enough for every worker thread's embedding fan-out
+# and storage streams), connect timeout, inline retries and their backoff.
+POOL_SIZE = 32
+CONNECT_TIMEOUT_S = 5.0
+MAX_RETRIES = 2
+BACKOFF_BASE_S = 0.2
+BACKOFF_MAX_S = 2.0
+RETRY_AFTER_MAX_S = 5.0
+
+USER_ID = "knowledge-fs"
+
+
+def parse_inner_api_url(value: str, name: str = "DIFY_INNER_API_URL") -> str:
+    """Return ``value`` without trailing slashes, or raise :class:`DifyNotConfigured`.
+
+    Accepted: ``http://`` or ``https://`` with a host, no user or password, no query or
+    fragment (Compose: ``http://api:5001``). The error names the variable and never repeats a
+    value that carries credentials.
+    """
+    raw = value.strip()
+    try:
+        parts = urlsplit(raw)
+        hostname = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        raise DifyNotConfigured(f"{name}={raw!r} is not a URL") from None
+    if parts.username is not None or parts.password is not None:
+        raise DifyNotConfigured(f"{name} must not carry a user name or password")
+    if parts.scheme not in ("http", "https") or not hostname:
+        raise DifyNotConfigured(f"{name}={raw!r} must be an http:// or https:// URL with a host")
+    if parts.query or parts.fragment:
+        raise DifyNotConfigured(f"{name}={raw!r} must not have a query string or fragment")
+    return raw.rstrip("/")

@@ -1,0 +1,616 @@
+"""Models through Dify's inner model API: embeddings, rerank, LLM streams, the model catalog.
+
+Dify holds every provider credential; a call names the tenant (whose model settings Dify
+applies), the provider as ``<org>/<plugin>/<provider>`` (``langgenius/openai/openai``) and the
+model. Routes (POST, JSON): ``/inner/api/invoke/text-embedding``, ``…/multimodal-embedding``,
+``…/rerank``, ``…/llm`` (answered as a stream of length-prefixed frames) and
+``…/model-catalog``. Unary answers are Dify's envelope ``{"data": …, "error": ""}``.
+
+:class:`DifyModelRuntime` is the client; :class:`DifyEmbeddingModel` adapts it to the
+:class:`knowledgefs.runtime.EmbeddingModel` protocol the compiler and retrieval use.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+from django.conf import settings
+
+from . import config
+from .errors import DifyError, ModelRuntimeError
+from .http import DifyTransport, iter_frames, parse_json, unwrap_envelope
+
+TEXT_EMBEDDING = "/inner/api/invoke/text-embedding"
+MULTIMODAL_EMBEDDING = "/inner/api/invoke/multimodal-embedding"
+RERANK = "/inner/api/invoke/rerank"
+LLM = "/inner/api/invoke/llm"
+MODEL_CATALOG = "/inner/api/invoke/model-catalog"
+
+INPUT_TYPES = ("document", "query")
+MODEL_TYPES = ("llm", "rerank", "text-embedding")
+_PROVIDER = re.compile(r"^[a-z0-9_-]+/[a-z0-9_-]+/[a-z0-9_-]+$")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _input_error(message: str) -> ModelRuntimeError:
+    return ModelRuntimeError.of("input", message)  # type: ignore[return-value]
+
+
+def _identifier(value: Any, name: str, max_length: int) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value.strip()) > max_length:
+        raise _input_error(f"{name} must be a non-empty string of at most {max_length} characters")
+    return value.strip()
+
+
+def canonical_provider(provider: str, errors: type[DifyError] = ModelRuntimeError) -> str:
+    """Check ``<org>/<plugin>/<provider>`` (lower case, digits, ``_``, ``-``) and return it;
+    ``errors``' ``input`` kind otherwise."""
+    if not isinstance(provider, str) or not _PROVIDER.match(provider.strip()):
+        raise errors.of(
+            "input",
+            f"provider {str(provider)[:80]!r} must be '<org>/<plugin>/<provider>' "
+            "(langgenius/openai/openai)",
+        )
+    return provider.strip()
+
+
+@dataclass(frozen=True)
+class MultimodalDocument:
+    """One item to embed: raw ``content`` bytes (sent base64), ``content_type`` (``image``),
+    an optional ``file_id`` naming it in Dify's logs."""
+
+    content: bytes
+    content_type: str = "image"
+    file_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RerankHit:
+    """Index into the ``docs`` sent, and its relevance score (finite; higher is better)."""
+
+    index: int
+    score: float
+
+
+@dataclass(frozen=True)
+class CatalogItem:
+    """A model the tenant can use: ``provider`` is the provider slug, ``plugin_id`` is
+    ``<org>/<plugin>``; :attr:`canonical_provider` joins them for invocations."""
+
+    provider: str
+    plugin_id: str
+    plugin_unique_identifier: str
+    model: str
+    model_type: str
+    capabilities: Mapping[str, Any]
+    token_limits: Mapping[str, Any] | None = None
+
+    @property
+    def canonical_provider(self) -> str:
+        return f"{self.plugin_id}/{self.provider}"
+
+
+@dataclass(frozen=True)
+class CatalogPage:
+    """At most ``limit`` items; ``next_offset`` is ``None`` on the last page."""
+
+    items: list[CatalogItem] = field(default_factory=list)
+    next_offset: int | None = None
+
+
+class DifyModelRuntime:
+    """Client of Dify's inner model API.
+
+    Defaults come from settings: ``DIFY_MODEL_RUNTIME_TIMEOUT_MS`` (60 000; bounds each HTTP
+    request, its retries and its body), ``DIFY_MODEL_RUNTIME_MAX_RESPONSE_BYTES`` (8 MiB per
+    answer, or per LLM stream), ``KNOWLEDGE_EMBEDDING_REQUEST_CONCURRENCY`` (2 requests in flight
+    per embedding call). ``texts_per_request`` is 16. ``transport`` defaults to a
+    :class:`DifyTransport` on ``DIFY_INNER_API_URL`` / ``DIFY_INNER_API_KEY``.
+
+    Embedding, multimodal embedding, rerank and catalog calls are idempotent and retried inline;
+    an LLM stream is retried only before its first byte. Errors are
+    :class:`~knowledgefs.dify.errors.ModelRuntimeError` (codes ``MODEL_RUNTIME_*``,
+    ``EMBEDDING_DIMENSION_MISMATCH``).
+    """
+
+    def __init__(
+        self,
+        *,
+        transport: DifyTransport | None = None,
+        timeout_ms: int | None = None,
+        max_response_bytes: int | None = None,
+        concurrency: int | None = None,
+        texts_per_request: int = config.EMBEDDING_TEXTS_PER_REQUEST,
+        user_id: str = config.USER_ID,
+    ) -> None:
+        self.transport = transport or DifyTransport()
+        self.timeout_ms = timeout_ms or getattr(
+            settings, "DIFY_MODEL_RUNTIME_TIMEOUT_MS", config.MODEL_RUNTIME_TIMEOUT_MS
+        )
+        self.max_response_bytes = max_response_bytes or getattr(
+            settings,
+            "DIFY_MODEL_RUNTIME_MAX_RESPONSE_BYTES",
+            config.MODEL_RUNTIME_MAX_RESPONSE_BYTES,
+        )
+        self.concurrency = concurrency or getattr(
+            settings,
+            "KNOWLEDGE_EMBEDDING_REQUEST_CONCURRENCY",
+            config.EMBEDDING_REQUEST_CONCURRENCY,
+        )
+        if not 1 <= self.timeout_ms <= config.MODEL_RUNTIME_TIMEOUT_MS_MAX:
+            raise ValueError(f"timeout_ms={self.timeout_ms} is outside 1..600000")
+        if not 1 <= self.concurrency <= 8:
+            raise ValueError(f"concurrency={self.concurrency} is outside 1..8")
+        if not 1 <= texts_per_request <= config.EMBEDDING_TEXTS_PER_REQUEST:
+            raise ValueError(f"texts_per_request={texts_per_request} is outside 1..16")
+        self.texts_per_request = texts_per_request
+        self.user_id = _identifier(user_id, "user_id", 512)
+
+    # -- embeddings ----------------------------------------------------------------------------
+
+    def embed_texts(
+        self,
+        *,
+        tenant_id: str,
+        provider: str,
+        model: str,
+        texts: Sequence[str],
+        input_type: str = "document",
+        expected_dimension: int | None = None,
+    ) -> np.ndarray:
+        """Embed ``texts``; returns float32 ``(len(texts), d)``, each row of unit L2 norm, in
+        input order.
+
+        Requests carry at most 16 texts; at most ``concurrency`` are in flight. Every batch must
+        return one finite, non-zero vector per text, all of one dimension ``d``, equal to
+        ``expected_dimension`` when given (else ``EMBEDDING_DIMENSION_MISMATCH``).
+        """
+        if input_type not in INPUT_TYPES:
+            raise _input_error(f"input_type must be one of {INPUT_TYPES}")
+        if not texts:
+            raise _input_error("text embedding needs at least one text")
+        if not all(isinstance(t, str) for t in texts):
+            raise _input_error("every text must be a string")
+        common = self._common(tenant_id, provider, model, "text-embedding")
+        size = self.texts_per_request
+        batches = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
+
+        def call(batch: list[str]) -> np.ndarray:
+            data = self._unary(
+                TEXT_EMBEDDING, {**common, "texts": batch, "input_type": input_type}, batch
+            )
+            return _embeddings(data, len(batch), TEXT_EMBEDDING, expected_dimension)
+
+        return _stack(self._map(call, batches), expected_dimension, TEXT_EMBEDDING)
+
+    def embed_multimodal(
+        self,
+        *,
+        tenant_id: str,
+        provider: str,
+        model: str,
+        documents: Sequence[MultimodalDocument],
+        input_type: str = "document",
+        expected_dimension: int | None = None,
+    ) -> np.ndarray:
+        """Embed images (or other documents the model accepts); same result as
+        :meth:`embed_texts`. A request carries at most 8 documents and 32 MiB of raw bytes; one
+        document may hold at most 20 MiB."""
+        if input_type not in INPUT_TYPES:
+            raise _input_error(f"input_type must be one of {INPUT_TYPES}")
+        if not documents:
+            raise _input_error("multimodal embedding needs at least one document")
+        common = self._common(tenant_id, provider, model, "text-embedding")
+        batches: list[list[MultimodalDocument]] = []
+        batch_bytes = 0
+        for document in documents:
+            size = len(document.content)
+            if size > config.MULTIMODAL_MAX_DOCUMENT_BYTES:
+                raise _input_error(
+                    f"a document of {size} bytes is over the limit of "
+                    f"{config.MULTIMODAL_MAX_DOCUMENT_BYTES}"
+                )
+            if (
+                not batches
+                or len(batches[-1]) >= config.MULTIMODAL_DOCUMENTS_PER_REQUEST
+                or batch_bytes + size > config.MULTIMODAL_MAX_BATCH_BYTES
+            ):
+                batches.append([])
+                batch_bytes = 0
+            batches[-1].append(document)
+            batch_bytes += size
+
+        def call(batch: list[MultimodalDocument]) -> np.ndarray:
+            encoded = []
+            for document in batch:
+                item = {
+                    "content": base64.b64encode(document.content).decode(),
+                    "content_type": _identifier(document.content_type, "content_type", 64),
+                }
+                if document.file_id:
+                    item["file_id"] = document.file_id
+                encoded.append(item)
+            data = self._unary(
+                MULTIMODAL_EMBEDDING, {**common, "documents": encoded, "input_type": input_type}
+            )
+            return _embeddings(data, len(batch), MULTIMODAL_EMBEDDING, expected_dimension)
+
+        return _stack(self._map(call, batches), expected_dimension, MULTIMODAL_EMBEDDING)
+
+    # -- rerank --------------------------------------------------------------------------------
+
+    def rerank(
+        self,
+        *,
+        tenant_id: str,
+        provider: str,
+        model: str,
+        query: str,
+        docs: Sequence[str],
+        score_threshold: float | None = None,
+        top_n: int | None = None,
+    ) -> list[RerankHit]:
+        """Score ``docs`` against ``query``; returns hits sorted by score (highest first).
+
+        Every returned index must be within ``docs`` and appear once, every score finite;
+        otherwise ``MODEL_RUNTIME_RESPONSE_INVALID``. At most ``top_n`` hits are returned.
+        """
+        if not isinstance(query, str) or not query:
+            raise _input_error("rerank needs a query")
+        if not docs or not all(isinstance(d, str) for d in docs):
+            raise _input_error("rerank needs at least one document, all strings")
+        if top_n is not None and (isinstance(top_n, bool) or not 1 <= top_n <= len(docs)):
+            raise _input_error(f"top_n must be between 1 and {len(docs)}")
+        if score_threshold is not None and not math.isfinite(score_threshold):
+            raise _input_error("score_threshold must be a finite number")
+        payload: dict[str, Any] = {
+            **self._common(tenant_id, provider, model, "rerank"),
+            "query": query,
+            "docs": list(docs),
+        }
+        if score_threshold is not None:
+            payload["score_threshold"] = score_threshold
+        if top_n is not None:
+            payload["top_n"] = top_n
+        data = self._unary(RERANK, payload, [query, *docs])
+        raw = data.get("docs") if isinstance(data, dict) else None
+        if not isinstance(raw, list) or len(raw) > len(docs):
+            raise ModelRuntimeError.of(
+                "invalid", f"{RERANK}: 'docs' is not a list of at most {len(docs)} results"
+            )
+        hits: list[RerankHit] = []
+        seen: set[int] = set()
+        for item in raw:
+            index = item.get("index") if isinstance(item, dict) else None
+            score = item.get("score") if isinstance(item, dict) else None
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(docs):
+                raise ModelRuntimeError.of(
+                    "invalid", f"{RERANK}: result index {index!r} is not within 0..{len(docs) - 1}"
+                )
+            if index in seen:
+                raise ModelRuntimeError.of("invalid", f"{RERANK}: index {index} returned twice")
+            if (
+                isinstance(score, bool)
+                or not isinstance(score, int | float)
+                or not math.isfinite(score)
+            ):
+                raise ModelRuntimeError.of(
+                    "invalid", f"{RERANK}: the score of index {index} is not a finite number"
+                )
+            seen.add(index)
+            hits.append(RerankHit(index=index, score=float(score)))
+        hits.sort(key=lambda hit: (-hit.score, hit.index))
+        return hits[:top_n] if top_n is not None else hits
+
+    # -- LLM -----------------------------------------------------------------------------------
+
+    def invoke_llm(
+        self,
+        *,
+        tenant_id: str,
+        provider: str,
+        model: str,
+        prompt_messages: Sequence[Mapping[str, Any]],
+        completion_params: Mapping[str, Any] | None = None,
+        stop: Sequence[str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Stream an LLM answer: yields each frame's ``data`` (``{"delta": {"message":
+        {"content": …}, "finish_reason": …, "usage": …}}``) as its bytes arrive.
+
+        The request is sent on the first ``next()``. The whole stream is bounded by the timeout
+        and by ``max_response_bytes`` (each frame too). A stream ending inside a frame, a bad
+        magic or a non-JSON payload is ``MODEL_RUNTIME_RESPONSE_INVALID``; an error frame is
+        ``MODEL_RUNTIME_ERROR``. Retried only before the first byte; closing the iterator early
+        closes the connection.
+        """
+        payload = {
+            **self._common(tenant_id, provider, model, "llm"),
+            "prompt_messages": [dict(m) for m in prompt_messages],
+            "completion_params": dict(completion_params or {}),
+            "stop": list(stop or []),
+            "tools": [dict(t) for t in (tools or [])],
+            "mode": "chat",
+            "stream": True,
+        }
+        inputs = [m.get("content") for m in prompt_messages if isinstance(m.get("content"), str)]
+        return self._llm_stream(payload, inputs)
+
+    def _llm_stream(self, payload: dict[str, Any], inputs: list[str]) -> Iterator[dict[str, Any]]:
+        stream = self.transport.open_stream(
+            "POST",
+            LLM,
+            errors=ModelRuntimeError,
+            timeout=self.timeout_ms / 1000,
+            max_bytes=self.max_response_bytes,
+            retry_until_body=True,
+            json_body=payload,
+            headers={"Accept": "text/event-stream, application/json"},
+        )
+        for value in iter_frames(stream, errors=ModelRuntimeError, route=LLM):
+            data = unwrap_envelope(
+                value,
+                errors=ModelRuntimeError,
+                route=LLM,
+                secrets=self.transport.secrets,
+                inputs=inputs,
+            )
+            if not isinstance(data, dict):
+                raise ModelRuntimeError.of("invalid", f"{LLM}: a frame's data is not an object")
+            yield data
+
+    # -- catalog -------------------------------------------------------------------------------
+
+    def list_models(
+        self,
+        *,
+        tenant_id: str,
+        model_type: str,
+        limit: int = config.CATALOG_MAX_LIMIT,
+        offset: int = 0,
+        provider: str | None = None,
+        model: str | None = None,
+    ) -> CatalogPage:
+        """One page of the tenant's active models of ``model_type`` (``llm``, ``rerank``,
+        ``text-embedding``); ``limit`` 1..100, ``offset`` ≥ 0, optional ``provider``
+        (``<org>/<plugin>/<provider>``) and ``model`` filters."""
+        if model_type not in MODEL_TYPES:
+            raise _input_error(f"model_type must be one of {MODEL_TYPES}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
+            raise _input_error("catalog limit must be between 1 and 100")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise _input_error("catalog offset must be a non-negative integer")
+        payload: dict[str, Any] = {
+            "tenant_id": _identifier(tenant_id, "tenant_id", 512),
+            "user_id": self.user_id,
+            "model_type": model_type,
+            "limit": limit,
+            "offset": offset,
+        }
+        if provider:
+            payload["provider"] = canonical_provider(provider)
+        if model:
+            payload["model"] = _identifier(model, "model", 256)
+        data = self._unary(MODEL_CATALOG, payload)
+        items = data.get("items") if isinstance(data, dict) else None
+        next_offset = data.get("next_offset") if isinstance(data, dict) else None
+        if not isinstance(items, list) or len(items) > limit:
+            raise ModelRuntimeError.of(
+                "invalid", f"{MODEL_CATALOG}: 'items' is not a list of at most {limit}"
+            )
+        if next_offset is not None and (
+            isinstance(next_offset, bool) or not isinstance(next_offset, int) or next_offset < 0
+        ):
+            raise ModelRuntimeError.of("invalid", f"{MODEL_CATALOG}: 'next_offset' is invalid")
+        return CatalogPage(items=[_catalog_item(i) for i in items], next_offset=next_offset)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _common(self, tenant_id: str, provider: str, model: str, model_type: str) -> dict:
+        return {
+            "tenant_id": _identifier(tenant_id, "tenant_id", 512),
+            "user_id": self.user_id,
+            "provider": canonical_provider(provider),
+            "model": _identifier(model, "model", 256),
+            "model_type": model_type,
+        }
+
+    def _unary(self, route: str, payload: dict[str, Any], inputs: Sequence[str] = ()) -> Any:
+        reply = self.transport.request(
+            "POST",
+            route,
+            errors=ModelRuntimeError,
+            timeout=self.timeout_ms / 1000,
+            max_bytes=self.max_response_bytes,
+            idempotent=True,
+            json_body=payload,
+        )
+        value = parse_json(reply.body, errors=ModelRuntimeError, route=route)
+        return unwrap_envelope(
+            value,
+            errors=ModelRuntimeError,
+            route=route,
+            secrets=self.transport.secrets,
+            inputs=inputs,
+        )
+
+    def _map(self, call: Callable[[T], R], batches: list[T]) -> list[R]:
+        """``call`` on every batch, at most ``concurrency`` at once, results in batch order.
+        The first failure (in batch order) is raised and batches not started are dropped."""
+        workers = min(self.concurrency, len(batches))
+        if workers <= 1:
+            return [call(batch) for batch in batches]
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dify-embed") as pool:
+            futures = [pool.submit(call, batch) for batch in batches]
+            try:
+                return [future.result() for future in futures]
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+
+
+def _embeddings(data: Any, count: int, route: str, expected_dimension: int | None) -> np.ndarray:
+    """Validate one batch's ``{"embeddings": [[…], …]}`` and return it as float32."""
+    rows = data.get("embeddings") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or len(rows) != count:
+        got = len(rows) if isinstance(rows, list) else "no"
+        raise ModelRuntimeError.of(
+            "invalid", f"{route}: {got} embeddings for {count} inputs", route=route
+        )
+    if not rows or not all(isinstance(row, list) for row in rows):
+        raise ModelRuntimeError.of("invalid", f"{route}: an embedding is not a list", route=route)
+    dimensions = {len(row) for row in rows}
+    if len(dimensions) != 1:
+        raise ModelRuntimeError.of(
+            "dimension",
+            f"{route}: one batch holds vectors of dimensions {sorted(dimensions)}",
+            route=route,
+        )
+    dimension = dimensions.pop()
+    if dimension == 0:
+        raise ModelRuntimeError.of("invalid", f"{route}: empty vectors", route=route)
+    if expected_dimension is not None and dimension != expected_dimension:
+        raise ModelRuntimeError.of(
+            "dimension",
+            f"{route}: the model returned {dimension}-d vectors, {expected_dimension}-d expected",
+            route=route,
+        )
+    try:
+        matrix = np.array(rows, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ModelRuntimeError.of(
+            "invalid", f"{route}: an embedding holds a non-number", route=route
+        ) from None
+    if matrix.ndim != 2 or not np.isfinite(matrix).all():
+        raise ModelRuntimeError.of(
+            "invalid", f"{route}: an embedding holds a non-finite value", route=route
+        )
+    return matrix
+
+
+def _stack(parts: list[np.ndarray], expected: int | None, route: str) -> np.ndarray:
+    """Join batches (all of one dimension) and L2-normalise each row to float32."""
+    dimensions = sorted({part.shape[1] for part in parts})
+    if len(dimensions) != 1:
+        raise ModelRuntimeError.of(
+            "dimension",
+            f"{route}: batches of one call returned dimensions {dimensions}",
+            route=route,
+        )
+    matrix = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    if (norms == 0).any():
+        raise ModelRuntimeError.of("invalid", f"{route}: a zero vector was returned", route=route)
+    return (matrix / norms).astype(np.float32)
+
+
+def _catalog_item(value: Any) -> CatalogItem:
+    if not isinstance(value, dict):
+        raise ModelRuntimeError.of("invalid", f"{MODEL_CATALOG}: an item is not an object")
+    strings = {}
+    for name, limit in (
+        ("provider", 256),
+        ("plugin_id", 256),
+        ("plugin_unique_identifier", 1024),
+        ("model", 256),
+    ):
+        item = value.get(name)
+        if not isinstance(item, str) or not item or len(item) > limit:
+            raise ModelRuntimeError.of("invalid", f"{MODEL_CATALOG}: an item's {name} is invalid")
+        strings[name] = item
+    model_type = value.get("model_type")
+    capabilities = value.get("capabilities")
+    token_limits = value.get("token_limits")
+    if model_type not in MODEL_TYPES or not isinstance(capabilities, dict):
+        raise ModelRuntimeError.of(
+            "invalid", f"{MODEL_CATALOG}: an item's model_type or capabilities is invalid"
+        )
+    if token_limits is not None and not isinstance(token_limits, dict):
+        raise ModelRuntimeError.of("invalid", f"{MODEL_CATALOG}: an item's token_limits is invalid")
+    return CatalogItem(
+        model_type=model_type, capabilities=capabilities, token_limits=token_limits, **strings
+    )
+
+
+PROBE_TEXT = "KnowledgeFS embedding dimension probe"
+
+
+class DifyEmbeddingModel:
+    """An embedding model served by Dify, for :mod:`knowledgefs.runtime` (``EmbeddingModel``).
+
+    Bound to one tenant (Dify applies that tenant's model credentials), provider and model.
+    ``model_id`` defaults to ``dify/<provider>/<model>``. ``dimension`` is the one given, or the
+    one observed in the first real answer; when nothing was embedded yet, reading it embeds a
+    short probe text once. Every later answer must have that dimension
+    (``EMBEDDING_DIMENSION_MISMATCH`` otherwise). Vectors are L2-normalised float32;
+    documents are embedded with ``input_type=document``, queries with ``query``.
+    """
+
+    def __init__(
+        self,
+        *,
+        tenant_id: str,
+        provider: str,
+        model: str,
+        model_id: str | None = None,
+        dimension: int | None = None,
+        runtime: DifyModelRuntime | None = None,
+    ) -> None:
+        self.tenant_id = _identifier(tenant_id, "tenant_id", 512)
+        self.provider = canonical_provider(provider)
+        self.model = _identifier(model, "model", 256)
+        self.model_id = model_id or f"dify/{self.provider}/{self.model}"
+        self.runtime = runtime or DifyModelRuntime()
+        self._dimension = dimension
+        self._probe_lock = threading.Lock()
+        self._record_lock = threading.Lock()
+
+    @property
+    def dimension(self) -> int:
+        if self._dimension is None:
+            with self._probe_lock:
+                if self._dimension is None:
+                    self._embed([PROBE_TEXT], "query")
+        assert self._dimension is not None
+        return self._dimension
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        """``(len(texts), dimension)`` float32, unit rows, in input order."""
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return self._embed(list(texts), "document")
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """``(dimension,)`` float32 of unit norm."""
+        return self._embed([text], "query")[0]
+
+    def _embed(self, texts: list[str], input_type: str) -> np.ndarray:
+        matrix = self.runtime.embed_texts(
+            tenant_id=self.tenant_id,
+            provider=self.provider,
+            model=self.model,
+            texts=texts,
+            input_type=input_type,
+            expected_dimension=self._dimension,
+        )
+        with self._record_lock:
+            if self._dimension is None:
+                self._dimension = int(matrix.shape[1])
+        if matrix.shape[1] != self._dimension:  # two first calls at once that disagreed
+            raise ModelRuntimeError.of(
+                "dimension",
+                f"{self.model_id} returned {matrix.shape[1]}-d vectors, "
+                f"{self._dimension}-d expected",
+            )
+        return matrix

@@ -1,0 +1,28 @@
+"""Pytest fixtures for the local Dify inner-API server (``tests/dify_server.py``).
+
+Import the fixtures into a test module (``from tests.dify_fixtures import dify_server,
+dify_transport  # noqa: F401``). ``dify_server`` is a started :class:`DifyTestServer`, stopped
+after the test; ``dify_transport`` is a :class:`DifyTransport` on it with fast retries
+(backoff 10 ms) so retry tests stay quick.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from knowledgefs.dify.http import DifyTransport
+from tests.dify_server import TEST_INNER_KEY, DifyTestServer
+
+
+@pytest.fixture
+def dify_server():
+    server = DifyTestServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def dify_transport(dify_server) -> DifyTransport:
+    return DifyTransport(dify_server.url, TEST_INNER_KEY, backoff_base=0.01, backoff_max=0.05)
