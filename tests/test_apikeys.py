@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from datetime import timedelta
 from io import StringIO
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.core.cache import cache
 from django.core.management import CommandError, call_command
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -256,6 +257,53 @@ def test_any_deletion_of_a_space_deletes_the_keys_bound_only_to_it(tenant, two_s
     assert not ApiKey.objects.filter(id=only_a.id).exists()
     assert api(secret).get(SPACES).status_code == 401
     assert listed(api(both_secret)) == [str(b.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_an_unbind_racing_a_space_deletion_never_leaves_a_key_without_bindings(tenant, principal):
+    """Key K is bound to A and B. The deletion of A counts K's bindings (2: keep K) and holds
+    its transaction open; meanwhile B is unbound. Were the unbind to count K's bindings
+    without waiting for K's row lock it would still see A's binding (1: no revocation), and
+    the deletion's commit would then leave K with none: unrestricted. It must wait instead,
+    then see no binding left and revoke K."""
+    a, b = create_space(principal, name="A"), create_space(principal, name="B")
+    key, secret = create_api_key(tenant, spaces=[a, b])
+    deleting, release = threading.Event(), threading.Event()
+    outcome: dict = {}
+
+    def delete_a() -> None:
+        try:
+            with transaction.atomic():
+                KnowledgeSpace.objects.select_for_update().filter(id=a.id).first()
+                services.delete_keys_scoped_only_to(a)
+                KnowledgeSpace.objects.filter(id=a.id).delete()
+                deleting.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    def unbind_b() -> None:
+        try:
+            outcome["result"] = unbind_api_key(key, b)
+        finally:
+            connections.close_all()
+
+    deleter = threading.Thread(target=delete_a)
+    deleter.start()
+    assert deleting.wait(20)
+    unbinder = threading.Thread(target=unbind_b)
+    unbinder.start()
+    unbinder.join(1.5)  # with the lock it is still waiting; without it, it is done by now
+    release.set()
+    deleter.join(20)
+    unbinder.join(20)
+    assert not deleter.is_alive() and not unbinder.is_alive()
+
+    assert outcome["result"].revoked and outcome["result"].remaining == 0
+    assert not ApiKeyBinding.objects.filter(api_key=key).exists()
+    assert ApiKey.objects.get(id=key.id).revoked_at is not None
+    assert api(secret).get(SPACES).status_code == 401
 
 
 # --- the authentication cache ----------------------------------------------------------------
