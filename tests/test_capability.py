@@ -357,8 +357,10 @@ def test_a_revoked_grant_is_refused_on_the_next_request(space):
     refused = api.get(f"/v1/knowledge-spaces/{space.id}")
     assert (refused.status_code, refused.json()["code"]) == (403, "grant_revoked")
     # a fresh token of the same grant is refused too
-    fresh = cap.sign({**payload, "jti": "another", "iat": int(time.time())})
-    assert bearer(fresh).get(f"/v1/knowledge-spaces/{space.id}").status_code == 403
+    now = int(time.time())
+    fresh = cap.sign({**payload, "jti": "another", "iat": now, "nbf": now, "exp": now + 60})
+    response = bearer(fresh).get(f"/v1/knowledge-spaces/{space.id}")
+    assert (response.status_code, response.json()["code"]) == (403, "grant_revoked")
     again = inner().post(f"/internal/capability-grants/{payload['grant_id']}/revoke", {})
     assert again.json()["newly_revoked"] is False
 
