@@ -1,9 +1,8 @@
 """Pytest fixtures for the local Dify inner-API server (``tests/dify_server.py``).
 
-Import the fixtures into a test module (``from tests.dify_fixtures import dify_server,
-dify_transport  # noqa: F401``). ``dify_server`` is a started :class:`DifyTestServer`, stopped
-after the test; ``dify_transport`` is a :class:`DifyTransport` on it with fast retries
-(backoff 10 ms) so retry tests stay quick.
+Bind them in a test module (``dify_server = dify_fixtures.dify_server``). ``dify_server`` is a
+started :class:`DifyTestServer`, stopped after the test; ``dify_transport`` is a
+:class:`DifyTransport` on it with fast retries (backoff 10 ms) so retry tests stay quick.
 """
 
 from __future__ import annotations

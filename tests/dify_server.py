@@ -137,13 +137,16 @@ class Fault:
 
 @dataclass
 class Recorded:
-    """One request as the server saw it (never the key itself: ``key_ok`` says if it matched)."""
+    """One request as the server saw it: the key is not kept (``key_ok`` says if it matched),
+    ``headers`` are the other request headers, ``body`` the parsed JSON (raw bytes of object
+    PUTs are not kept), ``bytes_sent`` counts the answer's body bytes written."""
 
     method: str
     route: str
     query: dict[str, str]
     body: Any
     key_ok: bool
+    headers: dict[str, str] = field(default_factory=dict)
     status: int = 0
     bytes_sent: int = 0
     faults: list[str] = field(default_factory=list)
@@ -258,6 +261,10 @@ class DifyTestServer:
     def count(self, route: str) -> int:
         return len(self.calls(route))
 
+    def in_flight(self, route: str) -> int:
+        with self.lock:
+            return self._in_flight[route]
+
     def peak_in_flight(self, route: str) -> int:
         with self.lock:
             return self._peak[route]
@@ -311,20 +318,21 @@ class _Handler(BaseHTTPRequestHandler):
         route = parts.path
         query = {k: v[0] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         key_ok = self.headers.get("X-Inner-Api-Key") == self.dify.api_key
-        record = Recorded(self.command, route, query, None, key_ok)
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "x-inner-api-key"}
+        record = Recorded(self.command, route, query, None, key_ok, headers)
         self._record = record
         self._faults = self.dify._take_faults(route)
         record.faults = [f.kind for f in self._faults]
         self.dify._enter(route)
         try:
+            with self.dify.lock:
+                self.dify.requests.append(record)
             raw = self._read_body(route)
             if raw is not None and route != OBJECT:
                 try:
                     record.body = json.loads(raw) if raw else None
                 except ValueError:
                     record.body = raw
-            with self.dify.lock:
-                self.dify.requests.append(record)
             for fault in self._faults:
                 if fault.kind == "delay":
                     self.dify.stopping.wait(fault.seconds)
