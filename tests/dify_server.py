@@ -117,8 +117,9 @@ class Fault:
     ``declare``), ``truncate`` (end the LLM stream inside its second frame), ``dimension`` (return
     ``dimension``-d vectors), ``bad_checksum`` (serve an object with a wrong checksum header),
     ``corrupt_upload`` (flip a byte of the next PUT body before checking it), ``json`` (answer
-    ``body`` as JSON with ``status``). ``skip`` matching requests pass first; it then applies
-    ``times`` times (``None``: always).
+    ``body`` as JSON with ``status``), ``trickle`` (send the first ``after_bytes`` of the body
+    one byte every ``interval`` seconds, then stall ``seconds``). ``skip`` matching requests
+    pass first; it then applies ``times`` times (``None``: always).
     """
 
     kind: str
@@ -133,6 +134,7 @@ class Fault:
     declare: bool = False
     dimension: int = 0
     body: Any = None
+    interval: float = 0.0
 
 
 @dataclass
@@ -385,6 +387,16 @@ class _Handler(BaseHTTPRequestHandler):
         """Write body bytes, applying stall and drop faults; counts what was sent."""
         record = self._record
         for fault in self._faults:
+            if fault.kind == "trickle" and record.bytes_sent < fault.after_bytes:
+                while data and record.bytes_sent < fault.after_bytes:
+                    self.wfile.write(data[:1])
+                    self.wfile.flush()
+                    record.bytes_sent += 1
+                    data = data[1:]
+                    if self.dify.stopping.wait(fault.interval):
+                        raise _Abort
+                if record.bytes_sent >= fault.after_bytes:
+                    self.dify.stopping.wait(fault.seconds)
             if fault.kind in ("stall", "drop") and fault.after_bytes >= record.bytes_sent:
                 cut = fault.after_bytes - record.bytes_sent
                 if cut < len(data):

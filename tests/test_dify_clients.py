@@ -364,6 +364,17 @@ def test_a_body_that_stalls_midway_times_out_within_the_timeout(dify_server, dif
     assert 0.65 <= took < 0.7 + MARGIN
 
 
+@pytest.mark.timeout(20)
+def test_the_deadline_holds_against_a_body_that_trickles_then_stalls(dify_server, dify_transport):
+    # Every read returns within the read timeout until the stall; only the deadline (the
+    # watchdog shutting the socket) ends the last read, which started with ~0.5 s left.
+    dify_server.add_fault("trickle", TEXT_EMBEDDING, after_bytes=15, interval=0.1, seconds=10)
+    took, error = elapsed(lambda: embed(runtime(dify_transport, timeout_ms=2000), ["hello"]))
+    assert isinstance(error, ModelRuntimeError) and error.code == "MODEL_RUNTIME_TIMEOUT"
+    assert error.bytes_read == 15
+    assert 1.95 <= took < 2.0 + 0.7
+
+
 def test_5xx_twice_then_success_is_retried_twice(dify_server, dify_transport):
     dify_server.fail_next(2, status=503, route=TEXT_EMBEDDING)
     vectors = embed(runtime(dify_transport), ["hello", "world"])
@@ -938,8 +949,12 @@ def test_health(dify_server, dify_transport):
     dify_server.storage_healthy = False
     health = store.health()
     assert not health and "STORAGE_UNAVAILABLE" in health.detail
-    offline = storage(DifyTransport("http://127.0.0.1:9", TEST_INNER_KEY), timeout_ms=2000)
-    assert not offline.health()
+    offline = storage(DifyTransport("http://127.0.0.1:9", TEST_INNER_KEY))
+    assert not offline.health(timeout_ms=2000)
+    dify_server.storage_healthy = True
+    dify_server.delay(10, route="/inner/api/knowledge-fs/storage/health")
+    took, _ = elapsed(lambda: store.health(timeout_ms=300))
+    assert took < 0.3 + MARGIN
 
 
 def test_keys_dify_would_refuse_never_leave_the_process(dify_server, dify_transport):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import http.client
+import http.cookiejar
 import itertools
 import json
 import logging
@@ -68,6 +69,8 @@ def shared_session() -> requests.Session:
             if session is None:
                 session = requests.Session()
                 session.trust_env = False
+                # Shared by every thread: it must hold no state, so cookies are never kept.
+                session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
                 adapter = HTTPAdapter(
                     pool_connections=4, pool_maxsize=config.POOL_SIZE, max_retries=0
                 )

@@ -357,17 +357,21 @@ class DifyModelRuntime:
             json_body=payload,
             headers={"Accept": "text/event-stream, application/json"},
         )
-        for value in iter_frames(stream, errors=ModelRuntimeError, route=LLM):
-            data = unwrap_envelope(
-                value,
-                errors=ModelRuntimeError,
-                route=LLM,
-                secrets=self.transport.secrets,
-                inputs=inputs,
-            )
-            if not isinstance(data, dict):
-                raise ModelRuntimeError.of("invalid", f"{LLM}: a frame's data is not an object")
-            yield data
+        frames = iter_frames(stream, errors=ModelRuntimeError, route=LLM)
+        try:
+            for value in frames:
+                data = unwrap_envelope(
+                    value,
+                    errors=ModelRuntimeError,
+                    route=LLM,
+                    secrets=self.transport.secrets,
+                    inputs=inputs,
+                )
+                if not isinstance(data, dict):
+                    raise ModelRuntimeError.of("invalid", f"{LLM}: a frame's data is not an object")
+                yield data
+        finally:
+            frames.close()  # an abandoned or failed stream releases its connection now
 
     # -- catalog -------------------------------------------------------------------------------
 

@@ -504,15 +504,16 @@ class DifyObjectStorage(Storage):
 
     # -- probes --------------------------------------------------------------------------------
 
-    def health(self) -> Health:
+    def health(self, *, timeout_ms: int | None = None) -> Health:
         """GET the storage health route: truthy when Dify answers ``{"ok": true}``; never
-        raises (the detail names the failure)."""
+        raises (the detail names the failure). ``timeout_ms`` (default: the storage timeout)
+        lets a readiness probe answer sooner."""
         try:
             reply = self.transport.request(
                 "GET",
                 HEALTH,
                 errors=ObjectStorageError,
-                timeout=self._timeout,
+                timeout=(timeout_ms or self.timeout_ms) / 1000,
                 max_bytes=4096,
                 idempotent=True,
             )
