@@ -99,14 +99,14 @@ class Deadline:
 
 class _Alarm:
     def __init__(self, callback: Callable[[], None]) -> None:
-        self._callback = callback
+        self._callback: Callable[[], None] | None = callback
         self._lock = threading.Lock()
         self.cancelled = False
         self.fired = False
 
     def fire(self) -> None:
         with self._lock:
-            if self.cancelled:
+            if self.cancelled or self._callback is None:
                 return
             self.fired = True
             try:
@@ -118,6 +118,8 @@ class _Alarm:
         """After this returns the callback has either run completely or will never run."""
         with self._lock:
             self.cancelled = True
+            # A cancelled alarm waits in the heap until its time: it must not keep the response.
+            self._callback = None
 
 
 class _Watchdog:
