@@ -47,7 +47,7 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 def validate_tenant_id(tenant_id: str) -> str:
     """Return ``tenant_id`` or raise :class:`InvalidInput` (1–64 of ``A-Za-z0-9_.:-``)."""
-    if not isinstance(tenant_id, str) or not _TENANT_RE.match(tenant_id):
+    if not isinstance(tenant_id, str) or not _TENANT_RE.fullmatch(tenant_id):
         raise InvalidInput(
             "tenant must be 1-64 characters of letters, digits, '_', '.', ':' or '-'",
             code="invalid_tenant",
@@ -128,7 +128,7 @@ def create_space(
 
 
 def _check_slug(slug: str) -> None:
-    if not isinstance(slug, str) or len(slug) > 160 or not _SLUG_RE.match(slug):
+    if not isinstance(slug, str) or len(slug) > 160 or not _SLUG_RE.fullmatch(slug):
         raise InvalidInput(
             "slug must be lower-case kebab case (^[a-z0-9]+(?:-[a-z0-9]+)*$), "
             "at most 160 characters",
@@ -325,7 +325,7 @@ def validate_key_name(name: str) -> str:
 
 def validate_dataset_id(dataset_id: str) -> str:
     """Return ``dataset_id`` or raise ``invalid_binding`` (1-64 of ``A-Za-z0-9_.:-``)."""
-    if not isinstance(dataset_id, str) or not _DATASET_ID_RE.match(dataset_id):
+    if not isinstance(dataset_id, str) or not _DATASET_ID_RE.fullmatch(dataset_id):
         raise InvalidInput(
             "a dataset id is 1-64 characters of letters, digits, '_', '.', ':' or '-'",
             code="invalid_binding",

@@ -567,3 +567,106 @@ def test_grants_are_read_only_in_admin_and_revoked_through_the_service(admin_cli
     assert CapabilityGrant.objects.get(grant_id=payload["grant_id"]).revoke_reason.startswith(
         "revoked in admin by"
     )
+
+
+# --- found by breaking it ----------------------------------------------------------------------
+
+
+def raw_token(header: dict, payload: dict) -> str:
+    return cap.unsigned(payload, header) + "c2ln"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"alg": "RS256", "typ": "JWT", "kid": 1},
+        {"alg": "RS256", "typ": "JWT", "kid": None},
+        {"alg": "RS256", "typ": "JWT", "kid": ["kid-current"]},
+        {"alg": "none", "kid": 5},
+        {"alg": "RS256", "typ": "JWT", "kid": "kid-current", "crit": ["zzz"]},
+        {"alg": "RS256", "typ": "JWT", "kid": "kid-current", "crit": "zzz"},
+    ],
+)
+def test_malformed_headers_are_401_not_500(space, header):
+    response = bearer(raw_token(header, {})).get(f"/v1/knowledge-spaces/{space.id}")
+    assert response.status_code == 401, response.content
+    assert response.json()["code"] in {"invalid_token", "unsupported_algorithm"}
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), 1e400, 2**62])
+def test_non_finite_or_absurd_times_are_refused(space, value):
+    payload = cap.claims(action="knowledge_spaces.read", resource=cap.space_resource(space.id))
+    payload["exp"] = value
+    response = bearer(cap.sign(payload)).get(f"/v1/knowledge-spaces/{space.id}")
+    assert (response.status_code, response.json()["code"]) == (401, "invalid_token_times")
+
+
+def test_revoked_grants_are_refused_on_namespace_wide_operations_too(space):
+    listing = cap.claims(action="knowledge_spaces.list", resource=cap.namespace_resource())
+    assert bearer(cap.sign(listing)).get("/v1/knowledge-spaces").status_code == 200
+    assert CapabilityGrant.objects.filter(grant_id=listing["grant_id"]).exists()
+    inner().post(f"/internal/capability-grants/{listing['grant_id']}/revoke", {})
+    refused = bearer(cap.sign({**listing, "jti": "again"})).get("/v1/knowledge-spaces")
+    assert (refused.status_code, refused.json()["code"]) == (403, "grant_revoked")
+
+    creating = cap.claims(action="knowledge_spaces.create", resource=cap.namespace_resource())
+    inner().post(f"/internal/capability-grants/{creating['grant_id']}/revoke", {})
+    created = bearer(cap.sign(creating)).post(
+        "/v1/knowledge-spaces", {"name": "Should not exist"}, format="json"
+    )
+    assert (created.status_code, created.json()["code"]) == (403, "grant_revoked")
+    assert not type(space).objects.filter(name="Should not exist").exists()
+
+    # a grant first used on a space cannot be replayed tenant-wide in another namespace
+    first = cap.claims(action="knowledge_spaces.read", resource=cap.space_resource(space.id))
+    assert bearer(cap.sign(first)).get(f"/v1/knowledge-spaces/{space.id}").status_code == 200
+    replay = cap.claims(
+        namespace="tenant-b",
+        action="knowledge_spaces.list",
+        resource=cap.namespace_resource("tenant-b"),
+        grant_id=first["grant_id"],
+    )
+    response = bearer(cap.sign(replay)).get("/v1/knowledge-spaces")
+    assert (response.status_code, response.json()["code"]) == (403, "grant_mismatch")
+
+
+def test_ids_with_a_trailing_newline_are_refused(space):
+    from knowledgefs.errors import InvalidInput
+    from spaces.services import validate_tenant_id
+
+    for bad in ("acme\n", "acme\r\n"):
+        with pytest.raises(InvalidInput):
+            validate_tenant_id(bad)
+    for overrides in ({"grant_id": "grant-x\n"}, {"namespace_id": "tenant-a\n"}):
+        payload = cap.claims(
+            action="knowledge_spaces.read", resource=cap.space_resource(space.id), **overrides
+        )
+        response = bearer(cap.sign(payload)).get(f"/v1/knowledge-spaces/{space.id}")
+        assert (response.status_code, response.json()["code"]) == (401, "invalid_claims")
+
+
+def test_the_audience_must_be_exactly_ours(space):
+    payload = cap.claims(
+        action="knowledge_spaces.read",
+        resource=cap.space_resource(space.id),
+        aud=["knowledge-fs", "dify-api"],
+    )
+    response = bearer(cap.sign(payload)).get(f"/v1/knowledge-spaces/{space.id}")
+    assert (response.status_code, response.json()["code"]) == (401, "invalid_audience")
+
+
+def test_one_grant_matches_whatever_spelling_of_its_uuid(space):
+    first = cap.claims(action="knowledge_spaces.read", resource=cap.space_resource(space.id))
+    assert bearer(cap.sign(first)).get(f"/v1/knowledge-spaces/{space.id}").status_code == 200
+    upper = {**first, "jti": "2", "resource": cap.space_resource(str(space.id).upper())}
+    assert bearer(cap.sign(upper)).get(f"/v1/knowledge-spaces/{space.id}").status_code == 200
+
+
+def test_methods_a_route_does_not_serve_are_405_for_anyone(space, api_key):
+    for api in (APIClient(), bearer(api_key), bearer(read_space_token(space))):
+        for method in ("PUT", "OPTIONS"):
+            response = api.generic(method, f"/v1/knowledge-spaces/{space.id}")
+            assert (response.status_code, response.json()["code"]) == (405, "method_not_allowed")
+            assert "GET" in response["Allow"]
+    response = inner().get("/internal/capability-grants/g-1/revoke")
+    assert response.status_code == 405

@@ -23,8 +23,10 @@ capability v2 contract (``knowledge-fs`` gateway, "Capability v2 token").
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
+import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -41,6 +43,7 @@ LEEWAY_SECONDS = 5
 MAX_LIFETIME_SECONDS = 60
 MAX_TOKEN_BYTES = 16 * 1024
 MAX_PREVIOUS_KEYS = 2
+MAX_TIMESTAMP = 2**40  # year ~36800: anything later is not a time
 SETTING = "KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS"
 
 # RFC 7518 §6.3.2 (RSA) and §6.2.2 / §6.4 (EC, symmetric): members only a private key has.
@@ -169,7 +172,7 @@ def verify_token(token: str, *, jwks_text: str, now: float | None = None) -> Cap
         raise CapabilityError("invalid_token", "the bearer token is not a capability token")
     try:
         header = jwt.get_unverified_header(token)
-    except jwt.DecodeError:
+    except jwt.InvalidTokenError:  # DecodeError, and pyjwt's own header checks (kid, crit)
         raise CapabilityError(
             "invalid_token", "the bearer token is not a well-formed JWT"
         ) from None
@@ -213,6 +216,8 @@ def verify_token(token: str, *, jwks_text: str, now: float | None = None) -> Cap
         ) from None
     except jwt.InvalidTokenError:
         raise CapabilityError("invalid_token", "the token could not be verified") from None
+    if payload.get("aud") != AUDIENCE:  # pyjwt also accepts a list that contains it
+        raise CapabilityError("invalid_audience", f"the token audience must be {AUDIENCE!r}")
     issued_at, not_before, expires_at = _times(payload)
     if expires_at <= current - LEEWAY_SECONDS:
         raise CapabilityError("token_expired", "the token has expired")
@@ -232,8 +237,16 @@ def _times(payload: dict[str, Any]) -> tuple[int, int, int]:
     values = []
     for name in ("iat", "nbf", "exp"):
         value = payload.get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise CapabilityError("invalid_token_times", f"the claim {name!r} must be a number")
+        # Python's json reads Infinity, NaN and 1e400; only finite times in a sane range count.
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or not 0 <= value < MAX_TIMESTAMP
+        ):
+            raise CapabilityError(
+                "invalid_token_times", f"the claim {name!r} must be a Unix time in seconds"
+            )
         values.append(int(value))
     return values[0], values[1], values[2]
 
@@ -245,11 +258,12 @@ def _claims(payload: dict[str, Any], issued_at: int, expires_at: int) -> Capabil
             raise CapabilityError("missing_claim", f"the token lacks the claim {name!r}")
         if not isinstance(value, str) or not value or len(value) > limit:
             raise CapabilityError("invalid_claims", f"the claim {name!r} must be a short string")
-        if pattern is not None and not pattern.match(value):
+        if pattern is not None and not pattern.fullmatch(value):
             raise CapabilityError("invalid_claims", f"the claim {name!r} is malformed")
         return value
 
-    if payload.get("cap_ver") != 2:
+    version = payload.get("cap_ver")
+    if isinstance(version, bool) or not isinstance(version, int) or version != 2:
         raise CapabilityError("invalid_claims", "the claim 'cap_ver' must be 2")
     namespace_id = text("namespace_id", _TENANT_RE)
     subject = text("sub")
@@ -286,13 +300,13 @@ def _resource(value: Any, namespace_id: str) -> Resource:
     if not isinstance(value, dict):
         raise CapabilityError("invalid_claims", "the claim 'resource' must be an object")
     kind, ident, parent = value.get("type"), value.get("id"), value.get("parent_id")
-    if not isinstance(ident, str) or not _ID_RE.match(ident):
+    if not isinstance(ident, str) or not _ID_RE.fullmatch(ident):
         raise CapabilityError("invalid_claims", "the claim 'resource.id' is malformed")
     if kind in ROOT_RESOURCE_TYPES:
         if parent is not None:
             raise CapabilityError("invalid_claims", f"a {kind} resource has no parent_id")
     elif kind in CHILD_RESOURCE_TYPES:
-        if not isinstance(parent, str) or not _ID_RE.match(parent):
+        if not isinstance(parent, str) or not _ID_RE.fullmatch(parent):
             raise CapabilityError(
                 "invalid_claims", f"a {kind} resource needs its knowledge space as parent_id"
             )
@@ -304,4 +318,14 @@ def _resource(value: Any, namespace_id: str) -> Resource:
             "the token's namespace resource is not its own namespace",
             status=403,
         )
-    return Resource(type=kind, id=ident, parent_id=parent)
+    return Resource(type=kind, id=_canonical(ident), parent_id=_canonical(parent))
+
+
+def _canonical(ident: str | None) -> str | None:
+    """UUIDs in one spelling (lower case, hyphens), so one grant matches however it is spelled."""
+    if ident is None:
+        return None
+    try:
+        return str(uuid.UUID(ident))
+    except ValueError:
+        return ident

@@ -13,7 +13,8 @@ from .operations import operation_for, same_id
 class OperationPermission(permissions.BasePermission):
     """Every request must match its route's registered operation.
 
-    - A method with no registered operation is refused (403 ``operation_not_registered``).
+    - A method the route does not serve is 405; one it serves without a registered operation
+      is refused (403 ``operation_not_registered``).
     - Internal operations take only the inner API key; product operations never do.
     - A capability token must name the operation's action (403 ``action_not_permitted``), a
       caller kind the operation allows (403 ``caller_kind_not_permitted``) and the very
@@ -27,6 +28,9 @@ class OperationPermission(permissions.BasePermission):
     def has_permission(self, request, view) -> bool:
         operation = operation_for(view, request.method)
         if operation is None:
+            handled = request.method.upper() != "OPTIONS" and hasattr(view, request.method.lower())
+            if not handled:  # not a method of this route: 405 whoever asks (with Allow)
+                raise exceptions.MethodNotAllowed(request.method)
             raise exceptions.PermissionDenied(
                 f"{request.method} has no registered operation on this route",
                 code="operation_not_registered",
@@ -59,15 +63,16 @@ class OperationPermission(permissions.BasePermission):
                 f"{operation.action!r} needs a token for a {binding.type} resource",
                 code="resource_not_permitted",
             )
-        if binding.source == "none":
-            return
-        ident, parent = binding.values(request, getattr(view, "kwargs", {}) or {})
-        if not same_id(ident, resource.id) or (
-            binding.parent_field is not None and not same_id(parent, resource.parent_id)
-        ):
-            raise exceptions.PermissionDenied(
-                "the token was issued for a different resource", code="resource_not_permitted"
-            )
+        if binding.source != "none":
+            ident, parent = binding.values(request, getattr(view, "kwargs", {}) or {})
+            if not same_id(ident, resource.id) or (
+                binding.parent_field is not None and not same_id(parent, resource.parent_id)
+            ):
+                raise exceptions.PermissionDenied(
+                    "the token was issued for a different resource",
+                    code="resource_not_permitted",
+                )
+        # Namespace-wide operations too: a revoked grant never lists or creates anything.
         try:
             grants.admit_grant(request.auth)
         except CapabilityError as error:
