@@ -15,6 +15,7 @@ from spaces.models import KnowledgeSpace
 
 from .models import CompilationJob, Document, KnowledgeNode, ParseArtifact, RunState
 from .services import compilation
+from .services.documents import purge_documents
 
 
 @admin.register(Document)
@@ -34,6 +35,23 @@ class DocumentAdmin(admin.ModelAdmin):
     raw_id_fields = ("space",)
     readonly_fields = [f.name for f in Document._meta.fields]
     show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        return False  # documents are uploaded through the API or kfs ingest
+
+    # Deleting goes through the service, like the API: live jobs canceled, nodes out of every
+    # index, stored bytes removed, the publication head moved.
+    def delete_model(self, request, obj) -> None:
+        purge_documents(Document.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset) -> None:
+        purge_documents(queryset)
+
+    def get_deleted_objects(self, objs, request):
+        # Jobs and nodes cannot be deleted on their own, but the purge removes them with their
+        # document: the permission to delete the document is enough.
+        deleted, counts, _perms_needed, protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, set(), protected
 
 
 class TenantFilter(admin.SimpleListFilter):
@@ -179,6 +197,9 @@ class CompilationJobAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # an attempt is canceled (action), never deleted: it is the job's history
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         # Every field is read-only: offer no Save buttons that would save nothing.
@@ -329,6 +350,9 @@ class ParseArtifactAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # derived rows: they go with their document (or a new attempt)
+
 
 @admin.register(KnowledgeNode)
 class KnowledgeNodeAdmin(admin.ModelAdmin):
@@ -349,3 +373,6 @@ class KnowledgeNodeAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # derived rows: they go with their document (or a new attempt)

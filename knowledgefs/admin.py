@@ -49,7 +49,11 @@ class CapabilityGrantAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # deleting a revoked grant would let its tokens in again
 
-    @admin.action(description="Revoke selected grants")
+    def has_revoke_permission(self, request) -> bool:
+        """Revoking needs the change permission, although the screen is otherwise read-only."""
+        return request.user.has_perm("knowledgefs.change_capabilitygrant")
+
+    @admin.action(description="Revoke selected grants", permissions=["revoke"])
     def revoke_grants(self, request, queryset) -> None:
         revoked = sum(
             grants.revoke_grant(grant_id, reason=f"revoked in admin by {request.user}")[1]

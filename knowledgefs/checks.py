@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.apps import apps
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Warning, register
 
 #: django-q2's ``retry`` when ``Q_CLUSTER`` does not set it (``django_q.conf.Conf.RETRY``).
 DJANGO_Q_DEFAULT_RETRY = 60
@@ -60,3 +60,40 @@ def check_q_cluster_retry(app_configs=None, **kwargs) -> list[Error]:
     else:
         return []
     return [Error(message, hint=hint, obj="settings.Q_CLUSTER", id="knowledgefs.E001")]
+
+
+@register("security", deploy=False)
+def check_revocation_reach(app_configs=None, **kwargs) -> list[Warning]:
+    """``knowledgefs.W001``: cached API-key checks on a server database without Redis.
+
+    Without ``REDIS_URL`` a revocation reaches other processes through the epoch file in
+    ``KNOWLEDGE_VAR_DIR``. On SQLite every process shares that folder by construction (the
+    database lives there too); with ``DATABASE_URL`` API processes may run on other machines or
+    containers that do not, and a key revoked there would keep working until its cache entry
+    expires. Silenced by setting ``REDIS_URL`` or ``KNOWLEDGE_AUTH_CACHE_SECONDS=0``.
+    """
+    return revocation_reach_warnings(
+        engine=settings.DATABASES["default"]["ENGINE"],
+        shared=getattr(settings, "KNOWLEDGE_AUTH_CACHE_SHARED", False),
+        seconds=getattr(settings, "KNOWLEDGE_AUTH_CACHE_SECONDS", 0),
+        var_dir=str(settings.VAR_DIR),
+    )
+
+
+def revocation_reach_warnings(
+    *, engine: str, shared: bool, seconds: int, var_dir: str
+) -> list[Warning]:
+    """The ``knowledgefs.W001`` rule on explicit values (see :func:`check_revocation_reach`)."""
+    if shared or not seconds or engine.endswith("sqlite3"):
+        return []
+    return [
+        Warning(
+            f"API-key authentication is cached for {seconds} s and REDIS_URL is not set: a "
+            f"revocation reaches other API processes only if they share KNOWLEDGE_VAR_DIR "
+            f"({var_dir}).",
+            hint="Set REDIS_URL when API processes run in more than one container or machine, "
+            "or KNOWLEDGE_AUTH_CACHE_SECONDS=0 to read every key from the database.",
+            obj="settings.KNOWLEDGE_AUTH_CACHE_SECONDS",
+            id="knowledgefs.W001",
+        )
+    ]

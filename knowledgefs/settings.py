@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from knowledgefs.auth.capability import parse_public_jwks
 from knowledgefs.auth.rates import rates_from_env, validate_rates
+from knowledgefs.boundary import objects_storage, parse_model_runtime, require_dify_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -150,6 +151,8 @@ if KNOWLEDGE_AUTH_CACHE_SECONDS and not KNOWLEDGE_AUTH_CACHE_SHARED:
         )
 
 # --- Object storage boundary --------------------------------------------------------------------
+# "objects" holds document bytes: local files here, Dify's storage under
+# KNOWLEDGE_MODEL_RUNTIME=dify ("Runtime selection" below).
 OBJECT_STORAGE_DIR = Path(env.str("KNOWLEDGE_OBJECT_STORAGE_DIR", default=str(VAR_DIR / "objects")))
 STORAGES = {
     "default": {
@@ -166,11 +169,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
 # --- Model runtime ------------------------------------------------------------------------------
-KNOWLEDGE_MODEL_RUNTIME = env.str("KNOWLEDGE_MODEL_RUNTIME", default="local")
-if KNOWLEDGE_MODEL_RUNTIME not in {"local"}:
-    raise ImproperlyConfigured(
-        f"KNOWLEDGE_MODEL_RUNTIME={KNOWLEDGE_MODEL_RUNTIME!r} is not supported; use 'local'"
-    )
+# local (the embedded default) or dify: models, object storage and datasources through Dify's
+# inner API. The dify requirements and the object storage swap follow the Dify block below.
+KNOWLEDGE_MODEL_RUNTIME = parse_model_runtime(env.str("KNOWLEDGE_MODEL_RUNTIME", default="local"))
 # 8 measured fastest on 2 cores (docs/benchmarks.md): larger batches pad more and lose cache.
 KNOWLEDGE_EMBEDDING_BATCH_SIZE = bounded_int("KNOWLEDGE_EMBEDDING_BATCH_SIZE", 8, 1, 256)
 # 0 = every core. Inside a django-q2 cluster the workers share the cores, so each gets its share.
@@ -295,6 +296,14 @@ DIFY_OBJECT_STORAGE_REQUEST_TIMEOUT_MS = bounded_int(
     "DIFY_OBJECT_STORAGE_REQUEST_TIMEOUT_MS", 60000, 100, 3600000
 )
 
+# --- Runtime selection (knowledgefs.boundary, knowledgefs.runtime.selection) -----------------
+# Under dify, Dify's inner API is required and document bytes go to Dify's storage; the local
+# object folder is not used.
+require_dify_settings(
+    KNOWLEDGE_MODEL_RUNTIME, inner_api_url=DIFY_INNER_API_URL, inner_api_key=DIFY_INNER_API_KEY
+)
+STORAGES["objects"] = objects_storage(KNOWLEDGE_MODEL_RUNTIME, str(OBJECT_STORAGE_DIR))
+
 # --- REST framework ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -334,3 +343,7 @@ LOGGING = {
 # Extra embedding models by id: {"model-id": "dotted.path.to.ClassOrFactory"} (called without
 # arguments; the object's model_id must be its id). The local default model is always registered.
 KNOWLEDGE_EMBEDDING_MODELS: dict[str, str] = {}
+
+# Admin messages live in the session (database), never in a client-side cookie: the message
+# that shows a new API key's secret once must not travel back and forth in a readable cookie.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"

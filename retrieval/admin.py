@@ -29,3 +29,6 @@ class IndexVersionAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
