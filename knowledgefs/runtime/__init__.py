@@ -102,3 +102,13 @@ def get_embedding_model(model_id: str | None = None) -> EmbeddingModel:
                     )
                 _models[key] = model
     return model
+
+
+# The runtime selection and the Dify clients (knowledgefs/runtime/selection.py).
+from .selection import (  # noqa: E402, F401 - re-exported; after the registry
+    CapabilityUnavailable,
+    datasources,
+    model_runtime,
+    runtime_name,
+    uses_dify,
+)
