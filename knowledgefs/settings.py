@@ -8,7 +8,9 @@ is documented in ``docs/configuration.md``.
 from __future__ import annotations
 
 import os
+import re
 import sys
+import warnings
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -17,20 +19,31 @@ from django.core.exceptions import ImproperlyConfigured
 
 from knowledgefs.auth.capability import parse_public_jwks
 from knowledgefs.auth.rates import rates_from_env, validate_rates
-from knowledgefs.boundary import objects_storage, parse_model_runtime, require_dify_settings
+from knowledgefs.boundary import (
+    objects_storage,
+    parse_model_runtime,
+    refuse_forbidden_credentials,
+    require_dify_settings,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env") if (BASE_DIR / ".env").exists() else None
 
+# Credentials Dify owns (provider keys, object-storage and plugin-daemon credentials, datasource
+# tokens, OAuth secrets) must never reach this process: refuse to start, naming each variable
+# (knowledgefs/boundary.py holds the rule; docs/configuration.md, "Forbidden credentials").
+refuse_forbidden_credentials(os.environ)
+
 VAR_DIR = Path(env.str("KNOWLEDGE_VAR_DIR", default=str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
 def bounded_int(name: str, default: int, low: int, high: int) -> int:
-    """Read an integer setting and refuse values outside ``[low, high]`` at start-up."""
-    raw = os.environ.get(name, "").strip()
+    """Read an integer setting and refuse values outside ``[low, high]`` at start-up, naming the
+    variable, the value and the range (unset or empty → ``default``)."""
+    raw = env.str(name, default="").strip()
     if not raw:
         return default
     if not (raw.isascii() and raw.lstrip("-").isdigit()):
@@ -94,11 +107,32 @@ TEMPLATES = [
     },
 ]
 
+
 # --- Database ---------------------------------------------------------------------------------
 # DATABASE_URL switches to PostgreSQL; the embedded default is SQLite in WAL mode with IMMEDIATE
 # transactions so that concurrent writers (API + workers) queue on the lock instead of failing.
-if env.str("DATABASE_URL", default=""):
-    DATABASES = {"default": env.db("DATABASE_URL")}
+def postgres_from_url(name: str) -> dict:
+    """``DATABASE_URL`` → Django's ``DATABASES["default"]``; only PostgreSQL with a database name
+    is accepted (``postgres://``, ``postgresql://`` or ``pgsql://``). The error names the
+    variable and shows the value without its user, password and query string."""
+    raw = env.str(name).strip()
+    shown = re.sub(r"^([A-Za-z0-9+.-]*://)?[^@/]*@", r"\1***@", raw).split("?", 1)[0]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # django-environ warns about unknown schemes
+            config = environ.Env.db_url_config(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={shown!r} is not a database URL: {exc}") from None
+    if config.get("ENGINE") != "django.db.backends.postgresql" or not config.get("NAME"):
+        raise ImproperlyConfigured(
+            f"{name}={shown!r} is not accepted: a PostgreSQL URL "
+            "postgres://user:password@host:port/database is required (unset = embedded SQLite)"
+        )
+    return config
+
+
+if env.str("DATABASE_URL", default="").strip():
+    DATABASES = {"default": postgres_from_url("DATABASE_URL")}
     # A Unix-socket directory may be given percent-encoded in the host position.
     DATABASES["default"]["HOST"] = unquote(DATABASES["default"].get("HOST") or "")
     DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
