@@ -13,7 +13,13 @@ from ingestion.api import (
     JobRetryView,
 )
 from retrieval.api import RetrievalTestView
-from spaces.api import KnowledgeSpaceDetailView, KnowledgeSpaceListView
+from spaces.api import (
+    EmbeddingProfileView,
+    KnowledgeSpaceDetailView,
+    KnowledgeSpaceListView,
+    ProfileValidationView,
+    RetrievalProfileView,
+)
 
 from . import health, internal
 
@@ -26,6 +32,21 @@ v1 = [
     path("knowledge-spaces", KnowledgeSpaceListView.as_view(), name="space-list"),
     path(
         "knowledge-spaces/<str:space_id>", KnowledgeSpaceDetailView.as_view(), name="space-detail"
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/embedding-profile",
+        EmbeddingProfileView.as_view(),
+        name="space-embedding-profile",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/retrieval-profile",
+        RetrievalProfileView.as_view(),
+        name="space-retrieval-profile",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/profile-validation",
+        ProfileValidationView.as_view(),
+        name="space-profile-validation",
     ),
     path(
         "knowledge-spaces/<str:space_id>/documents",

@@ -16,9 +16,11 @@ class RetrievalTestView(APIView):
     operations = {"POST": Operation("queries.create", space_from())}
 
     def post(self, request, space_id):
-        """Body: ``{"query", "top_k" (1..100, default 10), "score_threshold", "mode"}``.
+        """Body: ``{"query", "top_k" (1..100), "score_threshold", "mode"}``.
 
-        ``score_threshold`` is ``null`` (off) or a number in [0, 1].
+        ``score_threshold`` is ``null`` (off) or a number in [0, 1]. ``top_k``, ``mode`` and
+        ``score_threshold`` left out take the space's retrieval profile (top_k 10, fast, off by
+        default).
         """
         space = get_space(request.user, space_id)
         body = request.data
@@ -27,8 +29,8 @@ class RetrievalTestView(APIView):
         result = services.retrieve(
             space,
             body.get("query"),
-            top_k=body.get("top_k", 10),
-            score_threshold=body.get("score_threshold"),
-            mode=body.get("mode", "fast"),
+            top_k=body.get("top_k"),
+            score_threshold=body.get("score_threshold", services.PROFILE),
+            mode=body.get("mode"),
         )
         return Response(result.as_dict())

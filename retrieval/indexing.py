@@ -112,8 +112,10 @@ def ensure_active_version(
 ) -> IndexVersion:
     """The space's active version; the first call creates version 1.
 
-    Version 1 uses the space's frozen ``embedding_model_id`` if it has one, else
-    ``default_model`` (the runtime's default model when not given), and the space's
+    Version 1 uses ``default_model`` when given, else the space's embedding profile
+    (:func:`spaces.profiles.index_model_for`: the registered id of a local model, or the vector
+    space id of a model served through Dify, with the dimension its validation observed; a
+    profile that is not ``ready`` raises ``spaces.profiles.SpaceNotReady``). The space's
     ``embedding_model_id``/``embedding_dimension`` are set to match.
     """
     active = IndexVersion.objects.filter(space_id=space.id, state=IndexState.ACTIVE).first()
@@ -126,14 +128,12 @@ def ensure_active_version(
         active = IndexVersion.objects.filter(space_id=space.id, state=IndexState.ACTIVE).first()
         if active is not None:
             return active
-        if locked.embedding_model_id and locked.embedding_dimension:
-            model_id, dimension = locked.embedding_model_id, locked.embedding_dimension
+        if default_model is not None:
+            model_id, dimension = default_model.model_id, default_model.dimension
         else:
-            if locked.embedding_model_id:
-                model = get_embedding_model(locked.embedding_model_id)
-            else:
-                model = default_model or get_embedding_model()
-            model_id, dimension = model.model_id, model.dimension
+            from spaces.profiles import index_model_for
+
+            model_id, dimension = index_model_for(locked)
         now = timezone.now()
         active = IndexVersion.objects.create(
             space_id=space.id,
@@ -162,11 +162,15 @@ def projection_targets(space_id: uuid.UUID) -> list[ProjectionTarget]:
     active, building = live_versions(space_id)
     if active is None:
         active = ensure_active_version(KnowledgeSpace.objects.get(id=space_id))
-    targets = [ProjectionTarget(active.number, get_embedding_model(active.model_id))]
+    targets = [
+        ProjectionTarget(active.number, get_embedding_model(active.model_id, space=space_id))
+    ]
     if building is not None:
         try:
             targets.append(
-                ProjectionTarget(building.number, get_embedding_model(building.model_id))
+                ProjectionTarget(
+                    building.number, get_embedding_model(building.model_id, space=space_id)
+                )
             )
         except UnknownEmbeddingModel:
             logger.warning(
@@ -227,7 +231,7 @@ def index_projections(nodes: list[IndexedNode], vectors: dict[int, np.ndarray]) 
                         len(group),
                         version.model_id,
                     )
-                    model = get_embedding_model(version.model_id)
+                    model = get_embedding_model(version.model_id, space=space_id)
                     matrix = model.embed_documents([n.text for n in group])
                 _check_dimension(version, matrix)
                 writes.append((group, matrix, version))
@@ -306,6 +310,10 @@ def change_embedding_model(space: KnowledgeSpace, model_id: str) -> IndexVersion
         active = versions.get(IndexState.ACTIVE)
         building = versions.get(IndexState.BUILDING)
         if active is None:
+            from spaces.profiles import adopt_registered_model
+
+            # The embedding profile follows: the local profile of this model.
+            adopt_registered_model(space, model.model_id, model.dimension)
             version = IndexVersion.objects.create(
                 space_id=space.id,
                 number=_next_number(space.id),
@@ -426,7 +434,7 @@ def _write_vectors(
 
 def _fill(version: IndexVersion, queryset, batch_size: int) -> bool:
     """Embed and store every node of ``queryset`` in batches; ``False`` if the build ended."""
-    model = get_embedding_model(version.model_id)
+    model = get_embedding_model(version.model_id, space=version.space_id)
     conflicts = 0
     while True:
         rows = list(queryset.values_list("id", "document_id", "text")[:batch_size])
@@ -537,6 +545,9 @@ def cutover(
                     embedding_dimension=version.dimension,
                     updated_at=now,
                 )
+                from spaces.profiles import follow_cutover
+
+                follow_cutover(space_id, version.model_id, version.dimension)
                 advance_publication_head(space_id)
         if not pending:
             logger.info(

@@ -7,6 +7,12 @@ normalised scores, a missing leg counting 0 (with one leg enabled it carries ful
 threshold, when not ``None``, keeps items whose final score is ``>= threshold`` (``0`` is a real
 threshold); then the list is cut to ``top_k``. Scores are relative to the query's candidates, so
 a threshold ranks within a result set; it does not measure absolute relevance.
+
+The space's retrieval profile (``spaces.profiles``) supplies ``top_k``, ``score_threshold`` and
+``mode`` when a request leaves them out, and its rerank model, when enabled: the first
+``min(top_k × fusion multiplier, 100)`` fused candidates (Fast: multiplier 1) go to the reranker
+through Dify in one call, its score (which must be within 0..1) becomes the final score, and the
+threshold applies to it. A space whose profile is not ``ready`` is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from django.conf import settings
 from django.db.models import OuterRef, Subquery
 
 from ingestion.models import KnowledgeNode
+from knowledgefs.dify.errors import DifyError
 from knowledgefs.errors import InvalidInput, Unavailable
 from knowledgefs.runtime import UnknownEmbeddingModel, get_embedding_model
 from spaces.models import KnowledgeSpace, PublicationHead
@@ -30,6 +37,8 @@ from .models import IndexState, IndexVersion
 MODES = ("fast",)
 LEGS = ("dense", "keyword")
 RECALL_MULTIPLIER = {"fast": 1}
+FUSION_MULTIPLIER = {"fast": 1}  # rerank candidates: min(top_k × this, RETRIEVAL_MAX_TOP_K)
+PROFILE = object()  # a ``score_threshold`` left to the space's retrieval profile
 # Each leg fetches at least this many candidates (capped at 100): min-max normalisation over a
 # handful of hits is unstable, and an exact keyword match missing from a short dense list would
 # otherwise tie with an unrelated dense hit (docs/benchmarks.md).
@@ -166,17 +175,32 @@ def retrieve(
     space: KnowledgeSpace,
     query: str,
     *,
-    top_k: int = 10,
-    score_threshold: float | None = None,
-    mode: str = "fast",
+    top_k: int | None = None,
+    score_threshold: float | None | object = PROFILE,
+    mode: str | None = None,
     legs: tuple[str, ...] = LEGS,
     fusion: str = "minmax",
 ) -> RetrievalResult:
     """Run a retrieval over the space's published nodes; items carry citations.
 
-    ``legs`` and ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both;
-    ``"minmax"`` or ``"rrf"``).
+    ``top_k`` (``None``), ``mode`` (``None``) and ``score_threshold`` (left out) come from the
+    space's retrieval profile; ``score_threshold=None`` turns the threshold off. ``legs`` and
+    ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both; ``"minmax"`` or
+    ``"rrf"``). Errors: 400 ``invalid_query``, ``invalid_top_k``, ``invalid_score_threshold``,
+    ``invalid_mode``; 409 ``space_setup_required``, ``space_pending_validation``,
+    ``space_validation_failed`` (the space's profile is not ``ready``); 503
+    ``embedding_model_unavailable``, ``rerank_unavailable`` (the reranker failed or answered a
+    score outside 0..1; nothing falls back silently).
     """
+    from spaces.profiles import require_ready
+
+    profile = require_ready(space)
+    if top_k is None:
+        top_k = profile.retrieval_top_k
+    if mode is None:
+        mode = profile.retrieval_default_mode
+    if score_threshold is PROFILE:
+        score_threshold = profile.retrieval_score_threshold
     query, top_k, score_threshold, mode = validate_request(query, top_k, score_threshold, mode)
     started = time.perf_counter()
     depth = min(
@@ -192,10 +216,11 @@ def retrieve(
         number, model_id, dimension = version
         t0 = time.perf_counter()
         try:
-            model = get_embedding_model(model_id)
-        except UnknownEmbeddingModel:
+            model = get_embedding_model(model_id, space=space)
+        except UnknownEmbeddingModel as exc:
             raise Unavailable(
-                f"this space is indexed with {model_id!r}, which this server does not serve",
+                f"this space is indexed with {model_id!r}, which this server does not serve "
+                f"({exc})",
                 code="embedding_model_unavailable",
             ) from None
         if model.dimension != dimension:
@@ -204,7 +229,13 @@ def retrieve(
                 f"{model.dimension}-d ones",
                 code="embedding_model_unavailable",
             )
-        vector = model.embed_query(query)
+        try:
+            vector = model.embed_query(query)
+        except DifyError as exc:
+            raise Unavailable(
+                f"the query could not be embedded ({exc.code}): {exc.message}",
+                code="embedding_model_unavailable",
+            ) from None
         timings["embed_ms"] = (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
         results["dense"] = backend.dense_search(
@@ -222,14 +253,23 @@ def retrieve(
         timings["keyword_ms"] = (time.perf_counter() - t0) * 1000
     candidates = FUSIONS[fusion](results)
     fused = candidates
+    nodes = None
+    rerank = _rerank_selection(profile)
+    if rerank is not None and candidates:
+        pool = candidates[: min(top_k * FUSION_MULTIPLIER[mode], settings.RETRIEVAL_MAX_TOP_K)]
+        nodes = _nodes([r[0] for r in pool])
+        t0 = time.perf_counter()
+        fused = _rerank(space, rerank, query, [r for r in pool if r[0] in nodes], nodes)
+        timings["rerank_ms"] = (time.perf_counter() - t0) * 1000
     if score_threshold is not None:
         fused = [r for r in fused if r[1] >= score_threshold]
     fused = fused[:top_k]
-    items = _hydrate(fused)
+    items = _hydrate(fused, nodes)
     metrics = {
         "dense_candidates": len(results.get("dense", [])),
         "keyword_candidates": len(results.get("keyword", [])),
         "fused_candidates": len(candidates),
+        **({"rerank_candidates": len(pool)} if rerank is not None and candidates else {}),
         "publication_revision": head_revision,
         "index_version": version[0] if version is not None else None,
         **{k: round(v, 2) for k, v in timings.items()},
@@ -255,15 +295,61 @@ def _snapshot(space_id: uuid.UUID) -> tuple[int, tuple[int, str, int] | None]:
     return revision or 0, None
 
 
-def _hydrate(ranked: list[tuple[uuid.UUID, float, dict]]) -> list[RetrievalItem]:
+def _rerank_selection(profile):
+    from spaces.profiles import Selection
+
+    if not profile.retrieval_rerank_enabled:
+        return None
+    return Selection.of(profile.retrieval_rerank_model)
+
+
+def _rerank(space, selection, query: str, pool, nodes) -> list[tuple[uuid.UUID, float, dict]]:
+    """One rerank call over ``pool`` (fused ``(node_id, score, per_leg)``); returns them ranked
+    by the reranker's score, which becomes the final score (``per_leg`` gains ``rerank``).
+    Candidates the reranker does not return are dropped. 503 ``rerank_unavailable`` when the
+    call fails or a score is outside 0..1."""
+    from knowledgefs.runtime import model_runtime
+
+    if not pool:
+        return []
+    try:
+        hits = model_runtime().rerank(
+            tenant_id=space.tenant_id,
+            provider=selection.canonical_provider,
+            model=selection.model,
+            query=query,
+            docs=[nodes[node_id].text for node_id, _, _ in pool],
+        )
+    except DifyError as exc:
+        raise Unavailable(
+            f"reranking with {selection} failed ({exc.code}): {exc.message}",
+            code="rerank_unavailable",
+        ) from None
+    bad = next((h.score for h in hits if not 0 <= h.score <= 1), None)
+    if bad is not None:
+        raise Unavailable(
+            f"reranking with {selection} answered the score {bad}, outside 0..1",
+            code="rerank_unavailable",
+        )
+    ranked = []
+    for hit in hits:
+        node_id, _, per_leg = pool[hit.index]
+        ranked.append((node_id, hit.score, {**per_leg, "rerank": hit.score}))
+    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    return ranked
+
+
+def _nodes(ids: list[uuid.UUID]) -> dict[uuid.UUID, KnowledgeNode]:
+    return {n.id: n for n in KnowledgeNode.objects.filter(id__in=ids).select_related("document")}
+
+
+def _hydrate(
+    ranked: list[tuple[uuid.UUID, float, dict]], nodes: dict | None = None
+) -> list[RetrievalItem]:
     if not ranked:
         return []
-    nodes = {
-        n.id: n
-        for n in KnowledgeNode.objects.filter(id__in=[r[0] for r in ranked]).select_related(
-            "document"
-        )
-    }
+    if nodes is None:
+        nodes = _nodes([r[0] for r in ranked])
     items = []
     for node_id, score, per_leg in ranked:
         node = nodes.get(node_id)

@@ -11,14 +11,94 @@ from django.utils import timezone
 from knowledgefs.auth.principal import Principal
 from knowledgefs.errors import ServiceError
 
-from . import services
-from .models import ApiKey, ApiKeyBinding, BindingType, KnowledgeSpace, PublicationHead
+from . import profiles, services
+from .models import (
+    ApiKey,
+    ApiKeyBinding,
+    BindingType,
+    KnowledgeSpace,
+    PublicationHead,
+    Readiness,
+    SpaceProfile,
+)
+
+
+class SpaceProfileInline(admin.StackedInline):
+    """The space's profiles and readiness, read-only: they change through the API
+    (``PUT …/embedding-profile``, ``PUT …/retrieval-profile``), ``kfs space`` or the
+    *Validate profiles* action, whose rules live in :mod:`spaces.profiles`."""
+
+    model = SpaceProfile
+    can_delete = False
+    extra = 0
+    fieldsets = (
+        ("Readiness", {"fields": ("state", "failure", "validated_at")}),
+        (
+            "Embedding profile",
+            {
+                "fields": (
+                    "embedding_plugin_id",
+                    "embedding_provider",
+                    "embedding_model",
+                    "embedding_identity",
+                    "embedding_dimension",
+                    "vector_space_id",
+                    "embedding_revision",
+                    "embedding_frozen_at",
+                )
+            },
+        ),
+        (
+            "Retrieval profile",
+            {
+                "fields": (
+                    "retrieval_default_mode",
+                    "retrieval_reasoning_model",
+                    "retrieval_rerank_enabled",
+                    "retrieval_rerank_model",
+                    "retrieval_score_threshold",
+                    "retrieval_top_k",
+                    "retrieval_revision",
+                )
+            },
+        ),
+        ("Observed by validation", {"fields": ("capabilities", "updated_at")}),
+    )
+    readonly_fields = [f.name for f in SpaceProfile._meta.fields if f.name != "space"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class ReadinessFilter(admin.SimpleListFilter):
+    title = "readiness"
+    parameter_name = "readiness"
+
+    def lookups(self, request, model_admin):
+        return Readiness.choices
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(profile__state=self.value())
+        return queryset
 
 
 @admin.register(KnowledgeSpace)
 class KnowledgeSpaceAdmin(admin.ModelAdmin):
-    list_display = ("name", "slug", "tenant_id", "embedding_model_id", "revision", "created_at")
-    list_filter = ("tenant_id",)
+    list_display = (
+        "name",
+        "slug",
+        "tenant_id",
+        "readiness",
+        "embedding_model_id",
+        "revision",
+        "created_at",
+    )
+    list_filter = (ReadinessFilter, "tenant_id")
+    list_select_related = ("profile",)
     search_fields = ("name", "slug", "tenant_id", "=id")
     readonly_fields = (
         "id",
@@ -29,7 +109,37 @@ class KnowledgeSpaceAdmin(admin.ModelAdmin):
         "updated_at",
         "deleting_at",
     )
+    inlines = (SpaceProfileInline,)
+    actions = ("validate_profiles",)
     show_full_result_count = False
+
+    @admin.display(description="readiness", ordering="profile__state")
+    def readiness(self, obj) -> str:
+        try:
+            return obj.profile.state
+        except SpaceProfile.DoesNotExist:
+            return "-"
+
+    @admin.action(description="Validate profiles (run the preflight now)", permissions=["change"])
+    def validate_profiles(self, request, queryset) -> None:
+        for space in queryset:
+            try:
+                profile = profiles.run_preflight(space)
+            except ServiceError as exc:
+                self.message_user(
+                    request, f"{space.slug}: {exc.code}: {exc.message}", messages.ERROR
+                )
+                continue
+            failure = profile.failure or {}
+            if profile.state == Readiness.READY:
+                self.message_user(request, f"{space.slug}: ready", messages.SUCCESS)
+            else:
+                self.message_user(
+                    request,
+                    f"{space.slug}: {profile.state} ({failure.get('code')}: "
+                    f"{failure.get('message')})",
+                    messages.WARNING,
+                )
 
     def delete_model(self, request, obj) -> None:
         # The service purges documents and stored objects and deletes keys bound only here.
@@ -38,6 +148,12 @@ class KnowledgeSpaceAdmin(admin.ModelAdmin):
     def delete_queryset(self, request, queryset) -> None:
         for space in queryset:
             self.delete_model(request, space)
+
+    def get_deleted_objects(self, objs, request):
+        # Documents, index versions and jobs cannot be deleted on their own, but the service
+        # removes them with their space: the permission to delete the space is enough.
+        deleted, counts, _perms_needed, protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, set(), protected
 
 
 @admin.register(PublicationHead)

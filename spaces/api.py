@@ -16,7 +16,7 @@ from knowledgefs.auth.operations import ADMIN_CALLERS, Operation, namespace_wide
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
 
-from . import services
+from . import profiles, services
 from .serializers import KnowledgeSpaceSerializer, SpaceCreateSerializer, SpaceUpdateSerializer
 
 
@@ -62,7 +62,11 @@ class KnowledgeSpaceListView(APIView):
 
     def get(self, request):
         paginator = NewestFirstPagination()
-        spaces = services.spaces_for(request.user).prefetch_related("index_versions")
+        spaces = (
+            services.spaces_for(request.user)
+            .select_related("profile")
+            .prefetch_related("index_versions")
+        )
         page = paginator.paginate_queryset(spaces, request, view=self)
         return paginator.get_paginated_response(KnowledgeSpaceSerializer(page, many=True).data)
 
@@ -109,3 +113,59 @@ class KnowledgeSpaceDetailView(APIView):
     def delete(self, request, space_id):
         services.delete_space(request.user, space_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _body(request) -> dict:
+    if not hasattr(request.data, "get"):
+        raise InvalidInput("the body must be a JSON object", code="invalid_request")
+    return dict(request.data)
+
+
+class EmbeddingProfileView(APIView):
+    """``PUT /v1/knowledge-spaces/{id}/embedding-profile`` ``{"plugin_id", "provider", "model",
+    "revision"?}`` → 200 with the space (:func:`spaces.profiles.set_embedding_profile`)."""
+
+    operations = {
+        "PUT": Operation("knowledge_spaces.update_embedding_profile", space_from(), ADMIN_CALLERS),
+    }
+
+    def put(self, request, space_id):
+        services.get_space(request.user, space_id)  # 404 before any 400
+        body = _body(request)
+        revision = body.pop("revision", None)
+        space = profiles.set_embedding_profile(
+            request.user, space_id, body, expected_revision=revision
+        )
+        return Response(KnowledgeSpaceSerializer(space).data)
+
+
+class RetrievalProfileView(APIView):
+    """``PUT /v1/knowledge-spaces/{id}/retrieval-profile`` ``{"default_mode", "reasoning_model",
+    "rerank", "score_threshold", "top_k", "revision"?}`` → 200 with the space
+    (:func:`spaces.profiles.set_retrieval_profile`)."""
+
+    operations = {
+        "PUT": Operation("knowledge_spaces.update_retrieval_profile", space_from(), ADMIN_CALLERS),
+    }
+
+    def put(self, request, space_id):
+        services.get_space(request.user, space_id)
+        body = _body(request)
+        revision = body.pop("revision", None)
+        space = profiles.set_retrieval_profile(
+            request.user, space_id, body, expected_revision=revision
+        )
+        return Response(KnowledgeSpaceSerializer(space).data)
+
+
+class ProfileValidationView(APIView):
+    """``POST /v1/knowledge-spaces/{id}/profile-validation`` → 200 with the space and its
+    readiness as recorded by the preflight (:func:`spaces.profiles.validate_space`)."""
+
+    operations = {
+        "POST": Operation("knowledge_spaces.validate_profiles", space_from(), ADMIN_CALLERS),
+    }
+
+    def post(self, request, space_id):
+        space = profiles.validate_space(request.user, space_id)
+        return Response(KnowledgeSpaceSerializer(space).data)

@@ -6,7 +6,7 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
-from django.db.models.signals import pre_delete
+from django.db.models.signals import post_save, pre_delete
 from django.dispatch import receiver
 
 SLUG_PATTERN = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
@@ -62,6 +62,110 @@ class PublicationHead(models.Model):
 
     def __str__(self) -> str:
         return f"head r{self.revision} of {self.space_id}"
+
+
+class Readiness(models.TextChoices):
+    """Whether a space can admit documents and answer queries (its profiles' activation)."""
+
+    SETUP_REQUIRED = "setup-required", "Setup required"
+    PENDING_VALIDATION = "pending-validation", "Pending validation"
+    VALIDATION_FAILED = "validation-failed", "Validation failed"
+    READY = "ready", "Ready"
+
+
+class RetrievalMode(models.TextChoices):
+    """Retrieval modes a profile may name; only those in ``retrieval.services.MODES`` are
+    accepted as ``default_mode`` (the others are refused with ``mode_unavailable``)."""
+
+    FAST = "fast", "Fast"
+    DEEP = "deep", "Deep"
+    RESEARCH = "research", "Research"
+    AUTO = "auto", "Auto"
+
+
+class SpaceProfile(models.Model):
+    """A space's embedding profile, retrieval profile and readiness (one row per space).
+
+    **Embedding profile.** The selection ``embedding_plugin_id`` / ``embedding_provider`` /
+    ``embedding_model`` is all a client sets. ``embedding_identity`` (the install identity the
+    catalog reported: Dify's ``plugin_unique_identifier``, or the registered model id for a local
+    model) and ``embedding_dimension`` are observed by the preflight from a real answer, never
+    configured. ``vector_space_id`` (``embedding-space-sha256:<hex>``) is derived from the
+    selection and that identity; vectors of two vector spaces never share an index.
+    ``embedding_frozen_at`` is a latch set when the first document is admitted; after it the
+    selection cannot change (a new model needs a new index version).
+
+    **Retrieval profile.** ``retrieval_default_mode``, ``retrieval_reasoning_model`` and
+    ``retrieval_rerank_model`` (selections ``{plugin_id, provider, model}`` or null),
+    ``retrieval_rerank_enabled``, ``retrieval_score_threshold`` (null = off, else 0..1) and
+    ``retrieval_top_k`` (1..100).
+
+    **Readiness** (``state``): ``setup-required`` (no embedding selection), ``pending-validation``
+    (selected, the preflight has not passed yet), ``validation-failed`` (the preflight failed for
+    good; ``failure`` says why), ``ready``. ``failure`` is the last failed validation
+    ``{code, message, field, retryable, failed_at}``, kept until one succeeds.
+
+    Each profile has its own ``revision`` (compare-and-set by ``PUT`` with ``revision``). Rows are
+    written only by :mod:`spaces.profiles`, under the space's row lock then this row's.
+    """
+
+    space = models.OneToOneField(
+        KnowledgeSpace, on_delete=models.CASCADE, primary_key=True, related_name="profile"
+    )
+    embedding_plugin_id = models.CharField(max_length=256, blank=True, default="")
+    embedding_provider = models.CharField(max_length=256, blank=True, default="")
+    embedding_model = models.CharField(max_length=256, blank=True, default="")
+    embedding_identity = models.CharField(max_length=1024, blank=True, default="")
+    embedding_dimension = models.PositiveIntegerField(null=True, blank=True)
+    vector_space_id = models.CharField(max_length=96, blank=True, default="")
+    embedding_revision = models.PositiveIntegerField(default=1)
+    embedding_frozen_at = models.DateTimeField(null=True, blank=True)
+
+    retrieval_default_mode = models.CharField(
+        max_length=16, choices=RetrievalMode.choices, default=RetrievalMode.FAST
+    )
+    retrieval_reasoning_model = models.JSONField(null=True, blank=True)
+    retrieval_rerank_enabled = models.BooleanField(default=False)
+    retrieval_rerank_model = models.JSONField(null=True, blank=True)
+    retrieval_score_threshold = models.FloatField(null=True, blank=True)
+    retrieval_top_k = models.PositiveSmallIntegerField(default=10)
+    retrieval_revision = models.PositiveIntegerField(default=1)
+
+    state = models.CharField(
+        max_length=32, choices=Readiness.choices, default=Readiness.SETUP_REQUIRED
+    )
+    failure = models.JSONField(null=True, blank=True)
+    # What the last successful preflight observed per model: {"embedding": {...}, "rerank": ...}.
+    capabilities = models.JSONField(default=dict, blank=True)
+    validated_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "space profile"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in Readiness]),
+                name="space_profile_state",
+            ),
+            models.CheckConstraint(
+                condition=Q(retrieval_top_k__gte=1, retrieval_top_k__lte=100),
+                name="space_profile_top_k",
+            ),
+            models.CheckConstraint(
+                condition=Q(retrieval_score_threshold__isnull=True)
+                | Q(retrieval_score_threshold__gte=0, retrieval_score_threshold__lte=1),
+                name="space_profile_score_threshold",
+            ),
+            models.CheckConstraint(
+                condition=~Q(retrieval_rerank_enabled=True)
+                | Q(retrieval_rerank_model__isnull=False),
+                name="space_profile_rerank_model",
+            ),
+        ]
+        indexes = [models.Index(fields=["state"], name="space_profile_state_idx")]
+
+    def __str__(self) -> str:
+        return f"profile of {self.space_id} ({self.state})"
 
 
 class ApiKey(models.Model):
@@ -173,6 +277,16 @@ class ApiKeyBinding(models.Model):
         if self.resource_type == BindingType.KNOWLEDGE_FS_SPACE:
             return f"space {self.space_id}"
         return f"dataset {self.dataset_id}"
+
+
+@receiver(post_save, sender=KnowledgeSpace, dispatch_uid="spaces.space_profile")
+def _space_profile(sender, instance: KnowledgeSpace, created: bool, raw: bool = False, **kwargs):
+    """Every new space gets its profile row in the transaction that creates it: the local
+    profile, ``ready``, under ``KNOWLEDGE_MODEL_RUNTIME=local``; ``setup-required`` otherwise."""
+    if created and not raw:
+        from .profiles import create_profile
+
+        create_profile(instance)
 
 
 @receiver(pre_delete, sender=KnowledgeSpace, dispatch_uid="spaces.keys_never_widen")

@@ -31,6 +31,16 @@ class KnowledgeSpaceSerializer(serializers.ModelSerializer):
 
         return index_summary(space.index_versions.all())
 
+    def to_representation(self, space) -> dict:
+        """The space's fields, then ``readiness``, ``embedding_profile`` and
+        ``retrieval_profile`` (:func:`spaces.profiles.describe`)."""
+        from .profiles import describe, profile_of
+
+        data = super().to_representation(space)
+        cached = KnowledgeSpace.profile.is_cached(space)
+        data.update(describe(space.profile if cached else profile_of(space)))
+        return data
+
 
 class SpaceCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=160, trim_whitespace=True)

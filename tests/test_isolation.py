@@ -30,6 +30,12 @@ BODIES = {
     "knowledge_spaces.update": {"name": "renamed"},
     "knowledge_spaces.create": {"name": "mine"},
     "queries.create": {"query": "anything"},
+    "knowledge_spaces.update_embedding_profile": {
+        "plugin_id": "local",
+        "provider": "local",
+        "model": "local/all-MiniLM-L6-v2-int8-onnx",
+    },
+    "knowledge_spaces.update_retrieval_profile": {"top_k": 5},
     "jobs.retry": {"from": "checkpoint"},
     "internal.knowledge_spaces.delete": {"namespace_id": "tenant-a"},
     "internal.knowledge_spaces.provision": {

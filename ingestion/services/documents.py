@@ -31,7 +31,6 @@ from knowledgefs import storage
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from knowledgefs.errors import UnsupportedMediaType as UnsupportedMediaTypeError
-from knowledgefs.runtime import get_embedding_model
 from knowledgefs.uploads import upload_limit_message
 from spaces.models import KnowledgeSpace
 from spaces.services import Principal, get_space
@@ -92,8 +91,10 @@ def admit_document(
     Errors (nothing is stored when any is raised): 400 ``invalid_filename``, 400 ``empty_file``,
     413 ``file_too_large`` (names the limit), 415 ``unsupported_media_type`` (lists the supported
     types), 409 ``duplicate_document`` with the existing id in ``details`` when the same bytes are
-    already in the space and ``on_duplicate`` is ``"reject"``. With ``"replace"`` the existing
-    document takes the new filename and is compiled again (it stays one document).
+    already in the space and ``on_duplicate`` is ``"reject"``, 409 ``space_setup_required`` or
+    ``space_validation_failed`` when the space's profile is not usable (a space
+    ``pending-validation`` is admitted: its compilation validates it). With ``"replace"`` the
+    existing document takes the new filename and is compiled again (it stays one document).
     ``enqueue=False`` leaves the job queued in the database without a queue message, for callers
     that compile in-process (:func:`ingestion.services.compilation.drain_queued`).
     """
@@ -117,6 +118,7 @@ def admit_document(
     except parsing.ParseError as exc:
         raise InvalidInput(exc.message, code=exc.code) from exc
     sha256 = hashlib.sha256(data).hexdigest()
+    _freeze_embedding_model(space)
 
     existing = Document.objects.filter(space=space, sha256=sha256).first()
     if existing is not None:
@@ -127,7 +129,6 @@ def admit_document(
             return replaced
         # The document was deleted since we found it: admit the bytes as a new document.
 
-    _freeze_embedding_model(space)
     document_id = uuid.uuid4()
     key = storage_key_for(space, document_id)
     storage.put_object(key, data)
@@ -212,16 +213,17 @@ def _new_job(document: Document, *, enqueue: bool) -> CompilationJob:
 
 
 def _freeze_embedding_model(space: KnowledgeSpace) -> None:
-    """Give the space its first index version at its first admission (a latch).
+    """Check the space's readiness and freeze its embedding profile (a latch) at its first
+    admission (:func:`spaces.profiles.freeze_for_admission`).
 
-    Version 1 is active with the model chosen for the space before any upload, else the
-    runtime's default model; later changes go through
-    :func:`retrieval.indexing.change_embedding_model` and never through an upload.
+    409 ``space_setup_required`` or ``space_validation_failed`` refuse the upload before
+    anything is stored. A ready space gets its index version 1 (its profile's model) now; a
+    space pending validation gets it from the preflight its first compilation runs. Later model
+    changes go through :func:`retrieval.indexing.change_embedding_model`, never an upload.
     """
-    from retrieval.indexing import ensure_active_version
+    from spaces.profiles import freeze_for_admission
 
-    default = None if space.embedding_model_id else get_embedding_model()
-    ensure_active_version(space, default_model=default)
+    freeze_for_admission(space)
     space.refresh_from_db(fields=["embedding_model_id", "embedding_dimension"])
 
 

@@ -1,26 +1,41 @@
 """The model-runtime boundary: every embedding call in KnowledgeFS goes through here.
 
 ``KNOWLEDGE_MODEL_RUNTIME=local`` (the embedded default) serves a local all-MiniLM-L6-v2 int8 ONNX
-model. The Dify inner model API arrives behind the same interface.
+model; ``dify`` serves each space's embedding profile through Dify's inner model API
+(:class:`knowledgefs.dify.model_runtime.DifyEmbeddingModel`).
 
-Models are registered by id. The default local model is always registered;
-``settings.KNOWLEDGE_EMBEDDING_MODELS`` (``{model_id: "dotted.path.to.ClassOrFactory"}``) adds
-more. A registered class or factory is called without arguments and must return an object whose
-``model_id`` is the id it is registered under. Each model is built once per process (per id and
-dotted path) and shared by every thread.
+Models are found by id, in two ways:
+
+- **Registered ids.** The default local model is always registered;
+  ``settings.KNOWLEDGE_EMBEDDING_MODELS`` (``{model_id: "dotted.path.to.ClassOrFactory"}``) adds
+  more. A registered class or factory is called without arguments and must return an object
+  whose ``model_id`` is the id it is registered under. Each is built once per process (per id
+  and dotted path) and shared by every thread.
+- **Vector space ids** (``embedding-space-sha256:<hex>``): the index model id of a space whose
+  embedding profile is served by Dify (``spaces.models.SpaceProfile.vector_space_id``). These
+  need the space (``get_embedding_model(model_id, space=…)``): the model is bound to the space's
+  tenant, whose model credentials Dify applies. One :class:`DifyEmbeddingModel` is kept per
+  tenant, selection and vector space (at most :data:`DIFY_MODEL_POOL_SIZE`, least recently used
+  dropped first), sharing one :class:`DifyModelRuntime` and its pooled HTTP session.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from django.conf import settings
 from django.utils.module_loading import import_string
 
 DEFAULT_MODEL_ID = "local/all-MiniLM-L6-v2-int8-onnx"
+VECTOR_SPACE_PREFIX = "embedding-space-sha256:"
+LOCAL_PLUGIN_ID = "local"
+LOCAL_PROVIDER = "local"
+DIFY_MODEL_POOL_SIZE = 256
 
 
 class EmbeddingModel(Protocol):
@@ -39,12 +54,19 @@ class EmbeddingModel(Protocol):
 
 
 class UnknownEmbeddingModel(LookupError):
-    """No embedding model is registered under this id (the message lists the registered ones)."""
+    """No embedding model is registered under this id (the message lists the registered ones),
+    or a vector space id this process cannot serve (``reason`` says why)."""
 
-    def __init__(self, model_id: str) -> None:
+    def __init__(self, model_id: str, reason: str | None = None) -> None:
         self.model_id = model_id
-        known = ", ".join(sorted(registered_model_ids()))
-        super().__init__(f"no embedding model is registered as {model_id!r}; registered: {known}")
+        if reason is None:
+            known = ", ".join(sorted(registered_model_ids()))
+            reason = f"no embedding model is registered as {model_id!r}; registered: {known}"
+        super().__init__(reason)
+
+
+def is_vector_space_id(model_id: object) -> bool:
+    return isinstance(model_id, str) and model_id.startswith(VECTOR_SPACE_PREFIX)
 
 
 def _local_model() -> EmbeddingModel:
@@ -77,13 +99,18 @@ def is_registered(model_id: str) -> bool:
     return isinstance(model_id, str) and model_id in _factories()
 
 
-def get_embedding_model(model_id: str | None = None) -> EmbeddingModel:
-    """Return the embedding model registered as ``model_id`` (the default model without one).
+def get_embedding_model(model_id: str | None = None, *, space: Any = None) -> EmbeddingModel:
+    """Return the embedding model ``model_id`` (the default model without one).
 
-    Each model is built once per process and shared. Raises :class:`UnknownEmbeddingModel` for an
-    id nobody registered.
+    A registered id is served by its factory, built once per process and shared. A vector space
+    id (``embedding-space-sha256:…``) is served from ``space``'s embedding profile (a
+    ``KnowledgeSpace`` or its id) through Dify, and only while ``KNOWLEDGE_MODEL_RUNTIME=dify``.
+    Raises :class:`UnknownEmbeddingModel` for an id nobody registered, a vector space id without
+    its space, or one that is not the space's profile.
     """
     model_id = model_id or DEFAULT_MODEL_ID
+    if is_vector_space_id(model_id):
+        return _profile_model(model_id, space)
     factory = _factories().get(model_id)
     if factory is None:
         raise UnknownEmbeddingModel(model_id)
@@ -112,3 +139,84 @@ from .selection import (  # noqa: E402, F401 - re-exported; after the registry
     runtime_name,
     uses_dify,
 )
+
+# --- models served by Dify, per space profile ------------------------------------------------
+
+_dify_lock = threading.Lock()
+_dify_models: OrderedDict[tuple, EmbeddingModel] = OrderedDict()
+
+
+def dify_embedding_model(
+    *,
+    tenant_id: str,
+    plugin_id: str,
+    provider: str,
+    model: str,
+    model_id: str,
+    dimension: int | None,
+) -> EmbeddingModel:
+    """The pooled :class:`DifyEmbeddingModel` of one tenant and selection, whose ``model_id`` is
+    ``model_id`` (a vector space id) and whose vectors must have ``dimension``."""
+    from knowledgefs.dify.model_runtime import DifyEmbeddingModel
+
+    client = model_runtime()  # the shared DifyModelRuntime of this configuration
+    key = (id(client), tenant_id, plugin_id, provider, model, model_id, dimension)
+    with _dify_lock:
+        found = _dify_models.get(key)
+        if found is not None:
+            _dify_models.move_to_end(key)
+            return found
+    built = DifyEmbeddingModel(
+        tenant_id=tenant_id,
+        provider=f"{plugin_id}/{provider}",
+        model=model,
+        model_id=model_id,
+        dimension=dimension,
+        runtime=client,
+    )
+    with _dify_lock:
+        found = _dify_models.setdefault(key, built)
+        _dify_models.move_to_end(key)
+        while len(_dify_models) > DIFY_MODEL_POOL_SIZE:
+            _dify_models.popitem(last=False)
+    return found
+
+
+def _profile_model(model_id: str, space: Any) -> EmbeddingModel:
+    if space is None:
+        raise UnknownEmbeddingModel(
+            model_id, f"{model_id!r} is a vector space id; it is served only for its space"
+        )
+    from spaces.models import SpaceProfile
+
+    space_id = getattr(space, "pk", space)
+    row = (
+        SpaceProfile.objects.filter(space_id=uuid.UUID(str(space_id)), vector_space_id=model_id)
+        .values_list(
+            "space__tenant_id",
+            "embedding_plugin_id",
+            "embedding_provider",
+            "embedding_model",
+            "embedding_dimension",
+        )
+        .first()
+    )
+    if row is None:
+        raise UnknownEmbeddingModel(
+            model_id, f"{model_id!r} is not the embedding profile of knowledge space {space_id}"
+        )
+    tenant_id, plugin_id, provider, model, dimension = row
+    if not uses_dify():
+        raise UnknownEmbeddingModel(
+            model_id,
+            f"{model_id!r} ({plugin_id}/{provider}/{model}) is served through Dify, and this "
+            f"server runs KNOWLEDGE_MODEL_RUNTIME={runtime_name()!r}",
+        )
+    return dify_embedding_model(
+        tenant_id=tenant_id,
+        plugin_id=plugin_id,
+        provider=provider,
+        model=model,
+        model_id=model_id,
+        dimension=dimension,
+    )
