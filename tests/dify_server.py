@@ -7,7 +7,9 @@ request must carry ``X-Inner-Api-Key`` (401 otherwise).
 - ``/inner/api/invoke/text-embedding`` and ``…/multimodal-embedding``: a seeded bag-of-words
   hashing embedder (each lower-cased word adds ±1 to one of ``dimension`` buckets), L2-normalised
   then multiplied by ``scale``, so texts that share words are near and retrieval on real text
-  works;
+  works; or, with ``embedder="local"``, the local all-MiniLM-L6-v2 ONNX model KnowledgeFS embeds
+  with under ``KNOWLEDGE_MODEL_RUNTIME=local`` (384 dimensions), so a run through this server can
+  be compared with a local run;
 - ``…/rerank``: the share of the query's words found in each document;
 - ``…/llm``: a fixed answer in three length-prefixed frames;
 - ``…/model-catalog``: a fixed catalog, paged by ``limit``/``offset``;
@@ -171,9 +173,13 @@ class DifyTestServer:
         api_key: str = TEST_INNER_KEY,
         dimension: int = 64,
         max_object_bytes: int = 64 * 1024 * 1024,
+        embedder: str = "hash",
     ) -> None:
+        if embedder not in ("hash", "local"):
+            raise ValueError(f"embedder must be 'hash' or 'local', not {embedder!r}")
         self.api_key = api_key
-        self.dimension = dimension
+        self.embedder = embedder
+        self.dimension = LOCAL_DIMENSION if embedder == "local" else dimension
         self.scale = 1.0
         self.max_object_bytes = max_object_bytes
         self.storage_healthy = True
@@ -184,6 +190,7 @@ class DifyTestServer:
         self.stopping = threading.Event()
         self._faults: list[Fault] = []
         self._in_flight: dict[str, int] = defaultdict(int)
+        self._connections: set[socket.socket] = set()
         self._peak: dict[str, int] = defaultdict(int)
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -196,7 +203,12 @@ class DifyTestServer:
         class Handler(_Handler):
             dify = server
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:  # noqa: ANN001
+                if not server.stopping.is_set():  # connections cut by stop() are expected
+                    super().handle_error(request, client_address)
+
+        httpd = Server(("127.0.0.1", 0), Handler)
         httpd.daemon_threads = True
         httpd.block_on_close = False
         self._httpd = httpd
@@ -207,10 +219,19 @@ class DifyTestServer:
         return self
 
     def stop(self) -> None:
+        """Stop listening and cut every open connection, as a dead process would (a kept-alive
+        connection would otherwise go on being served by its handler thread)."""
         self.stopping.set()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
+        with self.lock:
+            open_connections = list(self._connections)
+        for connection in open_connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -288,7 +309,26 @@ class DifyTestServer:
     # -- model behaviour -----------------------------------------------------------------------
 
     def embed(self, texts: list[str], dimension: int) -> list[list[float]]:
+        if self.embedder == "local" and dimension == LOCAL_DIMENSION:
+            vectors = _local_onnx().embed_documents(list(texts))
+            return [[float(v) * self.scale for v in row] for row in vectors]
         return [[v * self.scale for v in hashed_embedding(t, dimension)] for t in texts]
+
+
+LOCAL_DIMENSION = 384
+_local_lock = threading.Lock()
+_local_model: Any = None
+
+
+def _local_onnx() -> Any:
+    """One LocalOnnxEmbedding per process, built on first use (the server's own instance)."""
+    global _local_model
+    with _local_lock:
+        if _local_model is None:
+            from knowledgefs.runtime.local_embedding import LocalOnnxEmbedding
+
+            _local_model = LocalOnnxEmbedding()
+        return _local_model
 
 
 class _Abort(Exception):
@@ -298,6 +338,16 @@ class _Abort(Exception):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     dify: DifyTestServer
+
+    def setup(self) -> None:
+        super().setup()
+        with self.dify.lock:
+            self.dify._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.dify.lock:
+            self.dify._connections.discard(self.connection)
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass

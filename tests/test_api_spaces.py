@@ -109,5 +109,11 @@ def test_probes(client):
     assert APIClient().get("/health").status_code == 200
     ready = APIClient().get("/ready")
     assert ready.status_code == 200, ready.json()
-    assert set(ready.json()["checks"]) == {"database", "object_storage", "embedding_model"}
+    assert set(ready.json()["checks"]) == {
+        "auth",
+        "database",
+        "model_runtime",
+        "datasource_runtime",
+        "object_storage",
+    }
     assert client.get("/v1/nope").json()["code"] == "not_found"
