@@ -614,6 +614,33 @@ class _Work:
     lease: gates.Lease | None = None
 
 
+def _require_ready_profile(held: Held, jobs: dict, pending: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Before any work, each space of the batch must have a ready profile: a space pending
+    validation runs its preflight here, under the held leases
+    (:func:`spaces.profiles.ensure_ready_for_compile`). When a space is not ready its held jobs
+    end with the profile's failure code (retryable for a timeout or 5xx of Dify, else terminal)
+    and are left out; returns the jobs that may be compiled."""
+    from spaces.profiles import SpaceNotReady, ensure_ready_for_compile
+
+    ready = []
+    for space_id in dict.fromkeys(jobs[j].space_id for j in pending):
+        members = [j for j in pending if jobs[j].space_id == space_id]
+        held.touch()
+        try:
+            ensure_ready_for_compile(space_id)
+        except SpaceNotReady as exc:
+            failure = CompilationFailure(exc.code, exc.message, retryable=exc.retryable)
+            for job_id in members:
+                held.start(job_id)  # a failure counts as an attempt, so retries stay bounded
+                end_attempt(job_id, held.tokens[job_id], failure)
+                held.release(job_id)
+            continue
+        finally:
+            held.touch()
+        ready.extend(members)
+    return ready
+
+
 def _compile_claimed(held: Held, until: str | None) -> None:
     """Compile the held jobs in groups: artifacts in waves under the gates, chunks together.
 
@@ -627,6 +654,7 @@ def _compile_claimed(held: Held, until: str | None) -> None:
     for job_id in [j for j in held.tokens if j not in jobs]:
         held.release(job_id)  # deleted with its document meanwhile
     pending = [j for j in held.tokens if j in jobs]
+    pending = _require_ready_profile(held, jobs, pending)
     budget = settings.Q_CLUSTER.get("timeout") or 0
     byte_budget = settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES
     first_wave = True
