@@ -17,6 +17,7 @@ from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
 from retrieval import evaluation, indexing
 from retrieval.services import LEGS, retrieve
+from spaces import profiles
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
 
@@ -53,6 +54,42 @@ class Command(BaseCommand):
             "--wait", action="store_true", help="build and cut over in this process"
         )
         set_model.add_argument("--json", action="store_true")
+        set_embedding = space_sub.add_parser(
+            "set-embedding-profile",
+            help="choose a space's embedding model (before its first document)",
+        )
+        set_embedding.add_argument("slug")
+        set_embedding.add_argument("--tenant", required=True)
+        set_embedding.add_argument("--plugin-id", required=True, help="langgenius/openai, or local")
+        set_embedding.add_argument("--provider", required=True, help="openai, or local")
+        set_embedding.add_argument("--model", required=True)
+        set_embedding.add_argument("--revision", type=int, help="compare-and-set on this revision")
+        set_embedding.add_argument("--json", action="store_true")
+        set_retrieval = space_sub.add_parser(
+            "set-retrieval-profile",
+            help="replace a space's retrieval profile (members left out take their defaults)",
+        )
+        set_retrieval.add_argument("slug")
+        set_retrieval.add_argument("--tenant", required=True)
+        set_retrieval.add_argument("--mode", dest="default_mode", default="fast")
+        set_retrieval.add_argument("--top-k", type=int, default=10)
+        set_retrieval.add_argument(
+            "--score-threshold", type=float, help="0..1 (needs --rerank-model); off when absent"
+        )
+        set_retrieval.add_argument(
+            "--rerank-model", nargs=3, metavar=("PLUGIN_ID", "PROVIDER", "MODEL")
+        )
+        set_retrieval.add_argument(
+            "--reasoning-model", nargs=3, metavar=("PLUGIN_ID", "PROVIDER", "MODEL")
+        )
+        set_retrieval.add_argument("--revision", type=int, help="compare-and-set on this revision")
+        set_retrieval.add_argument("--json", action="store_true")
+        validate = space_sub.add_parser(
+            "validate", help="run a space's profile validation (catalog, credentials, real calls)"
+        )
+        validate.add_argument("slug")
+        validate.add_argument("--tenant", required=True)
+        validate.add_argument("--json", action="store_true")
         listing = space_sub.add_parser("list", help="list a tenant's knowledge spaces")
         listing.add_argument("--tenant", required=True)
         listing.add_argument("--json", action="store_true")
@@ -200,6 +237,9 @@ class Command(BaseCommand):
                 f"active: {summary['active']}\nbuilding: {summary['building']}",
             )
             return
+        if options["action"] in ("set-embedding-profile", "set-retrieval-profile", "validate"):
+            self._profiles(principal, options)
+            return
         if options["action"] == "create":
             existing = None
             if options["exists_ok"] and options["slug"]:
@@ -220,14 +260,68 @@ class Command(BaseCommand):
             self.emit(options, payload, f"{verb} space {space.slug} ({space.id})")
         else:
             rows = [
-                {"id": str(s.id), "name": s.name, "slug": s.slug}
-                for s in spaces.spaces_for(principal)
+                {"id": str(s.id), "name": s.name, "slug": s.slug, "readiness": s.profile.state}
+                for s in spaces.spaces_for(principal).select_related("profile")
             ]
             self.emit(
                 options,
                 {"items": rows},
-                "\n".join(f"{r['slug']}\t{r['id']}\t{r['name']}" for r in rows) or "no spaces",
+                "\n".join(f"{r['slug']}\t{r['id']}\t{r['readiness']}\t{r['name']}" for r in rows)
+                or "no spaces",
             )
+
+    def _profiles(self, principal, options: dict) -> None:
+        """``space set-embedding-profile | set-retrieval-profile | validate``: one call to
+        :mod:`spaces.profiles`; prints the readiness and both profiles."""
+        space = spaces.get_space_by_slug(principal, options["slug"])
+        action = options["action"]
+        if action == "set-embedding-profile":
+            selection = {
+                "plugin_id": options["plugin_id"],
+                "provider": options["provider"],
+                "model": options["model"],
+            }
+            space = profiles.set_embedding_profile(
+                principal, space.id, selection, expected_revision=options["revision"]
+            )
+        elif action == "set-retrieval-profile":
+
+            def selection_of(values):
+                return dict(zip(("plugin_id", "provider", "model"), values, strict=True))
+
+            body = {
+                "default_mode": options["default_mode"],
+                "top_k": options["top_k"],
+                "score_threshold": options["score_threshold"],
+                "reasoning_model": (
+                    selection_of(options["reasoning_model"]) if options["reasoning_model"] else None
+                ),
+                "rerank": (
+                    {"enabled": True, "model": selection_of(options["rerank_model"])}
+                    if options["rerank_model"]
+                    else {"enabled": False, "model": None}
+                ),
+            }
+            space = profiles.set_retrieval_profile(
+                principal, space.id, body, expected_revision=options["revision"]
+            )
+        else:
+            space = profiles.validate_space(principal, space.id)
+        described = profiles.describe(profiles.profile_of(space))
+        readiness, embedding = described["readiness"], described["embedding_profile"]
+        failure = readiness["failure"]
+        lines = [
+            f"space {space.slug}: {readiness['state']}"
+            + (
+                f" ({failure['code']} on {failure['field']}: {failure['message']})"
+                if failure
+                else ""
+            ),
+            f"embedding: {embedding['plugin_id']}/{embedding['provider']}/{embedding['model']} "
+            f"(dimension {embedding['dimension']}, revision {embedding['revision']})",
+            f"retrieval: {json.dumps(described['retrieval_profile'], sort_keys=True)}",
+        ]
+        self.emit(options, {"slug": space.slug, **described}, "\n".join(lines))
 
     def apikey(self, options: dict) -> None:
         if options["action"] == "revoke":
