@@ -34,11 +34,17 @@ class KnowledgeSpaceSerializer(serializers.ModelSerializer):
     def to_representation(self, space) -> dict:
         """The space's fields, then ``readiness``, ``embedding_profile`` and
         ``retrieval_profile`` (:func:`spaces.profiles.describe`)."""
+        from .models import SpaceProfile
         from .profiles import describe, profile_of
 
         data = super().to_representation(space)
-        cached = KnowledgeSpace.profile.is_cached(space)
-        data.update(describe(space.profile if cached else profile_of(space)))
+        profile = None
+        if KnowledgeSpace.profile.is_cached(space):  # select_related("profile")
+            try:
+                profile = space.profile
+            except SpaceProfile.DoesNotExist:
+                profile = None
+        data.update(describe(profile or profile_of(space)))
         return data
 
 

@@ -835,3 +835,71 @@ def test_admin_shows_readiness_and_validates(admin_client, dify, client, princip
     )
     assert done.status_code == 200 and f"{space.slug}: ready" in done.content.decode().lower()
     assert profile(space).state == "ready"
+
+
+# --- the migration -------------------------------------------------------------------------------
+
+BEFORE_PROFILES = [("spaces", "0004_remove_scoped_and_space_memberships")]
+WITH_PROFILES = [("spaces", "0005_space_profiles")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_gives_existing_spaces_their_local_profile_and_goes_back():
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    try:
+        executor.migrate(BEFORE_PROFILES)
+        others = [
+            n for n in executor.loader.graph.leaf_nodes() if n[0] in ("retrieval", "ingestion")
+        ]
+        old = executor.loader.project_state(BEFORE_PROFILES + others).apps
+        Space = old.get_model("spaces", "KnowledgeSpace")
+        Version = old.get_model("retrieval", "IndexVersion")
+        OldDocument = old.get_model("ingestion", "Document")
+        empty = Space.objects.create(tenant_id="t", name="Empty", slug="empty")
+        chosen = Space.objects.create(
+            tenant_id="t", name="Chosen", slug="chosen", embedding_model_id=MODEL_A,
+            embedding_dimension=8,
+        )  # fmt: skip
+        Version.objects.create(
+            space=chosen, number=1, model_id=MODEL_A, dimension=8, state="active"
+        )
+        used = Space.objects.create(tenant_id="t", name="Used", slug="used")
+        Version.objects.create(
+            space=used, number=1, model_id=DEFAULT_MODEL_ID, dimension=384, state="retired"
+        )
+        Version.objects.create(space=used, number=2, model_id=MODEL_B, dimension=4, state="active")
+        document = OldDocument.objects.create(
+            tenant_id="t", space=used, filename="a.md", mime_type="text/markdown",
+            size_bytes=1, sha256="0" * 64, storage_key="k/a",
+        )  # fmt: skip
+
+        executor = MigrationExecutor(connection)
+        executor.migrate(WITH_PROFILES)
+        new = executor.loader.project_state(WITH_PROFILES).apps
+        rows = {p.space_id: p for p in new.get_model("spaces", "SpaceProfile").objects.all()}
+        assert set(rows) == {empty.id, chosen.id, used.id}
+        expected = {
+            empty.id: (DEFAULT_MODEL_ID, None, None),
+            chosen.id: (MODEL_A, 8, None),
+            used.id: (MODEL_B, 4, document.created_at),
+        }
+        for space_id, (model, dimension, frozen_at) in expected.items():
+            row = rows[space_id]
+            assert (row.embedding_plugin_id, row.embedding_provider) == ("local", "local")
+            assert (row.embedding_model, row.embedding_dimension) == (model, dimension)
+            assert row.embedding_frozen_at == frozen_at
+            assert row.state == "ready" and row.retrieval_top_k == 10
+            selection = profiles.local_selection(model)
+            assert row.vector_space_id == profiles.vector_space_id(
+                selection, profiles.local_identity(model)
+            )
+
+        executor = MigrationExecutor(connection)
+        executor.migrate(BEFORE_PROFILES)
+        assert "spaces_spaceprofile" not in connection.introspection.table_names()
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
