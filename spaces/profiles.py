@@ -501,14 +501,14 @@ def set_embedding_profile(
 ) -> KnowledgeSpace:
     """Choose the space's embedding model ``{plugin_id, provider, model}``; returns the space.
 
-    Before the first document is admitted only. A new selection bumps the embedding profile's
-    ``revision`` and clears what validation observed: under the local runtime it is ``ready`` at
-    once, under Dify ``pending-validation``; any index version created for another model before
-    the first upload (``PATCH`` on an empty space) is retired (it holds no vectors). The same
-    selection again changes nothing. Errors: 404 ``space_not_found``; 400
-    ``invalid_model_selection``, ``capability_unavailable``, ``unknown_embedding_model``; 409
-    ``embedding_profile_frozen`` once a document was admitted, ``revision_conflict`` when
-    ``expected_revision`` is not the profile's revision.
+    The same selection again changes nothing (also once frozen). Another selection is accepted
+    before the first document is admitted only: it bumps the embedding profile's ``revision``
+    and clears what validation observed; under the local runtime the space is ``ready`` at once,
+    under Dify ``pending-validation``; any index version created for another model before the
+    first upload (``PATCH`` on an empty space) is retired (it holds no vectors). Errors: 404
+    ``space_not_found``; 400 ``invalid_model_selection``, ``capability_unavailable``,
+    ``unknown_embedding_model``; 409 ``embedding_profile_frozen`` once a document was admitted,
+    ``revision_conflict`` when ``expected_revision`` is not the profile's revision.
     """
     from retrieval.models import IndexState, IndexVersion
 
@@ -520,6 +520,9 @@ def set_embedding_profile(
     now = timezone.now()
     with transaction.atomic():
         profile = _locked(space.id)
+        _check_revision(profile.embedding_revision, expected_revision, "embedding profile")
+        if embedding_selection(profile) == chosen:
+            return space  # the same selection again (frozen or not) changes nothing
         if profile.embedding_frozen_at is not None:
             raise Conflict(
                 "the embedding profile was frozen when the first document was admitted "
@@ -530,9 +533,6 @@ def set_embedding_profile(
                 code="embedding_profile_frozen",
                 details={"frozen_at": profile.embedding_frozen_at.isoformat()},
             )
-        _check_revision(profile.embedding_revision, expected_revision, "embedding profile")
-        if embedding_selection(profile) == chosen:
-            return space
         fields: dict[str, Any] = {
             "embedding_plugin_id": chosen.plugin_id,
             "embedding_provider": chosen.provider,
@@ -664,17 +664,21 @@ def freeze_for_admission(space: KnowledgeSpace) -> SpaceProfile:
     """
     from retrieval.indexing import ensure_active_version
 
-    with transaction.atomic():
-        profile = lock_for_update(SpaceProfile.objects.filter(space_id=space.id)).first()
-        if profile is None:
-            profile = profile_of(space)
-        if profile.state in (Readiness.SETUP_REQUIRED, Readiness.VALIDATION_FAILED):
-            raise _not_ready(profile, space.id)
-        if profile.embedding_frozen_at is None:
-            profile.embedding_frozen_at = timezone.now()
-            SpaceProfile.objects.filter(space_id=space.id, embedding_frozen_at__isnull=True).update(
-                embedding_frozen_at=profile.embedding_frozen_at
-            )
+    profile = profile_of(space)
+    if profile.state in (Readiness.SETUP_REQUIRED, Readiness.VALIDATION_FAILED):
+        raise _not_ready(profile, space.id)
+    if profile.embedding_frozen_at is None:
+        # Under the profile's row lock, so a concurrent PUT of the embedding profile either
+        # committed first (and is checked here) or sees the latch.
+        with transaction.atomic():
+            profile = lock_for_update(SpaceProfile.objects.filter(space_id=space.id)).first()
+            if profile.state in (Readiness.SETUP_REQUIRED, Readiness.VALIDATION_FAILED):
+                raise _not_ready(profile, space.id)
+            if profile.embedding_frozen_at is None:
+                profile.embedding_frozen_at = timezone.now()
+                SpaceProfile.objects.filter(space_id=space.id).update(
+                    embedding_frozen_at=profile.embedding_frozen_at
+                )
     if profile.state == Readiness.READY:
         ensure_active_version(space)
     return profile
