@@ -86,8 +86,23 @@ class ReadinessFilter(admin.SimpleListFilter):
         return queryset
 
 
+class KnowledgeSpaceForm(forms.ModelForm):
+    """The space rules of :mod:`spaces.services` on the admin form (name, description)."""
+
+    class Meta:
+        model = KnowledgeSpace
+        fields = "__all__"
+
+    def clean_name(self) -> str:
+        try:
+            return services._clean_name(self.cleaned_data.get("name"))
+        except ServiceError as exc:
+            raise ValidationError(exc.message) from None
+
+
 @admin.register(KnowledgeSpace)
 class KnowledgeSpaceAdmin(admin.ModelAdmin):
+    form = KnowledgeSpaceForm
     list_display = (
         "name",
         "slug",
@@ -141,6 +156,21 @@ class KnowledgeSpaceAdmin(admin.ModelAdmin):
                     messages.WARNING,
                 )
 
+    def has_add_permission(self, request) -> bool:
+        return False  # spaces are created through the API, kfs or Dify's provisioning
+
+    def get_readonly_fields(self, request, obj=None):
+        # The tenant and the slug are identities (keys, objects and Dify refer to them).
+        return (*self.readonly_fields, "tenant_id", "slug")
+
+    def save_model(self, request, obj, form, change) -> None:
+        # Name and description go through the service: its validation and revision bump.
+        changes = {
+            f: form.cleaned_data[f] for f in ("name", "description") if f in form.changed_data
+        }
+        if changes:
+            services.update_space(Principal(tenant_id=obj.tenant_id), obj.id, changes=changes)
+
     def delete_model(self, request, obj) -> None:
         # The service purges documents and stored objects and deletes keys bound only here.
         services.delete_space(Principal(tenant_id=obj.tenant_id), obj.id)
@@ -163,6 +193,12 @@ class PublicationHeadAdmin(admin.ModelAdmin):
     readonly_fields = ("space", "revision", "published_at")
 
     def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # moved only by publishing
+
+    def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
 
@@ -406,7 +442,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         for key in queryset:
             services.delete_api_key(key)
 
-    @admin.action(description="Revoke selected keys (immediately)")
+    @admin.action(description="Revoke selected keys (immediately)", permissions=["change"])
     def revoke(self, request, queryset) -> None:
         count = 0
         for key in queryset.filter(revoked_at__isnull=True):

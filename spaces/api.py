@@ -71,6 +71,7 @@ class KnowledgeSpaceListView(APIView):
         return paginator.get_paginated_response(KnowledgeSpaceSerializer(page, many=True).data)
 
     def post(self, request):
+        services.ensure_can_create_spaces(request.user)
         body = SpaceCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
 

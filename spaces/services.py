@@ -84,6 +84,19 @@ def _clean_name(name: str | None) -> str:
     return name
 
 
+def ensure_can_create_spaces(principal: Principal) -> None:
+    """Raise 403 ``key_scope_forbids_create`` unless the caller reaches its whole tenant.
+
+    Checked before an idempotent replay too: a key narrowed since its first request must not
+    get a space back through the replay.
+    """
+    if principal.space_ids is not None:
+        raise Forbidden(
+            "this API key is bound to specific knowledge spaces and cannot create new ones",
+            code="key_scope_forbids_create",
+        )
+
+
 def create_space(
     principal: Principal, *, name: str, slug: str | None = None, description: str = ""
 ) -> KnowledgeSpace:
@@ -93,11 +106,7 @@ def create_space(
     ``slug_taken``); without one a slug is derived from the name, with ``-2`` … ``-20`` tried on
     collision. A space-bound key cannot create spaces (403 ``key_scope_forbids_create``).
     """
-    if principal.space_ids is not None:
-        raise Forbidden(
-            "this API key is bound to specific knowledge spaces and cannot create new ones",
-            code="key_scope_forbids_create",
-        )
+    ensure_can_create_spaces(principal)
     name = _clean_name(name)
     if len(description or "") > 2000:
         raise InvalidInput(

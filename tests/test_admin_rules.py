@@ -81,3 +81,61 @@ def test_cached_keys_on_a_server_database_without_redis_warn():
     assert not revocation_reach_warnings(engine=postgres, shared=False, seconds=0, var_dir="/v")
     sqlite = "django.db.backends.sqlite3"
     assert not revocation_reach_warnings(engine=sqlite, shared=False, seconds=300, var_dir="/v")
+
+
+def test_a_space_cannot_change_tenant_or_slug_in_admin_and_names_are_checked(admin_client, space):
+    url = reverse("admin:spaces_knowledgespace_change", args=[space.pk])
+    page = admin_client.get(url)
+    assert page.status_code == 200
+    assert b'name="tenant_id"' not in page.content and b'name="slug"' not in page.content
+    form = {
+        "name": "Renamed",
+        "description": "",
+        "tenant_id": "tenant-b",
+        "slug": "moved",
+        # the read-only profile inline's management form
+        "profile-TOTAL_FORMS": "1",
+        "profile-INITIAL_FORMS": "1",
+        "profile-MIN_NUM_FORMS": "0",
+        "profile-MAX_NUM_FORMS": "1",
+        "profile-0-space": str(space.pk),
+    }
+    response = admin_client.post(url, form)
+    assert response.status_code == 302, response.content[:2000]
+    space.refresh_from_db()
+    assert (space.name, space.tenant_id, space.slug) == ("Renamed", "tenant-a", "test-space")
+    assert space.revision == 2  # saved through the service's compare-and-set
+
+    bad = admin_client.post(url, {**form, "name": "bell\x07name"})
+    assert bad.status_code == 200 and b"control character" in bad.content
+    space.refresh_from_db()
+    assert space.name == "Renamed"
+    assert admin_client.get(reverse("admin:spaces_knowledgespace_add")).status_code == 403
+
+
+def test_view_only_staff_cannot_revoke_api_keys(tenant):
+    from spaces.models import ApiKey
+    from spaces.services import create_api_key
+
+    key, _ = create_api_key(tenant)
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_apikey"))
+    browser = Client()
+    browser.force_login(viewer)
+    url = reverse("admin:spaces_apikey_changelist")
+    assert b'value="revoke"' not in browser.get(url).content
+    browser.post(url, {"action": "revoke", "_selected_action": [str(key.pk)]})
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is None
+
+
+def test_an_idempotent_replay_does_not_hand_a_narrowed_key_a_space(tenant, space):
+    from rest_framework.test import APIClient
+
+    from spaces.services import bind_api_key, create_api_key
+
+    key, secret = create_api_key(tenant)
+    api = APIClient(HTTP_AUTHORIZATION=f"Bearer {secret}", HTTP_IDEMPOTENCY_KEY="create-1")
+    assert api.post("/v1/knowledge-spaces", {"name": "Once"}, format="json").status_code == 201
+    bind_api_key(key, space)
+    replay = api.post("/v1/knowledge-spaces", {"name": "Once"}, format="json")
+    assert (replay.status_code, replay.json()["code"]) == (403, "key_scope_forbids_create")
