@@ -54,7 +54,31 @@ FORBIDDEN_CREDENTIALS: tuple[CredentialFamily, ...] = (
     CredentialFamily(
         family="model-provider or service API key",
         owner="Dify's model manager and plugin daemon hold provider keys",
-        suffixes=("_API_KEY", "_API_TOKEN"),  # OPENAI_API_KEY, REPLICATE_API_TOKEN, …
+        suffixes=("_API_KEY", "_API_TOKEN", "_API_KEY_FILE"),  # OPENAI_API_KEY, …
+        # Model providers' own variables, whatever their shape (OPENAI_KEY, GEMINI_…): we
+        # never configure a provider, so nothing under these prefixes belongs here.
+        prefixes=(
+            "OPENAI_",
+            "AZURE_OPENAI_",
+            "ANTHROPIC_",
+            "COHERE_",
+            "MISTRAL_",
+            "GROQ_",
+            "GEMINI_",
+            "GOOGLE_API_",
+            "GOOGLE_GENAI_",
+            "VOYAGE_",
+            "JINA_",
+            "DEEPSEEK_",
+            "DASHSCOPE_",
+            "ZHIPUAI_",
+            "MOONSHOT_",
+            "TOGETHER_",
+            "FIREWORKS_",
+            "PERPLEXITY_",
+            "REPLICATE_",
+            "HUGGINGFACEHUB_",
+        ),
         names=frozenset(
             {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AZURE_OPENAI_KEY", "AZURE_OPENAI_AD_TOKEN"}
         ),
@@ -74,6 +98,8 @@ FORBIDDEN_CREDENTIALS: tuple[CredentialFamily, ...] = (
             "BAIDU_OBS_",
             "VOLCENGINE_TOS_",
             "OPENDAL_",
+            "CLICKZETTA_",
+            "SUPABASE_",
         ),
         names=frozenset(
             {
