@@ -44,6 +44,7 @@ from knowledgefs.runtime import (
     UnknownEmbeddingModel,
     get_embedding_model,
     registered_model_ids,
+    runtime_name,
 )
 from retrieval.backends import IndexedNode, get_search_backend
 from retrieval.models import DenseVector, IndexState, IndexVersion
@@ -69,11 +70,31 @@ class ProjectionTarget:
 # --- reading versions -------------------------------------------------------------------------
 
 
-def resolve_model(model_id: str) -> EmbeddingModel:
-    """The registered model ``model_id``, else 400 ``unknown_embedding_model``."""
+def resolve_model(model_id: str, space_id: uuid.UUID | str | None = None) -> EmbeddingModel:
+    """The registered model ``model_id`` a space may be re-indexed with, else 400.
+
+    Registered models are local models, served only with ``KNOWLEDGE_MODEL_RUNTIME=local``:
+    under ``dify`` a space's model is its Dify embedding profile, so any ``embedding_model_id``
+    is 400 ``capability_unavailable`` (the rule ``PUT …/embedding-profile`` applies to a local
+    selection). Under ``local`` an id that is not registered is 400 ``unknown_embedding_model``.
+    """
     if not isinstance(model_id, str) or not model_id:
         raise InvalidInput(
             "embedding_model_id must be a non-empty string", code="unknown_embedding_model"
+        )
+    if runtime_name() != "local":
+        route = (
+            f"PUT /v1/knowledge-spaces/{space_id}/embedding-profile"
+            if space_id is not None
+            else "PUT /v1/knowledge-spaces/{id}/embedding-profile"
+        )
+        raise InvalidInput(
+            f"embedding_model_id: this server runs KNOWLEDGE_MODEL_RUNTIME={runtime_name()!r}, "
+            "where a space's embedding model is its embedding profile (a model of a Dify "
+            f"plugin, chosen with {route}); embedding_model_id names registered local models, "
+            "which are served only with KNOWLEDGE_MODEL_RUNTIME=local",
+            code="capability_unavailable",
+            details={"field": "embedding_model_id"},
         )
     try:
         return get_embedding_model(model_id)
@@ -294,9 +315,10 @@ def change_embedding_model(space: KnowledgeSpace, model_id: str) -> IndexVersion
       version until :func:`cutover`.
     - A space with no index yet (no document admitted) gets this model as active version 1.
 
-    Raises 400 ``unknown_embedding_model`` for an id that is not registered.
+    Raises 400 ``unknown_embedding_model`` for an id that is not registered and 400
+    ``capability_unavailable`` unless the runtime is ``local`` (:func:`resolve_model`).
     """
-    model = resolve_model(model_id)
+    model = resolve_model(model_id, space.id)
     now = timezone.now()
     with transaction.atomic():
         if not lock_for_update(KnowledgeSpace.objects.filter(id=space.id)).exists():

@@ -4,8 +4,10 @@ Every space has one :class:`~spaces.models.SpaceProfile` row (created with the s
 
 - the **embedding profile**: a selection ``{plugin_id, provider, model}`` and what validation
   observed (the install identity, the dimension, the vector space id). It is frozen by the first
-  document admitted (:func:`freeze_for_admission`); a space that needs another model after that
-  gets a new index version (``PATCH …{"embedding_model_id"}``, :mod:`retrieval.indexing`);
+  document admitted (:func:`freeze_for_admission`); while nothing was indexed with it the
+  selection can still be replaced, after that a local space needs a new index version (``PATCH
+  …{"embedding_model_id"}``, :mod:`retrieval.indexing`) and a Dify space cannot change its model
+  yet (docs/architecture.md, "Space profiles");
 - the **retrieval profile**: default mode, reasoning model, rerank, score threshold, top_k;
 - the **readiness** ``setup-required | pending-validation | validation-failed | ready``.
 
@@ -31,12 +33,14 @@ import json
 import logging
 import math
 import re
+import time
 import unicodedata
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from knowledgefs.auth.principal import Principal
@@ -67,6 +71,20 @@ PROBE_QUERY = "how many days of annual leave"
 PROBE_OTHER = "KnowledgeFS validation probe: receipts are due within thirty days."
 PROBE_PROMPT = "Reply with the single word OK."
 CATALOG_MAX_PAGES = 10
+"""Catalog pages one model lookup may read in all (its own model type and, when it is missing,
+the other types that tell ``model_type_mismatch`` from ``model_not_found``)."""
+PREFLIGHT_DEADLINE_SECONDS = 20.0
+"""The preflight's overall budget. Validation runs inside the HTTP request of ``POST
+…/profile-validation`` (and at the start of a first compilation); no further catalog page, probe
+embedding, rerank or answer is started once this many seconds have passed since it began, and it
+ends with the retryable failure ``model_runtime_timeout`` (the readiness state is left as it
+was). A call already in flight is bounded by the runtime's own per-call timeout."""
+MAX_EMBEDDING_DIMENSION = 16384
+"""The largest embedding dimension a profile accepts (``1..16384``). Every stored vector of a
+space is held as float32 bytes and every query scores the whole matrix, so a model answering
+more (a 300,000-d probe froze a space) fails validation with ``embedding_dimension_out_of_range``.
+This is KnowledgeFS's own bound; docs/dify-boundary.md states no dimension limit of the inner
+API."""
 
 _PLUGIN_ID = re.compile(r"[a-z0-9_-]+/[a-z0-9_-]+")
 _PROVIDER = re.compile(r"[a-z0-9_-]+")
@@ -134,6 +152,26 @@ class ProfileFailure(Exception):
             "retryable": self.retryable,
             "failed_at": timezone.now().isoformat(),
         }
+
+
+class _Deadline:
+    """The preflight's overall budget (:data:`PREFLIGHT_DEADLINE_SECONDS`), checked before each
+    call to the runtime."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = PREFLIGHT_DEADLINE_SECONDS if seconds is None else seconds
+        self.ends = time.monotonic() + self.seconds
+
+    def check(self, field: str, selection: Selection, call: str) -> None:
+        if time.monotonic() >= self.ends:
+            raise ProfileFailure(
+                "model_runtime_timeout",
+                f"{field} model {selection}: validation ran out of its {self.seconds:g} s budget "
+                f"before {call} (Dify answers too slowly); nothing was changed, validate again "
+                "later",
+                field=field,
+                retryable=True,
+            )
 
 
 def local_selection(model_id: str = DEFAULT_MODEL_ID) -> Selection:
@@ -502,13 +540,16 @@ def set_embedding_profile(
     """Choose the space's embedding model ``{plugin_id, provider, model}``; returns the space.
 
     The same selection again changes nothing (also once frozen). Another selection is accepted
-    before the first document is admitted only: it bumps the embedding profile's ``revision``
-    and clears what validation observed; under the local runtime the space is ``ready`` at once,
-    under Dify ``pending-validation``; any index version created for another model before the
-    first upload (``PATCH`` on an empty space) is retired (it holds no vectors). Errors: 404
-    ``space_not_found``; 400 ``invalid_model_selection``, ``capability_unavailable``,
-    ``unknown_embedding_model``; 409 ``embedding_profile_frozen`` once a document was admitted,
-    ``revision_conflict`` when ``expected_revision`` is not the profile's revision.
+    while nothing was indexed with the current one: before the first document is admitted, and
+    also after (the profile is frozen) as long as no node is published and no index version
+    holds a vector (a mistyped model whose validation failed every document). It bumps the
+    embedding profile's ``revision`` and clears what validation observed; under the local
+    runtime the space is ``ready`` at once, under Dify ``pending-validation``; the space's empty
+    index versions are retired. Errors: 404 ``space_not_found``; 400
+    ``invalid_model_selection``, ``capability_unavailable``, ``unknown_embedding_model``; 409
+    ``embedding_profile_frozen`` once the index holds vectors (its message names what works on
+    this runtime), ``revision_conflict`` when ``expected_revision`` is not the profile's
+    revision.
     """
     from retrieval.models import IndexState, IndexVersion
 
@@ -523,16 +564,8 @@ def set_embedding_profile(
         _check_revision(profile.embedding_revision, expected_revision, "embedding profile")
         if embedding_selection(profile) == chosen:
             return space  # the same selection again (frozen or not) changes nothing
-        if profile.embedding_frozen_at is not None:
-            raise Conflict(
-                "the embedding profile was frozen when the first document was admitted "
-                f"({profile.embedding_frozen_at.isoformat()}); to use another model, re-index "
-                "the space: change its embedding model (PATCH /v1/knowledge-spaces/"
-                f"{space.id} with embedding_model_id, or kfs space set-model), which builds a new "
-                "index version beside the live one",
-                code="embedding_profile_frozen",
-                details={"frozen_at": profile.embedding_frozen_at.isoformat()},
-            )
+        if profile.embedding_frozen_at is not None and _holds_vectors(space.id):
+            raise _frozen(profile, space.id)
         fields: dict[str, Any] = {
             "embedding_plugin_id": chosen.plugin_id,
             "embedding_provider": chosen.provider,
@@ -554,7 +587,7 @@ def set_embedding_profile(
         else:
             fields.update(state=Readiness.PENDING_VALIDATION, validated_at=None, capabilities={})
         SpaceProfile.objects.filter(space_id=space.id).update(**fields)
-        # No document was ever admitted, so no index version holds a vector.
+        # Nothing was indexed with the previous selection: no index version holds a vector.
         IndexVersion.objects.filter(
             space_id=space.id, state__in=(IndexState.ACTIVE, IndexState.BUILDING)
         ).update(state=IndexState.RETIRED, retired_at=now, vectors_purged_at=now)
@@ -564,6 +597,52 @@ def set_embedding_profile(
     logger.info("space %s: embedding profile set to %s", space.id, chosen)
     space.refresh_from_db()
     return space
+
+
+def _holds_vectors(space_id: uuid.UUID) -> bool:
+    """Whether anything was indexed with the space's embedding model: a published node, or a
+    vector in any index version (a running compilation projected it). Locks the live index
+    versions first (the rows a compilation's projection and a cutover lock), so a projection
+    either committed before this check or finds its versions retired. Call inside the
+    transaction, with the profile locked."""
+    from ingestion.models import KnowledgeNode
+    from retrieval.models import DenseVector, IndexState, IndexVersion
+
+    list(
+        IndexVersion.objects.select_for_update()
+        .filter(space_id=space_id, state__in=(IndexState.ACTIVE, IndexState.BUILDING))
+        .values_list("id", flat=True)
+    )
+    published = KnowledgeNode.objects.filter(
+        space_id=space_id, generation=F("document__active_generation")
+    )
+    return published.exists() or DenseVector.objects.filter(space_id=space_id).exists()
+
+
+def _frozen(profile: SpaceProfile, space_id) -> Conflict:
+    """409 ``embedding_profile_frozen`` for another selection of a space that holds vectors; the
+    message names what works on this runtime."""
+    since = profile.embedding_frozen_at.isoformat()
+    if runtime_name() == "local":
+        way = (
+            "to use another registered model, re-index the space with PATCH "
+            f'/v1/knowledge-spaces/{space_id} {{"embedding_model_id": …}} (or kfs space '
+            "set-model), which builds a new index version beside the live one and switches at "
+            "its cutover"
+        )
+    else:
+        way = (
+            "re-indexing a space onto another Dify model is not supported yet: create a new "
+            "space with that embedding profile and upload the documents there (while no node "
+            "of this space is published, for instance when every document failed, the "
+            "selection can still be replaced here)"
+        )
+    return Conflict(
+        f"the embedding profile was frozen when the first document was admitted ({since}) and "
+        f"the space's index holds vectors of this model; {way}",
+        code="embedding_profile_frozen",
+        details={"frozen_at": since},
+    )
 
 
 def _required_models(fields: dict) -> dict[str, Selection]:
@@ -851,7 +930,7 @@ def run_preflight(space: KnowledgeSpace, *, attempts: int = 3) -> SpaceProfile:
             raise _not_ready(profile, space.pk)
         snapshot = (profile.embedding_revision, profile.retrieval_revision)
         try:
-            outcome: dict | ProfileFailure = _check(space, profile)
+            outcome: dict | ProfileFailure = _check(space, profile, _Deadline())
         except ProfileFailure as failure:
             outcome = failure
         recorded = _record(space, snapshot, outcome)
@@ -892,9 +971,9 @@ def _record(space: KnowledgeSpace, snapshot: tuple[int, int], outcome) -> SpaceP
     return SpaceProfile.objects.get(space_id=space.pk)
 
 
-def _check(space: KnowledgeSpace, profile: SpaceProfile) -> dict:
-    """Run every check of the profile; returns the fields to record, or raises
-    :class:`ProfileFailure` at the first failure."""
+def _check(space: KnowledgeSpace, profile: SpaceProfile, deadline: _Deadline) -> dict:
+    """Run every check of the profile within ``deadline``; returns the fields to record, or
+    raises :class:`ProfileFailure` at the first failure."""
     selection = embedding_selection(profile)
     assert selection is not None
     frozen = profile.embedding_frozen_at is not None
@@ -927,12 +1006,12 @@ def _check(space: KnowledgeSpace, profile: SpaceProfile) -> dict:
     except DifyNotConfigured as exc:
         raise ProfileFailure("model_runtime_not_configured", str(exc), field="embedding") from None
     tenant = space.tenant_id or KnowledgeSpace.objects.get(id=space.pk).tenant_id
-    fields = _check_dify_embedding(runtime, tenant, profile, selection, frozen)
+    fields = _check_dify_embedding(runtime, tenant, profile, selection, frozen, deadline)
     capabilities = dict(fields.pop("capabilities"))
     if rerank is not None:
-        capabilities["rerank"] = _check_rerank(runtime, tenant, rerank)
+        capabilities["rerank"] = _check_rerank(runtime, tenant, rerank, deadline)
     if reasoning is not None:
-        capabilities["reasoning"] = _check_reasoning(runtime, tenant, reasoning)
+        capabilities["reasoning"] = _check_reasoning(runtime, tenant, reasoning, deadline)
     return {**fields, "capabilities": capabilities}
 
 
@@ -996,14 +1075,19 @@ def _dify_failure(exc: Exception, field: str, selection: Selection, call: str) -
     )
 
 
-def _catalog_item(runtime, tenant: str, field: str, selection: Selection):
+def _catalog_item(runtime, tenant: str, field: str, selection: Selection, deadline: _Deadline):
     """The catalog entry of ``selection`` with the model type ``field`` needs, else a
-    ``model_not_found`` / ``model_type_mismatch`` failure."""
+    ``model_not_found`` / ``model_type_mismatch`` failure. Reads at most
+    :data:`CATALOG_MAX_PAGES` pages in all."""
     from knowledgefs.dify.errors import DifyError
+
+    pages = [0]
 
     def find(model_type: str):
         offset: int | None = 0
-        for _ in range(CATALOG_MAX_PAGES):
+        while pages[0] < CATALOG_MAX_PAGES:
+            deadline.check(field, selection, "the catalog lookup")
+            pages[0] += 1
             page = runtime.list_models(
                 tenant_id=tenant,
                 model_type=model_type,
@@ -1046,14 +1130,17 @@ def _catalog_item(runtime, tenant: str, field: str, selection: Selection):
     )
 
 
-def _check_dify_embedding(runtime, tenant: str, profile, selection: Selection, frozen: bool):
+def _check_dify_embedding(
+    runtime, tenant: str, profile, selection: Selection, frozen: bool, deadline: _Deadline
+):
     from knowledgefs.dify.errors import DifyError
 
-    item = _catalog_item(runtime, tenant, "embedding", selection)
+    item = _catalog_item(runtime, tenant, "embedding", selection, deadline)
     expected = profile.embedding_dimension if frozen and profile.embedding_dimension else None
     shapes = []
     try:
         for text, input_type in ((PROBE_DOCUMENT, "document"), (PROBE_QUERY, "query")):
+            deadline.check("embedding", selection, f"the {input_type} probe embedding")
             matrix = runtime.embed_texts(
                 tenant_id=tenant,
                 provider=selection.canonical_provider,
@@ -1073,6 +1160,13 @@ def _check_dify_embedding(runtime, tenant: str, profile, selection: Selection, f
             field="embedding",
         )
     dimension = shapes[0]
+    if not 1 <= dimension <= MAX_EMBEDDING_DIMENSION:
+        raise ProfileFailure(
+            "embedding_dimension_out_of_range",
+            f"embedding model {selection} returned {dimension}-d vectors; KnowledgeFS indexes "
+            f"1 to {MAX_EMBEDDING_DIMENSION} dimensions: select another embedding model",
+            field="embedding",
+        )
     identity = {
         "plugin_unique_identifier": item.plugin_unique_identifier,
         "dimension": dimension,
@@ -1103,10 +1197,11 @@ def _check_dify_embedding(runtime, tenant: str, profile, selection: Selection, f
     }
 
 
-def _check_rerank(runtime, tenant: str, selection: Selection) -> dict:
+def _check_rerank(runtime, tenant: str, selection: Selection, deadline: _Deadline) -> dict:
     from knowledgefs.dify.errors import DifyError
 
-    item = _catalog_item(runtime, tenant, "rerank", selection)
+    item = _catalog_item(runtime, tenant, "rerank", selection, deadline)
+    deadline.check("rerank", selection, "the probe rerank")
     try:
         hits = runtime.rerank(
             tenant_id=tenant,
@@ -1134,10 +1229,11 @@ def _check_rerank(runtime, tenant: str, selection: Selection) -> dict:
     return {"plugin_unique_identifier": item.plugin_unique_identifier}
 
 
-def _check_reasoning(runtime, tenant: str, selection: Selection) -> dict:
+def _check_reasoning(runtime, tenant: str, selection: Selection, deadline: _Deadline) -> dict:
     from knowledgefs.dify.errors import DifyError
 
-    item = _catalog_item(runtime, tenant, "reasoning", selection)
+    item = _catalog_item(runtime, tenant, "reasoning", selection, deadline)
+    deadline.check("reasoning", selection, "the probe answer")
     frames = 0
     stream = None
     try:

@@ -210,10 +210,12 @@ def update_space(
 
     With ``expected_revision`` the update applies only if the stored revision still matches,
     else 409 ``revision_conflict``; without it the current revision is used (last writer wins).
-    ``embedding_model_id`` (400 ``unknown_embedding_model`` unless registered) starts a new
-    index version built beside the live one (:func:`retrieval.indexing.change_embedding_model`);
-    the space's ``embedding_model_id`` changes when that version takes over. Asking for the
-    model already in use changes nothing.
+    ``embedding_model_id`` (400 ``unknown_embedding_model`` unless registered; 400
+    ``capability_unavailable`` unless ``KNOWLEDGE_MODEL_RUNTIME=local``, see
+    :func:`retrieval.indexing.resolve_model`) starts a new index version built beside the live
+    one (:func:`retrieval.indexing.change_embedding_model`); the space's ``embedding_model_id``
+    changes when that version takes over. Asking for the model already in use (whichever the
+    runtime) changes nothing.
     """
     space = get_space(principal, space_id)
     fields: dict = {}
@@ -233,8 +235,9 @@ def update_space(
     if model_id is not None:
         from retrieval.indexing import model_change_needed, resolve_model
 
-        resolve_model(model_id)
         model_change = model_change_needed(space, model_id)
+        if model_change:
+            resolve_model(model_id, space.id)
     revision = space.revision if expected_revision is None else expected_revision
     if not fields and not model_change:
         if revision != space.revision:
