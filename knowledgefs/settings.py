@@ -296,8 +296,15 @@ if KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS.strip():
 # The key Dify presents on internal routes (X-Inner-Api-Key) and that KnowledgeFS presents on
 # Dify's inner API: Dify's INNER_API_KEY_FOR_PLUGIN. Empty: internal routes are off.
 DIFY_INNER_API_KEY = env.str("DIFY_INNER_API_KEY", default="")
-if DIFY_INNER_API_KEY and (len(DIFY_INNER_API_KEY) < 16 or not DIFY_INNER_API_KEY.isascii()):
-    raise ImproperlyConfigured("DIFY_INNER_API_KEY must be at least 16 ASCII characters")
+if DIFY_INNER_API_KEY and (
+    len(DIFY_INNER_API_KEY) < 16
+    or not DIFY_INNER_API_KEY.isascii()
+    or not DIFY_INNER_API_KEY.isprintable()
+):
+    raise ImproperlyConfigured(
+        "DIFY_INNER_API_KEY must be at least 16 printable ASCII characters "
+        "(no newline or other control character)"
+    )
 # Fixed-window limits per (tenant, caller, operation id); JSON object, null = unlimited.
 KNOWLEDGE_RATE_LIMITS = {
     "default": "1200/minute",

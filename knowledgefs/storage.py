@@ -32,9 +32,27 @@ def put_object(key: str, data: bytes) -> str:
 
 
 def read_object(key: str, *, max_bytes: int) -> bytes:
-    """Read an object, refusing to hold more than ``max_bytes`` bytes in memory."""
-    with object_storage().open(key, "rb") as handle:
-        data = handle.read(max_bytes + 1)
+    """Read an object, refusing to hold more than ``max_bytes`` bytes in memory.
+
+    A storage with ``open_object(key, max_bytes=)`` (Dify's) refuses a declared size over the
+    limit before reading anything and stops reading at it; either way an object over the limit
+    raises ``ValueError``.
+    """
+    storage = object_storage()
+    open_object = getattr(storage, "open_object", None)
+    if open_object is None:
+        with storage.open(key, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    else:
+        from knowledgefs.dify.errors import ObjectStorageError
+
+        try:
+            with open_object(key, max_bytes=max(max_bytes, 1)) as handle:
+                data = handle.read(max_bytes + 1)
+        except ObjectStorageError as exc:
+            if exc.code != ObjectStorageError.CODES["too_large"]:
+                raise
+            raise ValueError(f"object {key!r} is larger than {max_bytes} bytes") from exc
     if len(data) > max_bytes:
         raise ValueError(f"object {key!r} is larger than {max_bytes} bytes")
     return data

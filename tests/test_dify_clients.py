@@ -1137,3 +1137,278 @@ def test_no_key_text_prompt_or_answer_reaches_any_log_record(caplog, dify_server
 def test_the_checksum_helper_matches_hashlib():
     data = b"abc"
     assert checksum(data) == base64.b64encode(hashlib.sha256(data).digest()).decode()
+
+
+# --- the deadline covers the whole call (raw-socket adversaries) -----------------------------
+
+
+class RawServer:
+    """A one-purpose TCP server on 127.0.0.1: ``handler(conn)`` runs in a thread per connection."""
+
+    def __init__(self, handler, *, rcvbuf: int | None = None) -> None:
+        import socket
+        import threading
+
+        self._handler = handler
+        self._sock = socket.socket()
+        if rcvbuf:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(8)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self.stopped = threading.Event()
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn) -> None:  # noqa: ANN001
+        try:
+            self._handler(conn, self.stopped)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self._sock.close()
+
+
+def _read_head(conn) -> bytes:  # noqa: ANN001
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@pytest.mark.timeout(30)
+def test_the_deadline_holds_against_trickled_response_headers():
+    def trickle(conn, stopped) -> None:  # noqa: ANN001
+        _read_head(conn)
+        for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n":
+            if stopped.wait(0.4):
+                return
+            conn.sendall(bytes([byte]))
+
+    server = RawServer(trickle)
+    try:
+        transport = DifyTransport(server.url, TEST_INNER_KEY, backoff_base=0.01)
+        client = runtime(transport, timeout_ms=2000)
+        took, error = elapsed(
+            lambda: client.list_models(tenant_id="tenant-a", model_type="text-embedding")
+        )
+    finally:
+        server.stop()
+    assert isinstance(error, ModelRuntimeError), error
+    assert error.code == "MODEL_RUNTIME_TIMEOUT" and error.retryable is True
+    assert took < 2.0 + MARGIN
+
+
+@pytest.mark.timeout(60)
+def test_the_deadline_holds_against_a_server_that_reads_an_upload_slowly():
+    def slow_reader(conn, stopped) -> None:  # noqa: ANN001
+        conn.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 4096)
+        while not stopped.wait(0.25):
+            if not conn.recv(64 * 1024):
+                return
+
+    server = RawServer(slow_reader, rcvbuf=4096)
+    try:
+        transport = DifyTransport(server.url, TEST_INNER_KEY, backoff_base=0.01)
+        store = storage(transport, timeout_ms=3000)
+        data = b"x" * (8 * MiB)
+        took, error = elapsed(lambda: store.save("slow/upload.bin", ContentFile(data)))
+    finally:
+        server.stop()
+    assert isinstance(error, ObjectStorageError), error
+    assert error.code == "STORAGE_TIMEOUT" and error.retryable is True
+    assert took < 3.0 + MARGIN
+
+
+@pytest.mark.timeout(30)
+def test_the_deadline_holds_while_connecting_and_a_shut_connection_is_never_reused(
+    dify_server, dify_transport
+):
+    # A call whose deadline shut its socket mid-body leaves no broken connection in the pool:
+    # the calls after it succeed on the same transport, and keep-alive still reuses connections.
+    client = runtime(dify_transport)
+    embed(client, ["warm the pool"])
+    dify_server.add_fault("stall", TEXT_EMBEDDING, after_bytes=20, seconds=5)
+    with pytest.raises(ModelRuntimeError) as caught:
+        embed(runtime(dify_transport, timeout_ms=500), ["hello"])
+    assert caught.value.code == "MODEL_RUNTIME_TIMEOUT"
+    for _ in range(5):
+        assert embed(client, ["hello"]).shape == (1, 64)
+
+
+@pytest.mark.timeout(30)
+def test_keep_alive_reuses_one_connection_for_sequential_calls():
+    served = []
+
+    def keep_alive(conn, stopped) -> None:  # noqa: ANN001
+        body = json.dumps({"data": {"items": [], "next_offset": None}, "error": ""}).encode()
+        while not stopped.is_set():
+            head = _read_head(conn)
+            if not head:
+                return
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            rest = head.split(b"\r\n\r\n", 1)[1]
+            while len(rest) < length:
+                rest += conn.recv(length - len(rest))
+            served.append(1)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+
+    server = RawServer(keep_alive)
+    try:
+        transport = DifyTransport(server.url, TEST_INNER_KEY)
+        client = runtime(transport, timeout_ms=2000)
+        for _ in range(4):
+            page = client.list_models(tenant_id="tenant-a", model_type="text-embedding")
+            assert page.items == []
+        # The last alarm of each call was cancelled when its connection went back to the pool:
+        # waiting past the deadlines breaks nothing.
+        time.sleep(2.2)
+        assert client.list_models(tenant_id="tenant-a", model_type="llm").items == []
+    finally:
+        server.stop()
+    assert len(served) == 5 and server.connections == 1
+
+
+# --- envelopes, messages, configuration, vectors, bounded reads -------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"error": None, "message": "Not Found"},
+        {"data": None, "error": None},
+        {"message": "Not Found"},
+    ],
+)
+def test_an_answer_that_is_not_an_envelope_is_invalid_not_a_model_error(
+    dify_server, dify_transport, body
+):
+    dify_server.add_fault("json", MODEL_CATALOG, status=200, body=body)
+    with pytest.raises(ModelRuntimeError) as caught:
+        runtime(dify_transport).list_models(tenant_id="tenant-a", model_type="llm")
+    assert caught.value.code == "MODEL_RUNTIME_RESPONSE_INVALID"
+    assert caught.value.retryable is False
+
+
+def test_a_quoted_middle_part_of_an_input_never_reaches_the_error(dify_server, dify_transport):
+    text = (
+        "Board minutes, confidential. The Pelican acquisition closes on 3 March for "
+        "412 million; the staff are told on 1 April. End of minutes."
+    )
+    middle = "Pelican acquisition closes on 3 March"
+    dify_server.add_fault(
+        "envelope", TEXT_EMBEDDING, message=f"Content policy violation near '{middle}' (code 42)"
+    )
+    with pytest.raises(ModelRuntimeError) as caught:
+        embed(runtime(dify_transport), ["short one", text])
+    message = str(caught.value)
+    assert "Pelican" not in message and "412 million" not in message
+    assert "Content policy violation near '[input]' (code 42)" in message
+
+
+def test_sanitize_message_redacts_any_span_of_20_characters_found_in_an_input():
+    inputs = ["x" * 5, "The quick brown fox jumps over the lazy dog near the river bank"]
+    assert (
+        sanitize_message("bad: «brown fox jumps over the lazy» ok", inputs=inputs)
+        == "bad: «[input]» ok"
+    )
+    # 19 characters of an input are not an echo; unrelated text is kept.
+    assert sanitize_message("fox jumps over the ", inputs=inputs) == "fox jumps over the"
+    # Two separate echoes, and an echo at the very end of a long message.
+    long = "a" * 3000 + " lazy dog near the river bank"
+    assert "river" not in sanitize_message(long, inputs=inputs)
+    text = sanitize_message(
+        "1: quick brown fox jumps, 2: the lazy dog near the river", inputs=inputs
+    )
+    assert text == "1:[input], 2:[input]"  # the spaces are part of the echoed spans
+
+
+def test_an_inner_api_url_is_never_echoed_and_refuses_userinfo_query_and_fragment():
+    for url in (
+        "http://admin:hunter2@api:5001",
+        "http://hunter2@api:5001",
+        "http://@api:5001",
+        "http://api:5001/?token=hunter2",
+        "http://api:5001/#hunter2",
+        "http://api:5001/?",
+        "http://api:hunter2",
+        "ftp://hunter2.example",
+        "http://api:5001/hun\nter2",
+        "http://api:5001/hunter2 x",
+    ):
+        with pytest.raises(DifyNotConfigured) as caught:
+            DifyTransport(url, TEST_INNER_KEY)
+        assert "hunter2" not in str(caught.value), url
+        assert "DIFY_INNER_API_URL" in str(caught.value)
+    result = _setup_django(DIFY_INNER_API_URL="http://u:hunter2@api:5001/?q=1#f")
+    assert result.returncode != 0
+    assert "DIFY_INNER_API_URL" in result.stderr and "hunter2" not in result.stderr
+    result = _setup_django(DIFY_INNER_API_URL="http://api:5001/?q=hunter2")
+    assert result.returncode != 0
+    assert "query string or fragment" in result.stderr and "hunter2" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "key", ["0123456789abcdef\n", "0123456789\tabcdef", "0123456789abcdef\x7f"]
+)
+def test_an_inner_api_key_with_a_control_character_is_refused_at_start_up(key):
+    result = _setup_django(DIFY_INNER_API_KEY=key)
+    assert result.returncode != 0
+    assert "DIFY_INNER_API_KEY must be at least 16 printable ASCII characters" in result.stderr
+    assert _setup_django(DIFY_INNER_API_KEY="0123456789abcdef").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "vector", [["0.5", "1e0", True], [0.5, True], [0.5, "1"], [0.5, None], [0.5, 10**400]]
+)
+def test_embedding_values_must_be_json_numbers(dify_server, dify_transport, vector):
+    body = {"data": {"embeddings": [vector]}, "error": ""}
+    dify_server.add_fault("json", TEXT_EMBEDDING, status=200, body=body)
+    with pytest.raises(ModelRuntimeError) as caught:
+        embed(runtime(dify_transport), ["hello"])
+    assert caught.value.code == "MODEL_RUNTIME_RESPONSE_INVALID"
+
+
+def test_read_object_refuses_a_declared_oversize_before_reading(settings, dify_server):
+    from knowledgefs import storage as boundary
+
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "objects": {
+            "BACKEND": "knowledgefs.dify.object_storage.DifyObjectStorage",
+            "OPTIONS": {"base_url": dify_server.url, "api_key": TEST_INNER_KEY},
+        },
+    }
+    big = b"y" * (2 * MiB)
+    dify_server.objects["big.bin"] = StoredObject(big, checksum(big), None, {})
+    with pytest.raises(ValueError, match="larger than 1000 bytes") as caught:
+        boundary.read_object("big.bin", max_bytes=1000)
+    cause = caught.value.__cause__
+    assert isinstance(cause, ObjectStorageError)
+    assert cause.code == "STORAGE_OBJECT_TOO_LARGE" and cause.bytes_read == 0
+    assert boundary.read_object("big.bin", max_bytes=2 * MiB) == big

@@ -61,20 +61,22 @@ def parse_inner_api_url(value: str, name: str = "DIFY_INNER_API_URL") -> str:
     """Return ``value`` without trailing slashes, or raise :class:`DifyNotConfigured`.
 
     Accepted: ``http://`` or ``https://`` with a host, no user or password, no query or
-    fragment (Compose: ``http://api:5001``). The error names the variable and never repeats a
-    value that carries credentials.
+    fragment, printable ASCII (Compose: ``http://api:5001``). The error names the variable and
+    never repeats the value (it could carry a password, a token in its query or fragment).
     """
     raw = value.strip()
+    if not raw.isascii() or not raw.isprintable() or any(c.isspace() for c in raw):
+        raise DifyNotConfigured(f"{name} must be a URL of printable ASCII characters, no spaces")
     try:
         parts = urlsplit(raw)
         hostname = parts.hostname
         parts.port  # noqa: B018 - raises ValueError on a malformed port
     except ValueError:
-        raise DifyNotConfigured(f"{name}={raw!r} is not a URL") from None
-    if parts.username is not None or parts.password is not None:
+        raise DifyNotConfigured(f"{name} is not a URL (host or port malformed)") from None
+    if "@" in parts.netloc or parts.username is not None or parts.password is not None:
         raise DifyNotConfigured(f"{name} must not carry a user name or password")
+    if "?" in raw or "#" in raw:
+        raise DifyNotConfigured(f"{name} must not have a query string or fragment")
     if parts.scheme not in ("http", "https") or not hostname:
-        raise DifyNotConfigured(f"{name}={raw!r} must be an http:// or https:// URL with a host")
-    if parts.query or parts.fragment:
-        raise DifyNotConfigured(f"{name}={raw!r} must not have a query string or fragment")
+        raise DifyNotConfigured(f"{name} must be an http:// or https:// URL with a host")
     return raw.rstrip("/")

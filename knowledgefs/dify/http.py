@@ -43,6 +43,7 @@ from typing import Any
 
 import requests
 import urllib3
+import urllib3.connection
 from django.conf import settings
 from requests.adapters import HTTPAdapter
 
@@ -71,7 +72,7 @@ def shared_session() -> requests.Session:
                 session.trust_env = False
                 # Shared by every thread: it must hold no state, so cookies are never kept.
                 session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-                adapter = HTTPAdapter(
+                adapter = GuardedAdapter(
                     pool_connections=4, pool_maxsize=config.POOL_SIZE, max_retries=0
                 )
                 session.mount("http://", adapter)
@@ -174,6 +175,111 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+# --- connections guarded by the call's deadline -----------------------------------------------
+#
+# The watchdog must cover the whole attempt: connect, sending the request and its body, waiting
+# for the status line and headers, and the body. So the deadline is attached to the connection
+# itself, in the pool, the moment the attempt checks one out (``_get_conn`` runs in the calling
+# thread, inside ``session.request``): when the deadline passes the connection's socket is shut
+# down, whatever the attempt is blocked in. The alarm is cancelled when the connection goes back
+# to the pool (``_put_conn``); a connection whose alarm fired is closed there, so a socket shut
+# by the watchdog is never handed to another call.
+
+_local = threading.local()
+
+
+def _shutdown(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    try:
+        # The plain socket's shutdown, also for an SSLSocket (whose own shutdown would drop the
+        # TLS object under the thread using it): the blocked recv/send returns at once.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except (OSError, TypeError):
+        pass
+
+
+class _Guard:
+    """The deadline of one attempt; armed on every connection the attempt checks out."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+        self.timed_out = False
+
+    def attach(self, conn: Any) -> None:
+        conn._kfs_shut = False
+        conn._kfs_alarm = _watchdog.arm(self.deadline.at, lambda: self._fire(conn))
+
+    def _fire(self, conn: Any) -> None:
+        self.timed_out = True
+        conn._kfs_shut = True
+        _shutdown(getattr(conn, "sock", None))
+
+
+def _detach(conn: Any) -> None:
+    """Stop the connection's alarm; close it when the alarm already shut its socket."""
+    alarm = conn.__dict__.pop("_kfs_alarm", None)
+    if alarm is not None:
+        alarm.cancel()  # after this the alarm has fired completely or never will
+    if alarm is not None and alarm.fired or getattr(conn, "_kfs_shut", False):
+        conn.close()
+    conn._kfs_shut = False
+
+
+class _GuardedConnectionMixin:
+    _kfs_shut = False
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        if self._kfs_shut:  # the deadline passed while connecting
+            _shutdown(getattr(self, "sock", None))
+
+
+class _GuardedHTTPConnection(_GuardedConnectionMixin, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _GuardedHTTPSConnection(_GuardedConnectionMixin, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _GuardedPoolMixin:
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)  # type: ignore[misc]
+        guard = getattr(_local, "guard", None)
+        if guard is not None:
+            guard.attach(conn)
+        return conn
+
+    def _put_conn(self, conn: Any) -> None:
+        if conn is not None:
+            _detach(conn)
+        super()._put_conn(conn)  # type: ignore[misc]
+
+
+class _GuardedHTTPPool(_GuardedPoolMixin, urllib3.HTTPConnectionPool):
+    ConnectionCls = _GuardedHTTPConnection
+
+
+class _GuardedHTTPSPool(_GuardedPoolMixin, urllib3.HTTPSConnectionPool):
+    ConnectionCls = _GuardedHTTPSConnection
+
+
+class GuardedAdapter(HTTPAdapter):
+    """An ``HTTPAdapter`` whose pools arm the calling attempt's deadline on each connection."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {
+            "http": _GuardedHTTPPool,
+            "https": _GuardedHTTPSPool,
+        }
+
+
+def _guarded(session: requests.Session) -> bool:
+    return all(isinstance(a, GuardedAdapter) for a in session.adapters.values())
+
+
 # --- messages ---------------------------------------------------------------------------------
 
 _REDACT = [
@@ -188,19 +294,66 @@ _REDACT = [
 ]
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 MESSAGE_MAX_CHARS = 240
+#: Only this much of a message from Dify is looked at (the rest could never be shown).
+MESSAGE_SCAN_CHARS = 2000
+#: Any span of the message this long that occurs in one of the inputs is an echo of it.
+INPUT_SPAN_CHARS = 20
+
+
+def _redact_input_spans(text: str, inputs: Sequence[str]) -> str:
+    """Replace every run of ``text`` covered by a span of :data:`INPUT_SPAN_CHARS` characters
+    that occurs anywhere in an input by ``[input]`` (cost: one pass over each input)."""
+    width = INPUT_SPAN_CHARS
+    if len(text) < width:
+        return text
+    windows: dict[str, list[int]] = {}
+    for i in range(len(text) - width + 1):
+        windows.setdefault(text[i : i + width], []).append(i)
+    covered = bytearray(len(text))
+    found = 0
+    for value in inputs:
+        if not isinstance(value, str) or len(value) < width:
+            continue
+        for j in range(len(value) - width + 1):
+            positions = windows.pop(value[j : j + width], None)
+            if positions:
+                found += 1
+                for i in positions:
+                    covered[i : i + width] = b"\x01" * width
+        if not windows:
+            break
+    if not found:
+        return text
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if covered[i]:
+            while i < len(text) and covered[i]:
+                i += 1
+            out.append("[input]")
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
 
 
 def sanitize_message(text: str, *, secrets: Sequence[str] = (), inputs: Sequence[str] = ()) -> str:
     """A message from Dify made safe to keep in an error: secrets (the inner key, credentials,
     bearer tokens, ``key=value`` secrets, long opaque tokens) become ``[redacted]``, any echo
-    of the request's own texts (12 characters or more, or their first 40) becomes ``[input]``,
-    control characters become spaces, and the result is cut at 240 characters."""
+    of the request's own texts (a whole text of 12 characters or more, or any part of one of
+    20 characters or more, wherever it starts) becomes ``[input]``, control characters become
+    spaces, and the result is cut at 240 characters."""
+    if len(text) > MESSAGE_SCAN_CHARS:
+        # Cut before looking; the last span's worth is dropped too, so that an echo cut by
+        # the limit cannot slip through as a piece shorter than a span.
+        text = text[: MESSAGE_SCAN_CHARS - INPUT_SPAN_CHARS] + "…"
     for secret in secrets:
         if secret:
             text = text.replace(secret, "[redacted]")
     for value in inputs:
         if isinstance(value, str) and len(value) >= 12:
-            text = text.replace(value, "[input]").replace(value[:40], "[input]")
+            text = text.replace(value, "[input]")
+    text = _redact_input_spans(text, inputs)
     for pattern in _REDACT:
         text = pattern.sub("[redacted]", text)
     text = _CONTROL.sub(" ", text).strip()
@@ -271,6 +424,7 @@ class ResponseStream:
         started: float,
         sent: int,
         attempt: int,
+        guard: _Guard | None = None,
     ) -> None:
         self.status = response.status_code
         self.headers = response.headers
@@ -284,6 +438,7 @@ class ResponseStream:
         self._started = started
         self._sent = sent
         self._attempt = attempt
+        self._guard = guard
         self._timed_out = False
         self._eof = False
         self._closed = False
@@ -292,7 +447,9 @@ class ResponseStream:
         if declared is not None and declared > max_bytes:
             self._alarm = None
             self._raise("too_large", f"declares {declared} bytes, over the limit of {max_bytes}")
-        self._alarm = _watchdog.arm(deadline.at, self._abort)
+        # A guarded connection already carries the deadline (armed before the request was
+        # sent); a session without the guarded adapter gets the body-only watchdog.
+        self._alarm = None if guard is not None else _watchdog.arm(deadline.at, self._abort)
 
     @property
     def content_length(self) -> int | None:
@@ -301,12 +458,14 @@ class ResponseStream:
     def _abort(self) -> None:
         self._timed_out = True
         connection = getattr(self._response.raw, "_connection", None)
-        sock = getattr(connection, "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _shutdown(getattr(connection, "sock", None))
+
+    def _expired(self) -> bool:
+        return (
+            self._timed_out
+            or (self._guard is not None and self._guard.timed_out)
+            or self._deadline.expired()
+        )
 
     def _raise(self, kind: str, detail: str, *, retryable: bool = False) -> None:
         error = self._errors.of(
@@ -335,14 +494,14 @@ class ResponseStream:
         try:
             data = self._response.raw.read1(min(amt, allowance))
         except _READ_ERRORS as exc:
-            if self._timed_out or self._deadline.expired():
+            if self._expired():
                 self._raise_timeout()
             self._raise(
                 "unavailable",
                 f"connection broke after {self.bytes_read} bytes ({_cause(exc)})",
                 retryable=True,
             )
-        if self._timed_out or self._deadline.expired():
+        if self._expired():
             self._raise_timeout()
         if not data:
             self._eof = True
@@ -627,8 +786,13 @@ class DifyTransport:
         elif body is not None:
             data = body() if callable(body) else body
             sent = body_size if body_size is not None else len(data)
+        session = self.session
+        # The whole attempt (connect, request and body sent, headers, body read) is bounded by
+        # the deadline: the pool arms it on the connection this thread checks out.
+        guard = _Guard(deadline) if _guarded(session) else None
+        _local.guard = guard
         try:
-            response = self.session.request(
+            response = session.request(
                 method,
                 self.base_url + route,
                 params=params,
@@ -639,9 +803,8 @@ class DifyTransport:
                 allow_redirects=False,
             )
         except requests.exceptions.ConnectTimeout as exc:
-            raise self._failed(
-                errors, "unavailable", method, route, started, attempt, exc
-            ) from None
+            kind = "timeout" if guard is not None and guard.timed_out else "unavailable"
+            raise self._failed(errors, kind, method, route, started, attempt, exc) from None
         except requests.exceptions.ReadTimeout:
             error = errors.of(
                 "timeout",
@@ -652,8 +815,11 @@ class DifyTransport:
             self._log_failure(method, route, started, attempt, error)
             raise error from None
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-            kind = "timeout" if deadline.expired() else "unavailable"
+            timed_out = deadline.expired() or (guard is not None and guard.timed_out)
+            kind = "timeout" if timed_out else "unavailable"
             raise self._failed(errors, kind, method, route, started, attempt, exc) from None
+        finally:
+            _local.guard = None
         status = response.status_code
         if status not in expect and status not in passthrough:
             response.close()
@@ -671,6 +837,7 @@ class DifyTransport:
             started=started,
             sent=sent,
             attempt=attempt,
+            guard=guard,
         )
 
     def _failed(
@@ -743,23 +910,35 @@ def unwrap_envelope(
 ) -> Any:
     """Return ``data`` of Dify's ``{data, error}`` envelope.
 
-    A non-empty ``error`` or a missing/null ``data`` raises the surface's ``error`` kind
-    (``MODEL_RUNTIME_ERROR``, ``DATASOURCE_ERROR``; not retryable) with Dify's message passed
-    through :func:`sanitize_message`; anything but an object with a string ``error`` is
-    ``invalid``.
+    A non-empty string ``error`` raises the surface's ``error`` kind (``MODEL_RUNTIME_ERROR``,
+    ``DATASOURCE_ERROR``; not retryable) with Dify's message passed through
+    :func:`sanitize_message`, and so does a ``data`` of ``null`` next to an ``error`` of ``""``.
+    Anything else that is not an object holding ``data`` and a string or null ``error`` (``{}``,
+    ``{"error": null, "message": "Not Found"}``, a null ``data`` with a null ``error``) is
+    ``invalid``: it is not an envelope, so it proves nothing about the route.
     """
     if not isinstance(value, dict):
-        raise errors.of("invalid", f"{route}: the answer is not a {{data, error}} envelope")
+        raise errors.of(
+            "invalid", f"{route}: the answer is not a {{data, error}} envelope", route=route
+        )
     message = value.get("error")
-    if message is None:
-        message = ""
-    if not isinstance(message, str):
+    if message is not None and not isinstance(message, str):
         raise errors.of("invalid", f"{route}: the envelope's error is not a string", route=route)
     if message:
         safe = sanitize_message(message, secrets=secrets, inputs=inputs)
         raise errors.of("error", f"{route}: Dify reported: {safe}", route=route)
-    data = value.get("data")
+    if "data" not in value or "error" not in value:
+        raise errors.of(
+            "invalid",
+            f"{route}: the answer is not a {{data, error}} envelope (no data, no error)",
+            route=route,
+        )
+    data = value["data"]
     if data is None:
+        if message is None:
+            raise errors.of(
+                "invalid", f"{route}: the envelope holds a null data and a null error", route=route
+            )
         raise errors.of("error", f"{route}: Dify answered no data and no error", route=route)
     return data
 

@@ -490,9 +490,14 @@ def _embeddings(data: Any, count: int, route: str, expected_dimension: int | Non
             f"{route}: the model returned {dimension}-d vectors, {expected_dimension}-d expected",
             route=route,
         )
+    # JSON numbers only: numpy would turn "0.5", "1e0" or true into numbers.
+    if not all(type(v) is float or type(v) is int for row in rows for v in row):
+        raise ModelRuntimeError.of(
+            "invalid", f"{route}: an embedding holds a value that is not a number", route=route
+        )
     try:
         matrix = np.array(rows, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ModelRuntimeError.of(
             "invalid", f"{route}: an embedding holds a non-number", route=route
         ) from None
