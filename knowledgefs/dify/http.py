@@ -5,9 +5,11 @@ inner key travels in ``X-Inner-Api-Key`` on each request (never stored on the se
 redirects off so it is never sent to another host, and ``trust_env`` off so no proxy variable
 or ``.netrc`` entry changes where it goes.
 
-Every call has one deadline (its ``timeout``): the connect timeout and the read timeout are cut
-to what is left of it, and while a body is read a shared watchdog thread shuts the socket down
-when the deadline passes, so a server that trickles bytes cannot hold a caller past it. Bodies
+Every call has one deadline (its ``timeout``) covering connect, send, headers and body: the
+connect timeout and the read timeout are cut to what is left of it, and the session's pools
+(:class:`GuardedAdapter`) arm a shared watchdog thread on the connection a call checks out,
+before the request is sent, which shuts the socket down when the deadline passes, so a server
+that trickles bytes (headers, an upload it reads slowly, a body) cannot hold a caller past it. Bodies
 are read in pieces and never past their cap (``max_bytes``; a larger ``Content-Length`` is
 refused before reading); JSON is parsed only after the cap held.
 
