@@ -83,8 +83,9 @@ MAX_EMBEDDING_DIMENSION = 16384
 """The largest embedding dimension a profile accepts (``1..16384``). Every stored vector of a
 space is held as float32 bytes and every query scores the whole matrix, so a model answering
 more (a 300,000-d probe froze a space) fails validation with ``embedding_dimension_out_of_range``.
-This is KnowledgeFS's own bound; docs/dify-boundary.md states no dimension limit of the inner
-API."""
+The number is the dimension limit of Dify's inner vector API (``scope.dimension <= 16384`` on
+``/inner/api/knowledge-fs/vectors``, the reference inventory §7.2), so a profile valid here can
+also be indexed through Dify's vector store."""
 
 _PLUGIN_ID = re.compile(r"[a-z0-9_-]+/[a-z0-9_-]+")
 _PROVIDER = re.compile(r"[a-z0-9_-]+")
