@@ -22,6 +22,14 @@ from django.http import Http404, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
+from knowledgefs.dify.errors import (
+    DatasourceError,
+    DifyError,
+    EmbeddingDimensionMismatch,
+    ModelRuntimeError,
+    ObjectStorageError,
+)
+
 logger = logging.getLogger("knowledgefs.errors")
 
 
@@ -102,6 +110,8 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     """DRF exception handler: every error becomes ``{"code", "message"[, "details"]}``."""
     if isinstance(exc, ServiceError):
         return Response(exc.as_dict(), status=exc.status)
+    if isinstance(exc, DifyError):
+        return dify_error_response(exc, context)
     if isinstance(exc, Http404):
         return Response({"code": "not_found", "message": "Not found."}, status=404)
     if isinstance(exc, drf_exceptions.ValidationError):
@@ -150,6 +160,87 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         {"code": "internal_error", "message": "The server failed to handle the request."},
         status=500,
     )
+
+
+#: ``Retry-After`` (seconds) on a 503 for a Dify call that may succeed when sent again.
+DIFY_RETRY_AFTER_SECONDS = 5
+
+#: Dify error surface → (code when a retry may succeed, code when it will not, what failed).
+_DIFY_SURFACES: tuple[tuple[type[DifyError], str, str, str], ...] = (
+    (ObjectStorageError, "storage_unavailable", "storage_error", "the object storage"),
+    (ModelRuntimeError, "model_runtime_unavailable", "model_runtime_error", "the model runtime"),
+    (DatasourceError, "datasource_unavailable", "datasource_error", "the datasource"),
+    (DifyError, "upstream_unavailable", "upstream_error", "Dify"),
+)
+
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def dify_error_response(exc: DifyError, context: dict[str, Any] | None = None) -> Response:
+    """The API answer for a failed call to Dify's inner API that reached a request.
+
+    Never a 500: a retryable failure (timeout, connection, 408/409/425/429/5xx) is 503
+    ``storage_unavailable`` / ``model_runtime_unavailable`` / ``datasource_unavailable`` with
+    ``Retry-After``; Dify's 413 on a write is 413 ``file_too_large``; anything else (checksum
+    mismatch, invalid answer, refused request) is 502 ``storage_error`` / ``model_runtime_error``
+    / ``datasource_error``. ``details.dify_code`` is the boundary's stable code
+    (docs/dify-boundary.md). The message is ours: Dify's text, the route and the key stay in the
+    log.
+    """
+    available, failed, what = next(
+        (a, f, w) for cls, a, f, w in _DIFY_SURFACES if isinstance(exc, cls)
+    )
+    request = (context or {}).get("request")
+    method = getattr(request, "method", "") or ""
+    details = {"dify_code": exc.code, "retryable": exc.retryable}
+    logger.warning(
+        "Dify call failed in a request: %s (route %s, status %s, retryable %s)",
+        exc.code,
+        exc.route,
+        exc.status,
+        exc.retryable,
+    )
+    if exc.retryable:
+        response = Response(
+            {
+                "code": available,
+                "message": f"{what} is unavailable or did not answer in time; try again later",
+                "details": details,
+            },
+            status=503,
+        )
+        response["Retry-After"] = str(DIFY_RETRY_AFTER_SECONDS)
+        return response
+    too_large = isinstance(exc, ObjectStorageError) and (
+        exc.code == ObjectStorageError.CODES["too_large"]
+    )
+    if too_large and method in _WRITE_METHODS:
+        # Our own check refuses before sending (no status) at the storage's known limit;
+        # Dify's 413 does not say its limit.
+        limit = None if exc.status else getattr(_objects(), "max_object_bytes", None)
+        message = "the file is larger than the object storage accepts"
+        message += f" (its limit is {limit} bytes)" if limit else " (Dify's storage size limit)"
+        return Response(
+            {
+                "code": "file_too_large",
+                "message": message + "; nothing is stored",
+                "details": details,
+            },
+            status=413,
+        )
+    if isinstance(exc, EmbeddingDimensionMismatch):
+        message = "the embedding model answered vectors of an unexpected dimension"
+    elif exc.code == ObjectStorageError.CODES["checksum"]:
+        message = "the object storage stored or returned bytes that do not match their SHA-256"
+    else:
+        message = f"{what} failed or answered something invalid ({exc.code})"
+    return Response({"code": failed, "message": message, "details": details}, status=502)
+
+
+def _objects() -> Any:
+    from knowledgefs.storage import object_storage
+
+    return object_storage()
 
 
 def _first_error(details: Any, prefix: str = "") -> tuple[str, str]:

@@ -22,7 +22,10 @@ def object_storage():
 def put_object(key: str, data: bytes) -> str:
     """Write ``data`` under exactly ``key`` (replacing an object left by a failed attempt)."""
     storage = object_storage()
-    if storage.exists(key):
+    # Only a storage that would rename the object (a file system one, where something is
+    # already under ``key``) needs the old object gone first; Dify's storage replaces on save,
+    # so a write there is the one PUT.
+    if storage.get_available_name(key) != key:
         storage.delete(key)
     saved = storage.save(key, ContentFile(data))
     if saved != key:  # pragma: no cover - FileSystemStorage only renames on collision
@@ -59,10 +62,16 @@ def read_object(key: str, *, max_bytes: int) -> bytes:
 
 
 def delete_object(key: str) -> None:
-    """Delete an object; a missing object is not an error."""
-    storage = object_storage()
-    if storage.exists(key):
-        storage.delete(key)
+    """Delete an object in one call; a missing object is not an error (it counts as deleted).
+
+    Any other failure is raised (under the Dify runtime an
+    :class:`~knowledgefs.dify.errors.ObjectStorageError`), so a caller knows the object may still
+    be there.
+    """
+    try:
+        object_storage().delete(key)
+    except FileNotFoundError:  # includes StorageNotFound (Dify's 404)
+        pass
 
 
 def storage_writable() -> bool:

@@ -9,6 +9,7 @@ and deleted again if the transaction fails, so nothing is left half-written.
 from __future__ import annotations
 
 import hashlib
+import logging
 import unicodedata
 import uuid
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from knowledgefs.errors import UnsupportedMediaType as UnsupportedMediaTypeError
 from knowledgefs.uploads import upload_limit_message
 from spaces.models import KnowledgeSpace
 from spaces.services import Principal, get_space
+
+logger = logging.getLogger("knowledgefs.documents")
 
 MAX_FILENAME_CHARS = 512
 DUPLICATE_POLICIES = ("reject", "replace")
@@ -97,6 +100,11 @@ def admit_document(
     existing document takes the new filename and is compiled again (it stays one document).
     ``enqueue=False`` leaves the job queued in the database without a queue message, for callers
     that compile in-process (:func:`ingestion.services.compilation.drain_queued`).
+
+    A failing object storage raises its :class:`~knowledgefs.dify.errors.ObjectStorageError`
+    (the API answers 503 ``storage_unavailable``, 413 ``file_too_large`` or 502
+    ``storage_error``); the object is deleted again first (best effort), so no object is left
+    without its document.
     """
     validate_filename(filename)
     if on_duplicate not in DUPLICATE_POLICIES:
@@ -131,8 +139,10 @@ def admit_document(
 
     document_id = uuid.uuid4()
     key = storage_key_for(space, document_id)
-    storage.put_object(key, data)
     try:
+        # Inside the try: a PUT that fails after Dify stored the bytes (the answer dropped or
+        # late, a timeout) must not leave an object no document row points at.
+        storage.put_object(key, data)
         with transaction.atomic():
             document = Document.objects.create(
                 id=document_id,
@@ -147,7 +157,7 @@ def admit_document(
             )
             job = _new_job(document, enqueue=enqueue)
     except IntegrityError:
-        storage.delete_object(key)
+        _discard_object(key, document_id)
         # A concurrent upload of the same bytes won the unique (space, sha256) race.
         winner = Document.objects.filter(space=space, sha256=sha256).first()
         if winner is None:
@@ -162,9 +172,26 @@ def admit_document(
             ) from None
         return replaced
     except BaseException:
-        storage.delete_object(key)
+        _discard_object(key, document_id)
         raise
     return Admission(document=document, job=job, created=True)
+
+
+def _discard_object(key: str, document_id: uuid.UUID) -> None:
+    """Best effort: delete the object of an admission that failed, never masking its error.
+
+    A failure here is logged with the document id and the storage's error code only (no key,
+    no bytes, no Dify message). A PUT Dify is still processing when this DELETE arrives can
+    still store its object afterwards; nothing here can see that.
+    """
+    try:
+        storage.delete_object(key)
+    except Exception as exc:  # noqa: BLE001 - the admission's own error is the one to raise
+        logger.warning(
+            "could not delete the object of failed upload %s: %s",
+            document_id,
+            getattr(exc, "code", type(exc).__name__),
+        )
 
 
 def supported_types() -> list[str]:
@@ -310,37 +337,36 @@ def delete_document(principal: Principal, space_id, document_id) -> None:
 
 
 def purge_documents(documents: QuerySet[Document]) -> int:
-    """Delete documents with their nodes, projections and stored objects; returns the count.
+    """Delete documents with their stored objects, nodes and projections; returns the count.
 
-    Each document goes in its own transaction: its live jobs are canceled (a worker still
+    Document by document, the stored object goes first (one DELETE; a missing object counts as
+    deleted), then the rows in one transaction: its live jobs are canceled (a worker still
     holding one loses its lease and writes nothing more), its nodes leave every index, and the
-    space's publication head moves so that cached indexes are rebuilt. Objects are deleted
-    after the commit.
+    space's publication head moves so that cached indexes are rebuilt. When the storage fails,
+    its error (an ``OSError``; under Dify an :class:`~knowledgefs.dify.errors.ObjectStorageError`,
+    answered 503 ``storage_unavailable`` when a retry may succeed) is raised with that document's
+    rows and every later document intact, so the same delete can simply be sent again; nothing
+    is left with rows gone and its object kept.
     """
     from retrieval.backends import get_search_backend
 
     from .compilation import advance_publication_head
 
     backend = get_search_backend()
-    keys = []
-    try:
-        for document in documents.only("id", "storage_key", "space_id"):
-            with transaction.atomic():
-                # Lock order everywhere: the document row first, then its jobs.
-                if not lock_for_update(Document.objects.filter(id=document.id)).exists():
-                    continue
-                CompilationJob.objects.filter(
-                    document=document, run_state__in=LIVE_RUN_STATES
-                ).update(run_state=RunState.CANCELED, stage=Stage.CANCELED, lease_token=None)
-                backend.delete_nodes(
-                    list(
-                        KnowledgeNode.objects.filter(document=document).values_list("id", flat=True)
-                    )
-                )
-                document.delete()
-                advance_publication_head(document.space_id)
-            keys.append(document.storage_key)
-    finally:
-        for key in keys:
-            storage.delete_object(key)
-    return len(keys)
+    deleted = 0
+    for document in documents.only("id", "storage_key", "space_id"):
+        storage.delete_object(document.storage_key)
+        with transaction.atomic():
+            # Lock order everywhere: the document row first, then its jobs.
+            if not lock_for_update(Document.objects.filter(id=document.id)).exists():
+                continue
+            CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES).update(
+                run_state=RunState.CANCELED, stage=Stage.CANCELED, lease_token=None
+            )
+            backend.delete_nodes(
+                list(KnowledgeNode.objects.filter(document=document).values_list("id", flat=True))
+            )
+            document.delete()
+            advance_publication_head(document.space_id)
+        deleted += 1
+    return deleted
