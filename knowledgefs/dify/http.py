@@ -9,8 +9,8 @@ Every call has one deadline (its ``timeout``) covering connect, send, headers an
 connect timeout and the read timeout are cut to what is left of it, and the session's pools
 (:class:`GuardedAdapter`) arm a shared watchdog thread on the connection a call checks out,
 before the request is sent, which shuts the socket down when the deadline passes, so a server
-that trickles bytes (headers, an upload it reads slowly, a body) cannot hold a caller past it. Bodies
-are read in pieces and never past their cap (``max_bytes``; a larger ``Content-Length`` is
+that trickles bytes (headers, an upload it reads slowly, a body) cannot hold a caller past it.
+Bodies are read in pieces and never past their cap (``max_bytes``; a larger ``Content-Length`` is
 refused before reading); JSON is parsed only after the cap held.
 
 Retries: a call marked ``idempotent`` is sent again after a connection failure (before or while
