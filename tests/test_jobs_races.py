@@ -92,15 +92,15 @@ def test_an_artifact_is_not_kept_alive_after_its_wave(space, settings, monkeypat
 
     def spy(held, wave):
         gc.collect()
-        alive.append(sum(r() is not None for r in refs))
+        own = {id(w.artifact) for w in wave.values()}
+        alive.append(sum(r() is not None and id(r()) not in own for r in refs))
         return finish(held, wave)
 
     monkeypatch.setattr(compilation, "_parse", parse)
     monkeypatch.setattr(compilation, "_chunk_wave", spy)
     compilation.compile_jobs(jobs)
-    # Wave 1 holds one leased artifact (+ the one parsed then committed to close the wave);
-    # later waves reload from the database, so nothing parsed earlier should still be alive.
-    assert alive[1:] == [0] * (len(alive) - 1), alive
+    # A wave holds its own leased artifact; nothing parsed in an earlier wave is still alive.
+    assert len(alive) == 3 and alive == [0, 0, 0], alive
 
 
 # 3. The sweep requeues a job whose lease was renewed after the sweep read it.

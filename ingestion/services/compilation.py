@@ -46,8 +46,8 @@ from datetime import timedelta
 import numpy as np
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, F, Q, Sum
-from django.db.models.functions import Length
+from django.db.models import Case, Count, F, Q, Sum, Value, When
+from django.db.models.functions import Cast, Length
 from django.utils import timezone
 
 from ingestion import gates, parsing
@@ -349,10 +349,39 @@ def _requeue(held: Held, job_ids: list[uuid.UUID]) -> None:
 
 
 def _held_by(tokens: dict[uuid.UUID, uuid.UUID]) -> Q:
-    condition = Q(pk__in=[])
-    for job_id, token in tokens.items():
-        condition |= Q(id=job_id, lease_token=token)
-    return condition
+    """Rows of these jobs that still carry the lease token we hold for them.
+
+    ``tokens`` maps job id → lease token. The condition is ``id IN (…) AND lease_token IN (…)``,
+    which selects exactly the rows of ``OR (id = job AND lease_token = token)`` over the pairs:
+    a lease token is a fresh ``uuid4`` that :func:`claim_many` writes on one job row only, so no
+    row can carry the token of another job of the list, and a job whose lease was re-issued,
+    canceled or superseded matches nothing. Two ``IN`` lists also cost the same to build for
+    any batch size (the OR of 64 pairs took Django ~15 ms to compile per statement, which was
+    most of compilation's overhead, docs/benchmarks.md) and use the primary-key index.
+    """
+    if not tokens:
+        return Q(pk__in=[])
+    return Q(id__in=list(tokens), lease_token__in=list(tokens.values()))
+
+
+def _per_row(model, field_name: str, values: dict):
+    """One SQL expression that gives each row its own value: ``CASE WHEN pk = … THEN … END``.
+
+    ``values`` maps a row's primary key to the value of ``field_name`` for that row; rows not
+    in it keep their current value. Lets a wave write each job's own
+    progress (or each document's node count) in the single UPDATE of its checkpoint instead of
+    one UPDATE per row. Cast like Django's ``bulk_update`` where the database needs it
+    (PostgreSQL types a CASE of parameters as text).
+    """
+    field = model._meta.get_field(field_name)
+    case = Case(
+        *[When(pk=k, then=Value(v, output_field=field)) for k, v in values.items()],
+        default=F(field.attname),
+        output_field=field,
+    )
+    if connection.features.requires_casted_case_in_updates:
+        case = Cast(case, output_field=field)
+    return case
 
 
 @dataclass
@@ -386,15 +415,37 @@ class Held:
     def live(self, job_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
         return [j for j in job_ids if j in self.tokens and j not in self.lost]
 
-    def start(self, job_id: uuid.UUID) -> None:
-        """Count one execution attempt for a job whose work begins now (once per delivery)."""
+    def start(self, job_id: uuid.UUID, progress: dict | None = None) -> bool:
+        """Mark work on a job as beginning now; returns whether we still hold it.
+
+        One UPDATE conditioned on the job's lease token and ``running``: it counts one
+        execution attempt (once per delivery: an attempt is counted when work starts, so a
+        document that kills its worker spends its own attempts), renews this job's lease and
+        writes ``progress`` if given. When it matches nothing the job was canceled, superseded
+        or taken over: it is recorded as lost and the caller must not start its work (this is
+        the lease check before parsing, so a job canceled while queued never starts). The
+        other held leases are left to the lease keeper: renewing the whole batch before every
+        document was the largest per-document cost of compilation (docs/benchmarks.md).
+        """
         self.active.add(job_id)
-        if job_id in self.started:
-            return
+        now = timezone.now()
+        fields: dict = {
+            "heartbeat_at": now,
+            "lease_expires_at": now + timedelta(seconds=lease_seconds()),
+        }
+        if job_id not in self.started:
+            fields["execution_attempts"] = F("execution_attempts") + 1
+        if progress is not None:
+            fields.update(progress=progress, progress_percent=progress["percent"], updated_at=now)
         self.started.add(job_id)
-        CompilationJob.objects.filter(
+        held = CompilationJob.objects.filter(
             id=job_id, lease_token=self.tokens[job_id], run_state=RunState.RUNNING
-        ).update(execution_attempts=F("execution_attempts") + 1)
+        ).update(**fields)
+        if not held:
+            with self._lock:
+                self.lost.add(job_id)
+        self.touch()
+        return bool(held)
 
     def beat(self, progress: dict[uuid.UUID, dict] | None = None) -> set[uuid.UUID]:
         """Extend the leases (and write ``progress``); returns the jobs still held."""
@@ -532,31 +583,37 @@ def heartbeat(
 ) -> set[uuid.UUID]:
     """Extend the leases of the jobs still held with these tokens; returns their ids.
 
-    Every UPDATE is conditioned on the token and ``running``, so a heartbeat racing a cancel or
-    a finish writes nothing on the ended job. ``progress`` (job id → progress dict) is written
-    in the same statement for those jobs.
+    Every UPDATE is conditioned on each job's token and ``running``, so a heartbeat racing a
+    cancel or a finish writes nothing on the ended job. At most three statements whatever the
+    batch size: one UPDATE renews the leases of the jobs without progress, one renews those in
+    ``progress`` (job id → progress dict) and writes each its own progress (``CASE`` on the id),
+    and one SELECT reads which jobs are still held.
     """
     if not tokens:
         return set()
     now = timezone.now()
     fields = {"heartbeat_at": now, "lease_expires_at": now + timedelta(seconds=lease_seconds())}
-    progress = progress or {}
+    progress = {j: p for j, p in (progress or {}).items() if j in tokens}
+    plain = {j: t for j, t in tokens.items() if j not in progress}
     with transaction.atomic():
-        plain = {j: t for j, t in tokens.items() if j not in progress}
         if plain:
             CompilationJob.objects.filter(_held_by(plain), run_state=RunState.RUNNING).update(
                 **fields
             )
-        for job_id in progress:
-            if job_id in tokens:
-                CompilationJob.objects.filter(
-                    id=job_id, lease_token=tokens[job_id], run_state=RunState.RUNNING
-                ).update(
-                    **fields,
-                    progress=progress[job_id],
-                    progress_percent=progress[job_id]["percent"],
-                    updated_at=now,
-                )
+        if progress:
+            # Each job its own progress, all in one UPDATE (not one statement per job).
+            CompilationJob.objects.filter(
+                _held_by({j: tokens[j] for j in progress}), run_state=RunState.RUNNING
+            ).update(
+                **fields,
+                progress=_per_row(CompilationJob, "progress", progress),
+                progress_percent=_per_row(
+                    CompilationJob,
+                    "progress_percent",
+                    {j: p["percent"] for j, p in progress.items()},
+                ),
+                updated_at=now,
+            )
         return set(
             CompilationJob.objects.filter(_held_by(tokens), run_state=RunState.RUNNING).values_list(
                 "id", flat=True
@@ -573,13 +630,19 @@ def _checkpoint(
 
 
 def _checkpoint_many(
-    tokens: dict[uuid.UUID, uuid.UUID], *, condition: Q | None = None, **fields
+    tokens: dict[uuid.UUID, uuid.UUID],
+    *,
+    condition: Q | None = None,
+    per_job: dict[str, dict[uuid.UUID, object]] | None = None,
+    **fields,
 ) -> set[uuid.UUID]:
     """Write job fields for the jobs still held with these tokens; returns their ids.
 
     The held rows are locked (``SELECT … FOR UPDATE`` where the database has it; SQLite's
     IMMEDIATE transactions already serialise writers) before they are updated, so the check
-    and the write cannot be separated by another worker or a cancel.
+    and the write cannot be separated by another worker or a cancel. ``per_job`` maps a field
+    name to each job's own value (e.g. ``{"progress": {job id: dict}}``); it is written in the
+    same single UPDATE, so a checkpoint costs two statements whatever the number of jobs.
     """
     now = timezone.now()
     fields.setdefault("heartbeat_at", now)
@@ -594,6 +657,10 @@ def _checkpoint_many(
             .values_list("id", flat=True)
         )
         if held:
+            for name, values in (per_job or {}).items():
+                fields[name] = _per_row(
+                    CompilationJob, name, {j: v for j, v in values.items() if j in held}
+                )
             CompilationJob.objects.filter(id__in=held).update(**fields)
     return held
 
@@ -676,9 +743,8 @@ def _compile_claimed(held: Held, until: str | None) -> None:
                     return
                 chunked = _chunk_wave(held, wave)
             finally:
-                for work in wave.values():
-                    if work.lease is not None:
-                        work.lease.release()
+                # The wave's leases go back together: one ledger transaction, not one each.
+                gates.release_all(work.lease for work in wave.values())
             if until == Stage.NODES_GENERATED:
                 return
             group.update({j: wave[j].job for j in wave})
@@ -707,13 +773,20 @@ def _admit_wave(
     could otherwise each hold what the other waits for): if a gate is not free at once, the
     wave closes. A resumed job's lease is taken before its artifact is loaded; a freshly parsed
     artifact that finds no lease is committed with its ``parsed`` checkpoint at once and dropped
-    from memory. The caller releases the leases of ``wave``, however this returns.
+    from memory. Light documents of the wave are parsed one after another under one shared
+    materialization slot (:class:`_LightSlot`), given back once the wave's artifacts are all
+    retained. The caller releases the leases of ``wave``, however this returns.
     """
     gate = gates.retained_artifact_gate()
     parsed: dict[uuid.UUID, ParseArtifact] = {}
     rest = list(pending)
+    light = _LightSlot()
     try:
         while rest:
+            if len(wave) >= gate.capacity:
+                # Every wave member holds a lease, so the gate's count bound admits no more:
+                # close the wave now rather than parse a document that would find no room.
+                break
             job_id = rest[0]
             if held.is_lost(job_id):
                 rest.pop(0)
@@ -723,7 +796,9 @@ def _admit_wave(
             work = _Work(job)
             try:
                 if job.stage == Stage.QUEUED:
-                    outcome, work.artifact, work.lease = _materialize(held, job, gate, first=first)
+                    outcome, work.artifact, work.lease = _materialize(
+                        held, job, gate, light, first=first
+                    )
                     if outcome == "lost":
                         rest.pop(0)
                         held.release(job_id)
@@ -731,6 +806,7 @@ def _admit_wave(
                     if outcome == "busy":
                         break
                     if work.lease is None:  # parsed, but no room left in this wave
+                        light.release()
                         held.active.discard(job_id)
                         if _commit(
                             held,
@@ -750,7 +826,11 @@ def _admit_wave(
                             held.release(job_id)
                             continue
                         break
-                    held.start(job_id)
+                    if not held.start(job_id):  # canceled or taken over: never starts work
+                        work.lease.release()
+                        rest.pop(0)
+                        held.release(job_id)
+                        continue
                     if job.stage == Stage.PARSED:
                         work.artifact = ParseArtifact.objects.filter(job_id=job_id).first()
                         if work.artifact is None:
@@ -772,6 +852,7 @@ def _admit_wave(
             rest.pop(0)
             wave[job_id] = work
     finally:
+        light.release()  # every artifact parsed under it is retained (or committed) by now
         committed = _commit(held, parsed, Stage.PARSED, _save_artifacts, progress=_parsed_progress)
     for job_id in [j for j in parsed if j not in committed and j in wave]:
         wave.pop(job_id).lease.release()
@@ -788,31 +869,74 @@ def _parsed_progress(artifact: ParseArtifact) -> dict:
     )
 
 
-def _materialize(held: Held, job: CompilationJob, gate, *, first: bool):
+class _LightSlot:
+    """One main-lane materialization slot shared by the light documents of a wave.
+
+    The materialization gate bounds how many sources are read and parsed at once; a wave parses
+    its documents one after another on one thread, so one slot held across its light documents
+    keeps that bound while costing two ledger transactions per wave instead of two per document
+    (:func:`ingestion.gates.materialization_gate`). Heavy documents still take their own lanes
+    per document, heavy lane first; the shared slot is given back before they do, so the fixed
+    lock order (heavy, then main) holds. The slot is given back once the wave's artifacts are
+    retained (the hand-off rule), or as soon as the wave closes.
+    """
+
+    def __init__(self) -> None:
+        self.lease: gates.Lease | None = None
+
+    def acquire(self, should_abort, *, block: bool) -> bool:
+        """Hold the slot (already held: at once); ``False`` if not free and not ``block``.
+
+        Raises :class:`ingestion.gates.GateAborted` when ``should_abort()`` is true while waiting.
+        """
+        if self.lease is None:
+            self.lease = gates.materialization_gate().acquire(
+                block=block, should_abort=should_abort
+            )
+        return self.lease is not None
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+
+def _materialize(held: Held, job: CompilationJob, gate, light: _LightSlot, *, first: bool):
     """Parse under the materialization gate, then take a retained lease before letting go.
 
-    Returns ``(outcome, artifact, lease)``: ``("lost", None, None)`` when the job was canceled
-    or taken over before it started, ``("busy", None, None)`` when ``first`` is false and a
+    A light document parses under the wave's shared slot ``light`` (taken now if the wave does
+    not hold it yet); a heavy one takes its own heavy and main lanes for its parse. Returns
+    ``(outcome, artifact, lease)``: ``("lost", None, None)`` when the job was canceled or taken
+    over before it started, ``("busy", None, None)`` when ``first`` is false and a
     materialization lane is not free at once, else ``("parsed", artifact, lease)`` where
     ``lease`` is ``None`` if ``first`` is false and the retained gate had no room.
     """
     document = job.document
-    heavy = gates.is_heavy(document.mime_type, document.size_bytes)
     aborted = lambda: held.is_lost(job.id)  # noqa: E731
     try:
-        with gates.materialization_slot(heavy, should_abort=aborted, block=first) as slot:
-            if slot is None:
-                return "busy", None, None
-            held.beat({job.id: _progress("parsing", "reading and parsing the source", 5)})
-            if job.id in held.lost or job.id not in held.tokens:
-                return "lost", None, None
-            held.start(job.id)
-            artifact = _parse(job)
-            # Hand-off: the materialization slot goes only once the artifact is retained.
-            lease = _retain(held, job.id, gate, artifact.retained_bytes, first)
+        if gates.is_heavy(document.mime_type, document.size_bytes):
+            light.release()
+            with gates.materialization_slot(True, should_abort=aborted, block=first) as slot:
+                if slot is None:
+                    return "busy", None, None
+                return _parse_and_retain(held, job, gate, first=first)
+        if not light.acquire(aborted, block=first):
+            return "busy", None, None
+        return _parse_and_retain(held, job, gate, first=first)
     except gates.GateAborted:
         return "lost", None, None
-    return "parsed", artifact, lease
+
+
+def _parse_and_retain(held: Held, job: CompilationJob, gate, *, first: bool):
+    """Inside a materialization slot: start the job (its lease check), parse, retain.
+
+    Hand-off: the caller's slot is let go only after this returns, so the artifact is covered
+    by the slot until its retained lease is held.
+    """
+    if not held.start(job.id, _progress("parsing", "reading and parsing the source", 5)):
+        return "lost", None, None
+    artifact = _parse(job)
+    return "parsed", artifact, _retain(held, job.id, gate, artifact.retained_bytes, first)
 
 
 def _retain(held: Held, job_id: uuid.UUID, gate, charge: int, block: bool):
@@ -922,13 +1046,14 @@ def _commit(held: Held, outputs: dict, stage: str, write, *, progress=None) -> d
 
     def commit(job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
         with transaction.atomic():
-            # One locked read of the jobs still held; then their checkpoints and the output.
-            done = _checkpoint_many({j: held.tokens[j] for j in job_ids}, stage=stage)
+            # One locked read of the jobs still held, one UPDATE of their checkpoints and
+            # progress, then the output.
+            per_job = None
             if progress is not None:
-                for job_id in done:
-                    CompilationJob.objects.filter(id=job_id).update(
-                        progress=progress(outputs[job_id])
-                    )
+                per_job = {"progress": {j: progress(outputs[j]) for j in job_ids}}
+            done = _checkpoint_many(
+                {j: held.tokens[j] for j in job_ids}, stage=stage, per_job=per_job
+            )
             write([outputs[j] for j in job_ids if j in done])
         return done
 
@@ -1000,13 +1125,14 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
                 (total[j], target.model.dimension), dtype=np.float32
             )
         # Length-sorted, so each model batch pads little (the model sorts only within a call).
-        stream = sorted(
-            ((j, i) for j in job_ids for i in range(total[j])),
-            key=lambda item: len(nodes[item[0]][item[1]].text),
-        )
+        stream = [(j, i) for j in job_ids for i in range(total[j])]
+        lengths = _embedding_lengths(target.model, [nodes[j][i].text for j, i in stream])
+        stream = [stream[k] for k in sorted(range(len(stream)), key=lengths.__getitem__)]
         done = dict.fromkeys(job_ids, 0)
         position = 0
-        last_write, written = 0.0, {}
+        # Progress is written for the jobs whose count moved since the last write (a job none
+        # of whose chunks were embedded yet keeps its "chunked" progress).
+        last_write, written = 0.0, dict.fromkeys(job_ids, 0)
         try:
             while position < len(stream):
                 batch = stream[position : position + step]
@@ -1074,6 +1200,20 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
         ),
     )
     return {j: out[0] for j, out in done.items()}
+
+
+def _embedding_lengths(model, texts: list[str]) -> list[int]:
+    """The length each text is embedded at, to cut a sorted stream into batches that pad little.
+
+    Word pieces where the model counts them (``token_counts``, the local ONNX model; one extra
+    tokenizer pass, about 0.4 ms per chunk), else characters. On SciFact abstracts, batches of
+    8 sorted by characters cost the model 12% more time than batches sorted by word pieces:
+    the two orders differ enough to put long and short texts in one batch (docs/benchmarks.md).
+    """
+    count = getattr(model, "token_counts", None)
+    if count is None:
+        return [len(text) for text in texts]
+    return list(count(texts))
 
 
 # --- ending an attempt ----------------------------------------------------------------------
@@ -1232,10 +1372,19 @@ def _drop_generation(document_id: uuid.UUID, generation: uuid.UUID) -> None:
     ParseArtifact.objects.filter(job_id=generation).delete()
 
 
-def _drop_other_generations(document_id: uuid.UUID, keep: uuid.UUID) -> None:
-    """Remove every node, projection and artifact of the document not of generation ``keep``."""
-    _drop_nodes(KnowledgeNode.objects.filter(document_id=document_id).exclude(generation=keep))
-    ParseArtifact.objects.filter(document_id=document_id).exclude(job_id=keep).delete()
+def _drop_other_generations(keep: dict[uuid.UUID, uuid.UUID]) -> None:
+    """Remove every node, projection and artifact of these documents not of their kept generation.
+
+    ``keep`` maps document id → the generation (job id) it keeps. A node's or artifact's
+    generation is always a job of its own document, so "of these documents, not of any kept
+    generation" is exactly each document's "not its own kept generation": one SELECT and one
+    DELETE per table for the whole batch.
+    """
+    if not keep:
+        return
+    kept = list(keep.values())
+    _drop_nodes(KnowledgeNode.objects.filter(document_id__in=keep).exclude(generation__in=kept))
+    ParseArtifact.objects.filter(document_id__in=keep).exclude(job_id__in=kept).delete()
 
 
 def _drop_nodes(queryset) -> None:
@@ -1260,50 +1409,63 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
     sees all of these documents' new generations or none of them. Every other generation of the
     document (the previous one, leftovers of superseded attempts) is removed in the same commit.
     Jobs whose lease was lost, or whose document was deleted, are skipped. Returns the ids of
-    the jobs published.
+    the jobs published. The statements do not grow with the number of jobs: the documents are
+    locked by one SELECT, the jobs checkpointed by one locked read and one UPDATE, the
+    documents updated by one UPDATE (``CASE`` per row) and the other generations removed by one
+    SELECT and one DELETE per table.
     """
     if not items:
         return []
     now = timezone.now()
-    published: list[uuid.UUID] = []
+    counts = {job.id: node_count for job, _, node_count in items}
     with transaction.atomic():
-        for job, token, node_count in items:
-            # Lock order everywhere: the document row first, then its jobs.
-            if lock_for_update(Document.objects.filter(id=job.document_id)).first() is None:
-                continue  # deleted meanwhile
-            if not CompilationJob.objects.filter(
-                id=job.id, lease_token=token, run_state=RunState.RUNNING
-            ).update(
-                stage=Stage.PUBLISHED,
-                run_state=RunState.SUCCEEDED,
-                progress_percent=100,
-                progress=_progress(
-                    "published", "published", 100, nodes_total=node_count, nodes_embedded=node_count
+        # Lock order everywhere: the document rows first (here in id order, so two publishers
+        # cannot deadlock on each other), then their jobs. A deleted document is skipped.
+        present = set(
+            lock_for_update(
+                Document.objects.filter(id__in={job.document_id for job, _, _ in items}).order_by(
+                    "id"
+                )
+            ).values_list("id", flat=True)
+        )
+        items = [item for item in items if item[0].document_id in present]
+        # One locked read and one UPDATE for every job still held with its token.
+        done = _checkpoint_many(
+            {job.id: token for job, token, _ in items},
+            stage=Stage.PUBLISHED,
+            run_state=RunState.SUCCEEDED,
+            lease_token=None,
+            lease_expires_at=None,
+            finished_at=now,
+            heartbeat_at=now,
+            error_code="",
+            error_message="",
+            per_job={
+                "progress": {
+                    j: _progress("published", "published", 100, nodes_total=n, nodes_embedded=n)
+                    for j, n in counts.items()
+                }
+            },
+        )
+        published = [job for job, _, _ in items if job.id in done]
+        if published:
+            keep = {job.document_id: job.id for job in published}
+            Document.objects.filter(id__in=keep).update(
+                active_generation=_per_row(Document, "active_generation", keep),
+                node_count=_per_row(
+                    Document, "node_count", {job.document_id: counts[job.id] for job in published}
                 ),
-                lease_token=None,
-                finished_at=now,
-                heartbeat_at=now,
-                updated_at=now,
-                lease_expires_at=None,
-                error_code="",
-                error_message="",
-            ):
-                continue
-            Document.objects.filter(id=job.document_id).update(
-                active_generation=job.id,
                 state=DocumentState.PUBLISHED,
-                node_count=node_count,
                 error_code="",
                 error_message="",
                 updated_at=now,
             )
             # The previous published generation and anything a superseded or abandoned attempt
             # left behind go in the same commit.
-            _drop_other_generations(job.document_id, keep=job.id)
-            published.append(job.id)
-        for space_id in {job.space_id for job, _, _ in items if job.id in published}:
-            advance_publication_head(space_id)
-    return published
+            _drop_other_generations(keep)
+            for space_id in {job.space_id for job in published}:
+                advance_publication_head(space_id)
+    return [job.id for job in published]
 
 
 def advance_publication_head(space_id: uuid.UUID, attempts: int = 20) -> int:
