@@ -45,7 +45,7 @@ BREAKDOWN = {
     "lease re-read (Held.refresh)": ("services/compilation.py", "refresh"),
     "attempt counter (Held.start)": ("services/compilation.py", "start"),
     "gate acquire (MachineSemaphore.acquire)": ("ingestion/gates.py", "acquire"),
-    "gate acquire, batched (acquire_many)": ("ingestion/gates.py", "acquire_many"),
+    "gate release, batched (release_all)": ("ingestion/gates.py", "release_all"),
     "gate release (_release)": ("ingestion/gates.py", "_release"),
     "parse (_parse)": ("services/compilation.py", "_parse"),
     "chunk (_generate_nodes)": ("services/compilation.py", "_generate_nodes"),

@@ -356,7 +356,7 @@ def _held_by(tokens: dict[uuid.UUID, uuid.UUID]) -> Q:
     a lease token is a fresh ``uuid4`` that :func:`claim_many` writes on one job row only, so no
     row can carry the token of another job of the list, and a job whose lease was re-issued,
     canceled or superseded matches nothing. Two ``IN`` lists also cost the same to build for
-    any batch size (the OR of 64 pairs took Django ~15 ms to compile per statement, which was
+    any batch size (the OR of 64 pairs took Django about 10 ms to build per statement, which was
     most of compilation's overhead, docs/benchmarks.md) and use the primary-key index.
     """
     if not tokens:
