@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 import urllib3
@@ -52,6 +52,7 @@ from requests.adapters import HTTPAdapter
 from . import config
 from .errors import DifyError, DifyNotConfigured
 
+_T = TypeVar("_T")
 logger = logging.getLogger("knowledgefs.dify")
 
 CHUNK_BYTES = 64 * 1024
@@ -635,42 +636,29 @@ class DifyTransport:
         bounds the whole call, retries and backoff included.
         """
         deadline = Deadline(timeout)
-        attempt = 0
-        while True:
-            attempt += 1
-            retry_after: float | None = None
-            try:
-                stream = self._attempt(
-                    method,
-                    route,
-                    errors=errors,
-                    deadline=deadline,
-                    max_bytes=max_bytes,
-                    params=params,
-                    json_body=json_body,
-                    body=body,
-                    body_size=body_size,
-                    headers=headers,
-                    expect=expect,
-                    passthrough=passthrough,
-                    attempt=attempt,
-                )
-                if stream.status in passthrough:
-                    stream.close()
-                    return Reply(stream.status, stream.headers, b"")
-                content = stream.read_all()
-                return Reply(stream.status, stream.headers, content)
-            except _StatusError as exc:
-                error, retry_after = exc.error, exc.retry_after
-            except DifyError as exc:
-                error = exc
-            delay = self._retry_delay(error, attempt, idempotent, deadline, retry_after)
-            if delay is None:
-                raise error
-            logger.info(
-                "dify %s %s retry=%d in %.2f s after %s", method, route, attempt, delay, error.code
+
+        def send(attempt: int) -> Reply:
+            stream = self._attempt(
+                method,
+                route,
+                errors=errors,
+                deadline=deadline,
+                max_bytes=max_bytes,
+                params=params,
+                json_body=json_body,
+                body=body,
+                body_size=body_size,
+                headers=headers,
+                expect=expect,
+                passthrough=passthrough,
+                attempt=attempt,
             )
-            time.sleep(delay)
+            if stream.status in passthrough:
+                stream.close()
+                return Reply(stream.status, stream.headers, b"")
+            return Reply(stream.status, stream.headers, stream.read_all())
+
+        return self._retrying(method, route, deadline, idempotent, send)
 
     def open_stream(
         self,
@@ -693,39 +681,56 @@ class DifyTransport:
         once the caller reads the body. ``timeout`` bounds everything, the body included.
         """
         deadline = Deadline(timeout)
+
+        def send(attempt: int) -> ResponseStream:
+            return self._attempt(
+                method,
+                route,
+                errors=errors,
+                deadline=deadline,
+                max_bytes=max_bytes,
+                params=params,
+                json_body=json_body,
+                body=None,
+                body_size=None,
+                headers=headers,
+                expect=expect,
+                passthrough=passthrough,
+                attempt=attempt,
+            )
+
+        return self._retrying(method, route, deadline, retry_until_body, send)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _retrying(
+        self,
+        method: str,
+        route: str,
+        deadline: Deadline,
+        allowed: bool,
+        send: Callable[[int], _T],
+    ) -> _T:
+        """Call ``send(attempt)`` until it returns, retrying a :class:`DifyError` while
+        :meth:`_retry_delay` allows (``allowed``: the call may be sent again) and the deadline
+        leaves time; the last error is raised."""
         attempt = 0
         while True:
             attempt += 1
             retry_after: float | None = None
             try:
-                return self._attempt(
-                    method,
-                    route,
-                    errors=errors,
-                    deadline=deadline,
-                    max_bytes=max_bytes,
-                    params=params,
-                    json_body=json_body,
-                    body=None,
-                    body_size=None,
-                    headers=headers,
-                    expect=expect,
-                    passthrough=passthrough,
-                    attempt=attempt,
-                )
+                return send(attempt)
             except _StatusError as exc:
                 error, retry_after = exc.error, exc.retry_after
             except DifyError as exc:
                 error = exc
-            delay = self._retry_delay(error, attempt, retry_until_body, deadline, retry_after)
+            delay = self._retry_delay(error, attempt, allowed, deadline, retry_after)
             if delay is None:
                 raise error
             logger.info(
                 "dify %s %s retry=%d in %.2f s after %s", method, route, attempt, delay, error.code
             )
             time.sleep(delay)
-
-    # -- internals -----------------------------------------------------------------------------
 
     def _retry_delay(
         self,
