@@ -53,6 +53,36 @@ class Element:
 
 
 @dataclass(frozen=True)
+class Asset:
+    """A binary object a parser extracted or rendered (an embedded image, a rasterized PDF page).
+
+    Parsers return assets with their bytes; compilation stores them through the storage
+    boundary (``knowledgefs.storage.put_object``) and keeps only a reference in the parse
+    artifact.
+
+    Attributes:
+        kind: ``"image"`` (embedded picture), ``"page_image"`` (a rasterized PDF page or the
+            image area of one) or ``"thumbnail"``.
+        data: the encoded bytes (PNG or JPEG).
+        mime_type: ``"image/png"`` or ``"image/jpeg"``.
+        page_number: 1-based page for PDFs (slide number for PPTX), else ``None``.
+        name: the name inside the source (e.g. ``"word/media/image1.png"``), or ``""``.
+        width, height: pixels, or ``None`` when unknown.
+        element_index: index into :attr:`ParseReport.elements` of the element the asset
+            illustrates, or ``None``.
+    """
+
+    kind: str
+    data: bytes
+    mime_type: str
+    page_number: int | None = None
+    name: str = ""
+    width: int | None = None
+    height: int | None = None
+    element_index: int | None = None
+
+
+@dataclass(frozen=True)
 class ParseReport:
     """Result of :func:`ingestion.parsing.parse_with_report`.
 
@@ -63,12 +93,20 @@ class ParseReport:
             (e.g. scans); empty for other formats.
         parser: name of the library/parser used, e.g. ``"pypdf"``, ``"python-docx"``,
             ``"native-markdown"``, ``"native-html"``, ``"native-text"``, ``"native-csv"``.
+        assets: extracted or rendered images (see :class:`Asset`), at most the configured
+            per-document asset cap.
+        ocr_pages: 1-based pages whose text came from OCR (they are not in
+            ``pages_without_text``); for an image document, ``[1]``.
+        warnings: short client-safe notes, e.g. ``"page 3: no text layer (OCR unavailable)"``.
     """
 
     elements: list[Element]
     page_count: int | None
     pages_without_text: list[int]
     parser: str
+    assets: list[Asset] = field(default_factory=list)
+    ocr_pages: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 class ParseError(Exception):
