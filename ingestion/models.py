@@ -167,6 +167,10 @@ class ParseArtifact(models.Model):
     # Conservative in-memory size of ``elements`` (ingestion.gates.estimate_retained_bytes),
     # charged against the retained-artifact budget before a resumed job loads the artifact.
     retained_bytes = models.PositiveBigIntegerField(default=0)
+    # Images the parser rendered or extracted, stored through knowledgefs.storage: a list of
+    # {key, kind, name, page_number, mime_type, width, height, bytes, sha256, element_index};
+    # the objects live exactly as long as this row (ingestion.services.compilation).
+    assets = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
 

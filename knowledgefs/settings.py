@@ -280,6 +280,67 @@ Q_CLUSTER = {
     "label": "Worker tasks",
 }
 
+# --- PDF rasterization, OCR and parser isolation ---------------------------------------------
+# Production deployment guide, "PDF image rasterization" and its settings table: poppler or off,
+# 144 DPI page images, 48 DPI thumbnails, 30 s per Poppler operation, 500 assets per document,
+# 2 concurrent page batches (1..8). The pixel budget, OCR and isolation limits are ours
+# (docs/configuration.md, "PDF rasterization, OCR and parser isolation").
+KNOWLEDGE_PDF_RASTERIZER = env.str("KNOWLEDGE_PDF_RASTERIZER", default="poppler").strip().lower()
+if KNOWLEDGE_PDF_RASTERIZER not in {"poppler", "off"}:
+    raise ImproperlyConfigured(
+        f"KNOWLEDGE_PDF_RASTERIZER={KNOWLEDGE_PDF_RASTERIZER!r} is not one of: poppler, off"
+    )
+KNOWLEDGE_PDF_RASTERIZER_DPI = bounded_int("KNOWLEDGE_PDF_RASTERIZER_DPI", 144, 36, 600)
+KNOWLEDGE_PDF_RASTERIZER_THUMBNAIL_DPI = bounded_int(
+    "KNOWLEDGE_PDF_RASTERIZER_THUMBNAIL_DPI", 48, 12, KNOWLEDGE_PDF_RASTERIZER_DPI
+)
+KNOWLEDGE_PDF_RASTERIZER_TIMEOUT_MS = bounded_int(
+    "KNOWLEDGE_PDF_RASTERIZER_TIMEOUT_MS", 30000, 500, 600000
+)
+KNOWLEDGE_PDF_RASTERIZER_MAX_ASSETS = bounded_int(
+    "KNOWLEDGE_PDF_RASTERIZER_MAX_ASSETS", 500, 0, 5000
+)
+KNOWLEDGE_PDF_RASTERIZER_MAX_CONCURRENCY = bounded_int(
+    "KNOWLEDGE_PDF_RASTERIZER_MAX_CONCURRENCY", 2, 1, 8
+)
+# Optional absolute path of pdftoppm (empty: found on PATH); the published image leaves it unset.
+KNOWLEDGE_PDF_RASTERIZER_COMMAND = env.str("KNOWLEDGE_PDF_RASTERIZER_COMMAND", default="").strip()
+if KNOWLEDGE_PDF_RASTERIZER_COMMAND and not (
+    os.path.isabs(KNOWLEDGE_PDF_RASTERIZER_COMMAND)
+    and os.path.isfile(KNOWLEDGE_PDF_RASTERIZER_COMMAND)
+    and os.access(KNOWLEDGE_PDF_RASTERIZER_COMMAND, os.X_OK)
+):
+    raise ImproperlyConfigured(
+        "KNOWLEDGE_PDF_RASTERIZER_COMMAND must be the absolute path of an executable pdftoppm"
+    )
+# Pixels of one rendered page; larger pages render at a reduced DPI. 25 M holds an A3 page at
+# 300 DPI and stays below Pillow's decompression-bomb limit (89,478,485), never raised.
+KNOWLEDGE_PDF_RASTERIZER_MAX_PIXELS = bounded_int(
+    "KNOWLEDGE_PDF_RASTERIZER_MAX_PIXELS", 25_000_000, 1_000_000, 89_478_485
+)
+# OCR of pages without a text layer and of image documents (Debian tesseract-ocr).
+KNOWLEDGE_OCR_DPI = bounded_int("KNOWLEDGE_OCR_DPI", 300, 72, 600)
+KNOWLEDGE_OCR_LANGUAGES = env.str("KNOWLEDGE_OCR_LANGUAGES", default="eng").strip()
+if not re.fullmatch(r"[A-Za-z_]{3,}(\+[A-Za-z_]{3,})*", KNOWLEDGE_OCR_LANGUAGES):
+    raise ImproperlyConfigured(
+        f"KNOWLEDGE_OCR_LANGUAGES={KNOWLEDGE_OCR_LANGUAGES!r} must be Tesseract language codes "
+        "joined by '+', e.g. eng or eng+deu"
+    )
+# Every parse runs in a child process with a hard wall-clock limit and an address-space cap
+# (ingestion/parsing/isolation.py); it must end well within the worker timeout.
+# Default 300 s, or half the worker timeout when that is shorter.
+KNOWLEDGE_PARSER_TIMEOUT_SECONDS = bounded_int(
+    "KNOWLEDGE_PARSER_TIMEOUT_SECONDS", max(5, min(300, Q_CLUSTER["timeout"] // 2)), 5, 3600
+)
+if KNOWLEDGE_PARSER_TIMEOUT_SECONDS >= Q_CLUSTER["timeout"]:
+    raise ImproperlyConfigured(
+        f"KNOWLEDGE_PARSER_TIMEOUT_SECONDS={KNOWLEDGE_PARSER_TIMEOUT_SECONDS} must be less than "
+        f"KNOWLEDGE_JOB_TIMEOUT_SECONDS={Q_CLUSTER['timeout']}"
+    )
+KNOWLEDGE_PARSER_MAX_MEMORY_MB = bounded_int("KNOWLEDGE_PARSER_MAX_MEMORY_MB", 2048, 256, 65536)
+# The isolated parser is a child of the worker; django-q2's daemonic workers may have none.
+Q_CLUSTER["daemonize_workers"] = False
+
 # --- Callers: Dify capability tokens, the inner API key, rate limits ---------------------------
 # Capability v2 tokens are RS256 JWTs Dify signs; KnowledgeFS holds the public JWKS only (one
 # current key and at most two previous ones). A JWKS with private key members is refused here.

@@ -206,9 +206,10 @@ def test_deleting_a_document_removes_it_from_every_leg(client, space):
     assert get_search_backend().projection_counts(space.id) == {"keyword": 0, "dense": 0}
 
 
-def test_a_scan_without_a_text_layer_fails_naming_its_pages(client, space):
+def test_a_scan_without_a_text_layer_fails_naming_its_pages(client, space, settings):
     from tests.conftest import shared_path
 
+    settings.KNOWLEDGE_PDF_RASTERIZER = "off"  # no OCR (tests/test_pdf.py covers the OCR path)
     scan = shared_path("data", "sample-docs", "loremipsum-flat.pdf").read_bytes()
     assert upload(client, space, "scan.pdf", scan).status_code == 202
     compile_all()

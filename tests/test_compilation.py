@@ -113,7 +113,7 @@ def test_a_parse_failure_fails_only_its_document_in_a_batch(space):
     assert Document.objects.get(id=good.document.id).state == "published"
     broken = Document.objects.get(id=bad.document.id)
     assert broken.state == "failed"
-    assert broken.error_code in {"corrupt_document", "no_extractable_text"}
+    assert broken.error_code in {"corrupt_pdf", "no_extractable_text"}
     assert CompilationJob.objects.get(id=bad.job.id).finished_at is not None
 
 

@@ -121,10 +121,8 @@ def parse_with_report(data: bytes, mime_type: str) -> ParseReport:
     pages_without_text: list[int] = []
     try:
         if fmt == "pdf":
-            result = parse_pdf(data)
-            elements = result.elements
-            page_count = result.page_count
-            pages_without_text = result.pages_without_text
+            report = parse_pdf(data)  # elements are already clean: asset indices stay valid
+            return dataclasses.replace(report, elements=_finalise(report.elements))
         elif fmt == "docx":
             elements = parse_docx(data)
         elif fmt == "html":

@@ -1,84 +1,428 @@
-"""PDF parser: text layer per page via pypdf (no OCR)."""
+"""PDF parser: text per page (pypdf), tables (pdfplumber), OCR of image-only pages, page images.
+
+* **Text.** pypdf extracts each page's text layer, split into paragraphs on blank lines. On a
+  page where pdfplumber finds tables, the text comes from pdfplumber instead, without the
+  characters inside the tables, so a table's cells are not repeated as a paragraph.
+* **Tables.** pdfplumber's ``find_tables`` (ruling-line strategy: tables drawn with a grid of
+  lines; a table ruled only by horizontal lines stays in the page text, row by row); each
+  becomes one ``"table"`` element in the shared convention (:mod:`ingestion.parsing.tables`):
+  the first row is the header, ``metadata={"header": [...], "rows": [[...], ...]}``.
+* **OCR.** A page without a text layer is rendered (:mod:`ingestion.parsing.rasterize`, at the
+  OCR DPI within the pixel budget) and read by Tesseract (:mod:`ingestion.parsing.ocr`); its
+  paragraphs carry ``{"ocr": True}`` and the page is listed in ``ocr_pages``. With the
+  rasterizer ``off``, no ``pdftoppm`` or no Tesseract, the page is listed in
+  ``pages_without_text`` with a warning ``"page N: no text layer (...)"``.
+* **Page images.** A page carrying images (pdfplumber ``page.images``) gets one ``page_image``
+  asset per image (the page rendered at the page-image DPI, 144, cropped to the image's box;
+  the whole page when the images cover most of it) and one ``thumbnail`` of the page (48 DPI),
+  at most ``max_assets`` per document (seed: 500); each asset names the first element of its page.
+* **Passwords.** A PDF protected by an owner password only is opened with the empty user
+  password; one that needs a user password fails ``encrypted_pdf``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import io
-from dataclasses import dataclass
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
 
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError
 
-from .base import CorruptDocument, Element, EncryptedDocument, clean_text
+from . import ocr, rasterize
+from .base import (
+    Asset,
+    CorruptDocument,
+    Element,
+    EncryptedDocument,
+    ParseError,
+    ParseReport,
+    clean_text,
+)
+from .tables import render_table
 from .text_parser import split_paragraphs
 
+logger = logging.getLogger("knowledgefs.parsing.pdf")
+# pdfminer (under pdfplumber) logs font-encoding notes per page at WARNING; they are not ours.
+logging.getLogger("pdfminer").setLevel(logging.ERROR)
+
 _CORRUPT = "corrupt or unreadable PDF"
+_ENCRYPTED = "encrypted PDF, password required"
+# Images smaller than this many points on a side (bullets, rules, logos) get no page image.
+_MIN_IMAGE_PT = 24.0
+# When the page's images cover this share of it, one page image of the whole page is stored.
+_FULL_PAGE_SHARE = 0.8
 
 
-@dataclass(frozen=True)
-class PdfResult:
-    """Elements of a PDF plus its page accounting."""
+class EncryptedPdf(EncryptedDocument):
+    """``encrypted_pdf``: the PDF needs a user password ("encrypted PDF, password required")."""
 
-    elements: list[Element]
-    page_count: int
-    pages_without_text: list[int]
+    code = "encrypted_pdf"
+
+    def __init__(self, message: str = _ENCRYPTED) -> None:
+        super().__init__(message)
+
+
+class CorruptPdf(CorruptDocument):
+    """``corrupt_pdf``: damaged, truncated beyond repair or not a PDF at all."""
+
+    code = "corrupt_pdf"
+
+    def __init__(self, message: str = _CORRUPT) -> None:
+        super().__init__(message)
+
+
+#: Kept for callers of the earlier API: a PDF parse result is now a :class:`ParseReport`.
+PdfResult = ParseReport
 
 
 def _open(data: bytes) -> PdfReader:
     try:
         reader = PdfReader(io.BytesIO(data), strict=False)
     except FileNotDecryptedError as exc:
-        raise EncryptedDocument() from exc
+        raise EncryptedPdf() from exc
     except Exception as exc:
-        raise CorruptDocument(_CORRUPT) from exc
+        raise CorruptPdf() from exc
     if reader.is_encrypted:
         try:
             result = reader.decrypt("")
         except DependencyError as exc:
-            raise EncryptedDocument("encrypted PDF uses an unsupported cipher") from exc
+            raise EncryptedPdf("encrypted PDF uses an unsupported cipher") from exc
         except Exception as exc:
-            raise CorruptDocument(_CORRUPT) from exc
+            raise CorruptPdf() from exc
         if result == PasswordType.NOT_DECRYPTED:
-            raise EncryptedDocument()
+            raise EncryptedPdf()
     return reader
 
 
-def parse_pdf(data: bytes) -> PdfResult:
-    """Extract the text layer of every page, split into paragraphs on blank lines.
+def _open_plumber(data: bytes):
+    """A pdfplumber document for tables and images, or ``None`` if pdfminer cannot read it."""
+    try:
+        import pdfplumber
 
-    Each element carries its 1-based ``page_number``. A PDF protected by an owner password
-    only is opened with the empty user password. Pages with no extractable text (scans)
-    yield no elements and are listed in ``pages_without_text``; a page whose extraction
-    fails is treated the same way.
+        return pdfplumber.open(io.BytesIO(data), password="")
+    except Exception:  # noqa: BLE001 - tables and images are best effort; text comes from pypdf
+        logger.info("pdfplumber could not open the PDF; no tables or page images")
+        return None
+
+
+@dataclass
+class _Doc:
+    """Per-document state while pages are parsed."""
+
+    data: bytes
+    config: rasterize.RasterConfig
+    elements: list[Element] = field(default_factory=list)
+    assets: list[Asset] = field(default_factory=list)
+    ocr_pages: list[int] = field(default_factory=list)
+    without_text: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    path: str | None = None
+    tmp: tempfile.TemporaryDirectory | None = None
+    capped: bool = False
+
+    def pdf_path(self) -> str:
+        """The PDF written to a private temp file once, for ``pdftoppm``."""
+        if self.path is None:
+            self.tmp = tempfile.TemporaryDirectory(prefix="kfs-pdf-")
+            self.path = os.path.join(self.tmp.name, "source.pdf")
+            with open(self.path, "wb") as handle:
+                handle.write(self.data)
+        return self.path
+
+    def close(self) -> None:
+        if self.tmp is not None:
+            self.tmp.cleanup()
+
+
+def parse_pdf(data: bytes) -> ParseReport:
+    """Parse a PDF into elements, tables, OCR'd text and page images (see the module doc).
+
+    Returns a :class:`ParseReport` (parser ``"pypdf"``) with ``page_count``, the pages without
+    a text layer, ``ocr_pages``, ``assets`` and ``warnings``.
 
     Raises:
-        EncryptedDocument: the PDF needs a user password.
-        CorruptDocument: "corrupt or unreadable PDF" (damaged, truncated beyond repair,
-            no pages, or no page could be read).
+        EncryptedPdf: ``encrypted_pdf``, the PDF needs a user password.
+        CorruptPdf: ``corrupt_pdf``, "corrupt or unreadable PDF" (damaged, truncated beyond
+            repair, no pages, or no page could be read).
+        RasterizationTimeout: ``rasterization_timeout``, a Poppler operation ran past its limit
+            (seed: 30 s); its process group was killed.
     """
+    try:
+        return _parse_pdf(data)
+    except ParseError:
+        raise
+    except RecursionError as exc:
+        raise CorruptPdf(f"{_CORRUPT} (nesting too deep)") from exc
+    except Exception as exc:  # noqa: BLE001 - any library failure is a damaged file
+        raise CorruptPdf() from exc
+
+
+def _parse_pdf(data: bytes) -> ParseReport:
     reader = _open(data)
     try:
         pages = list(reader.pages)
     except FileNotDecryptedError as exc:
-        raise EncryptedDocument() from exc
+        raise EncryptedPdf() from exc
     except Exception as exc:
-        raise CorruptDocument(_CORRUPT) from exc
+        raise CorruptPdf() from exc
     if not pages:
-        raise CorruptDocument(_CORRUPT)
-    elements: list[Element] = []
-    without_text: list[int] = []
+        raise CorruptPdf()
+    doc = _Doc(data=data, config=rasterize.current())
+    plumber = _open_plumber(data)
     failures = 0
-    for number, page in enumerate(pages, start=1):
-        try:
-            text = page.extract_text() or ""
-        except FileNotDecryptedError as exc:
-            raise EncryptedDocument() from exc
-        except Exception:
-            failures += 1
-            text = ""
-        paragraphs = split_paragraphs(clean_text(text))
-        if not paragraphs:
-            without_text.append(number)
-        elements.extend(Element(type="paragraph", text=p, page_number=number) for p in paragraphs)
+    try:
+        for number, page in enumerate(pages, start=1):
+            ppage = _plumber_page(plumber, number)
+            try:
+                failures += not _parse_page(doc, number, page, ppage)
+            finally:
+                if ppage is not None:
+                    with contextlib.suppress(Exception):
+                        ppage.close()
+    finally:
+        doc.close()
+        if plumber is not None:
+            with contextlib.suppress(Exception):
+                plumber.close()
     if failures == len(pages):
-        raise CorruptDocument(_CORRUPT)
-    return PdfResult(elements=elements, page_count=len(pages), pages_without_text=without_text)
+        raise CorruptPdf()
+    return ParseReport(
+        elements=doc.elements,
+        page_count=len(pages),
+        pages_without_text=doc.without_text,
+        parser="pypdf",
+        assets=doc.assets,
+        ocr_pages=doc.ocr_pages,
+        warnings=doc.warnings,
+    )
+
+
+def _plumber_page(plumber, number: int):
+    if plumber is None:
+        return None
+    try:
+        return plumber.pages[number - 1]
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
+    """Add one page's elements and assets to ``doc``; False when its text could not be read."""
+    ok = True
+    try:
+        text = page.extract_text() or ""
+    except FileNotDecryptedError as exc:
+        raise EncryptedPdf() from exc
+    except Exception:  # noqa: BLE001 - a damaged page counts as unreadable
+        ok, text = False, ""
+    tables = _find_tables(ppage)
+    if tables:
+        text = _text_outside(ppage, [bbox for bbox, _ in tables], fallback=text)
+    first = len(doc.elements)
+    doc.elements.extend(
+        Element(type="paragraph", text=p, page_number=number)
+        for p in split_paragraphs(clean_text(text))
+    )
+    for _, element in tables:
+        doc.elements.append(Element(**{**element, "page_number": number}))
+    has_text = len(doc.elements) > first
+    images = _image_boxes(ppage)
+    if has_text and not images:
+        return ok
+    size = _page_size(page, ppage)
+    rendered = _render(doc, number, size, for_ocr=not has_text, color=bool(images))
+    if not has_text:
+        _ocr_page(doc, number, rendered)
+        ok = ok or number in doc.ocr_pages
+    if rendered is not None and images:
+        _page_assets(doc, number, rendered, images, size, first)
+    return ok
+
+
+def _find_tables(ppage) -> list[tuple[tuple, dict]]:
+    """``[(bbox, table element fields), ...]`` of the page's tables with at least one cell."""
+    if ppage is None:
+        return []
+    try:
+        found = ppage.find_tables()
+    except Exception:  # noqa: BLE001 - tables are best effort
+        return []
+    out = []
+    for table in found:
+        try:
+            rows = [[(cell or "").strip() for cell in row] for row in table.extract()]
+        except Exception:  # noqa: BLE001
+            continue
+        rows = [row for row in rows if any(row)]
+        if not rows or sum(len(row) for row in rows) < 2:
+            continue
+        header, body = (rows[0], rows[1:]) if len(rows) > 1 else (None, rows)
+        text, metadata = render_table(header, body)
+        if text.strip():
+            out.append((table.bbox, {"type": "table", "text": text, "metadata": metadata}))
+    return out
+
+
+def _text_outside(ppage, boxes: list[tuple], *, fallback: str) -> str:
+    """The page's text without characters whose centre lies inside one of ``boxes``."""
+
+    def outside(obj) -> bool:
+        if obj.get("object_type") != "char":
+            return True
+        cx, cy = (obj["x0"] + obj["x1"]) / 2, (obj["top"] + obj["bottom"]) / 2
+        return not any(x0 <= cx <= x1 and top <= cy <= bottom for x0, top, x1, bottom in boxes)
+
+    try:
+        return ppage.filter(outside).extract_text() or ""
+    except Exception:  # noqa: BLE001
+        return fallback
+
+
+def _image_boxes(ppage) -> list[tuple[float, float, float, float]]:
+    """``(x0, top, x1, bottom)`` in points of the page's images large enough to store."""
+    if ppage is None:
+        return []
+    try:
+        images = ppage.images
+    except Exception:  # noqa: BLE001
+        return []
+    boxes = []
+    for image in images:
+        x0, top = max(0.0, float(image["x0"])), max(0.0, float(image["top"]))
+        x1, bottom = (
+            min(float(ppage.width), float(image["x1"])),
+            min(float(ppage.height), float(image["bottom"])),
+        )
+        if x1 - x0 >= _MIN_IMAGE_PT and bottom - top >= _MIN_IMAGE_PT:
+            boxes.append((x0, top, x1, bottom))
+    return boxes
+
+
+def _page_size(page, ppage) -> tuple[float, float]:
+    """Width and height in points of the rendered area (pdftoppm renders the crop box)."""
+    try:
+        box = page.cropbox
+        return abs(float(box.width)), abs(float(box.height))
+    except Exception:  # noqa: BLE001
+        if ppage is not None:
+            return float(ppage.width), float(ppage.height)
+        return 612.0, 792.0
+
+
+def _render(doc: _Doc, number: int, size: tuple[float, float], *, for_ocr: bool, color: bool):
+    """Render the page once for OCR and/or page images; ``None`` (with a warning or a
+    ``pages_without_text`` entry left to the caller) when rendering is unavailable."""
+    config = doc.config
+    if not config.enabled or rasterize.command_path(config) is None:
+        reason = "rasterizer off" if not config.enabled else "pdftoppm is not installed"
+        if for_ocr:
+            doc.without_text.append(number)
+            doc.warnings.append(f"page {number}: no text layer (OCR unavailable: {reason})")
+        return None
+    if for_ocr and not _ocr_possible():
+        doc.without_text.append(number)
+        doc.warnings.append(
+            f"page {number}: no text layer (OCR unavailable: tesseract is not installed)"
+        )
+        for_ocr = False
+        if not color:
+            return None
+    if not for_ocr and (doc.capped or len(doc.assets) >= config.max_assets):
+        _cap(doc)
+        return None
+    dpi = config.ocr_dpi if for_ocr else config.dpi
+    try:
+        return rasterize.render_page(
+            doc.pdf_path(), number, width_pt=size[0], height_pt=size[1], dpi=dpi,
+            gray=not color, config=config,
+        )  # fmt: skip
+    except rasterize.RasterizationError as exc:
+        if "password" in exc.message.lower():
+            raise EncryptedPdf() from exc
+        if for_ocr:
+            doc.without_text.append(number)
+            doc.warnings.append(f"page {number}: no text layer (rendering failed)")
+        else:
+            doc.warnings.append(f"page {number}: page image not rendered ({exc.message})")
+        return None
+
+
+def _ocr_possible() -> bool:
+    return ocr.tesseract_available()
+
+
+def _ocr_page(doc: _Doc, number: int, rendered) -> None:
+    """OCR a rendered page without a text layer; record the outcome on ``doc``."""
+    if rendered is None or number in doc.without_text:
+        return
+    try:
+        text = ocr.ocr_image(rendered, doc.config)
+    except ocr.OcrUnavailable:
+        reason = "OCR unavailable: tesseract is not installed"
+    except ocr.OcrFailed as exc:
+        reason = exc.reason
+    else:
+        paragraphs = ocr.ocr_paragraphs(text, number)
+        if paragraphs:
+            doc.elements.extend(paragraphs)
+            doc.ocr_pages.append(number)
+            return
+        reason = "OCR found no text"
+    doc.without_text.append(number)
+    doc.warnings.append(f"page {number}: no text layer ({reason})")
+
+
+def _cap(doc: _Doc) -> None:
+    if not doc.capped:
+        doc.capped = True
+        doc.warnings.append(
+            f"page images limited to {doc.config.max_assets} per document; later ones skipped"
+        )
+
+
+def _page_assets(doc, number, rendered, boxes, size, first_element: int) -> None:
+    """Crop page images (page-image DPI) and a thumbnail (thumbnail DPI) from ``rendered``."""
+    config = doc.config
+    width_pt, height_pt = size
+    actual_dpi = rendered.width * 72.0 / max(width_pt, 1.0)
+    base = rasterize.scaled(rendered, config.dpi / actual_dpi)
+    scale = base.width / max(width_pt, 1.0)  # pixels per point
+    covered = sum((x1 - x0) * (b - t) for x0, t, x1, b in boxes)
+    if covered >= _FULL_PAGE_SHARE * width_pt * height_pt:
+        boxes = [(0.0, 0.0, width_pt, height_pt)]
+    element_index = first_element if len(doc.elements) > first_element else None
+    for index, (x0, top, x1, bottom) in enumerate(boxes, start=1):
+        crop = base.crop(
+            (int(x0 * scale), int(top * scale), max(int(x1 * scale), int(x0 * scale) + 1),
+             max(int(bottom * scale), int(top * scale) + 1))
+        )  # fmt: skip
+        if not _add_asset(doc, "page_image", crop, number, f"page-{number}-image-{index}",
+                          element_index):  # fmt: skip
+            return
+    thumb = rasterize.scaled(base, config.thumbnail_dpi / max(config.dpi, 1))
+    _add_asset(doc, "thumbnail", thumb, number, f"page-{number}-thumbnail", element_index)
+
+
+def _add_asset(doc: _Doc, kind: str, image, number: int, name: str, element_index) -> bool:
+    if len(doc.assets) >= doc.config.max_assets:
+        _cap(doc)
+        return False
+    if image.mode not in ("L", "RGB"):
+        image = image.convert("RGB")
+    doc.assets.append(
+        Asset(
+            kind=kind,
+            data=rasterize.encode_png(image),
+            mime_type="image/png",
+            page_number=number,
+            name=name,
+            width=image.width,
+            height=image.height,
+            element_index=element_index,
+        )
+    )
+    return True

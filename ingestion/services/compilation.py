@@ -816,6 +816,8 @@ def _admit_wave(
                             progress=_parsed_progress,
                         ):
                             job.stage = Stage.PARSED  # reloaded in a later wave
+                        else:  # not ours any more: its stored images go with it
+                            delete_assets(work.artifact.assets)
                         break
                     parsed[job_id] = work.artifact
                 else:
@@ -854,6 +856,8 @@ def _admit_wave(
     finally:
         light.release()  # every artifact parsed under it is retained (or committed) by now
         committed = _commit(held, parsed, Stage.PARSED, _save_artifacts, progress=_parsed_progress)
+        for job_id in [j for j in parsed if j not in committed]:
+            delete_assets(parsed[job_id].assets)  # never checkpointed: nothing half-written stays
     for job_id in [j for j in parsed if j not in committed and j in wave]:
         wave.pop(job_id).lease.release()
     return rest
@@ -936,7 +940,11 @@ def _parse_and_retain(held: Held, job: CompilationJob, gate, *, first: bool):
     if not held.start(job.id, _progress("parsing", "reading and parsing the source", 5)):
         return "lost", None, None
     artifact = _parse(job)
-    return "parsed", artifact, _retain(held, job.id, gate, artifact.retained_bytes, first)
+    try:
+        return "parsed", artifact, _retain(held, job.id, gate, artifact.retained_bytes, first)
+    except BaseException:
+        delete_assets(artifact.assets)  # the artifact is never checkpointed
+        raise
 
 
 def _retain(held: Held, job_id: uuid.UUID, gate, charge: int, block: bool):
@@ -1289,19 +1297,12 @@ def _parse(job: CompilationJob) -> ParseArtifact:
             f"could not read the stored source ({type(exc).__name__}: {exc.strerror or 'error'})",
             retryable=True,
         ) from exc
-    try:
-        report = parsing.parse_with_report(data, document.mime_type)
-    except parsing.ParseError as exc:
-        raise CompilationFailure(exc.code, exc.message) from exc
-    except TimeoutError as exc:
-        # Terminal on purpose: a parser that timed out may still be working on the document.
-        raise CompilationFailure(
-            "parser_timeout", f"the parser did not answer in time ({exc}); retry manually"
-        ) from exc
+    report = _parse_isolated(data, document.mime_type)
     elements = [_element_dict(e) for e in report.elements]
     artifact_hash = hashlib.sha256(
         json.dumps(elements, sort_keys=True, ensure_ascii=False).encode()
     ).hexdigest()
+    assets = store_assets(job, report.assets)
     # Ids, not instances: assigning the job would cache the artifact on it (a one-to-one
     # reverse cache) and keep it alive as long as the batch holds the job.
     return ParseArtifact(
@@ -1312,10 +1313,112 @@ def _parse(job: CompilationJob) -> ParseArtifact:
         page_count=report.page_count,
         pages_without_text=list(report.pages_without_text),
         elements=elements,
+        assets=assets,
         retained_bytes=gates.estimate_retained_bytes(
             elements, settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES
         ),
     )
+
+
+# Parse failures a later attempt may cure: the rasterizer's process group was killed, so a retry
+# cannot pile up work (unlike a parser that may still be running, see TRANSIENT_ERRORS).
+RETRYABLE_PARSE_CODES = frozenset({"rasterization_timeout"})
+
+
+def _parse_isolated(data: bytes, mime_type: str) -> parsing.ParseReport:
+    """Parse in the isolated child (:mod:`ingestion.parsing.isolation`); failures mapped to
+    :class:`CompilationFailure`: the parser's code (retryable only for
+    :data:`RETRYABLE_PARSE_CODES`), or the terminal ``parser_timeout`` after the hard limit."""
+    from ingestion.parsing import isolation, rasterize
+
+    try:
+        return isolation.parse_isolated(
+            data,
+            mime_type,
+            config=isolation.IsolationConfig.from_settings(),
+            raster=rasterize.RasterConfig.from_settings(),
+        )
+    except parsing.ParseError as exc:
+        raise CompilationFailure(
+            exc.code, exc.message, retryable=exc.code in RETRYABLE_PARSE_CODES
+        ) from exc
+    except TimeoutError as exc:
+        # Terminal on purpose: a document that needs longer than the limit will again.
+        raise CompilationFailure(
+            "parser_timeout", f"the parser did not answer in time ({exc}); retry manually"
+        ) from exc
+
+
+# --- parse assets (images) ------------------------------------------------------------------
+
+_ASSET_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg"}
+
+
+def asset_key(job: CompilationJob, index: int, mime_type: str) -> str:
+    """Object key of a job's ``index``-th asset: ``assets/<space>/<document>/<job>/<n>.<ext>``."""
+    ext = _ASSET_EXTENSIONS.get(mime_type, "bin")
+    return f"assets/{job.space_id}/{job.document_id}/{job.id}/{index}.{ext}"
+
+
+def store_assets(job: CompilationJob, assets: list[parsing.Asset]) -> list[dict]:
+    """Write every asset through the storage boundary; returns the artifact's ``assets`` list.
+
+    All or nothing: when a write fails, the objects already written are deleted and a
+    :class:`CompilationFailure` is raised: ``storage_unavailable`` (retryable; a file-system
+    ``OSError`` or a retryable Dify storage error) or ``storage_error`` (terminal).
+    """
+    stored: list[dict] = []
+    try:
+        for index, asset in enumerate(assets):
+            key = asset_key(job, index, asset.mime_type)
+            storage.put_object(key, asset.data)
+            stored.append(
+                {
+                    "key": key,
+                    "kind": asset.kind,
+                    "name": asset.name,
+                    "page_number": asset.page_number,
+                    "mime_type": asset.mime_type,
+                    "width": asset.width,
+                    "height": asset.height,
+                    "bytes": len(asset.data),
+                    "sha256": hashlib.sha256(asset.data).hexdigest(),
+                    "element_index": asset.element_index,
+                }
+            )
+    except Exception as exc:
+        delete_assets(stored)
+        if len(stored) < len(assets):  # the failed write may have left a partial object
+            delete_assets([{"key": asset_key(job, len(stored), assets[len(stored)].mime_type)}])
+        if not isinstance(exc, OSError):
+            raise
+        retryable = getattr(exc, "retryable", True)
+        raise CompilationFailure(
+            "storage_unavailable" if retryable else "storage_error",
+            f"could not store the document's images ({type(exc).__name__})",
+            retryable=retryable,
+        ) from exc
+    return stored
+
+
+def delete_assets(assets: Iterable[dict]) -> int:
+    """Delete stored asset objects best effort (a failure is logged, not raised); returns the
+    number deleted. A missing object counts as deleted."""
+    deleted = 0
+    for asset in assets:
+        try:
+            storage.delete_object(asset["key"])
+            deleted += 1
+        except Exception:  # noqa: BLE001 - logged; the rows are what clients see
+            logger.warning("could not delete asset object %s", asset["key"], exc_info=True)
+    return deleted
+
+
+def _delete_assets_on_commit(artifacts) -> None:
+    """After the surrounding transaction commits, delete the assets of these artifact rows."""
+    assets = [a for row in artifacts for a in (row or [])]
+    if assets:
+        transaction.on_commit(lambda: delete_assets(assets))
 
 
 def _element_dict(element: parsing.Element) -> dict:
@@ -1369,7 +1472,9 @@ def _node(job: CompilationJob, chunk: Chunk) -> KnowledgeNode:
 def _drop_generation(document_id: uuid.UUID, generation: uuid.UUID) -> None:
     """Remove one generation's nodes, their projections and its parse artifact."""
     _drop_nodes(KnowledgeNode.objects.filter(document_id=document_id, generation=generation))
-    ParseArtifact.objects.filter(job_id=generation).delete()
+    artifacts = ParseArtifact.objects.filter(job_id=generation)
+    _delete_assets_on_commit(artifacts.values_list("assets", flat=True))
+    artifacts.delete()
 
 
 def _drop_other_generations(keep: dict[uuid.UUID, uuid.UUID]) -> None:
@@ -1384,7 +1489,9 @@ def _drop_other_generations(keep: dict[uuid.UUID, uuid.UUID]) -> None:
         return
     kept = list(keep.values())
     _drop_nodes(KnowledgeNode.objects.filter(document_id__in=keep).exclude(generation__in=kept))
-    ParseArtifact.objects.filter(document_id__in=keep).exclude(job_id__in=kept).delete()
+    artifacts = ParseArtifact.objects.filter(document_id__in=keep).exclude(job_id__in=kept)
+    _delete_assets_on_commit(artifacts.values_list("assets", flat=True))
+    artifacts.delete()
 
 
 def _drop_nodes(queryset) -> None:

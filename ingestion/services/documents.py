@@ -25,6 +25,7 @@ from ingestion.models import (
     Document,
     DocumentState,
     KnowledgeNode,
+    ParseArtifact,
     RunState,
     Stage,
 )
@@ -285,7 +286,6 @@ def published_text(
     ``document_not_published`` before the first publication and 400 ``invalid_range``.
     """
     from ingestion.chunking import canonical_text
-    from ingestion.models import ParseArtifact
     from ingestion.parsing import Element
 
     document = get_document(principal, space_id, document_id)
@@ -339,10 +339,11 @@ def delete_document(principal: Principal, space_id, document_id) -> None:
 def purge_documents(documents: QuerySet[Document]) -> int:
     """Delete documents with their stored objects, nodes and projections; returns the count.
 
-    Document by document, the stored object goes first (one DELETE; a missing object counts as
-    deleted), then the rows in one transaction: its live jobs are canceled (a worker still
-    holding one loses its lease and writes nothing more), its nodes leave every index, and the
-    space's publication head moves so that cached indexes are rebuilt. When the storage fails,
+    Document by document, the stored objects go first (the images its parse artifacts
+    reference, then the source: one DELETE each; a missing object counts as deleted), then the
+    rows in one transaction: its live jobs are canceled (a worker still holding one loses its
+    lease and writes nothing more), its nodes leave every index, and the space's publication
+    head moves so that cached indexes are rebuilt. When the storage fails,
     its error (an ``OSError``; under Dify an :class:`~knowledgefs.dify.errors.ObjectStorageError`,
     answered 503 ``storage_unavailable`` when a retry may succeed) is raised with that document's
     rows and every later document intact, so the same delete can simply be sent again; nothing
@@ -355,6 +356,12 @@ def purge_documents(documents: QuerySet[Document]) -> int:
     backend = get_search_backend()
     deleted = 0
     for document in documents.only("id", "storage_key", "space_id"):
+        # Its parse artifacts' images first (they are only reachable through these rows).
+        for assets in ParseArtifact.objects.filter(document=document).values_list(
+            "assets", flat=True
+        ):
+            for asset in assets or []:
+                storage.delete_object(asset["key"])
         storage.delete_object(document.storage_key)
         with transaction.atomic():
             # Lock order everywhere: the document row first, then its jobs.

@@ -1,0 +1,231 @@
+"""Parser isolation: one document's whole parse in a child process, bounded in time and memory.
+
+Some damaged PDFs make text extraction spin forever (pypdf #1825, the security advisory of
+#582), and ``try``/``except`` cannot stop a loop; a native library may also crash or run out
+of memory. :func:`parse_isolated` therefore runs :func:`ingestion.parsing.parse_with_report`
+in a child process and:
+
+* **Hard wall-clock timeout.** After ``timeout_s`` (``KNOWLEDGE_PARSER_TIMEOUT_SECONDS``) every
+  process of the child's session is SIGKILLed (the child calls ``setsid()``, so ``pdftoppm``
+  and ``tesseract`` grandchildren, even in process groups of their own, die with it) and the
+  child is reaped; :class:`ParserTimeout` (a ``TimeoutError``) is raised, which compilation
+  records as the terminal ``parser_timeout``. The calling thread is free at once.
+* **Memory cap.** ``RLIMIT_AS`` of ``memory_bytes`` (``KNOWLEDGE_PARSER_MAX_MEMORY_MB``), also
+  inherited by the child's ``pdftoppm`` and ``tesseract``; a ``MemoryError`` ends the parse
+  with ``parser_memory_exceeded``; a child killed by a signal (the kernel's OOM killer, a crash
+  in a native library) with ``parser_crashed``. Both are terminal.
+* **Cheap start, no inherited threads.** Children come from multiprocessing's ``forkserver``:
+  one server process per worker process, started on first use with the parsing modules
+  preloaded, forks a single-threaded child per document (the worker's own threads, e.g. the
+  lease keeper, are never duplicated into it). The server is made a child subreaper, so the
+  orphans of a killed child are re-parented to it and reaped (nothing is left as a zombie even
+  where PID 1 does not reap).
+* **Results through files.** The source bytes go to a private temp directory and the report
+  (elements, assets, page accounting) comes back pickled in the same directory, removed after.
+
+A django-q2 worker is a daemonic process by default, and daemonic processes may not start
+children; ``Q_CLUSTER["daemonize_workers"]`` is therefore ``False`` (knowledgefs/settings.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+import pickle
+import resource
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from . import rasterize
+from .base import ParseError, ParseReport
+
+#: Modules the forkserver imports once, so each child starts with them loaded.
+PRELOAD = [
+    "ingestion.parsing._forkserver_init",
+    "ingestion.parsing",
+    "ingestion.parsing.isolation",
+    "pdfplumber",
+    "pytesseract",
+]
+_DEFAULT_TARGET = "ingestion.parsing:parse_with_report"
+
+
+class ParserTimeout(TimeoutError):
+    """The parse ran past its hard limit and its processes were killed."""
+
+
+class ParserCrashed(ParseError):
+    """``parser_crashed``: the parser process died (killed by a signal: OOM killer, crash)."""
+
+    code = "parser_crashed"
+
+
+class ParserOutOfMemory(ParseError):
+    """``parser_memory_exceeded``: the parse needed more than the memory cap."""
+
+    code = "parser_memory_exceeded"
+
+
+@dataclass(frozen=True)
+class IsolationConfig:
+    """Limits of one isolated parse.
+
+    Attributes:
+        timeout_s: wall-clock limit of the whole parse, seconds (default 300, ``10..3600``).
+        memory_bytes: ``RLIMIT_AS`` of the child (default 2 GiB, 256 MiB..64 GiB).
+    """
+
+    timeout_s: float = 300.0
+    memory_bytes: int = 2048 * 1024 * 1024
+
+    @classmethod
+    def from_settings(cls) -> IsolationConfig:
+        """The configured limits (``KNOWLEDGE_PARSER_TIMEOUT_SECONDS``,
+        ``KNOWLEDGE_PARSER_MAX_MEMORY_MB``)."""
+        from django.conf import settings
+
+        return cls(
+            timeout_s=float(settings.KNOWLEDGE_PARSER_TIMEOUT_SECONDS),
+            memory_bytes=settings.KNOWLEDGE_PARSER_MAX_MEMORY_MB * 1024 * 1024,
+        )
+
+
+_context = None
+_context_lock = threading.Lock()
+
+
+def _mp_context():
+    """The forkserver context with :data:`PRELOAD` (the server starts on the first child)."""
+    global _context
+    with _context_lock:
+        if _context is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(PRELOAD)
+            _context = ctx
+    return _context
+
+
+def parse_isolated(
+    data: bytes,
+    mime_type: str,
+    *,
+    config: IsolationConfig | None = None,
+    raster: rasterize.RasterConfig | None = None,
+    target: str = _DEFAULT_TARGET,
+) -> ParseReport:
+    """Run ``target(data, mime_type)`` (by default ``parse_with_report``) in a child process.
+
+    Args:
+        data, mime_type: as for :func:`ingestion.parsing.parse_with_report`.
+        config: time and memory limits (default: the settings).
+        raster: rasterization/OCR limits installed in the child (default: the settings).
+        target: ``"module:function"`` run in the child (tests use it for a parse that spins).
+
+    Returns the child's :class:`ParseReport`.
+
+    Raises:
+        ParseError: whatever the parser raised (same ``code`` and ``message``);
+            :class:`ParserOutOfMemory`; :class:`ParserCrashed`.
+        ParserTimeout: the hard limit passed; every process of the parse is gone.
+    """
+    config = config or IsolationConfig.from_settings()
+    raster = raster or rasterize.current()
+    with tempfile.TemporaryDirectory(prefix="kfs-parse-") as tmp:
+        source, result = os.path.join(tmp, "source"), os.path.join(tmp, "result.pickle")
+        with open(source, "wb") as handle:
+            handle.write(data)
+        child = _mp_context().Process(
+            target=_child_main,
+            args=(source, mime_type, result, config.memory_bytes, raster, target),
+            name="kfs-parser",
+            daemon=True,
+        )
+        child.start()
+        timed_out = False
+        try:
+            child.join(config.timeout_s)
+            timed_out = child.exitcode is None
+        finally:
+            if child.exitcode is None:  # timed out, or this thread was interrupted
+                kill_session(child.pid)
+                child.join()
+        if timed_out:
+            raise ParserTimeout(
+                f"the parser exceeded its limit of {config.timeout_s:g} s and was stopped"
+            )
+        return _outcome(child, result)
+
+
+def _outcome(child, result: str) -> ParseReport:
+    if os.path.exists(result):
+        with open(result, "rb") as handle:
+            outcome = pickle.load(handle)  # noqa: S301 - written by our own child
+        if outcome[0] == "ok":
+            return outcome[1]
+        _, code, message = outcome
+        raise ParseError(message, code=code)
+    code = child.exitcode
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        raise ParserCrashed(f"the parser process died ({name}); the document was not parsed")
+    raise ParserCrashed(f"the parser process died (exit status {code}) without a result")
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (the child and whatever it started)."""
+    for _ in range(3):
+        members = [pid for pid, _, session in rasterize._proc_table() if session == sid]
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(sid, signal.SIGKILL)
+        if not members:
+            return
+        time.sleep(0.01)
+
+
+def _child_main(source, mime_type, result, memory_bytes, raster, target) -> None:
+    """Child process: own session, memory cap, parse, pickle the outcome to ``result``."""
+    os.setsid()
+    _become_subreaper()
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    os.environ["OMP_THREAD_LIMIT"] = "1"
+    rasterize.configure(raster)
+    module, _, name = target.partition(":")
+    try:
+        with open(source, "rb") as handle:
+            data = handle.read()
+        report = getattr(importlib.import_module(module), name)(data, mime_type)
+        outcome = ("ok", report)
+    except ParseError as exc:
+        outcome = ("error", exc.code, exc.message)
+    except MemoryError:
+        outcome = (
+            "error",
+            ParserOutOfMemory.code,
+            f"the parser needed more than its memory limit of {memory_bytes // 2**20} MiB",
+        )
+    except RecursionError:
+        outcome = ("error", "corrupt_document", "corrupt or unreadable document (nesting too deep)")
+    except Exception as exc:  # noqa: BLE001 - reported, never a traceback to the client
+        outcome = ("error", "parse_error", f"the parser failed ({type(exc).__name__})")
+    partial = result + ".part"
+    with open(partial, "wb") as handle:
+        pickle.dump(outcome, handle, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(partial, result)
+
+
+def _become_subreaper() -> None:
+    """Make this process the reaper of its orphaned descendants (Linux ``prctl``)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER

@@ -1,0 +1,141 @@
+"""OCR with Debian's ``tesseract-ocr`` (through pytesseract): scanned PDF pages and image files.
+
+Pure Python (no Django). Tesseract runs once per page with the per-operation limit of the
+rasterizer (seed: 30 s, :class:`~ingestion.parsing.rasterize.RasterConfig`) and one OpenMP
+thread (``OMP_THREAD_LIMIT=1``), so each page costs one core at most. When Tesseract is not
+installed, a page is reported as having no text layer, never silently empty.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import warnings
+
+from PIL import Image, UnidentifiedImageError
+
+from . import rasterize
+from .base import CorruptDocument, Element, ParseError, ParseReport, clean_text
+from .text_parser import split_paragraphs
+
+#: Pillow formats accepted as image documents.
+IMAGE_FORMATS = frozenset({"PNG", "JPEG", "TIFF", "GIF", "BMP", "WEBP"})
+
+
+class OcrUnavailable(Exception):
+    """Tesseract is not installed (or OCR is off); the caller reports a missing text layer."""
+
+
+class OcrFailed(Exception):
+    """Tesseract failed or timed out on one image; ``reason`` is client-safe."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ImageTooLarge(ParseError):
+    """An image document over Pillow's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``)."""
+
+    code = "image_too_large"
+
+
+def tesseract_available() -> bool:
+    """True when a ``tesseract`` executable is on ``PATH``."""
+    return shutil.which("tesseract") is not None
+
+
+def ocr_image(image: Image.Image, config: rasterize.RasterConfig | None = None) -> str:
+    """Recognise the text of ``image``; returns it LF-normalised (may be empty).
+
+    Raises:
+        OcrUnavailable: Tesseract is not installed.
+        OcrFailed: Tesseract exited with an error or ran past ``config.timeout_s``
+            ("OCR timed out after 30 s").
+    """
+    import pytesseract
+
+    config = config or rasterize.current()
+    if not tesseract_available():
+        raise OcrUnavailable("tesseract is not installed")
+    os.environ.setdefault("OMP_THREAD_LIMIT", "1")
+    if image.mode not in ("L", "RGB"):
+        image = image.convert("RGB")
+    try:
+        text = pytesseract.image_to_string(
+            image, lang=config.ocr_languages, timeout=config.timeout_s
+        )
+    except RuntimeError as exc:  # pytesseract's timeout
+        if "timeout" in str(exc).lower():
+            raise OcrFailed(f"OCR timed out after {config.timeout_s:g} s") from exc
+        raise OcrFailed("OCR failed") from exc
+    except (pytesseract.TesseractError, OSError) as exc:
+        raise OcrFailed("OCR failed") from exc
+    return clean_text(text)
+
+
+def ocr_paragraphs(text: str, page_number: int | None) -> list[Element]:
+    """Paragraph elements of OCR output, marked ``metadata={"ocr": True}``."""
+    return [
+        Element(type="paragraph", text=p, page_number=page_number, metadata={"ocr": True})
+        for p in split_paragraphs(text)
+    ]
+
+
+def _open_image(data: bytes) -> Image.Image:
+    """Open and decode the first frame within Pillow's default decompression-bomb limit."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            if image.format not in IMAGE_FORMATS:
+                raise CorruptDocument(f"unsupported image format {image.format or 'unknown'}")
+            image.seek(0)
+            image.load()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageTooLarge(
+            f"image is larger than {Image.MAX_IMAGE_PIXELS} pixels (decompression-bomb limit)"
+        ) from exc
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise CorruptDocument("corrupt or unreadable image", code="corrupt_image") from exc
+    return image
+
+
+def parse_image(data: bytes) -> ParseReport:
+    """OCR an image document (PNG, JPEG, TIFF, GIF, BMP, WebP; the first frame only).
+
+    Pillow opens it within its default ``MAX_IMAGE_PIXELS`` (never raised here); an image over
+    the rasterizer's pixel budget (:data:`~ingestion.parsing.rasterize.DEFAULT_MAX_PIXELS`) is
+    downscaled to fit before OCR. Returns a report with ``page_count=1``, paragraph elements on
+    page 1 marked ``{"ocr": True}`` and ``ocr_pages=[1]``; when Tesseract is missing or fails,
+    no elements, ``pages_without_text=[1]`` and a warning (compilation then fails
+    ``no_extractable_text``).
+
+    Raises:
+        ImageTooLarge: ``image_too_large``, over Pillow's decompression-bomb limit.
+        CorruptDocument: ``corrupt_image``, not a decodable image of an accepted format.
+    """
+    config = rasterize.current()
+    image = _open_image(data)
+    pixels = image.width * image.height
+    if pixels > config.max_pixels:
+        image = rasterize.scaled(image, (config.max_pixels / pixels) ** 0.5)
+    try:
+        text = ocr_image(image, config)
+    except OcrUnavailable:
+        return _no_text("page 1: no text layer (OCR unavailable: tesseract is not installed)")
+    except OcrFailed as exc:
+        return _no_text(f"page 1: no text layer ({exc.reason})")
+    elements = ocr_paragraphs(text, 1)
+    if not elements:
+        return _no_text("page 1: no text layer (OCR found no text)")
+    return ParseReport(
+        elements=elements, page_count=1, pages_without_text=[], parser="tesseract", ocr_pages=[1]
+    )
+
+
+def _no_text(warning: str) -> ParseReport:
+    return ParseReport(
+        elements=[], page_count=1, pages_without_text=[1], parser="tesseract", warnings=[warning]
+    )
