@@ -46,8 +46,10 @@ from .tables import render_table
 from .text_parser import split_paragraphs
 
 logger = logging.getLogger("knowledgefs.parsing.pdf")
-# pdfminer (under pdfplumber) logs font-encoding notes per page at WARNING; they are not ours.
+# pypdf and pdfminer (under pdfplumber) log font-encoding and xref-repair notes per page at
+# WARNING; the outcome that matters reaches the report (codes, warnings), so keep them quiet.
 logging.getLogger("pdfminer").setLevel(logging.ERROR)
+logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 _CORRUPT = "corrupt or unreadable PDF"
 _ENCRYPTED = "encrypted PDF, password required"
