@@ -1,0 +1,30 @@
+"""Parse targets run inside the isolated parser child by name (no Django imports here: the child
+is a bare process with only the parsing modules loaded)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+#: The grandchild ``sleep`` a spinning parse leaves behind (found by its command line).
+MARKER = "987653"
+
+
+def spin_forever(data: bytes, mime_type: str):
+    """Start a grandchild in a process group of its own, then loop like pypdf #1825."""
+    subprocess.Popen(["sleep", MARKER], process_group=0)
+    while True:
+        pass
+
+
+def crash(data: bytes, mime_type: str):
+    """Die of SIGSEGV, as a crash in a native library would."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def eat_memory(data: bytes, mime_type: str):
+    """Allocate 64 MiB blocks until the address-space cap stops it."""
+    hoard = []
+    while True:
+        hoard.append(bytearray(64 * 1024 * 1024))

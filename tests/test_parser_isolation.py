@@ -1,0 +1,121 @@
+"""Parser isolation: a parse that spins forever is killed at its hard limit with everything it
+started, a crash and a memory blow-up end with stable codes, and BC-15's damaged PDFs end within
+the budget through compilation while the worker stays available."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ingestion.models import CompilationJob, Document
+from ingestion.parsing import ParseError
+from ingestion.parsing.isolation import IsolationConfig, ParserTimeout, parse_isolated
+from ingestion.services import compilation
+from ingestion.services.documents import admit_document
+from tests.isolation_targets import MARKER
+from tests.pdf_fixtures import bc15_variants, processes_with, wait_gone
+
+# --- tests --------------------------------------------------------------------------------------
+
+
+def test_a_parse_that_spins_forever_is_killed_at_the_limit_with_its_grandchildren():
+    started = time.monotonic()
+    with pytest.raises(ParserTimeout) as exc:
+        parse_isolated(
+            b"x",
+            "text/plain",
+            config=IsolationConfig(timeout_s=2.0),
+            target="tests.isolation_targets:spin_forever",
+        )
+    elapsed = time.monotonic() - started
+    assert 2.0 <= elapsed < 4.0, elapsed  # the calling thread is free right after the limit
+    assert "exceeded its limit of 2 s" in str(exc.value)
+    assert wait_gone(processes_with(f"sleep\x00{MARKER}")) == []
+
+
+def test_the_same_parse_runs_again_normally_after_a_timeout():
+    report = parse_isolated(b"Alpha.\n\nBeta.", "text/plain", config=IsolationConfig(timeout_s=30))
+    assert [e.text for e in report.elements] == ["Alpha.", "Beta."]
+
+
+def test_a_crashing_parser_is_parser_crashed():
+    with pytest.raises(ParseError) as exc:
+        parse_isolated(b"x", "text/plain", target="tests.isolation_targets:crash")
+    assert exc.value.code == "parser_crashed"
+    assert exc.value.message == "the parser process died (SIGSEGV); the document was not parsed"
+
+
+def test_a_parse_over_the_memory_cap_is_parser_memory_exceeded():
+    with pytest.raises(ParseError) as exc:
+        parse_isolated(
+            b"x",
+            "text/plain",
+            config=IsolationConfig(timeout_s=30, memory_bytes=768 * 1024 * 1024),
+            target="tests.isolation_targets:eat_memory",
+        )
+    assert exc.value.code == "parser_memory_exceeded"
+    assert "memory limit of 768 MiB" in exc.value.message
+
+
+def test_parse_errors_cross_the_process_boundary_with_their_code():
+    with pytest.raises(ParseError) as exc:
+        parse_isolated(b"%PDF-1.4\nnot really", "application/pdf")
+    assert (exc.value.code, exc.value.message) == ("corrupt_pdf", "corrupt or unreadable PDF")
+
+
+@pytest.mark.django_db
+def test_a_parser_timeout_in_compilation_is_terminal_and_the_worker_moves_on(
+    space, settings, monkeypatch
+):
+    from ingestion.parsing import isolation
+
+    settings.KNOWLEDGE_PARSER_TIMEOUT_SECONDS = 2
+    real = isolation.parse_isolated
+
+    def spinning_for_pdfs(data, mime_type, **kwargs):
+        if mime_type == "application/pdf":
+            kwargs["target"] = "tests.isolation_targets:spin_forever"
+        return real(data, mime_type, **kwargs)
+
+    monkeypatch.setattr(isolation, "parse_isolated", spinning_for_pdfs)
+    stuck = admit_document(space, filename="loop.pdf", data=bc15_variants()["startxref"])
+    fine = admit_document(space, filename="fine.txt", data=b"Still indexed. " * 30)
+    started = time.monotonic()
+    compilation.compile_jobs([stuck.job.id, fine.job.id])
+    assert time.monotonic() - started < 20
+    job = CompilationJob.objects.get(id=stuck.job.id)
+    assert (job.run_state, job.error_code, job.execution_attempts) == (
+        "failed",
+        "parser_timeout",
+        1,
+    )
+    assert Document.objects.get(id=fine.document.id).state == "published"
+    assert wait_gone(processes_with(f"sleep\x00{MARKER}")) == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("variant", "outcome"),
+    [
+        ("truncated", ("failed", "corrupt_pdf")),
+        ("startxref", ("published", "")),  # pypdf rebuilds the cross-reference table
+        ("garbage", ("failed", "corrupt_pdf")),
+    ],
+)
+def test_bc15_damaged_pdfs_end_within_the_budget(space, variant, outcome):
+    data = bc15_variants()[variant]
+    if variant == "garbage":
+        assert len(data) == 77 and data.startswith(b"%PDF-1.4")
+    admission = admit_document(space, filename=f"{variant}.pdf", data=data, enqueue=False)
+    started = time.monotonic()
+    compilation.run_job(admission.job.id)
+    assert time.monotonic() - started < 30
+    document = Document.objects.get(id=admission.document.id)
+    job = CompilationJob.objects.get(id=admission.job.id)
+    assert (document.state, document.error_code) == outcome
+    if outcome[0] == "failed":
+        assert document.error_message == "corrupt or unreadable PDF"
+        assert (job.run_state, job.execution_attempts) == ("failed", 1)  # terminal, no retry
+    else:
+        assert document.node_count >= 1

@@ -1,0 +1,172 @@
+"""Rasterization limits: the pixel budget (a 120-inch page), the per-operation timeout with a
+``pdftoppm`` that never returns (BC-16: killed, reaped, retried per the job policy, then failed),
+the page-batch slots, and the start-up validation of the settings."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from PIL import Image
+from reportlab.lib.utils import ImageReader
+from reportlab.pdfgen import canvas
+
+from ingestion.models import CompilationJob, Document
+from ingestion.parsing import rasterize
+from ingestion.services import compilation
+from ingestion.services.documents import admit_document
+from tests.pdf_fixtures import bc14_pdf, live_pids, png_bytes, require_ocr, wait_gone, write_stub
+
+INCH = 72
+
+
+def test_fit_dpi_keeps_a_120_inch_page_within_the_budget():
+    side = 120 * INCH
+    dpi = rasterize.fit_dpi(side, side, 144, 25_000_000)
+    assert dpi == 41  # sqrt(25e6 / 14400) = 41.67
+    assert (120 * dpi) ** 2 <= 25_000_000
+    assert rasterize.fit_dpi(612, 792, 144, 25_000_000) == 144  # a letter page is untouched
+
+
+def test_a_120_inch_page_renders_at_reduced_scale_within_the_pixel_budget(tmp_path):
+    require_ocr()
+    side = 120 * INCH
+    buffer = io.BytesIO()
+    pdf = canvas.Canvas(buffer, pagesize=(side, side))
+    pdf.drawImage(ImageReader(io.BytesIO(png_bytes(Image.new("RGB", (64, 64), "red")))), 0, 0,
+                  side, side)  # fmt: skip
+    pdf.showPage()
+    pdf.save()
+    path = tmp_path / "huge.pdf"
+    path.write_bytes(buffer.getvalue())
+    config = rasterize.RasterConfig(max_pixels=25_000_000)
+    image = rasterize.render_page(
+        str(path), 1, width_pt=side, height_pt=side, dpi=144, config=config
+    )
+    assert image.size == (4920, 4920)  # 41 DPI instead of 144 (17280 x 17280 = 299 M pixels)
+    assert image.width * image.height <= config.max_pixels
+    assert Image.MAX_IMAGE_PIXELS == 89_478_485  # Pillow's own limit untouched
+
+
+def test_a_pdftoppm_that_never_returns_is_killed_and_reaped(tmp_path):
+    stub, pid_file = write_stub(tmp_path, 987651)
+    config = rasterize.RasterConfig(command=str(stub), timeout_s=1.0)
+    source = tmp_path / "doc.pdf"
+    source.write_bytes(bc14_pdf())
+    started = time.monotonic()
+    with pytest.raises(rasterize.RasterizationTimeout) as exc:
+        rasterize.render_page(str(source), 1, width_pt=612, height_pt=792, dpi=144, config=config)
+    elapsed = time.monotonic() - started
+    assert exc.value.code == "rasterization_timeout"
+    assert exc.value.message == "rasterization timed out after 1 s"
+    assert 1.0 <= elapsed < 3.0, elapsed
+    # The stub is gone and reaped at once; its `sleep` child was killed with the group (this
+    # process is no subreaper, so that orphan is reaped by whoever adopts it; inside the parser
+    # sandbox that is the parser process, see the BC-16 test below).
+    shell = int(pid_file.read_text().split()[0])
+    assert not os.path.exists(f"/proc/{shell}")
+    sleeper = int(pid_file.read_text().split()[1])
+    assert not _running(sleeper)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.django_db
+def test_bc16_a_hanging_pdftoppm_times_out_is_retried_then_fails_and_others_flow(
+    space, settings, tmp_path
+):
+    stub, pid_file = write_stub(tmp_path, 987652)
+    settings.KNOWLEDGE_PDF_RASTERIZER_COMMAND = str(stub)
+    settings.KNOWLEDGE_PDF_RASTERIZER_TIMEOUT_MS = 1500
+    settings.KNOWLEDGE_JOB_MAX_ATTEMPTS = 2
+    bad = admit_document(space, filename="slow.pdf", data=bc14_pdf(), enqueue=False)
+    good = admit_document(
+        space, filename="ok.txt", data=b"Plain text keeps flowing. " * 20, enqueue=False
+    )
+    started = time.monotonic()
+    compilation.compile_jobs([bad.job.id, good.job.id])
+    elapsed = time.monotonic() - started
+    assert Document.objects.get(id=good.document.id).state == "published"
+    job = CompilationJob.objects.get(id=bad.job.id)
+    assert (job.run_state, job.error_code, job.error_retryable) == (
+        "retry_wait",
+        "rasterization_timeout",
+        True,
+    )
+    assert job.error_message == "rasterization timed out after 1.5 s"
+    assert elapsed < 15, elapsed
+    assert wait_gone(live_pids(pid_file)) == []  # stub and its child: killed and reaped
+    # The retry is due: the second and last attempt fails the same way, for good.
+    assert compilation.recover_jobs(now=job.next_attempt_at + timedelta(seconds=1)).retries_due
+    job.refresh_from_db()
+    compilation.run_job(job.id, job.task_id)
+    job.refresh_from_db()
+    assert (job.run_state, job.error_code, job.execution_attempts) == (
+        "failed",
+        "rasterization_timeout",
+        2,
+    )
+    assert job.error_message == "rasterization timed out after 1.5 s (gave up after 2 attempts)"
+    document = Document.objects.get(id=bad.document.id)
+    assert (document.state, document.error_code) == ("failed", "rasterization_timeout")
+    assert wait_gone(live_pids(pid_file)) == []
+
+
+def test_page_batches_share_the_configured_number_of_slots(tmp_path):
+    config = rasterize.RasterConfig(max_concurrency=2, lock_dir=str(tmp_path))
+    inside, peak, lock = [0], [0], threading.Lock()
+
+    def batch():
+        with rasterize.batch_slot(config):
+            with lock:
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            time.sleep(0.2)
+            with lock:
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=batch) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert peak[0] == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("KNOWLEDGE_PDF_RASTERIZER", "ghostscript", "is not one of: poppler, off"),
+        ("KNOWLEDGE_PDF_RASTERIZER_MAX_CONCURRENCY", "9", "outside the accepted range 1..8"),
+        ("KNOWLEDGE_PDF_RASTERIZER_DPI", "20", "outside the accepted range 36..600"),
+        ("KNOWLEDGE_PDF_RASTERIZER_MAX_PIXELS", "100000000", "range 1000000..89478485"),
+        ("KNOWLEDGE_PDF_RASTERIZER_COMMAND", "pdftoppm", "absolute path of an executable"),
+        ("KNOWLEDGE_PARSER_TIMEOUT_SECONDS", "2000", "less than KNOWLEDGE_JOB_TIMEOUT_SECONDS"),
+        ("KNOWLEDGE_OCR_LANGUAGES", "eng;rm", "Tesseract language codes"),
+    ],
+)
+def test_settings_are_validated_at_start_up(name, value, message, tmp_path):
+    env = {**os.environ, name: value, "KNOWLEDGE_JOB_TIMEOUT_SECONDS": "1800"}
+    env["KNOWLEDGE_VAR_DIR"] = str(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", "import knowledgefs.settings"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert result.returncode != 0
+    assert message in result.stderr and name in result.stderr
