@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import multiprocessing
 import os
 import pickle
@@ -40,6 +41,8 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing import context as mp_context
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 
 from . import rasterize
 from .base import ParseError, ParseReport
@@ -110,6 +113,40 @@ def _mp_context():
     return _context
 
 
+class _Popen(popen_forkserver.Popen):
+    """multiprocessing's forkserver launcher, minus the re-run of ``__main__`` in the child.
+
+    A multiprocessing child normally re-imports the parent's main module (``manage.py``, a
+    gunicorn or pytest entry point, or nothing importable at all for ``python -``); the parser
+    child needs none of it, so the preparation data leaves it out. Otherwise the launch is
+    Python 3.11's ``popen_forkserver.Popen._launch``.
+    """
+
+    def _launch(self, process_obj):
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        prep_data.pop("init_main_from_path", None)
+        prep_data.pop("init_main_from_name", None)
+        buf = io.BytesIO()
+        mp_context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            mp_context.set_spawning_popen(None)
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _ParserProcess(mp_context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj):
+        return _Popen(process_obj)
+
+
 def parse_isolated(
     data: bytes,
     mime_type: str,
@@ -139,7 +176,8 @@ def parse_isolated(
         source, result = os.path.join(tmp, "source"), os.path.join(tmp, "result.pickle")
         with open(source, "wb") as handle:
             handle.write(data)
-        child = _mp_context().Process(
+        _mp_context()  # the forkserver preloads the parsing modules
+        child = _ParserProcess(
             target=_child_main,
             args=(source, mime_type, result, config.memory_bytes, raster, target),
             name="kfs-parser",
