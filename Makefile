@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis migrate demo serve worker test test-sqlite test-postgres lint bench clean
+.PHONY: install chromium redis ocr migrate demo serve worker test test-sqlite test-postgres lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,17 @@ redis:
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends redis-server; }
 	@redis-server --version 2>/dev/null
+
+# Debian's tesseract-ocr (English data) and poppler-utils (pdftoppm) for OCR and PDF
+# rasterization (tests/test_pdf.py, tests/test_rasterize.py fail without them under KFS_REQUIRE_OCR=1).
+ocr:
+	@{ command -v tesseract && command -v pdftoppm; } >/dev/null 2>&1 || { \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+			tesseract-ocr tesseract-ocr-eng poppler-utils; }
+	@tesseract --version 2>/dev/null | head -n 1
+	@pdftoppm -v 2>&1 | head -n 1
 
 migrate: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)

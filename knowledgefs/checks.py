@@ -97,3 +97,55 @@ def revocation_reach_warnings(
             id="knowledgefs.W001",
         )
     ]
+
+
+# --- PDF rasterization, OCR and parser isolation ------------------------------------------------
+
+
+@register("ingestion")
+def check_pdf_tools(app_configs=None, **kwargs) -> list[Error | Warning]:
+    """PDF rasterization, OCR and parser isolation at start-up.
+
+    * ``knowledgefs.W101``: ``KNOWLEDGE_PDF_RASTERIZER=poppler`` but no ``pdftoppm`` (on ``PATH``
+      or at ``KNOWLEDGE_PDF_RASTERIZER_COMMAND``): no page images, and scanned pages are reported
+      without a text layer.
+    * ``knowledgefs.W102``: no ``tesseract``: scanned pages and image documents are reported
+      without a text layer (``make ocr`` installs Debian's tesseract-ocr and poppler-utils).
+    * ``knowledgefs.E101``: ``Q_CLUSTER["daemonize_workers"]`` is not ``False``: a daemonic
+      django-q2 worker cannot start the isolated parser process.
+    """
+    import shutil
+
+    problems: list[Error | Warning] = []
+    command = settings.KNOWLEDGE_PDF_RASTERIZER_COMMAND or shutil.which("pdftoppm")
+    if settings.KNOWLEDGE_PDF_RASTERIZER == "poppler" and not command:
+        problems.append(
+            Warning(
+                "KNOWLEDGE_PDF_RASTERIZER=poppler but pdftoppm is not installed: PDF pages are "
+                "not rasterized (no page images; scanned pages reported without a text layer).",
+                hint="Install Debian's poppler-utils (make ocr) or set "
+                "KNOWLEDGE_PDF_RASTERIZER=off.",
+                obj="settings.KNOWLEDGE_PDF_RASTERIZER",
+                id="knowledgefs.W101",
+            )
+        )
+    if shutil.which("tesseract") is None:
+        problems.append(
+            Warning(
+                "tesseract is not installed: scanned PDF pages and image documents are reported "
+                "without a text layer instead of being read by OCR.",
+                hint="Install Debian's tesseract-ocr (make ocr).",
+                obj="settings.KNOWLEDGE_OCR_LANGUAGES",
+                id="knowledgefs.W102",
+            )
+        )
+    if (getattr(settings, "Q_CLUSTER", None) or {}).get("daemonize_workers", True) is not False:
+        problems.append(
+            Error(
+                'Q_CLUSTER["daemonize_workers"] must be False: every parse runs in a child '
+                "process of the worker, and daemonic processes may not have children.",
+                obj="settings.Q_CLUSTER",
+                id="knowledgefs.E101",
+            )
+        )
+    return problems

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -170,3 +171,15 @@ def test_settings_are_validated_at_start_up(name, value, message, tmp_path):
     )
     assert result.returncode != 0
     assert message in result.stderr and name in result.stderr
+
+
+def test_start_up_checks_name_missing_tools_and_daemonic_workers(settings, monkeypatch):
+    from knowledgefs.checks import check_pdf_tools
+
+    assert check_pdf_tools() == [] or shutil.which("tesseract") is None
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert [p.id for p in check_pdf_tools()] == ["knowledgefs.W101", "knowledgefs.W102"]
+    settings.KNOWLEDGE_PDF_RASTERIZER = "off"
+    assert [p.id for p in check_pdf_tools()] == ["knowledgefs.W102"]
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "daemonize_workers": True}
+    assert [p.id for p in check_pdf_tools()] == ["knowledgefs.W102", "knowledgefs.E101"]
