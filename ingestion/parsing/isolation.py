@@ -8,8 +8,9 @@ in a child process and:
 * **Hard wall-clock timeout.** After ``timeout_s`` (``KNOWLEDGE_PARSER_TIMEOUT_SECONDS``) every
   process of the child's session is SIGKILLed (the child calls ``setsid()``, so ``pdftoppm``
   and ``tesseract`` grandchildren, even in process groups of their own, die with it) and the
-  child is reaped; :class:`ParserTimeout` (a ``TimeoutError``) is raised, which compilation
-  records as the terminal ``parser_timeout``. The calling thread is free at once.
+  child is reaped; the child also dies with its parent (``PR_SET_PDEATHSIG``), so a worker
+  killed from outside leaves no parse running. :class:`ParserTimeout` (a ``TimeoutError``) is
+  raised, which compilation records as the terminal ``parser_timeout``. The calling thread is free at once.
 * **Memory cap.** ``RLIMIT_AS`` of ``memory_bytes`` (``KNOWLEDGE_PARSER_MAX_MEMORY_MB``), also
   inherited by the child's ``pdftoppm`` and ``tesseract``; a ``MemoryError`` ends the parse
   with ``parser_memory_exceeded``; a child killed by a signal (the kernel's OOM killer, a crash
@@ -231,7 +232,10 @@ def kill_session(sid: int) -> None:
 def _child_main(source, mime_type, result, memory_bytes, raster, target) -> None:
     """Child process: own session, memory cap, parse, pickle the outcome to ``result``."""
     os.setsid()
-    _become_subreaper()
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    # Dies with the forkserver, which dies with the worker: a worker killed from outside (its
+    # own timeout guard, the OOM killer) leaves no parse spinning on.
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     os.environ["OMP_THREAD_LIMIT"] = "1"
@@ -260,10 +264,13 @@ def _child_main(source, mime_type, result, memory_bytes, raster, target) -> None
     os.replace(partial, result)
 
 
-def _become_subreaper() -> None:
-    """Make this process the reaper of its orphaned descendants (Linux ``prctl``)."""
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    """Linux ``prctl(option, value)``; silently nothing where it is unavailable."""
     with contextlib.suppress(Exception):
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0)

@@ -176,7 +176,7 @@ def run_bounded(args: list[str], timeout_s: float, *, what: str = "pdftoppm") ->
         try:
             proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                process_group=0, close_fds=True,
+                process_group=0, close_fds=True, preexec_fn=_die_with_parent,
             )  # fmt: skip
         except OSError as exc:
             raise RasterizationError(f"could not start {what} ({exc.strerror})") from exc
@@ -197,6 +197,15 @@ def run_bounded(args: list[str], timeout_s: float, *, what: str = "pdftoppm") ->
             raise RasterizationError(
                 f"{what} failed (exit {code}{': ' + detail[-1] if detail else ''})"
             )
+
+
+def _die_with_parent() -> None:
+    """In the forked command, before exec: SIGKILL it when its parent dies (Linux
+    ``PR_SET_PDEATHSIG``), so a killed parser never leaves a ``pdftoppm`` running."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
 def kill_group(pgid: int) -> None:
