@@ -10,7 +10,8 @@ in a child process and:
   and ``tesseract`` grandchildren, even in process groups of their own, die with it) and the
   child is reaped; the child also dies with its parent (``PR_SET_PDEATHSIG``), so a worker
   killed from outside leaves no parse running. :class:`ParserTimeout` (a ``TimeoutError``) is
-  raised, which compilation records as the terminal ``parser_timeout``. The calling thread is free at once.
+  raised, which compilation records as the terminal ``parser_timeout``. The calling thread is
+  free at once.
 * **Memory cap.** ``RLIMIT_AS`` of ``memory_bytes`` (``KNOWLEDGE_PARSER_MAX_MEMORY_MB``), also
   inherited by the child's ``pdftoppm`` and ``tesseract``; a ``MemoryError`` ends the parse
   with ``parser_memory_exceeded``; a child killed by a signal (the kernel's OOM killer, a crash
