@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
-import multiprocessing
 import os
 import pickle
 import resource
@@ -100,19 +99,36 @@ class IsolationConfig:
         )
 
 
-_context = None
-_context_lock = threading.Lock()
+_server: forkserver.ForkServer | None = None
+_server_lock = threading.Lock()
 
 
-def _mp_context():
-    """The forkserver context with :data:`PRELOAD` (the server starts on the first child)."""
-    global _context
-    with _context_lock:
-        if _context is None:
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(PRELOAD)
-            _context = ctx
-    return _context
+def _forget_server() -> None:
+    """After ``fork()`` (django-q2 forks its workers): this process starts a server of its own.
+
+    The inherited one belongs to the parent (it is not our child, so it cannot be waited for),
+    and its liveness pipe is closed here so the parent's server still ends with the parent.
+    """
+    global _server, _server_lock
+    inherited, _server, _server_lock = _server, None, threading.Lock()
+    fd = getattr(inherited, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+os.register_at_fork(after_in_child=_forget_server)
+
+
+def _forkserver() -> forkserver.ForkServer:
+    """This process's parser forkserver (started on the first child, preloading
+    :data:`PRELOAD`); separate from multiprocessing's shared one, whose preload is global."""
+    global _server
+    with _server_lock:
+        if _server is None:
+            _server = forkserver.ForkServer()
+            _server.set_forkserver_preload(PRELOAD)
+    return _server
 
 
 class _Popen(popen_forkserver.Popen):
@@ -135,7 +151,7 @@ class _Popen(popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             mp_context.set_spawning_popen(None)
-        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        self.sentinel, w = _forkserver().connect_to_new_process(self._fds)
         _parent_w = os.dup(w)
         self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
@@ -178,7 +194,6 @@ def parse_isolated(
         source, result = os.path.join(tmp, "source"), os.path.join(tmp, "result.pickle")
         with open(source, "wb") as handle:
             handle.write(data)
-        _mp_context()  # the forkserver preloads the parsing modules
         child = _ParserProcess(
             target=_child_main,
             args=(source, mime_type, result, config.memory_bytes, raster, target),
