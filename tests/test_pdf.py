@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import time
+from datetime import timedelta
 
 import pytest
 from reportlab.lib import colors
@@ -20,13 +21,18 @@ from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtif
 from ingestion.parsing import ParseError, parse_with_report
 from ingestion.parsing.ocr import parse_image
 from ingestion.services import compilation
+from ingestion.services.compilation import drain_queued
 from ingestion.services.documents import admit_document, purge_documents
-from knowledgefs import storage
+from knowledgefs import boundary, storage
 from retrieval.services import retrieve
-from tests.conftest import shared_path
+from tests import dify_fixtures
+from tests.conftest import shared_path, upload
+from tests.dify_server import OBJECT, TEST_INNER_KEY
 from tests.pdf_fixtures import bc14_pdf, encrypt, png_bytes, require_ocr, text_image, text_pdf
 
 PDF = "application/pdf"
+
+dify_server = dify_fixtures.dify_server
 
 
 def _compile(space, data: bytes, name: str) -> Document:
@@ -169,6 +175,50 @@ def test_a_recompiled_document_drops_the_previous_generations_images(
     assert not any(storage.object_storage().exists(a["key"]) for a in old)
     new = ParseArtifact.objects.get(job_id=again.job.id).assets
     assert all(storage.object_storage().exists(a["key"]) for a in new)
+
+
+@pytest.fixture
+def dify(settings, dify_server, space):
+    """Object storage (and models) through the local Dify contract server."""
+    settings.KNOWLEDGE_MODEL_RUNTIME = "dify"
+    settings.DIFY_INNER_API_URL = dify_server.url
+    settings.DIFY_INNER_API_KEY = TEST_INNER_KEY
+    settings.DIFY_OBJECT_STORAGE_REQUEST_TIMEOUT_MS = 1500
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "objects": boundary.objects_storage("dify", str(settings.OBJECT_STORAGE_DIR)),
+    }
+    return dify_server
+
+
+@pytest.mark.timeout(120)
+def test_page_images_go_to_dify_storage_and_a_failed_write_leaves_none(dify, client, space):
+    require_ocr()
+    assert upload(client, space, "invoice.pdf", bc14_pdf()).status_code == 202
+    # Compiling reads the source (GET) and writes two images (PUT, PUT): the second write fails
+    # three times, i.e. also after the transport's two inline retries.
+    dify.add_fault("status", OBJECT, skip=2, times=3, status=503)
+    drain_queued(wait_for_retries=False)
+    job = CompilationJob.objects.get()
+    assert (job.run_state, job.error_code, job.error_retryable) == (
+        "retry_wait",
+        "storage_unavailable",
+        True,
+    )
+    assert job.error_message == "could not store the document's images (ObjectStorageError)"
+    assert not [key for key in dify.objects if key.startswith("assets/")]  # the first one too
+    assert not ParseArtifact.objects.exists()
+    # The retry stores both and references them.
+    assert compilation.recover_jobs(now=job.next_attempt_at + timedelta(seconds=1)).retries_due
+    job.refresh_from_db()
+    compilation.run_job(job.id, job.task_id)
+    document = Document.objects.get()
+    assert document.state == "published"
+    keys = [a["key"] for a in _artifact(document).assets]
+    assert len(keys) == 2 and all(key in dify.objects for key in keys)
+    url = f"/v1/knowledge-spaces/{space.id}/documents/{document.id}"
+    assert client.delete(url).status_code == 204
+    assert dify.objects == {}
 
 
 # --- tables -------------------------------------------------------------------------------------
