@@ -1351,7 +1351,17 @@ def _parse_isolated(data: bytes, mime_type: str) -> parsing.ParseReport:
 
 # --- parse assets (images) ------------------------------------------------------------------
 
-_ASSET_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg"}
+_ASSET_EXTENSIONS = {
+    "image/png": "png",
+    "image/jpeg": "jpg",
+    "image/gif": "gif",
+    "image/bmp": "bmp",
+    "image/tiff": "tif",
+    "image/webp": "webp",
+    "image/svg+xml": "svg",
+    "image/x-emf": "emf",
+    "image/x-wmf": "wmf",
+}
 
 
 def asset_key(job: CompilationJob, index: int, mime_type: str) -> str:
