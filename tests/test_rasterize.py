@@ -19,7 +19,7 @@ from reportlab.lib.utils import ImageReader
 from reportlab.pdfgen import canvas
 
 from ingestion.models import CompilationJob, Document
-from ingestion.parsing import rasterize
+from ingestion.parsing import parse_with_report, rasterize
 from ingestion.services import compilation
 from ingestion.services.documents import admit_document
 from tests.pdf_fixtures import bc14_pdf, live_pids, png_bytes, require_ocr, wait_gone, write_stub
@@ -183,3 +183,37 @@ def test_start_up_checks_name_missing_tools_and_daemonic_workers(settings, monke
     assert [p.id for p in check_pdf_tools()] == ["knowledgefs.W102"]
     settings.Q_CLUSTER = {**settings.Q_CLUSTER, "daemonize_workers": True}
     assert [p.id for p in check_pdf_tools()] == ["knowledgefs.W102", "knowledgefs.E101"]
+
+
+def _image_pages(count: int, pagesize=(612, 792)) -> bytes:
+    """``count`` pages, each only a photo-like image over most of the page (no text layer)."""
+    buffer = io.BytesIO()
+    pdf = canvas.Canvas(buffer, pagesize=pagesize)
+    picture = ImageReader(io.BytesIO(png_bytes(Image.new("RGB", (64, 64), "navy"))))
+    for _ in range(count):
+        pdf.drawImage(picture, 0, 0, pagesize[0], pagesize[1])
+        pdf.showPage()
+    pdf.save()
+    return buffer.getvalue()
+
+
+def test_a_120_inch_page_through_the_parser_keeps_its_images_within_the_budget(settings):
+    require_ocr()
+    side = 120 * INCH
+    report = parse_with_report(_image_pages(1, (side, side)), "application/pdf")
+    kinds = {a.kind: (a.width, a.height) for a in report.assets}
+    assert kinds == {"page_image": (4920, 4920), "thumbnail": (1640, 1640)}
+    assert report.pages_without_text == [1]  # OCR read the page and found no text
+    assert report.warnings == ["page 1: no text layer (OCR found no text)"]
+
+
+def test_the_asset_cap_stops_page_images_with_a_warning(settings):
+    require_ocr()
+    settings.KNOWLEDGE_PDF_RASTERIZER_MAX_ASSETS = 3
+    report = parse_with_report(_image_pages(3), "application/pdf")
+    assert [(a.kind, a.page_number) for a in report.assets] == [
+        ("page_image", 1),
+        ("thumbnail", 1),
+        ("page_image", 2),
+    ]
+    assert "page images limited to 3 per document; later ones skipped" in report.warnings
