@@ -15,6 +15,7 @@ from datetime import timedelta
 import pytest
 from reportlab.lib import colors
 from reportlab.lib.styles import getSampleStyleSheet
+from reportlab.pdfgen import canvas
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Table, TableStyle
 
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact
@@ -252,6 +253,65 @@ def test_a_ruled_table_becomes_a_table_element_with_its_header():
     assert paragraphs == ["Sales by region in the spring quarter."]  # cells not repeated
 
 
+def _booktabs_pdf() -> bytes:
+    """A journal-style table: rules above and below the header and below the body only."""
+    buffer = io.BytesIO()
+    styles = getSampleStyleSheet()
+    table = Table(
+        [["Alloy", "Hardness", "Yield"], ["Brass", "110", "200"], ["Bronze", "160", "340"]]
+    )
+    table.setStyle(
+        TableStyle(
+            [
+                ("LINEABOVE", (0, 0), (-1, 0), 1, colors.black),
+                ("LINEBELOW", (0, 0), (-1, 0), 0.5, colors.black),
+                ("LINEBELOW", (0, -1), (-1, -1), 1, colors.black),
+            ]
+        )
+    )
+    story = [Paragraph("Table 2: copper alloys compared.", styles["Normal"]), table]
+    SimpleDocTemplate(buffer).build(story)
+    return buffer.getvalue()
+
+
+def _prose_between_rules_pdf() -> bytes:
+    """Prose between three full-width page rules: not a table."""
+    buffer = io.BytesIO()
+    pdf = canvas.Canvas(buffer, pagesize=(612, 792))
+    for y in (740, 700, 420):
+        pdf.line(60, y, 552, y)
+    pdf.drawString(72, 720, "Customer service handbook, chapter two")
+    lines = [
+        "Warranty claims for broken screens are handled within fourteen days of the",
+        "request. The service desk records each claim, checks the serial number and",
+        "orders the part from the regional warehouse before calling the customer back.",
+    ]
+    for index, line in enumerate(lines):
+        pdf.drawString(72, 680 - 14 * index, line)
+    pdf.showPage()
+    pdf.save()
+    return buffer.getvalue()
+
+
+def test_a_table_ruled_by_horizontal_lines_only_keeps_its_header():
+    report = parse_with_report(_booktabs_pdf(), PDF)
+    tables = [e for e in report.elements if e.type == "table"]
+    assert [t.metadata for t in tables] == [
+        {
+            "header": ["Alloy", "Hardness", "Yield"],
+            "rows": [["Brass", "110", "200"], ["Bronze", "160", "340"]],
+        }
+    ]
+    paragraphs = [e.text for e in report.elements if e.type == "paragraph"]
+    assert paragraphs == ["Table 2: copper alloys compared."]
+
+
+def test_prose_between_page_rules_is_not_a_table():
+    report = parse_with_report(_prose_between_rules_pdf(), PDF)
+    assert [e.type for e in report.elements] == ["paragraph"]
+    assert "orders the part from the regional warehouse" in report.elements[0].text
+
+
 # --- image documents ----------------------------------------------------------------------------
 
 
@@ -291,6 +351,14 @@ def test_sample_embedded_images_tables_pdf_is_published_with_text_table_and_figu
     text = " ".join(KnowledgeNode.objects.values_list("text", flat=True))
     assert "Langmuir" in text and "stainless steel" in text
     assert "0.0335" in text and "24.0910" in text  # cells of the polarization table
+    tables = [e for e in _artifact(document).elements if e["type"] == "table"]
+    assert len(tables) == 1
+    header = tables[0]["metadata"]["header"]
+    assert header[0] == "Inhibitor concentration(g)"
+    assert header[5:] == ["Polarization resistance(Ω)", "Corrosion rate(mm/year)"]
+    assert tables[0]["metadata"]["rows"][0][:3] == ["0", "0.0335", "0.0409"]
+    assert "Polarization resistance(Ω): 24.0910" in tables[0]["text"]
+    assert "Potentiodynamic polarization data for stainless steel" in text  # the caption
     hits = retrieve(space, "Langmuir adsorption isotherm", top_k=3).items
     assert hits and hits[0].citation["page_number"] == 1
     figures = [a for a in _artifact(document).assets if a["kind"] == "page_image"]

@@ -3,10 +3,12 @@
 * **Text.** pypdf extracts each page's text layer, split into paragraphs on blank lines. On a
   page where pdfplumber finds tables, the text comes from pdfplumber instead, without the
   characters inside the tables, so a table's cells are not repeated as a paragraph.
-* **Tables.** pdfplumber's ``find_tables`` (ruling-line strategy: tables drawn with a grid of
-  lines; a table ruled only by horizontal lines stays in the page text, row by row); each
-  becomes one ``"table"`` element in the shared convention (:mod:`ingestion.parsing.tables`):
-  the first row is the header, ``metadata={"header": [...], "rows": [[...], ...]}``.
+* **Tables.** pdfplumber's ``find_tables``: tables drawn with a grid of lines, else tables
+  ruled only by full-width horizontal lines (journal style: a rule above and below the header
+  and below the body; columns from the text's alignment, a multi-line header joined per
+  column); each becomes one ``"table"`` element in the shared convention
+  (:mod:`ingestion.parsing.tables`): the first row is the header,
+  ``metadata={"header": [...], "rows": [[...], ...]}``.
 * **OCR.** A page without a text layer is rendered (:mod:`ingestion.parsing.rasterize`, at the
   OCR DPI within the pixel budget) and read by Tesseract (:mod:`ingestion.parsing.ocr`); its
   paragraphs carry ``{"ocr": True}`` and the page is listed in ``ocr_pages``. With the
@@ -246,7 +248,8 @@ def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
 
 
 def _find_tables(ppage) -> list[tuple[tuple, dict]]:
-    """``[(bbox, table element fields), ...]`` of the page's tables with at least one cell."""
+    """``[(bbox, table element fields), ...]`` of the page's tables with at least one cell:
+    grid tables (ruling lines both ways), else tables ruled by horizontal lines only."""
     if ppage is None:
         return []
     try:
@@ -263,14 +266,141 @@ def _find_tables(ppage) -> list[tuple[tuple, dict]]:
         if not rows or sum(len(row) for row in rows) < 2:
             continue
         header, body = (rows[0], rows[1:]) if len(rows) > 1 else (None, rows)
-        text, metadata = render_table(header, body)
-        if text.strip():
-            out.append((table.bbox, {"type": "table", "text": text, "metadata": metadata}))
+        out.append((table.bbox, _table_fields(header, body)))
+    if not out:
+        out = _rule_tables(ppage)
+    return [(bbox, fields) for bbox, fields in out if fields["text"].strip()]
+
+
+def _table_fields(header: list[str] | None, body: list[list[str]]) -> dict:
+    text, metadata = render_table(header, body)
+    return {"type": "table", "text": text, "metadata": metadata}
+
+
+# A "booktabs" table (journals): full-width horizontal rules above the header, below it and
+# below the body, no vertical lines. Limits that keep prose between page rules out: the header
+# band is at most this high (points), body cells are short, every body row has two cells.
+_RULE_MIN_SHARE = 0.2
+_HEADER_BAND_MAX_PT = 60.0
+_RULE_GAP_MAX_PT = 300.0
+_CELL_MAX_CHARS = 40
+_COLUMN_GAP_PT = 7.0
+
+
+def _rules(ppage) -> list[list[tuple[float, float, float]]]:
+    """Horizontal rules ``(top, x0, x1)`` grouped by their span, each group sorted by top; a
+    rule drawn as a thin rectangle (two edges) counts once."""
+    groups: list[list[tuple[float, float, float]]] = []
+    for edge in sorted(ppage.edges, key=lambda e: e["top"]):
+        if edge["orientation"] != "h" or edge["x1"] - edge["x0"] < _RULE_MIN_SHARE * ppage.width:
+            continue
+        rule = (float(edge["top"]), float(edge["x0"]), float(edge["x1"]))
+        for group in groups:
+            last = group[-1]
+            if abs(last[1] - rule[1]) <= 3 and abs(last[2] - rule[2]) <= 3:
+                if rule[0] - last[0] > 2:
+                    group.append(rule)
+                break
+        else:
+            groups.append([rule])
+    return groups
+
+
+def _rule_tables(ppage) -> list[tuple[tuple, dict]]:
+    """Tables ruled only by horizontal lines: the rows between the first and the last rule of a
+    span, split into columns by pdfplumber's text alignment; rows above the second rule are the
+    header (joined per column)."""
+    try:
+        groups = _rules(ppage)
+    except Exception:  # noqa: BLE001
+        return []
+    out = []
+    for group in groups:
+        for run in _runs(group):
+            found = _rule_table(ppage, run)
+            if found is not None:
+                out.append(found)
     return out
 
 
+def _runs(group: list[tuple[float, float, float]]) -> list[list[tuple[float, float, float]]]:
+    """Split a span's rules where they are far apart; keep runs of three or more."""
+    runs: list[list[tuple[float, float, float]]] = [[group[0]]]
+    for rule in group[1:]:
+        if rule[0] - runs[-1][-1][0] > _RULE_GAP_MAX_PT:
+            runs.append([])
+        runs[-1].append(rule)
+    return [run for run in runs if len(run) >= 3 and run[1][0] - run[0][0] <= _HEADER_BAND_MAX_PT]
+
+
+def _columns_are_gapped(crop, table, header_end: float) -> bool:
+    """True when most body rows show a gap of at least :data:`_COLUMN_GAP_PT` between each pair
+    of neighbouring filled cells: table columns are set apart, prose words are not (text
+    alignment alone also "finds" columns in a paragraph between two page rules). Words are
+    placed in rows and cells by their centre."""
+    words = crop.extract_words(x_tolerance=1.5)
+    considered = good = 0
+    for row in table.rows:
+        _, top, _, bottom = row.bbox
+        if top < header_end:
+            continue
+        line = sorted(
+            (w for w in words if top <= (w["top"] + w["bottom"]) / 2 < bottom),
+            key=lambda w: w["x0"],
+        )
+        if not line:
+            continue
+        considered += 1
+        centres = [(w["x0"] + w["x1"]) / 2 for w in line]
+        filled = sum(
+            1
+            for cell in row.cells
+            if cell is not None and any(cell[0] <= x < cell[2] for x in centres)
+        )
+        pairs = zip(line, line[1:], strict=False)
+        gaps = sum(1 for a, b in pairs if b["x0"] - a["x1"] >= _COLUMN_GAP_PT)
+        good += filled >= 2 and gaps >= filled - 1
+    return considered > 0 and good >= 0.8 * considered
+
+
+def _rule_table(ppage, run) -> tuple[tuple, dict] | None:
+    top, x0, x1 = run[0]
+    bottom, header_end = run[-1][0], run[1][0]
+    try:
+        crop = ppage.crop((x0, max(0.0, top - 1), x1, min(float(ppage.height), bottom + 1)))
+        tables = crop.find_tables({"vertical_strategy": "text", "horizontal_strategy": "text"})
+        if not tables:
+            return None
+        table = max(tables, key=lambda t: len(t.cells))
+        rows = [
+            (row.bbox[1], [(cell or "").strip() for cell in cells])
+            for row, cells in zip(table.rows, table.extract(), strict=False)
+        ]
+        if not _columns_are_gapped(crop, table, header_end):
+            return None
+    except Exception:  # noqa: BLE001
+        return None
+    head = [cells for y, cells in rows if y < header_end and any(cells)]
+    body = [cells for y, cells in rows if y >= header_end and any(cells)]
+    width = max((len(cells) for _, cells in rows), default=0)
+    if width < 2 or not body:
+        return None
+    if any(sum(1 for c in cells if c) < 2 for cells in body):
+        return None
+    if any(len(c) > _CELL_MAX_CHARS for cells in body for c in cells):
+        return None
+    header = None
+    if head:
+        header = [" ".join(r[i] for r in head if i < len(r) and r[i]) for i in range(width)]
+    return (x0, top, x1, bottom), _table_fields(header, body)
+
+
 def _text_outside(ppage, boxes: list[tuple], *, fallback: str) -> str:
-    """The page's text without characters whose centre lies inside one of ``boxes``."""
+    """The page's text without characters whose centre lies inside one of ``boxes``.
+
+    ``x_tolerance=1.5`` (pdfplumber's default is 3) keeps the word spaces of tightly set fonts,
+    e.g. the journal page of the sample documents.
+    """
 
     def outside(obj) -> bool:
         if obj.get("object_type") != "char":
@@ -279,7 +409,7 @@ def _text_outside(ppage, boxes: list[tuple], *, fallback: str) -> str:
         return not any(x0 <= cx <= x1 and top <= cy <= bottom for x0, top, x1, bottom in boxes)
 
     try:
-        return ppage.filter(outside).extract_text() or ""
+        return ppage.filter(outside).extract_text(x_tolerance=1.5) or ""
     except Exception:  # noqa: BLE001
         return fallback
 
