@@ -343,6 +343,9 @@ class ParseArtifactAdmin(admin.ModelAdmin):
         "artifact_hash",
         "page_count",
         "pages_without_text",
+        "ocr_pages",
+        "warnings",
+        "assets",
         "created_at",
     )
     exclude = ("elements",)

@@ -171,6 +171,10 @@ class ParseArtifact(models.Model):
     # {key, kind, name, page_number, mime_type, width, height, bytes, sha256, element_index};
     # the objects live exactly as long as this row (ingestion.services.compilation).
     assets = models.JSONField(default=list, blank=True)
+    # Pages whose text came from OCR, and the parser's client-safe notes (e.g. "page 2: no text
+    # layer (OCR unavailable: rasterizer off)").
+    ocr_pages = models.JSONField(default=list, blank=True)
+    warnings = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
 

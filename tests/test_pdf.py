@@ -99,6 +99,7 @@ def test_bc14_the_image_only_page_is_ocrd_searchable_with_page_numbers(space):
     assert hits and "INVOICE 4711" in hits[0].text and hits[0].citation["page_number"] == 2
     ocr = [e for e in _artifact(document).elements if e["metadata"].get("ocr")]
     assert [(e["page_number"], e["text"]) for e in ocr] == [(2, "INVOICE 4711")]
+    assert (_artifact(document).ocr_pages, _artifact(document).pages_without_text) == ([2], [])
 
 
 @pytest.mark.django_db
@@ -110,6 +111,9 @@ def test_bc14_with_the_rasterizer_off_page_2_is_reported_without_text_layer(spac
     document = _compile(space, bc14_pdf(), "invoice.pdf")
     assert document.state == "published"
     assert _artifact(document).pages_without_text == [2]
+    assert _artifact(document).warnings == [
+        "page 2: no text layer (OCR unavailable: rasterizer off)"
+    ]
     assert _artifact(document).assets == []
     assert set(KnowledgeNode.objects.values_list("page_number", flat=True)) == {1}
 

@@ -9,7 +9,8 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name="parseartifact",
-            name="assets",
+            name=name,
             field=models.JSONField(blank=True, default=list),
-        ),
+        )
+        for name in ("assets", "ocr_pages", "warnings")
     ]

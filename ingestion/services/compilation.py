@@ -1314,6 +1314,8 @@ def _parse(job: CompilationJob) -> ParseArtifact:
         pages_without_text=list(report.pages_without_text),
         elements=elements,
         assets=assets,
+        ocr_pages=list(report.ocr_pages),
+        warnings=[w[:500] for w in report.warnings[:200]],
         retained_bytes=gates.estimate_retained_bytes(
             elements, settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES
         ),
