@@ -12,7 +12,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -388,3 +388,72 @@ KNOWLEDGE_EMBEDDING_MODELS: dict[str, str] = {}
 # Admin messages live in the session (database), never in a client-side cookie: the message
 # that shows a new API key's secret once must not travel back and forth in a readable cookie.
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+
+# --- Unstructured-compatible parser -----------------------------------------------------------
+# Complex formats (PDF, Office, EPUB, mail, RTF, ODF) go to this parser when UNSTRUCTURED_API_URL
+# is set (ingestion/unstructured/, docs/unstructured.md). Numbers from the seed deployment guide.
+UNSTRUCTURED_API_URL = env.str("UNSTRUCTURED_API_URL", default="").strip().rstrip("/")
+if UNSTRUCTURED_API_URL:
+    _parsed = urlsplit(UNSTRUCTURED_API_URL)
+    if _parsed.scheme not in ("http", "https") or not _parsed.hostname:
+        raise ImproperlyConfigured(
+            "UNSTRUCTURED_API_URL must be an http:// or https:// URL with a host, "
+            "e.g. http://knowledge_fs_unstructured:8000"
+        )
+    if _parsed.username or _parsed.password or _parsed.query or _parsed.fragment:
+        raise ImproperlyConfigured(
+            "UNSTRUCTURED_API_URL must not carry credentials, a query or a fragment "
+            "(use UNSTRUCTURED_API_KEY for authentication)"
+        )
+    # The endpoint path is added by the client; accept a URL that already names it.
+    UNSTRUCTURED_API_URL = UNSTRUCTURED_API_URL.removesuffix("/general/v0/general")
+UNSTRUCTURED_API_KEY = env.str("UNSTRUCTURED_API_KEY", default="").strip()
+if UNSTRUCTURED_API_KEY and not (
+    UNSTRUCTURED_API_KEY.isascii() and UNSTRUCTURED_API_KEY.isprintable()
+):
+    raise ImproperlyConfigured(
+        "UNSTRUCTURED_API_KEY must be printable ASCII (no control character)"
+    )
+
+
+def _with_alias(name: str, alias: str) -> str:
+    """``name`` when it is set, else its lower-precedence compatibility ``alias`` when that is."""
+    return (
+        name
+        if env.str(name, default="").strip() or not env.str(alias, default="").strip()
+        else alias
+    )
+
+
+UNSTRUCTURED_MAX_CONCURRENCY = bounded_int("UNSTRUCTURED_MAX_CONCURRENCY", 2, 1, 64)
+_heavy_name = _with_alias("UNSTRUCTURED_HEAVY_MAX_CONCURRENCY", "UNSTRUCTURED_PDF_MAX_CONCURRENCY")
+UNSTRUCTURED_HEAVY_MAX_CONCURRENCY = bounded_int(_heavy_name, 1, 1, 64)
+if UNSTRUCTURED_HEAVY_MAX_CONCURRENCY > UNSTRUCTURED_MAX_CONCURRENCY:
+    raise ImproperlyConfigured(
+        f"{_heavy_name}={UNSTRUCTURED_HEAVY_MAX_CONCURRENCY} exceeds "
+        f"UNSTRUCTURED_MAX_CONCURRENCY={UNSTRUCTURED_MAX_CONCURRENCY}: the heavy lane is nested "
+        "in the process-wide limit and must not exceed it"
+    )
+UNSTRUCTURED_MAX_INPUT_BYTES = bounded_int(
+    "UNSTRUCTURED_MAX_INPUT_BYTES", 15 * 1024 * 1024, 1, 50 * 1024 * 1024
+)
+UNSTRUCTURED_MAX_RESPONSE_BYTES = bounded_int(
+    "UNSTRUCTURED_MAX_RESPONSE_BYTES", 32 * 1024 * 1024, 1024, 256 * 1024 * 1024
+)
+UNSTRUCTURED_REQUEST_TIMEOUT_MS = bounded_int(
+    "UNSTRUCTURED_REQUEST_TIMEOUT_MS", 600_000, 1000, 3_600_000
+)
+UNSTRUCTURED_HEAVY_REQUEST_TIMEOUT_MS = bounded_int(
+    _with_alias("UNSTRUCTURED_HEAVY_REQUEST_TIMEOUT_MS", "UNSTRUCTURED_PDF_REQUEST_TIMEOUT_MS"),
+    2_400_000,
+    1000,
+    3_600_000,
+)
+UNSTRUCTURED_MAX_RETRIES = bounded_int("UNSTRUCTURED_MAX_RETRIES", 0, 0, 10)
+# Partitioning strategy sent with every request; hi_res needs layout models the parser must have.
+UNSTRUCTURED_STRATEGY = env.str("UNSTRUCTURED_STRATEGY", default="auto").strip().lower()
+if UNSTRUCTURED_STRATEGY not in ("auto", "fast", "hi_res", "ocr_only"):
+    raise ImproperlyConfigured(
+        f"UNSTRUCTURED_STRATEGY={UNSTRUCTURED_STRATEGY!r} is not one of "
+        "auto, fast, hi_res, ocr_only"
+    )
