@@ -180,7 +180,8 @@ class Endpoint:
         try:
             elements = self.partition(**kwargs)
         except ImportError as exc:  # e.g. EPUB needs pandoc, which this endpoint leaves out
-            return 415, {"detail": f"this endpoint cannot partition this type ({exc.name or exc})"}
+            missing = exc.name or str(exc)[:100]
+            return 415, {"detail": f"this endpoint cannot partition this type ({missing})"}
         except ValueError as exc:  # unstructured: "Invalid file ... file type not supported"
             message = str(exc)
             if "not supported" in message or "Invalid file" in message:
