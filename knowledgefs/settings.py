@@ -395,6 +395,10 @@ MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 UNSTRUCTURED_API_URL = env.str("UNSTRUCTURED_API_URL", default="").strip().rstrip("/")
 if UNSTRUCTURED_API_URL:
     _parsed = urlsplit(UNSTRUCTURED_API_URL)
+    try:
+        _parsed.port  # noqa: B018 - raises on a port that is not a number in 0..65535
+    except ValueError:
+        raise ImproperlyConfigured("UNSTRUCTURED_API_URL has an invalid port") from None
     if _parsed.scheme not in ("http", "https") or not _parsed.hostname:
         raise ImproperlyConfigured(
             "UNSTRUCTURED_API_URL must be an http:// or https:// URL with a host, "

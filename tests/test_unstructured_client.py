@@ -470,6 +470,7 @@ def test_settings_defaults_are_the_seed_numbers():
         ({"UNSTRUCTURED_MAX_RETRIES": "11"}, "accepted range 0..10"),
         ({"UNSTRUCTURED_API_URL": "ftp://parser"}, "UNSTRUCTURED_API_URL must be an http://"),
         ({"UNSTRUCTURED_API_URL": "http://u:p@parser:8000"}, "must not carry credentials"),
+        ({"UNSTRUCTURED_API_URL": "http://parser:99999"}, "UNSTRUCTURED_API_URL has an invalid"),
         ({"UNSTRUCTURED_STRATEGY": "vlm"}, "UNSTRUCTURED_STRATEGY='vlm' is not one of"),
     ],
 )
