@@ -112,6 +112,12 @@ def test_docx_tables_keep_header_and_cells(remote):
     }
     assert "Header Col 1: Lorem ipsum; Header Col 2: A link example" in tables[0].text
     assert any(e.text == "Table with merged cells" for e in report.elements)
+    # rowspan/colspan carried to every cell they cover
+    assert tables[2].metadata == {
+        "header": None,
+        "rows": [["a", "b", "b"], ["a", "c", "d"], ["e", "e", "d"]],
+    }
+    assert tables[2].text == "a | b | b\na | c | d\ne | e | d"
 
 
 def test_xlsx_sheets_become_tables_with_their_sheet_names(remote):
