@@ -82,7 +82,7 @@ class AdmissionGate:
         max_active = settings.KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_CONCURRENCY
         max_reserved = settings.KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES
         if reservation > max_reserved:
-            self._count("refused_reservation_too_large")
+            self.count("refused_reservation_too_large")
             raise PayloadTooLarge(
                 f"this upload would reserve {reservation} bytes ({RESERVATION_FACTOR} times its "
                 f"{reservation // RESERVATION_FACTOR}-byte body) but at most {max_reserved} bytes "
@@ -137,7 +137,8 @@ class AdmissionGate:
                 "counters": dict(self.counters),
             }
 
-    def _count(self, name: str) -> None:
+    def count(self, name: str) -> None:
+        """Add one to the counter ``name`` (shown on /health)."""
         with self._cond:
             self.counters[name] += 1
 
@@ -243,7 +244,7 @@ class DeadlineStream:
             raise self._timeout("idle")  # no socket to bound the read: checked once it returned
         self.received += len(data)
         if not data and self.received < self.expected and (not args or args[0] != 0):
-            GATE._count("incomplete")
+            GATE.count("incomplete")
             raise InvalidInput(
                 f"the request body ended after {self.received} of its {self.expected} declared "
                 "bytes (the client stopped sending); nothing is stored",
@@ -255,7 +256,7 @@ class DeadlineStream:
         return data
 
     def _timeout(self, which: str) -> RequestTimeout:
-        GATE._count(f"timeout_{which}")
+        GATE.count(f"timeout_{which}")
         limit, name = (
             (self.idle_ms, "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS")
             if which == "idle"
@@ -324,7 +325,7 @@ def admit_upload(request: Any) -> Admission:
     limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
     envelope_cap = limit + settings.KNOWLEDGE_UPLOAD_ENVELOPE_BYTES
     if declared > envelope_cap:
-        GATE._count("refused_declared_too_large")
+        GATE.count("refused_declared_too_large")
         raise PayloadTooLarge(
             upload_limit_message(limit),
             details={"limit_bytes": limit, "declared_bytes": declared},
