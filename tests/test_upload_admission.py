@@ -536,3 +536,36 @@ def test_without_a_socket_the_idle_deadline_is_checked_between_reads(settings):
         stream.read(10)
     assert raised.value.details["deadline"] == "idle"
     assert raised.value.details["received_bytes"] == 10
+
+
+def test_the_gate_admits_in_arrival_order(settings):
+    """A large upload at the head of the queue is not overtaken by a small one that would fit:
+    both are admitted in arrival order once the holder leaves."""
+    from knowledgefs.admission import AdmissionGate
+
+    settings.KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_CONCURRENCY = 3
+    settings.KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES = 3 * MiB
+    gate = AdmissionGate()
+    holder = gate.acquire(2 * MiB, wait_seconds=0)
+    admitted: list[str] = []
+
+    def enter(name: str, size: int) -> None:
+        gate.acquire(size, wait_seconds=10)
+        admitted.append(name)
+
+    large = threading.Thread(target=enter, args=("large", 2 * MiB))
+    large.start()
+    while gate.snapshot()["waiting"] < 1:
+        time.sleep(0.01)
+    small = threading.Thread(target=enter, args=("small", MiB // 2))  # would fit beside holder
+    small.start()
+    while gate.snapshot()["waiting"] < 2:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert admitted == []  # the small one waits behind the large one
+    gate.release(holder)
+    large.join(5)
+    small.join(5)
+    assert admitted == ["large", "small"]
+    assert gate.snapshot()["active"] == 2
+    assert gate.snapshot()["reserved_bytes"] == 2 * MiB + MiB // 2
