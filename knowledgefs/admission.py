@@ -364,6 +364,8 @@ class BufferedUploadAdmissionMixin:
     def initial(self, request, *args, **kwargs):  # noqa: ANN001, ANN201 - DRF signature
         super().initial(request, *args, **kwargs)
         if request.method in self.upload_methods:
+            if request._request._read_started:  # a binding or check read the body: a bug here
+                raise RuntimeError("the upload body was read before its admission")
             self._upload_admission = admit_upload(request._request)
 
 

@@ -288,7 +288,7 @@ def test_reservation_arithmetic_refuses_what_does_not_fit(servers, api_key, spac
         "max_reserved_bytes": 3 * MiB,
     }
     assert "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES" in body["message"]
-    assert alone.elapsed < 1.5
+    assert alone.elapsed < 5  # not queued: answered at once
 
     # 1.8 MiB held + 3 x 500 KiB = 3.3 MiB > 3 MiB: waits, then 429; its body is never read.
     waiting = RawUpload(server, api_key, space, _text("waiting", 500 * KiB))
@@ -383,7 +383,9 @@ def test_admission_is_released_after_413_and_after_errors(servers, api_key, spac
     # A multipart body without a boundary, and a refusal raised after the body was read.
     broken = RawUpload(server, api_key, space, b"x", content_type="multipart/form-data")
     broken.send()
-    assert broken.response()[:1] == (400,)
+    status, _, body = broken.response()
+    assert (status, body["code"]) == (400, "malformed_request")
+    assert "multipart" in body["message"]
     empty = RawUpload(server, api_key, space, b"")
     empty.send()
     assert empty.response()[2]["code"] == "empty_file"
