@@ -227,7 +227,11 @@ def _text(label: str, size: int) -> bytes:
 
 
 def _stored_files(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+    """Files under ``root``, without the readiness probe's short-lived ``_probe/`` objects
+    (``/health`` starts that check in the background)."""
+    if not root.exists():
+        return []
+    return [p for p in root.rglob("*") if p.is_file() and "_probe" not in p.relative_to(root).parts]
 
 
 def _idle(state: dict) -> bool:
