@@ -218,18 +218,49 @@ KNOWLEDGE_EMBEDDING_THREADS = bounded_int(
     64,
 )
 
-# --- Upload and ingestion limits (production deployment guide) --------------------------------
+# --- Upload admission (production deployment guide; knowledgefs.admission) -------------------
+# One per-file limit (15 MiB, at most 50 MiB) drives the file check while the body is read, the
+# request-body limit (a Content-Length above limit + envelope is refused unread) and the 413
+# text. Buffered multipart uploads pass a process-wide gate before their body is read: active
+# requests and an aggregate reservation of three times each request's bounded envelope; waiting
+# is FIFO for at most the idle timeout. Body reads have an idle and a total deadline (408).
 KNOWLEDGE_UPLOAD_MAX_BYTES = bounded_int(
     "KNOWLEDGE_UPLOAD_MAX_BYTES", 15 * 1024 * 1024, 1, 50 * 1024 * 1024
 )
-# Multipart envelope allowance on top of the file limit before the body is refused unread.
+# Multipart envelope allowance on top of the file limit (boundaries, part headers, a long UTF-8
+# filename): the largest body admitted is KNOWLEDGE_UPLOAD_MAX_BYTES + this.
 KNOWLEDGE_UPLOAD_ENVELOPE_BYTES = 64 * 1024
+KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_CONCURRENCY = bounded_int(
+    "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_CONCURRENCY", 2, 1, 8
+)
+KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES = bounded_int(
+    "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES", 192 * 1024 * 1024, 1024**2, 4 * 1024**3
+)
+KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS = bounded_int(
+    "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS", 30000, 100, 600000
+)
+KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS = bounded_int(
+    "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS", 600000, 100, 3600000
+)
+_upload_idle_ms = KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS
+if KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS < _upload_idle_ms:
+    raise ImproperlyConfigured(
+        "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS="
+        f"{KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS} must be at least "
+        f"KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS={_upload_idle_ms}; "
+        f"accepted range {_upload_idle_ms}..3600000"
+    )
+# Django's own limits do not contradict the file limit: DATA_UPLOAD_MAX_MEMORY_SIZE counts only
+# non-file form fields (2 MiB), and a file over FILE_UPLOAD_MAX_MEMORY_SIZE is spooled to a
+# temporary file instead of memory; neither refuses a file under KNOWLEDGE_UPLOAD_MAX_BYTES.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 FILE_UPLOAD_HANDLERS = [
     "knowledgefs.uploads.RawNameMemoryUploadHandler",
     "knowledgefs.uploads.RawNameTemporaryUploadHandler",
 ]
+
+# --- Ingestion limits ------------------------------------------------------------------------
 KNOWLEDGE_CHUNK_TARGET_CHARS = bounded_int("KNOWLEDGE_CHUNK_TARGET_CHARS", 1200, 200, 8000)
 KNOWLEDGE_CHUNK_OVERLAP_CHARS = bounded_int("KNOWLEDGE_CHUNK_OVERLAP_CHARS", 120, 0, 1000)
 KNOWLEDGE_COMPILE_BATCH_DOCUMENTS = bounded_int("KNOWLEDGE_COMPILE_BATCH_DOCUMENTS", 64, 1, 1024)
