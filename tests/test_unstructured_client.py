@@ -276,7 +276,7 @@ def test_the_deadline_covers_a_slow_body_and_a_timeout_is_terminal(parser, setti
     with pytest.raises(errors.ParserTimeout) as caught:
         unstructured.parse_remote(PDF_BYTES, PDF, "slow.pdf")
     elapsed = time.monotonic() - started
-    assert 1.4 < elapsed < 4, elapsed
+    assert 1.4 < elapsed < 6, elapsed
     assert caught.value.code == "parser_timeout" and caught.value.retryable is False
     assert "within 1.5 s" in caught.value.message
     assert "inspect the parser and retry manually" in caught.value.message
@@ -291,7 +291,7 @@ def test_a_hung_parser_times_out_on_the_standard_deadline(parser, settings):
     started = time.monotonic()
     with pytest.raises(errors.ParserTimeout) as caught:
         unstructured.parse_remote(office_zip(), DOCX, "hung.docx")  # a standard document
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 5
     assert "within 1 s" in caught.value.message
     assert len(parser.requests) == 1
     unstructured.parse_remote(office_zip(), DOCX, "next.docx")  # the client is still usable
@@ -331,7 +331,7 @@ def test_a_retry_after_beyond_the_deadline_ends_the_call_at_once(parser, setting
     started = time.monotonic()
     with pytest.raises(errors.ParserUnavailable):
         unstructured.parse_remote(PDF_BYTES, PDF, "a.pdf")
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 3  # no 60 s wait
     assert len(parser.requests) == 1
 
 
@@ -390,7 +390,7 @@ def test_connection_refused_is_retryable_and_not_retried_inline(settings):
     started = time.monotonic()
     with pytest.raises(errors.ParserUnavailable) as caught:
         unstructured.parse_remote(PDF_BYTES, PDF, "a.pdf")
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 3  # no retry, no backoff
     assert caught.value.code == "parser_unavailable" and caught.value.retryable is True
     assert "ConnectionRefusedError" in caught.value.message
     assert "not sent" in caught.value.message
