@@ -224,7 +224,9 @@ def test_sniff_sample_docs() -> None:
         assert sniff_mime_type(sample(name), name) == mime, name
     expected.update(
         {
-            "stanley-cups.xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+            "stanley-cups.xlsx": (
+                "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+            ),
             "fake-power-point.pptx": (
                 "application/vnd.openxmlformats-officedocument.presentationml.presentation"
             ),
