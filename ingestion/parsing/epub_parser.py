@@ -16,6 +16,7 @@ from .base import (
     Element,
     ParseReport,
     ProtectedDocument,
+    SectionStack,
     admit_zip,
     collapse_ws,
     zip_images,
@@ -98,17 +99,16 @@ def _toc_labels(zf: zipfile.ZipFile, names: set[str], ncx_path: str | None) -> d
     return labels
 
 
-def _chapter(elements: list[Element], carried: tuple[str, ...], label: str) -> list[Element]:
-    """Section paths of one spine document: elements before its first heading continue the
-    previous document's section (books are split mid-chapter), or take the table-of-contents
-    label of the document when nothing is carried."""
-    lead = carried or ((label,) if label else ())
+def _chapter(elements: list[Element], label: str) -> list[Element]:
+    """Elements of one spine document without its ``<title>`` (it repeats the book title in
+    every file); elements outside any heading take the document's table-of-contents label as
+    their section path."""
     out = []
     for element in elements:
-        if element.type == "title":  # the <title> repeats the book title in every file
+        if element.type == "title":
             continue
-        if not element.section_path and lead:
-            element = dataclasses.replace(element, section_path=lead)
+        if not element.section_path and label:
+            element = dataclasses.replace(element, section_path=(label,))
         out.append(element)
     return out
 
@@ -118,11 +118,12 @@ def parse_epub(data: bytes) -> ParseReport:
 
     ``META-INF/container.xml`` names the package document (OPF); its ``spine`` gives the
     reading order of the manifest's XHTML documents, each parsed by
-    :func:`~ingestion.parsing.html_parser.parse_html` (headings give the section paths;
-    text before a document's first heading continues the previous document's section, or
-    takes the document's NCX table-of-contents label). The book title (``dc:title``) comes
-    first as a ``"title"`` element. Manifest images become ``Asset(kind="image")``, at most
-    :data:`MAX_EPUB_IMAGES` (a warning counts the rest).
+    :func:`~ingestion.parsing.html_parser.parse_html` (headings give the section paths, and
+    the heading stack continues from one document to the next, since books are split
+    mid-chapter; text outside any heading takes the document's NCX table-of-contents label).
+    The book title (``dc:title``) comes first as a ``"title"`` element. Manifest images
+    become ``Asset(kind="image")``, at most :data:`MAX_EPUB_IMAGES` (a warning counts the
+    rest).
 
     Raises:
         ArchiveRejected: the container is refused by the ZIP inspection.
@@ -159,15 +160,12 @@ def parse_epub(data: bytes) -> ParseReport:
         title = collapse_ws(opf.findtext(".//dc:title", default="", namespaces=_NS))
         if title:
             out.append(Element(type="title", text=title))
-        carried: tuple[str, ...] = ()
+        sections = SectionStack()  # headings continue across files (chapters are split)
         for itemref in list(spine.iterfind("opf:itemref", _NS))[:_MAX_SPINE]:
             path, media_type = manifest.get(itemref.get("idref") or "", ("", ""))
             if media_type not in _HTML_TYPES or path not in names:
                 continue
-            chapter = _chapter(parse_html(zf.read(path)), carried, labels.get(path, ""))
-            out.extend(chapter)
-            if chapter:
-                carried = chapter[-1].section_path
+            out.extend(_chapter(parse_html(zf.read(path), sections), labels.get(path, "")))
         images = [p for p, t in manifest.values() if t.startswith("image/") and p in names]
     assets, over = zip_images(data, images, cap=MAX_EPUB_IMAGES)
     warnings = (
