@@ -472,6 +472,18 @@ def test_eml_gbk_body_and_encoded_subject() -> None:
     assert report.elements[1].text == "会议纪要：预算已批准。"
 
 
+def test_eml_undeclared_or_wrong_charset_is_detected() -> None:
+    undeclared = (
+        b"From: a@example.com\r\nTo: b@example.com\r\nSubject: menu\r\n"
+        b"Content-Type: text/plain\r\nContent-Transfer-Encoding: 8bit\r\n\r\n"
+        + "Crème brûlée für Jürgen, naïve café".encode()
+    )
+    report = parse_named(undeclared, "menu.eml")
+    assert report.elements[1].text == "Crème brûlée für Jürgen, naïve café"
+    wrong = undeclared.replace(b"text/plain", b"text/plain; charset=us-ascii")
+    assert parse_named(wrong, "menu.eml").elements[1].text == "Crème brûlée für Jürgen, naïve café"
+
+
 def _msg_with_string8_subject(tmp_path: Path) -> bytes:
     """The sample MSG with its subject stored as an 8-bit (001E) cp1251 string and the
     declared code page PR_INTERNET_CPID set to 1251 (same stream sizes, so olefile can write

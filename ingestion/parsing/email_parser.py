@@ -162,14 +162,17 @@ def _assemble(content: MailContent, parser: str) -> ParseReport:
 
 
 def _part_text(part: Any) -> str:
-    """Decoded text of a text part: its declared charset, else detection."""
-    try:
-        content = part.get_content()
-        if isinstance(content, str):
-            return content
-    except (LookupError, UnicodeError, ValueError, AssertionError):
-        pass
-    payload = part.get_payload(decode=True) or b""
+    """Decoded text of a text part: its declared charset when the bytes really are in it,
+    else detection (an undeclared or wrong charset never turns into U+FFFD mojibake)."""
+    payload = part.get_payload(decode=True)
+    if not isinstance(payload, bytes):
+        return ""
+    charset = part.get_content_charset()
+    if charset:
+        try:
+            return payload.decode(charset)
+        except (LookupError, UnicodeDecodeError):
+            pass
     try:
         return decode_text(payload)
     except ParseError:

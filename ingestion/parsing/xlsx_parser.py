@@ -21,7 +21,8 @@ _HEADER_MAX_CHARS = 80
 
 def format_cell(value: Any) -> str:
     """Text of a cell value: ``None`` -> ``""``; dates ISO 8601 (``2024-03-01``, with the time
-    only when it is not midnight); whole floats without ``.0``; booleans ``TRUE``/``FALSE``;
+    only when it is not midnight); whole floats without ``.0``, others to 15 significant
+    digits as Excel shows them; booleans ``TRUE``/``FALSE``;
     whitespace collapsed."""
     if value is None:
         return ""
@@ -38,7 +39,7 @@ def format_cell(value: Any) -> str:
     if isinstance(value, float):
         if value.is_integer() and abs(value) < 1e15:
             return str(int(value))
-        return repr(value)
+        return f"{value:.15g}"  # Excel shows 15 significant digits: 0.1 + 0.2 -> 0.3
     return collapse_ws(str(value))
 
 
