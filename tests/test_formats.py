@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import io
 import random
-import shutil
 import struct
 import time
 import zipfile
 from email.message import EmailMessage
-from pathlib import Path
 
 import docx
-import olefile
 import openpyxl
 import pptx
 import pytest
@@ -484,32 +481,177 @@ def test_eml_undeclared_or_wrong_charset_is_detected() -> None:
     assert parse_named(wrong, "menu.eml").elements[1].text == "Crème brûlée für Jürgen, naïve café"
 
 
-def _msg_with_string8_subject(tmp_path: Path) -> bytes:
-    """The sample MSG with its subject stored as an 8-bit (001E) cp1251 string and the
-    declared code page PR_INTERNET_CPID set to 1251 (same stream sizes, so olefile can write
-    them in place; the directory entry is renamed in the raw bytes)."""
-    source = shared_path("data", "sample-docs", "fake-email.msg")
-    target = tmp_path / "cp1251.msg"
-    shutil.copyfile(source, target)
-    subject = "Отчёт по продажам Q3"
-    assert len(subject.encode("cp1251")) == len("Test Email".encode("utf-16-le"))
-    with olefile.OleFileIO(str(target), write_mode=True) as ole:
-        ole.write_stream("__substg1.0_0037001F", subject.encode("cp1251"))
-        props = bytearray(ole.openstream("__properties_version1.0").read())
-        for offset in range(32, len(props) - 15, 16):
-            (tag,) = struct.unpack_from("<I", props, offset)
-            if tag == 0x3FDE0003:
-                struct.pack_into("<i", props, offset + 8, 1251)
-        ole.write_stream("__properties_version1.0", bytes(props))
-    data = target.read_bytes()
-    old = "__substg1.0_0037001F".encode("utf-16-le")
-    assert data.count(old) == 1
-    return data.replace(old, "__substg1.0_0037001E".encode("utf-16-le"))
+_SECT, _MINI, _CUTOFF = 512, 64, 4096
+_FREE, _END, _FATSECT = 0xFFFFFFFF, 0xFFFFFFFE, 0xFFFFFFFD
 
 
-def test_msg_string8_property_uses_declared_code_page(tmp_path: Path) -> None:
-    report = parse_named(_msg_with_string8_subject(tmp_path), "report.msg")
-    assert "Subject: Отчёт по продажам Q3" in report.elements[0].text
+def compound_file(tree: dict) -> bytes:
+    """A compound file (CFB version 3, the container of Outlook MSG) holding ``tree``: name ->
+    bytes for a stream, name -> dict for a storage. Streams under 4 KiB live in the mini
+    stream, as the format requires; siblings are chained through right pointers."""
+    entries: list[list] = [["Root Entry", 5, [], b""]]
+
+    def add(name: str, node) -> int:
+        storage = isinstance(node, dict)
+        entries.append([name, 1 if storage else 2, [], b"" if storage else node])
+        index = len(entries) - 1
+        if storage:
+            entries[index][2] = [add(k, v) for k, v in node.items()]
+        return index
+
+    entries[0][2] = [add(k, v) for k, v in tree.items()]
+    sectors: list[bytes] = []
+    fat: list[int] = []
+
+    def chain(blob: bytes) -> int:
+        count = (len(blob) + _SECT - 1) // _SECT
+        first = len(sectors)
+        for k in range(count):
+            sectors.append(blob[k * _SECT : (k + 1) * _SECT].ljust(_SECT, b"\0"))
+            fat.append(first + k + 1 if k < count - 1 else _END)
+        return first if count else _END
+
+    mini = bytearray()
+    minifat: list[int] = []
+    starts: dict[int, int] = {}
+    for index, (_name, kind, _kids, data) in enumerate(entries):
+        if kind != 2 or not data:
+            continue
+        if len(data) < _CUTOFF:
+            count = (len(data) + _MINI - 1) // _MINI
+            first = len(minifat)
+            minifat.extend(first + k + 1 if k < count - 1 else _END for k in range(count))
+            mini += data.ljust(count * _MINI, b"\0")
+            starts[index] = first
+        else:
+            starts[index] = chain(data)
+    starts[0] = chain(bytes(mini))
+    entries[0][3] = bytes(mini)
+    minifat_first = chain(struct.pack(f"<{len(minifat)}I", *minifat)) if minifat else _END
+    minifat_count = (len(minifat) * 4 + _SECT - 1) // _SECT
+    right_of = {}
+    for *_, kids, _data in entries:
+        right_of.update(zip(kids, kids[1:], strict=False))
+
+    def entry(index: int) -> bytes:
+        name, kind, kids, data = entries[index]
+        raw = name.encode("utf-16-le") + b"\0\0"
+        start = starts.get(index, _END if kind != 1 else 0)
+        fields = (kind, 1, _FREE, right_of.get(index, _FREE), kids[0] if kids else _FREE)
+        return struct.pack(
+            "<64sHBBIII16sIQQIQ",
+            raw.ljust(64, b"\0"),
+            len(raw),
+            *fields,
+            b"\0" * 16,
+            0,
+            0,
+            0,
+            start,
+            len(data),
+        )
+
+    dir_first = chain(b"".join(entry(i) for i in range(len(entries))))
+    nfat = 1
+    while len(fat) + nfat > nfat * (_SECT // 4):
+        nfat += 1
+    fat_first = len(sectors)
+    fat.extend([_FATSECT] * nfat)
+    fat.extend([_FREE] * (nfat * (_SECT // 4) - len(fat)))
+    blob = struct.pack(f"<{len(fat)}I", *fat)
+    sectors.extend(blob[k * _SECT : (k + 1) * _SECT] for k in range(nfat))
+    difat = [fat_first + k for k in range(nfat)] + [_FREE] * (109 - nfat)
+    magic = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
+    header = struct.pack(
+        "<8s16sHHHHH6sIIIIIIIII",
+        magic,
+        b"\0" * 16,
+        0x3E,  # minor version
+        3,  # major version: 512-byte sectors
+        0xFFFE,  # byte order
+        9,  # sector shift
+        6,  # mini sector shift
+        b"\0" * 6,
+        0,
+        nfat,
+        dir_first,
+        0,
+        _CUTOFF,
+        minifat_first,
+        minifat_count,
+        _END,
+        0,
+    )
+    return header + struct.pack("<109I", *difat) + b"".join(sectors)
+
+
+def mapi_properties(header_bytes: int, props: dict[int, tuple[int, bytes]]) -> bytes:
+    """A ``__properties_version1.0`` stream: ``header_bytes`` of header, then 16-byte entries
+    (tag = id << 16 | type, flags, 8-byte value)."""
+    out = b"\0" * header_bytes
+    for pid, (ptype, value) in props.items():
+        out += struct.pack("<II8s", pid << 16 | ptype, 2, value.ljust(8, b"\0"))
+    return out
+
+
+def make_msg() -> bytes:
+    """An Outlook message with cp1251 8-bit strings, one recipient and two attachments."""
+
+    def u(text: str) -> bytes:
+        return text.encode("utf-16-le")
+
+    # 2026-03-08 20:00:00 UTC as a FILETIME (100 ns ticks since 1601).
+    submit = ((1_773_000_000 + 11_644_473_600) * 10_000_000).to_bytes(8, "little")
+    return compound_file(
+        {
+            "__properties_version1.0": mapi_properties(
+                32, {0x3FFD: (0x0003, struct.pack("<i", 1251)), 0x0039: (0x0040, submit)}
+            ),
+            "__substg1.0_0037001E": "Отчёт за март".encode("cp1251"),
+            "__substg1.0_1000001E": "Бюджет утверждён.\r\n\r\nВторой абзац.".encode("cp1251"),
+            "__substg1.0_0C1A001F": u("Анна Петрова"),
+            "__substg1.0_5D01001F": u("anna@example.ru"),
+            "__recip_version1.0_#00000000": {
+                "__properties_version1.0": mapi_properties(8, {}),
+                "__substg1.0_3001001F": u("Boris"),
+                "__substg1.0_39FE001F": u("boris@example.ru"),
+            },
+            "__attach_version1.0_#00000000": {
+                "__properties_version1.0": mapi_properties(8, {}),
+                "__substg1.0_3707001F": u("minutes.txt"),
+                "__substg1.0_370E001F": u("text/plain"),
+                "__substg1.0_37010102": b"Action items:\n\nBook the ATTACH-5521 skis.\n",
+            },
+            "__attach_version1.0_#00000001": {
+                "__properties_version1.0": mapi_properties(8, {}),
+                "__substg1.0_3704001F": u("LOGO.PNG"),
+                "__substg1.0_37010102": png_bytes(size=(80, 60)),
+            },
+        }
+    )
+
+
+def test_msg_built_code_page_recipients_and_attachments() -> None:
+    data = make_msg()
+    assert sniff_mime_type(data, "export.bin") == MSG
+    report = parse_with_report(data, MSG)
+    headers = report.elements[0].text.split("\n")
+    assert headers == [
+        "From: Анна Петрова <anna@example.ru>",
+        "To: Boris <boris@example.ru>",
+        "Date: Sun, 08 Mar 2026 20:00:00 +0000",
+        "Subject: Отчёт за март",
+    ]
+    assert [e.text for e in report.elements[1:3]] == ["Бюджет утверждён.", "Второй абзац."]
+    listings = [e.metadata for e in report.elements if e.metadata.get("part") == "attachment"]
+    assert [(m["name"], m["mime_type"]) for m in listings] == [
+        ("minutes.txt", "text/plain"),
+        ("LOGO.PNG", "image/png"),
+    ]
+    skis = find(report, "ATTACH-5521")
+    assert skis.section_path == ("minutes.txt",)
+    (asset,) = report.assets
+    assert (asset.name, asset.mime_type) == ("LOGO.PNG", "image/png")
 
 
 # -- EPUB ---------------------------------------------------------------------------------------
@@ -741,6 +883,7 @@ def test_damaged_inputs_raise_only_parse_errors() -> None:
         "a.epub": make_epub(),
         "a.eml": sample("fake-email.eml"),
         "a.msg": sample("fake-email.msg"),
+        "b.msg": make_msg(),
         "a.docx": sample("docx-tables.docx"),
     }
     for name, original in originals.items():
