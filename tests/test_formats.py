@@ -297,6 +297,40 @@ def test_bc07_merged_label_carried_to_every_row() -> None:
         assert noise not in text
 
 
+def test_xlsx_sparse_far_cells_and_whole_column_merges_stay_small() -> None:
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.append(["Item", "Qty"])
+    ws.append(["Batch A", 4])
+    ws.append([None, 6])
+    ws["Z60000"] = "far note"
+    buf = io.BytesIO()
+    wb.save(buf)
+    # A label merged down the whole sheet and a dimension claiming every cell, written into the
+    # XML directly (openpyxl itself would create a million objects to save that merge).
+    with zipfile.ZipFile(buf) as source:
+        entries = {name: source.read(name) for name in source.namelist()}
+    sheet = entries["xl/worksheets/sheet1.xml"].decode()
+    sheet = sheet.replace(
+        "</sheetData>",
+        '</sheetData><mergeCells count="1"><mergeCell ref="A2:A1048576"/></mergeCells>',
+    )
+    sheet = sheet.replace('<dimension ref="A1:Z60000"/>', '<dimension ref="A1:XFD1048576"/>')
+    assert "XFD1048576" in sheet and "A2:A1048576" in sheet
+    entries["xl/worksheets/sheet1.xml"] = sheet.encode()
+    started = time.monotonic()
+    report = parse_named(zip_bytes(entries), "sparse.xlsx")
+    assert time.monotonic() - started < 10
+    table = next(e for e in report.elements if e.type == "table")
+    assert table.metadata["header"] == ["Item", "Qty", ""]
+    assert table.metadata["rows"] == [
+        ["Batch A", "4", ""],
+        ["Batch A", "6", ""],
+        ["Batch A", "", "far note"],  # row 60000 is inside the merged range too
+    ]
+    assert table.text.split("\n")[-1] == "Item: Batch A; column 3: far note"
+
+
 # -- CSV and TXT --------------------------------------------------------------------------------
 
 

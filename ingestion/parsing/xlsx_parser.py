@@ -5,9 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import io
 import warnings
+import zipfile
 from typing import Any
 
 import openpyxl
+from lxml import etree
+from openpyxl.utils.cell import range_boundaries
 
 from .base import CorruptDocument, Element, admit_zip, collapse_ws
 from .tables import render_table
@@ -17,6 +20,7 @@ _CORRUPT = "corrupt or unreadable XLSX"
 ROWS_PER_ELEMENT = 20
 _MAX_TITLE_ROWS = 5
 _HEADER_MAX_CHARS = 80
+_MERGE_TAG = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}mergeCell"
 
 
 def format_cell(value: Any) -> str:
@@ -43,29 +47,60 @@ def format_cell(value: Any) -> str:
     return collapse_ws(str(value))
 
 
-def sheet_grid(ws: Any) -> list[list[str]]:
+def _used_cells(ws: Any) -> dict[int, dict[int, str]]:
+    """Non-empty cell texts by row and column (1-based), streamed from a read-only sheet.
+
+    The declared dimension is ignored (``reset_dimensions``), so a sheet claiming
+    ``A1:XFD1048576`` (formatting applied to whole columns) is not padded cell by cell.
+    """
+    ws.reset_dimensions()
+    cells: dict[int, dict[int, str]] = {}
+    for row_number, row in enumerate(ws.iter_rows(values_only=True), start=1):
+        for col_number, value in enumerate(row, start=1):
+            text = format_cell(value)
+            if text:
+                cells.setdefault(row_number, {})[col_number] = text
+    return cells
+
+
+def _merged_ranges(archive: zipfile.ZipFile, path: str) -> list[tuple[int, int, int, int]]:
+    """``(min_col, min_row, max_col, max_row)`` of every ``<mergeCell ref>`` of a sheet part,
+    read by streaming its XML (openpyxl would create an object per covered cell)."""
+    out = []
+    try:
+        with archive.open(path) as source:
+            for _event, node in etree.iterparse(source, tag=_MERGE_TAG, resolve_entities=False):
+                ref = node.get("ref") or ""
+                node.clear()
+                try:
+                    out.append(range_boundaries(ref))
+                except (TypeError, ValueError):
+                    continue
+    except KeyError:
+        return []
+    return [r for r in out if None not in r]
+
+
+def sheet_grid(ws: Any, merged: list[tuple[int, int, int, int]] = ()) -> list[list[str]]:
     """Cell texts of a worksheet, merged ranges resolved and empty rows/columns trimmed.
 
     A merged range's value (its top-left cell) is carried to the first column of every row
-    the range covers, so each row keeps its label (case BC-07); the other columns of a
-    horizontally merged range stay empty, so the value is never repeated within a row.
+    the range covers that has other content, so each row keeps its label (case BC-07); the
+    other columns of a horizontally merged range stay empty, so the value is never repeated
+    within a row. Only stored cells are visited (see :func:`_used_cells`).
     """
-    grid = [[format_cell(v) for v in row] for row in ws.iter_rows(values_only=True)]
-    for merged in ws.merged_cells.ranges:
-        top, left = merged.min_row - 1, merged.min_col - 1
-        if top >= len(grid) or left >= len(grid[top]):
+    cells = _used_cells(ws)
+    for min_col, min_row, _max_col, max_row in merged:
+        value = cells.get(min_row, {}).get(min_col, "")
+        if not value:
             continue
-        value = grid[top][left]
-        for r in range(top + 1, min(merged.max_row, len(grid))):
-            if left < len(grid[r]):
-                grid[r][left] = value
-    rows = [r for r in grid if any(r)]
-    if not rows:
-        return []
-    width = max(len(r) for r in rows)
-    rows = [r + [""] * (width - len(r)) for r in rows]
-    keep = [c for c in range(width) if any(r[c] for r in rows)]
-    return [[r[c] for c in keep] for r in rows]
+        covered = range(min_row + 1, max_row + 1)
+        rows = covered if len(covered) <= len(cells) else sorted(cells)
+        for row in rows:
+            if row in covered and row in cells:
+                cells[row][min_col] = value
+    columns = sorted({col for row in cells.values() for col in row})
+    return [[cells[r].get(c, "") for c in columns] for r in sorted(cells)]
 
 
 def _is_number(text: str) -> bool:
@@ -118,7 +153,9 @@ def parse_xlsx(data: bytes) -> list[Element]:
     the remaining rows become ``"table"`` elements of up to 20 rows each, rendered
     ``"Level: Department level; Rate: 480"`` (metadata ``{"header", "rows"}``). Values are
     the cached results (``data_only``), not formulas; merged cells and trimming as in
-    :func:`sheet_grid`. Chart sheets and empty sheets contribute nothing.
+    :func:`sheet_grid`. The workbook is read in openpyxl's read-only (streaming) mode and merged
+    ranges from the sheet XML, so neither a huge declared dimension nor a merge over a whole
+    column expands into millions of cells. Chart sheets and empty sheets contribute nothing.
 
     Raises:
         ArchiveRejected: the container is refused by the ZIP inspection.
@@ -128,16 +165,18 @@ def parse_xlsx(data: bytes) -> list[Element]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # openpyxl warns about unsupported extensions
-            workbook = openpyxl.load_workbook(io.BytesIO(data), data_only=True)
+            workbook = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
     except Exception as exc:
         raise CorruptDocument(_CORRUPT) from exc
     out: list[Element] = []
     try:
-        for ws in workbook.worksheets:
-            rows = sheet_grid(ws)
-            title = collapse_ws(str(ws.title)) or "Sheet"
-            if rows:
-                out.extend(_sheet_elements(title, rows))
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            for ws in workbook.worksheets:
+                merged = _merged_ranges(archive, ws._worksheet_path.lstrip("/"))
+                rows = sheet_grid(ws, merged)
+                title = collapse_ws(str(ws.title)) or "Sheet"
+                if rows:
+                    out.extend(_sheet_elements(title, rows))
     finally:
         workbook.close()
     return out
