@@ -406,7 +406,14 @@ def test_html_samples_keep_table_cells() -> None:
 def test_markdown_sample() -> None:
     report = parse_sample("codeblock.md")
     assert report.parser == "native-markdown"
-    assert any(e.type == "code" for e in report.elements)
+    html = find(report, "<h1>Hello, World!</h1>")
+    assert (html.type, html.metadata, html.section_path) == (
+        "code",
+        {"language": "html"},
+        ("HTML Example",),
+    )
+    notes = [e for e in report.elements if "Don't forget me this weekend!" in e.text]
+    assert [(e.type, e.section_path) for e in notes] == [("code", ("XML Example",))] * 2
 
 
 # -- E-mail -------------------------------------------------------------------------------------
