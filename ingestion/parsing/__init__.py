@@ -92,8 +92,10 @@ _PARSER_NAMES = {
     "image": "tesseract",
 }
 
-#: Parsers of the formats without pages: bytes -> elements, or a full report when they also
-#: return assets or warnings.
+#: Parser of each format other than PDF and images: bytes -> elements, or a full report when
+#: it also returns assets or warnings. :func:`_dispatch` calls the function of that name in
+#: this module, so a test can substitute one (``monkeypatch.setattr(parsing, "parse_html",
+#: ...)``).
 _SIMPLE_PARSERS = {
     "docx": parse_docx,
     "pptx": parse_pptx,
@@ -171,7 +173,6 @@ def _dispatch(fmt: str, data: bytes) -> ParseReport:
         )
     if fmt == "image":
         return _parse_image(data)
-    # Looked up at call time so a test can substitute a parser on this module.
     parser = globals()[_SIMPLE_PARSERS[fmt].__name__]
     result = parser(data)
     if isinstance(result, ParseReport):
