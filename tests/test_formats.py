@@ -154,6 +154,30 @@ def test_docx_merged_header_cells_keep_columns_aligned() -> None:
     ]
 
 
+TEXT_BOX_RUN = (
+    '<w:r xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main" '
+    'xmlns:mc="http://schemas.openxmlformats.org/markup-compatibility/2006">'
+    '<mc:AlternateContent><mc:Choice Requires="wps"><w:drawing><w:txbxContent>'
+    "<w:p><w:r><w:t>TEXTBOX-88 inside a shape</w:t></w:r></w:p></w:txbxContent></w:drawing>"
+    "</mc:Choice><mc:Fallback><w:pict><w:txbxContent>"
+    "<w:p><w:r><w:t>TEXTBOX-88 inside a shape</w:t></w:r></w:p></w:txbxContent></w:pict>"
+    "</mc:Fallback></mc:AlternateContent></w:r>"
+)
+
+
+def test_docx_text_box_read_once() -> None:
+    from lxml import etree
+
+    document = docx.Document()
+    anchor = document.add_paragraph("Before the box.")
+    anchor._p.append(etree.fromstring(TEXT_BOX_RUN))
+    document.add_paragraph("After the box.")
+    buf = io.BytesIO()
+    document.save(buf)
+    texts = [e.text for e in parse_named(buf.getvalue(), "box.docx").elements]
+    assert texts == ["Before the box.", "TEXTBOX-88 inside a shape", "After the box."]
+
+
 # -- PPTX ---------------------------------------------------------------------------------------
 
 

@@ -27,6 +27,9 @@ _W_P = qn("w:p")
 _W_TBL = qn("w:tbl")
 _W_TR = qn("w:tr")
 _W_TC = qn("w:tc")
+_W_TXBX = qn("w:txbxContent")
+_MC_FALLBACK = "{http://schemas.openxmlformats.org/markup-compatibility/2006}Fallback"
+_MAX_BOX_DEPTH = 8
 _CONTAINERS = {qn("w:sdt"), qn("w:sdtContent"), qn("w:customXml")}
 _HEADING_RE = re.compile(r"^heading\s*(\d)$", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"^[\s$€£%()+\-.,\d]+$")
@@ -51,6 +54,21 @@ def _blocks(parent: Any) -> Iterator[Any]:
 
 def _para_text(p: Any) -> str:
     return "".join(r.text for r in p.xpath(_RUN_XPATH)).strip()
+
+
+def _text_boxes(p: Any) -> list[Any]:
+    """Outermost text boxes (``w:txbxContent``) anchored in paragraph ``p``, skipping the
+    VML copy Word keeps under ``mc:Fallback`` (so a box's text is read once)."""
+    boxes = []
+    for box in p.iter(_W_TXBX):
+        ancestor = box.getparent()
+        while ancestor is not None and ancestor is not p:
+            if ancestor.tag in (_MC_FALLBACK, _W_TXBX):
+                break
+            ancestor = ancestor.getparent()
+        else:
+            boxes.append(box)
+    return boxes
 
 
 def _style_name(p: Any, styles_element: Any) -> str:
@@ -174,7 +192,17 @@ class _DocxWalker:
             self.emit("list", "\n".join(f"- {item}" for item in self.list_items))
             self.list_items = []
 
-    def paragraph(self, p: Any) -> None:
+    def paragraph(self, p: Any, depth: int = 0) -> None:
+        self.paragraph_text(p)
+        if depth < _MAX_BOX_DEPTH:
+            for box in _text_boxes(p):
+                for block in _blocks(box):
+                    if block.tag == _W_P:
+                        self.paragraph(block, depth + 1)
+                    else:
+                        self.table(block)
+
+    def paragraph_text(self, p: Any) -> None:
         text = _para_text(p)
         if not text:
             return
@@ -253,7 +281,8 @@ def parse_docx(data: bytes) -> ParseReport:
     (``header: value`` rows when the first row looks like a header, else ``" | "``-joined
     cells; metadata ``{"header": ..., "rows": [[...]]}``; merged cells as in
     :func:`_table_rows`; a nested table's rows are rendered inside its cell as
-    ``"a | b; c | d"``). Non-empty header/footer texts are appended once at the end as
+    ``"a | b; c | d"``). Text boxes follow the paragraph they are anchored in (once, not
+    again from their VML fallback). Non-empty header/footer texts are appended once at the end as
     paragraphs with ``metadata={"part": "header"|"footer"}``. Every picture under
     ``word/media/`` (body, headers, floating) becomes an ``Asset(kind="image")`` named by its
     entry, at most :data:`~ingestion.parsing.base.MAX_ASSETS`.
