@@ -939,6 +939,18 @@ def test_truncated_containers_are_corrupt_with_format_message(make, name, messag
     assert exc.value.message.startswith(message)
 
 
+def test_unsupported_zip_version_is_corrupt_not_a_crash() -> None:
+    data = bytearray(sample("fake.docx"))
+    directory = data.index(b"PK\x01\x02")
+    struct.pack_into("<H", data, directory + 6, 89)  # "version needed to extract": 8.9
+    with pytest.raises(CorruptDocument) as exc:
+        parse_named(bytes(data), "a.docx")
+    assert exc.value.message == "corrupt or unreadable DOCX"
+    with pytest.raises(UnsupportedType) as unsupported:
+        sniff_mime_type(bytes(data), "a.zip")
+    assert unsupported.value.mime_type == "application/zip"
+
+
 def test_damaged_inputs_raise_only_parse_errors() -> None:
     """Byte flips and truncations of every new format end in elements or a ParseError."""
     rng = random.Random(11)

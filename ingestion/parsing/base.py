@@ -306,7 +306,11 @@ def admit_zip(data: bytes, label: str):  # -> archive.ZipSummary (imported lazil
 
     try:
         return inspect_zip(data)
-    except CorruptDocument as exc:
+    except ParseError as exc:
+        if not isinstance(exc, CorruptDocument):
+            raise  # ArchiveRejected
+        raise CorruptDocument(f"corrupt or unreadable {label}") from exc
+    except Exception as exc:  # noqa: BLE001 - e.g. zipfile's NotImplementedError ("zip file version")
         raise CorruptDocument(f"corrupt or unreadable {label}") from exc
 
 

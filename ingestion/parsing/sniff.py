@@ -11,7 +11,7 @@ import filetype
 import olefile
 
 from .archive import ArchiveRejected, inspect_zip
-from .base import ContentMismatch, CorruptDocument, EmptyDocument, UnsupportedType, image_mime_type
+from .base import ContentMismatch, EmptyDocument, UnsupportedType, image_mime_type
 from .encoding import bom_encoding, guess_bomless_utf16
 
 PDF = "application/pdf"
@@ -152,7 +152,7 @@ def _zip_type(data: bytes, ext: str) -> str:
         summary = inspect_zip(data)
     except ArchiveRejected:
         raise
-    except CorruptDocument as exc:
+    except Exception as exc:  # noqa: BLE001 - CorruptDocument, or zipfile's NotImplementedError
         if ext in _ZIP_EXT:  # let that format's parser report the damage
             return _ZIP_EXT[ext]
         raise UnsupportedType("application/zip") from exc
