@@ -521,6 +521,27 @@ def test_eml_rfc2047_declared_charsets_html_body_and_text_attachment() -> None:
     assert [a.name for a in report.assets] == ["chart.png"]
 
 
+def test_eml_forwarded_message_attachment_is_parsed_under_its_subject() -> None:
+    inner = EmailMessage()
+    inner["From"] = "vendor@example.com"
+    inner["To"] = "buyer@example.com"
+    inner["Subject"] = "Quote 2291"
+    inner.set_content("Price per unit: FORWARD-77 euros.")
+    outer = EmailMessage()
+    outer["From"] = "buyer@example.com"
+    outer["To"] = "boss@example.com"
+    outer["Subject"] = "Fwd: Quote 2291"
+    outer.set_content("See the quote below.")
+    outer.add_attachment(inner)
+    report = parse_named(outer.as_bytes(), "fwd.eml")
+    listing = find(report, "Attachment: Quote 2291.eml")
+    assert listing.metadata["mime_type"] == "message/rfc822"
+    price = find(report, "FORWARD-77")
+    assert price.section_path == ("Quote 2291.eml",)
+    assert find(report, "Subject: Quote 2291").section_path == ("Quote 2291.eml",)
+    assert [e.text for e in report.elements].count("Price per unit: FORWARD-77 euros.") == 1
+
+
 def test_eml_gbk_body_and_encoded_subject() -> None:
     body = "会议纪要：预算已批准。".encode("gbk")
     raw = (

@@ -47,6 +47,8 @@ _TEXT_ATTACHMENTS = {
 }
 _TEXT_SUFFIXES = {".txt": "txt", ".csv": "csv", ".md": "markdown", ".html": "html", ".htm": "html"}
 _HEADER_ORDER = ("From", "To", "Cc", "Date", "Subject")
+#: Attached messages inside attached messages are parsed this deep (ours).
+MAX_MESSAGE_DEPTH = 3
 
 
 @dataclass
@@ -71,9 +73,19 @@ class MailContent:
 # -- shared assembly ------------------------------------------------------------------------
 
 
-def _parse_attachment(att: Attachment) -> list[Element]:
-    """Elements of a text-like attachment (empty for other types or on any parse error)."""
+def _parse_attachment(att: Attachment, depth: int) -> list[Element]:
+    """Elements of a text-like or message attachment (empty for other types or on any parse
+    error); an attached (forwarded) message is parsed like a message, nested at most
+    :data:`MAX_MESSAGE_DEPTH` deep."""
     from . import csv_parser, html_parser, markdown_parser, text_parser
+
+    if att.mime_type == "message/rfc822":
+        if depth >= MAX_MESSAGE_DEPTH or not att.data:
+            return []
+        try:
+            return _parse_eml(att.data, depth + 1).elements
+        except ParseError:
+            return []
 
     kind = _TEXT_ATTACHMENTS.get(att.mime_type)
     if kind is None and att.mime_type in ("", "application/octet-stream"):
@@ -107,7 +119,7 @@ def _body_elements(content: MailContent) -> list[Element]:
     return []
 
 
-def _assemble(content: MailContent, parser: str) -> ParseReport:
+def _assemble(content: MailContent, parser: str, depth: int = 0) -> ParseReport:
     out: list[Element] = []
     lines = [f"{k}: {content.headers[k]}" for k in _HEADER_ORDER if content.headers.get(k)]
     if lines:
@@ -130,7 +142,7 @@ def _assemble(content: MailContent, parser: str) -> ParseReport:
                 },
             )
         )
-        for element in _parse_attachment(att):
+        for element in _parse_attachment(att, depth):
             path = (name, *element.section_path)
             out.append(
                 Element(
@@ -206,16 +218,23 @@ def _eml_content(msg: EmailMessage) -> MailContent:
         content.plain = _part_text(plain_part)
     if html_part is not None:
         content.html = _part_text(html_part)
-    bodies = {id(p) for p in (body, plain_part, html_part) if p is not None}
+    skip = {id(p) for p in (body, plain_part, html_part) if p is not None}
     for part in msg.walk():
-        if id(part) in bodies or part is msg:
+        if id(part) in skip or part is msg:
             continue
-        if part.is_multipart() and part.get_content_maintype() != "message":
-            continue
-        disposition = part.get_content_disposition()
         name = collapse_ws(part.get_filename() or "")
-        if part.get_content_maintype() == "text" and disposition != "attachment" and not name:
-            continue  # an alternative body we did not choose
+        if part.get_content_type() == "message/rfc822":
+            # An attached message is one attachment; its own parts are parsed with it.
+            skip.update(id(sub) for sub in part.walk())
+            inner = part.get_payload()
+            if not name and isinstance(inner, list) and inner:
+                subject = _header(inner[0], "Subject")
+                name = f"{subject}.eml" if subject else ""
+        elif part.is_multipart():
+            continue
+        elif part.get_content_maintype() == "text":
+            if part.get_content_disposition() != "attachment" and not name:
+                continue  # an alternative body we did not choose
         content.attachments.append(Attachment(name, part.get_content_type(), _part_bytes(part)))
     return content
 
@@ -228,13 +247,18 @@ def parse_eml(data: bytes) -> ParseReport:
     text/plain preferred (split into paragraphs on blank lines), else the HTML body's elements;
     then per attachment a ``"paragraph"`` ``"Attachment: <name> (<type>, <n> bytes)"`` with
     ``metadata={"part": "attachment", "name", "mime_type", "size"}``, followed by the parsed
-    elements of a text-like attachment (text, CSV, Markdown, HTML up to 5 MiB) under
+    elements of a text-like attachment (text, CSV, Markdown, HTML up to 5 MiB) or of an
+    attached (forwarded) message (named after its subject when it has no file name) under
     ``section_path`` ``(name, ...)``. Declared charsets are honoured; undeclared or unknown
     ones are detected. Image attachments become ``Asset(kind="image", name=<file name>)``.
 
     Raises:
         CorruptDocument: "corrupt or unreadable e-mail message (EML)".
     """
+    return _parse_eml(data, 0)
+
+
+def _parse_eml(data: bytes, depth: int) -> ParseReport:
     try:
         msg = email.message_from_bytes(data, policy=policy.default)
         content = _eml_content(msg)  # type: ignore[arg-type]
@@ -244,7 +268,7 @@ def parse_eml(data: bytes) -> ParseReport:
         raise CorruptDocument(_CORRUPT_EML) from exc
     if not any(content.headers.values()) and not content.plain and not content.html:
         raise CorruptDocument(_CORRUPT_EML + ": no headers and no body")
-    return _assemble(content, "native-email")
+    return _assemble(content, "native-email", depth)
 
 
 # -- MSG ------------------------------------------------------------------------------------
