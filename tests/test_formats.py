@@ -19,6 +19,8 @@ import openpyxl
 import pptx
 import pytest
 from PIL import Image
+from pptx.chart.data import CategoryChartData
+from pptx.enum.chart import XL_CHART_TYPE
 from pptx.util import Inches
 
 from ingestion.parsing import (
@@ -232,12 +234,23 @@ def make_pptx() -> bytes:
     cells.cell(2, 1).merge(cells.cell(2, 2))
     cells.cell(2, 1).text = "shared 80"
     second.shapes.add_picture(io.BytesIO(png_bytes()), Inches(5), Inches(1))
+    third = deck.slides.add_slide(deck.slide_layouts[5])
+    third.shapes.title.text = "Trend"
+    data = CategoryChartData()
+    data.categories = ["Q1", "Q2"]
+    data.add_series("Revenue", (10.0, 12.5))
+    data.add_series("Cost", (7, 8))
+    graphic = third.shapes.add_chart(
+        XL_CHART_TYPE.COLUMN_CLUSTERED, Inches(1), Inches(1), Inches(6), Inches(4), data
+    )
+    graphic.chart.has_title = True
+    graphic.chart.chart_title.text_frame.text = "Revenue by quarter"
     buf = io.BytesIO()
     deck.save(buf)
     return buf.getvalue()
 
 
-def test_pptx_notes_groups_merged_tables_and_pictures() -> None:
+def test_pptx_notes_groups_merged_tables_charts_and_pictures() -> None:
     report = parse_named(make_pptx(), "budget.pptx")
     notes = find(report, "NOTE-4471")
     assert notes.metadata == {"part": "notes"}
@@ -255,6 +268,13 @@ def test_pptx_notes_groups_merged_tables_and_pictures() -> None:
         ("image", "image/png", 2)
     ]
     assert report.assets[0].name.startswith("ppt/media/")
+    assert find(report, "Revenue by quarter").page_number == 3
+    chart = [e for e in report.elements if e.type == "table"][1]
+    assert (chart.page_number, chart.section_path) == (3, ("Trend",))
+    assert chart.text.split("\n") == [
+        "Category: Q1; Revenue: 10; Cost: 7",
+        "Category: Q2; Revenue: 12.5; Cost: 8",
+    ]
 
 
 # -- XLSX ---------------------------------------------------------------------------------------

@@ -75,6 +75,14 @@ def _table(shape: Any) -> tuple[str, dict] | None:
     return render_table(None, rows)
 
 
+def _chart_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return f"{value:.15g}" if isinstance(value, float) else collapse_ws(str(value))
+
+
 def _image_partname(shape: Any) -> str:
     """Package name of a picture's image part, e.g. ``"ppt/media/image1.png"``, or ``""``."""
     try:
@@ -116,6 +124,29 @@ class _SlideWalker:
             Asset(kind="image", data=blob, mime_type=mime, page_number=number, name=str(name))
         )
 
+    def chart(self, shape: Any, number: int, path: tuple[str, ...]) -> None:
+        """A category chart's title as a paragraph and its data as a table (one row per
+        category, one column per series); other chart kinds contribute their title only."""
+        try:
+            chart = shape.chart
+            title = collapse_ws(chart.chart_title.text_frame.text) if chart.has_title else ""
+            plots = list(chart.plots)
+            categories = [collapse_ws(str(c)) for c in plots[0].categories] if plots else []
+            series = [(collapse_ws(s.name or ""), list(s.values)) for p in plots for s in p.series]
+        except Exception:  # noqa: BLE001 - an unusual chart part: keep the rest of the slide
+            return
+        self.emit("paragraph", title, number, path)
+        if not categories or not series:
+            return
+        header = ["Category"] + [name or f"series {i}" for i, (name, _) in enumerate(series, 1)]
+        rows = [
+            [category]
+            + [_chart_value(values[i]) if i < len(values) else "" for _, values in series]
+            for i, category in enumerate(categories)
+        ]
+        text, meta = render_table(header, rows)
+        self.emit("table", text, number, path, metadata=meta)
+
     def text_frame(self, shape: Any, number: int, path: tuple[str, ...]) -> None:
         paragraphs = _paragraphs(shape.text_frame)
         if not paragraphs:
@@ -146,6 +177,8 @@ class _SlideWalker:
                 rendered = _table(shape)
                 if rendered is not None:
                     self.emit("table", rendered[0], number, path, metadata=rendered[1])
+            elif getattr(shape, "has_chart", False) and shape.has_chart:
+                self.chart(shape, number, path)
             elif shape.shape_type == MSO_SHAPE_TYPE.PICTURE or hasattr(shape, "image"):
                 self.picture(shape, number)
             elif getattr(shape, "has_text_frame", False) and shape.has_text_frame:
@@ -165,7 +198,9 @@ def parse_pptx(data: bytes) -> ParseReport:
     included: body placeholders with several paragraphs become one ``"list"`` (``"- item"``
     lines indented by two spaces per level), other text (subtitles, text boxes) a
     ``"paragraph"``; tables a ``"table"`` (first row as header when the table marks it;
-    merged cells once); pictures ``Asset(kind="image", page_number=slide)`` (each distinct
+    merged cells once); charts their title and, for category charts, a ``"table"`` of the
+    data (``Category`` and one column per series); pictures ``Asset(kind="image",
+    page_number=slide)`` (each distinct
     image once, at most :data:`~ingestion.parsing.base.MAX_ASSETS`); speaker notes a
     ``"paragraph"`` with ``metadata={"part": "notes"}``. Date and slide-number placeholders
     are skipped.
