@@ -132,6 +132,7 @@ def test_docx_pictures_become_assets() -> None:
     assert all(a.kind == "image" and a.mime_type == "image/png" for a in report.assets)
     assert all(a.data.startswith(PNG_MAGIC) for a in report.assets)
     assert sorted(len(a.data) for a in report.assets) == [3739, 6111, 64276]
+    assert all(a.width and a.height for a in report.assets)
     assert "An inline picture appears here" in all_text(report)
     header = find(report, "An inline picture in the header.")
     assert header.metadata == {"part": "header"}
@@ -264,8 +265,8 @@ def test_pptx_notes_groups_merged_tables_charts_and_pictures() -> None:
         "Team: Ops; Budget: 120; Owner: Ana",
         "Team: Sales; Budget: shared 80",
     ]
-    assert [(a.kind, a.mime_type, a.page_number) for a in report.assets] == [
-        ("image", "image/png", 2)
+    assert [(a.kind, a.mime_type, a.page_number, a.width, a.height) for a in report.assets] == [
+        ("image", "image/png", 2, 8, 6)
     ]
     assert report.assets[0].name.startswith("ppt/media/")
     assert find(report, "Revenue by quarter").page_number == 3
@@ -757,7 +758,12 @@ def test_msg_built_code_page_recipients_and_attachments() -> None:
     skis = find(report, "ATTACH-5521")
     assert skis.section_path == ("minutes.txt",)
     (asset,) = report.assets
-    assert (asset.name, asset.mime_type) == ("LOGO.PNG", "image/png")
+    assert (asset.name, asset.mime_type, asset.width, asset.height) == (
+        "LOGO.PNG",
+        "image/png",
+        80,
+        60,
+    )
 
 
 # -- EPUB ---------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ Pure Python, no Django imports.
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass, field
 
@@ -293,6 +294,33 @@ def image_mime_type(data: bytes, name: str = "") -> str | None:
     return _IMAGE_SUFFIX_MIME.get(suffix)
 
 
+def image_size(data: bytes) -> tuple[int | None, int | None]:
+    """``(width, height)`` in pixels from an image's header (Pillow reads no pixel data), or
+    ``(None, None)`` when Pillow cannot tell."""
+    try:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+        return int(width), int(height)
+    except Exception:  # noqa: BLE001 - sizes are informative; unknown formats stay None
+        return None, None
+
+
+def image_asset(data: bytes, mime_type: str, name: str, page_number: int | None = None) -> Asset:
+    """An ``Asset(kind="image")`` with its pixel size read from the header."""
+    width, height = image_size(data)
+    return Asset(
+        kind="image",
+        data=data,
+        mime_type=mime_type,
+        page_number=page_number,
+        name=name,
+        width=width,
+        height=height,
+    )
+
+
 def admit_zip(data: bytes, label: str):  # -> archive.ZipSummary (imported lazily: no cycle)
     """Admit a ZIP-based document through :func:`ingestion.parsing.archive.inspect_zip` before
     its parser opens it (nothing is inflated).
@@ -321,7 +349,6 @@ def zip_images(data: bytes, names: list[str], cap: int = MAX_ASSETS) -> tuple[li
     ``(assets, skipped_over_cap)``: at most ``cap`` assets, and how many further images there
     were.
     """
-    import io
     import zipfile
 
     assets: list[Asset] = []
@@ -337,5 +364,5 @@ def zip_images(data: bytes, names: list[str], cap: int = MAX_ASSETS) -> tuple[li
                 continue
             mime = image_mime_type(blob, name)
             if mime is not None and blob:
-                assets.append(Asset(kind="image", data=blob, mime_type=mime, name=name))
+                assets.append(image_asset(blob, mime, name))
     return assets, over

@@ -29,6 +29,7 @@ from .base import (
     ParseError,
     ParseReport,
     collapse_ws,
+    image_asset,
     image_mime_type,
 )
 from .encoding import decode_text
@@ -158,7 +159,7 @@ def _assemble(content: MailContent, parser: str, depth: int = 0) -> ParseReport:
             if len(assets) >= MAX_ASSETS:
                 over += 1
             else:
-                assets.append(Asset(kind="image", data=att.data, mime_type=image, name=name))
+                assets.append(image_asset(att.data, image, name))
     warnings = [f"{over} images beyond the limit of {MAX_ASSETS} were not kept"] if over else []
     return ParseReport(
         elements=out,

@@ -18,6 +18,7 @@ from .base import (
     ParseReport,
     admit_zip,
     collapse_ws,
+    image_asset,
     image_mime_type,
 )
 from .tables import render_table
@@ -120,9 +121,7 @@ class _SlideWalker:
             return
         mime = image_mime_type(blob, image.filename or "") or image.content_type
         name = _image_partname(shape) or f"slide{number}/{shape.name}"
-        self.assets.append(
-            Asset(kind="image", data=blob, mime_type=mime, page_number=number, name=str(name))
-        )
+        self.assets.append(image_asset(blob, mime, str(name), page_number=number))
 
     def chart(self, shape: Any, number: int, path: tuple[str, ...]) -> None:
         """A category chart's title as a paragraph and its data as a table (one row per
