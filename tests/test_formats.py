@@ -901,6 +901,20 @@ def _encode_image(fmt: str) -> bytes:
     return buf.getvalue()
 
 
+def test_email_with_a_long_header_block_is_sniffed_as_email() -> None:
+    signature = "DKIM-Signature: v=1; a=rsa-sha256; d=example.com; b=" + "\r\n\t".join(
+        ["QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo" * 2] * 120
+    )
+    raw = (
+        f"Received: from mx.example.com\r\n{signature}\r\nX-Empty:\r\n"
+        "From: a@example.com\r\nTo: b@example.com\r\nSubject: long headers\r\n"
+        "Date: Tue, 03 Mar 2026 10:00:00 +0000\r\n\r\nBody after 8 KiB of headers.\r\n"
+    ).encode()
+    assert len(raw) > 8192
+    assert sniff_mime_type(raw, "export.txt") == EML
+    assert "Body after 8 KiB of headers." in all_text(parse_with_report(raw, EML))
+
+
 @pytest.mark.parametrize(
     ("data_name", "name", "message"),
     [

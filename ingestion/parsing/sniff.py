@@ -117,7 +117,7 @@ _LEADING_NOISE_RE = re.compile(r"^(?:\s+|<\?xml[^>]*\?>|<!--.*?-->)+", re.DOTALL
 _HTML_START_RE = re.compile(r"^<(?:!doctype\s+html|html|head|body)\b", re.IGNORECASE)
 _HTML_MARKER_RE = re.compile(r"<(?:!doctype\s+html|html|body)\b", re.IGNORECASE)
 _SVG_START_RE = re.compile(r"^<(?:!doctype\s+svg|svg)\b", re.IGNORECASE)
-_HEADER_LINE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*:[ \t]")
+_HEADER_LINE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*:")
 _EMAIL_HEADERS = {
     "from",
     "to",
@@ -134,6 +134,8 @@ _EMAIL_HEADERS = {
 }
 _MBOX_FROM_RE = re.compile(r"^From \S+ +(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ")
 _HEAD_BYTES = 4096
+#: Mail header blocks (DKIM/ARC signatures, Received chains) often exceed 4 KiB.
+_MAIL_HEAD_CHARS = 32768
 _BINARY_BYTES_RE = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")
 
 
@@ -217,8 +219,8 @@ def describe_type(mime_type: str) -> str:
     return _DESCRIPTIONS.get(mime_type, mime_type)
 
 
-def _head_text(data: bytes) -> str:
-    head = data[:_HEAD_BYTES]
+def _head_text(data: bytes, limit: int = _HEAD_BYTES) -> str:
+    head = data[:limit]
     bom = bom_encoding(head)
     if bom is not None:
         return head[bom[1] :].decode(bom[0], "ignore")
@@ -241,14 +243,18 @@ def looks_like_html(data: bytes) -> bool:
 def looks_like_email(head: str, minimum: int = 3) -> bool:
     """True when the text opens with an RFC 822 header block naming at least ``minimum`` of
     the usual message headers (``From``, ``To``, ``Subject``, ``Date``, ``Message-ID``,
-    ``MIME-Version``, ``Received``, …)."""
+    ``MIME-Version``, ``Received``, …); every line before the blank line must be a header
+    or a folded continuation."""
     names = set()
-    for line in head.splitlines():
+    lines = head.splitlines()
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             break
         if line[:1] in " \t":  # folded continuation of the previous header
             continue
         if not _HEADER_LINE_RE.match(line):
+            if number == len(lines):
+                break  # the sample may end inside a line
             return False
         names.add(line.split(":", 1)[0].lower())
     return len(names & _EMAIL_HEADERS) >= minimum
@@ -278,7 +284,8 @@ def _detect(data: bytes, ext: str) -> str:
         raise UnsupportedType("image/svg+xml")
     if ext == ".mbox" or _MBOX_FROM_RE.match(head):
         raise UnsupportedType("application/mbox")
-    if looks_like_email(head, minimum=1 if ext == ".eml" else 3):
+    mail_head = _head_text(data, _MAIL_HEAD_CHARS).lstrip("\ufeff")
+    if looks_like_email(mail_head, minimum=1 if ext == ".eml" else 3):
         return EML
     if looks_like_html(data):
         return "text/html"
