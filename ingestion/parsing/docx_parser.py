@@ -267,7 +267,8 @@ class _DocxWalker:
                     self.out.append(Element(type="paragraph", text=text, metadata={"part": kind}))
 
 
-def _media_names(data: bytes, names: tuple[str, ...]) -> list[str]:
+def _media_names(names: tuple[str, ...]) -> list[str]:
+    """Entries under ``word/media/`` (every picture of the body, headers and footers)."""
     return [n for n in names if n.startswith("word/media/") and not n.endswith("/")]
 
 
@@ -299,7 +300,7 @@ def parse_docx(data: bytes) -> ParseReport:
     walker = _DocxWalker(document)
     walker.body()
     walker.headers_footers()
-    assets, over = zip_images(data, _media_names(data, summary.names))
+    assets, over = zip_images(data, _media_names(summary.names))
     warnings = [f"{over} images beyond the limit of {MAX_ASSETS} were not kept"] if over else []
     return ParseReport(
         elements=walker.out,
