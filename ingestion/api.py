@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import hashlib
 
-from django.conf import settings
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from knowledgefs.admission import BufferedUploadAdmissionMixin
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
-from knowledgefs.errors import InvalidInput, LengthRequired, PayloadTooLarge
+from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
-from knowledgefs.uploads import upload_limit_message
 from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
@@ -20,7 +19,7 @@ from .serializers import DocumentSerializer, JobSerializer
 from .services import compilation, documents, reports
 
 
-class DocumentListView(APIView):
+class DocumentListView(BufferedUploadAdmissionMixin, APIView):
     operations = {
         "GET": Operation("documents.list", space_from()),
         "POST": Operation("documents.create", space_from(), WRITE_CALLERS),
@@ -33,16 +32,12 @@ class DocumentListView(APIView):
         return paginator.get_paginated_response(DocumentSerializer(page, many=True).data)
 
     def post(self, request, space_id):
-        """Upload one file (multipart field ``file``); 202 with the document and its job."""
+        """Upload one file (multipart field ``file``); 202 with the document and its job.
+
+        The body is read only after the upload admission (knowledgefs.admission: 411, 413,
+        429, 408 before or while it is read).
+        """
         space = get_space(request.user, space_id)
-        limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        if declared > limit + settings.KNOWLEDGE_UPLOAD_ENVELOPE_BYTES:
-            raise PayloadTooLarge(upload_limit_message(limit))  # refused before the body is read
-        if not request.META.get("CONTENT_LENGTH"):
-            raise LengthRequired(
-                "uploads need a Content-Length header (chunked request bodies are not accepted)"
-            )
         uploads = request.FILES.getlist("file")
         if len(uploads) > 1:
             raise InvalidInput(

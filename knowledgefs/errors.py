@@ -93,6 +93,24 @@ class Unavailable(ServiceError):
     code = "unavailable"
 
 
+class RequestTimeout(ServiceError):
+    """408: the request body did not arrive within a read deadline (``upload_timeout``)."""
+
+    status = 408
+    code = "upload_timeout"
+
+
+class TooManyRequests(ServiceError):
+    """429 with ``Retry-After`` (``retry_after`` seconds): try again later."""
+
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: int, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers = {"Retry-After": str(max(1, int(retry_after)))}
+
+
 _DRF_CODES = {
     drf_exceptions.NotAuthenticated: "not_authenticated",
     drf_exceptions.AuthenticationFailed: "authentication_failed",
@@ -109,7 +127,7 @@ _DRF_CODES = {
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF exception handler: every error becomes ``{"code", "message"[, "details"]}``."""
     if isinstance(exc, ServiceError):
-        return Response(exc.as_dict(), status=exc.status)
+        return Response(exc.as_dict(), status=exc.status, headers=getattr(exc, "headers", None))
     if isinstance(exc, DifyError):
         return dify_error_response(exc, context)
     if isinstance(exc, Http404):

@@ -51,7 +51,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import storage
+from . import admission, storage
 from .auth.capability import parse_public_jwks
 from .dify.errors import DifyError, ModelRuntimeError
 from .dify.model_runtime import DifyModelRuntime
@@ -341,8 +341,9 @@ def _log_transition(failing: list[str], checks: dict[str, dict[str, Any]]) -> No
 
 def diagnostics() -> dict[str, Any]:
     """``/health``'s body, without waiting: ``{"status": "ok", "runtime", "components": {name:
-    last result (with its age) or {"ok": false, "state": "unchecked"}}}``. Stale components are
-    checked in the background."""
+    last result (with its age) or {"ok": false, "state": "unchecked"}}, "uploads": the upload
+    limits and this process's admission gate (knowledgefs.admission.diagnostics)}``. Stale
+    components are checked in the background."""
     now = time.monotonic()
     components: dict[str, dict[str, Any]] = {}
     for name, component in _components.items():
@@ -353,7 +354,12 @@ def diagnostics() -> dict[str, Any]:
             if last is not None
             else {"ok": False, "state": "unchecked", "detail": "not checked yet"}
         )
-    return {"status": "ok", "runtime": selection.runtime_name(), "components": components}
+    return {
+        "status": "ok",
+        "runtime": selection.runtime_name(),
+        "components": components,
+        "uploads": admission.diagnostics(),
+    }
 
 
 # --- views --------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -218,18 +218,49 @@ KNOWLEDGE_EMBEDDING_THREADS = bounded_int(
     64,
 )
 
-# --- Upload and ingestion limits (production deployment guide) --------------------------------
+# --- Upload admission (production deployment guide; knowledgefs.admission) -------------------
+# One per-file limit (15 MiB, at most 50 MiB) drives the file check while the body is read, the
+# request-body limit (a Content-Length above limit + envelope is refused unread) and the 413
+# text. Buffered multipart uploads pass a process-wide gate before their body is read: active
+# requests and an aggregate reservation of three times each request's bounded envelope; waiting
+# is FIFO for at most the idle timeout. Body reads have an idle and a total deadline (408).
 KNOWLEDGE_UPLOAD_MAX_BYTES = bounded_int(
     "KNOWLEDGE_UPLOAD_MAX_BYTES", 15 * 1024 * 1024, 1, 50 * 1024 * 1024
 )
-# Multipart envelope allowance on top of the file limit before the body is refused unread.
+# Multipart envelope allowance on top of the file limit (boundaries, part headers, a long UTF-8
+# filename): the largest body admitted is KNOWLEDGE_UPLOAD_MAX_BYTES + this.
 KNOWLEDGE_UPLOAD_ENVELOPE_BYTES = 64 * 1024
+KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_CONCURRENCY = bounded_int(
+    "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_CONCURRENCY", 2, 1, 8
+)
+KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES = bounded_int(
+    "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES", 192 * 1024 * 1024, 1024**2, 4 * 1024**3
+)
+KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS = bounded_int(
+    "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS", 30000, 100, 600000
+)
+KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS = bounded_int(
+    "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS", 600000, 100, 3600000
+)
+_upload_idle_ms = KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS
+if KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS < _upload_idle_ms:
+    raise ImproperlyConfigured(
+        "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS="
+        f"{KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS} must be at least "
+        f"KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS={_upload_idle_ms}; "
+        f"accepted range {_upload_idle_ms}..3600000"
+    )
+# Django's own limits do not contradict the file limit: DATA_UPLOAD_MAX_MEMORY_SIZE counts only
+# non-file form fields (2 MiB), and a file over FILE_UPLOAD_MAX_MEMORY_SIZE is spooled to a
+# temporary file instead of memory; neither refuses a file under KNOWLEDGE_UPLOAD_MAX_BYTES.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 FILE_UPLOAD_HANDLERS = [
     "knowledgefs.uploads.RawNameMemoryUploadHandler",
     "knowledgefs.uploads.RawNameTemporaryUploadHandler",
 ]
+
+# --- Ingestion limits ------------------------------------------------------------------------
 KNOWLEDGE_CHUNK_TARGET_CHARS = bounded_int("KNOWLEDGE_CHUNK_TARGET_CHARS", 1200, 200, 8000)
 KNOWLEDGE_CHUNK_OVERLAP_CHARS = bounded_int("KNOWLEDGE_CHUNK_OVERLAP_CHARS", 120, 0, 1000)
 KNOWLEDGE_COMPILE_BATCH_DOCUMENTS = bounded_int("KNOWLEDGE_COMPILE_BATCH_DOCUMENTS", 64, 1, 1024)
@@ -449,3 +480,76 @@ KNOWLEDGE_EMBEDDING_MODELS: dict[str, str] = {}
 # Admin messages live in the session (database), never in a client-side cookie: the message
 # that shows a new API key's secret once must not travel back and forth in a readable cookie.
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+
+# --- Unstructured-compatible parser -----------------------------------------------------------
+# Complex formats (PDF, Office, EPUB, mail, RTF, ODF) go to this parser when UNSTRUCTURED_API_URL
+# is set (ingestion/unstructured/, docs/unstructured.md). Numbers from the seed deployment guide.
+UNSTRUCTURED_API_URL = env.str("UNSTRUCTURED_API_URL", default="").strip().rstrip("/")
+if UNSTRUCTURED_API_URL:
+    _parsed = urlsplit(UNSTRUCTURED_API_URL)
+    try:
+        _parsed.port  # noqa: B018 - raises on a port that is not a number in 0..65535
+    except ValueError:
+        raise ImproperlyConfigured("UNSTRUCTURED_API_URL has an invalid port") from None
+    if _parsed.scheme not in ("http", "https") or not _parsed.hostname:
+        raise ImproperlyConfigured(
+            "UNSTRUCTURED_API_URL must be an http:// or https:// URL with a host, "
+            "e.g. http://knowledge_fs_unstructured:8000"
+        )
+    if _parsed.username or _parsed.password or _parsed.query or _parsed.fragment:
+        raise ImproperlyConfigured(
+            "UNSTRUCTURED_API_URL must not carry credentials, a query or a fragment "
+            "(use UNSTRUCTURED_API_KEY for authentication)"
+        )
+    # The endpoint path is added by the client; accept a URL that already names it.
+    UNSTRUCTURED_API_URL = UNSTRUCTURED_API_URL.removesuffix("/general/v0/general")
+UNSTRUCTURED_API_KEY = env.str("UNSTRUCTURED_API_KEY", default="").strip()
+if UNSTRUCTURED_API_KEY and not (
+    UNSTRUCTURED_API_KEY.isascii() and UNSTRUCTURED_API_KEY.isprintable()
+):
+    raise ImproperlyConfigured(
+        "UNSTRUCTURED_API_KEY must be printable ASCII (no control character)"
+    )
+
+
+def _with_alias(name: str, alias: str) -> str:
+    """``name`` when it is set, else its lower-precedence compatibility ``alias`` when that is."""
+    return (
+        name
+        if env.str(name, default="").strip() or not env.str(alias, default="").strip()
+        else alias
+    )
+
+
+UNSTRUCTURED_MAX_CONCURRENCY = bounded_int("UNSTRUCTURED_MAX_CONCURRENCY", 2, 1, 64)
+_heavy_name = _with_alias("UNSTRUCTURED_HEAVY_MAX_CONCURRENCY", "UNSTRUCTURED_PDF_MAX_CONCURRENCY")
+UNSTRUCTURED_HEAVY_MAX_CONCURRENCY = bounded_int(_heavy_name, 1, 1, 64)
+if UNSTRUCTURED_HEAVY_MAX_CONCURRENCY > UNSTRUCTURED_MAX_CONCURRENCY:
+    raise ImproperlyConfigured(
+        f"{_heavy_name}={UNSTRUCTURED_HEAVY_MAX_CONCURRENCY} exceeds "
+        f"UNSTRUCTURED_MAX_CONCURRENCY={UNSTRUCTURED_MAX_CONCURRENCY}: the heavy lane is nested "
+        "in the process-wide limit and must not exceed it"
+    )
+UNSTRUCTURED_MAX_INPUT_BYTES = bounded_int(
+    "UNSTRUCTURED_MAX_INPUT_BYTES", 15 * 1024 * 1024, 1, 50 * 1024 * 1024
+)
+UNSTRUCTURED_MAX_RESPONSE_BYTES = bounded_int(
+    "UNSTRUCTURED_MAX_RESPONSE_BYTES", 32 * 1024 * 1024, 1024, 256 * 1024 * 1024
+)
+UNSTRUCTURED_REQUEST_TIMEOUT_MS = bounded_int(
+    "UNSTRUCTURED_REQUEST_TIMEOUT_MS", 600_000, 1000, 3_600_000
+)
+UNSTRUCTURED_HEAVY_REQUEST_TIMEOUT_MS = bounded_int(
+    _with_alias("UNSTRUCTURED_HEAVY_REQUEST_TIMEOUT_MS", "UNSTRUCTURED_PDF_REQUEST_TIMEOUT_MS"),
+    2_400_000,
+    1000,
+    3_600_000,
+)
+UNSTRUCTURED_MAX_RETRIES = bounded_int("UNSTRUCTURED_MAX_RETRIES", 0, 0, 10)
+# Partitioning strategy sent with every request; hi_res needs layout models the parser must have.
+UNSTRUCTURED_STRATEGY = env.str("UNSTRUCTURED_STRATEGY", default="auto").strip().lower()
+if UNSTRUCTURED_STRATEGY not in ("auto", "fast", "hi_res", "ocr_only"):
+    raise ImproperlyConfigured(
+        f"UNSTRUCTURED_STRATEGY={UNSTRUCTURED_STRATEGY!r} is not one of "
+        "auto, fast, hi_res, ocr_only"
+    )

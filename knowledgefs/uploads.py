@@ -21,6 +21,8 @@ from .errors import PayloadTooLarge
 
 
 def upload_limit_message(limit: int) -> str:
+    """The 413 text for ``KNOWLEDGE_UPLOAD_MAX_BYTES`` = ``limit`` bytes, e.g. "file exceeds the
+    upload limit of 15728640 bytes (15 MiB)" — the one place the limit is put into words."""
     return f"file exceeds the upload limit of {limit} bytes ({limit / 1048576:g} MiB)"
 
 
@@ -39,7 +41,10 @@ class _RawNameMixin:
         self.received_bytes += len(raw_data)
         limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
         if self.received_bytes > limit:
-            raise PayloadTooLarge(upload_limit_message(limit))
+            part = getattr(self, "file", None)
+            if part is not None:
+                part.close()  # a temporary file is deleted on close: no partial file remains
+            raise PayloadTooLarge(upload_limit_message(limit), details={"limit_bytes": limit})
         return super().receive_data_chunk(raw_data, start)
 
     def file_complete(self, file_size):

@@ -31,15 +31,31 @@ def test_a_key_narrowed_elsewhere_is_narrowed_at_once(tenant, principal):
 
 
 @pytest.mark.parametrize(
-    ("name", "data"),
+    ("name", "data", "mime_type"),
     [
-        ("mail.eml", b"From: a@example.com\nTo: b@example.com\nSubject: hi\n\nbody"),
-        ("mail.txt", b"Received: from x\nFrom: a@example.com\nDate: Mon\nSubject: s\n\nbody"),
-        ("logo.svg", b'<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg"></svg>'),
+        (
+            "mail.eml",
+            b"From: a@example.com\nTo: b@example.com\nSubject: hi\n\nbody",
+            "message/rfc822",
+        ),
+        (
+            "mail.txt",
+            b"Received: from x\nFrom: a@example.com\nDate: Mon\nSubject: s\n\nbody",
+            "message/rfc822",
+        ),
     ],
 )
-def test_email_and_svg_are_refused_until_they_are_parsed(client, space, name, data):
+def test_email_is_admitted_as_a_message_whatever_its_text_name(
+    client, space, name, data, mime_type
+):
     response = upload(client, space, name, data)
+    assert response.status_code == 202, response.content
+    assert response.json()["document"]["mime_type"] == mime_type
+
+
+def test_svg_is_refused(client, space):
+    svg = b'<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg"></svg>'
+    response = upload(client, space, "logo.svg", svg)
     assert response.status_code == 415
     assert response.json()["code"] == "unsupported_media_type"
     assert not Document.objects.exists()

@@ -183,16 +183,25 @@ def test_sniff_docx_by_content_and_zip_that_is_not_docx() -> None:
         zf.writestr("[Content_Types].xml", "<Types/>")
     with pytest.raises(UnsupportedType) as exc:
         sniff_mime_type(buf.getvalue(), "book.docx")
-    assert exc.value.code == "unsupported_media_type"
+    assert exc.value.code == "content_mismatch"
     assert "spreadsheetml" in exc.value.mime_type
+    assert exc.value.message == (
+        "content mismatch: named .docx but the content is an Excel (XLSX) workbook"
+    )
+    plain_zip = io.BytesIO()
+    with zipfile.ZipFile(plain_zip, "w") as zf:
+        zf.writestr("notes/readme.txt", "hello")
+    with pytest.raises(UnsupportedType) as exc:
+        sniff_mime_type(plain_zip.getvalue(), "archive.zip")
+    assert exc.value.code == "unsupported_media_type"
+    assert exc.value.mime_type == "application/zip"
     assert "text/markdown" in exc.value.message  # names the supported types
 
 
 def test_sniff_binary_types_are_unsupported() -> None:
-    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
     with pytest.raises(UnsupportedType) as exc:
-        sniff_mime_type(png, "image.txt")
-    assert exc.value.mime_type == "image/png"
+        sniff_mime_type(b"\x00\x00\x01\x00\x01\x00\x10\x10" + b"\x00" * 64, "favicon.ico")
+    assert exc.value.mime_type == "image/x-icon"
     with pytest.raises(UnsupportedType):
         sniff_mime_type(b"\x01\x02\x00\x00\x07binary\x00\xff", "blob.bin")
     with pytest.raises(UnsupportedType) as exc:
@@ -213,16 +222,21 @@ def test_sniff_sample_docs() -> None:
     }
     for name, mime in expected.items():
         assert sniff_mime_type(sample(name), name) == mime, name
-    unsupported = {
-        "stanley-cups.xlsx": "spreadsheetml",
-        "fake-power-point.pptx": "presentationml",
-        "winter-sports.epub": "epub",
-        "fake-email.msg": "ms-outlook",
-    }
-    for name, fragment in unsupported.items():
-        with pytest.raises(UnsupportedType) as exc:
-            sniff_mime_type(sample(name), name)
-        assert fragment in exc.value.mime_type, name
+    expected.update(
+        {
+            "stanley-cups.xlsx": (
+                "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+            ),
+            "fake-power-point.pptx": (
+                "application/vnd.openxmlformats-officedocument.presentationml.presentation"
+            ),
+            "winter-sports.epub": "application/epub+zip",
+            "fake-email.msg": "application/vnd.ms-outlook",
+            "fake-email.eml": "message/rfc822",
+        }
+    )
+    for name, mime in expected.items():
+        assert sniff_mime_type(sample(name), name) == mime, name
 
 
 # -- dispatch and errors ----------------------------------------------------------------------
@@ -230,8 +244,8 @@ def test_sniff_sample_docs() -> None:
 
 def test_parse_unsupported_mime() -> None:
     with pytest.raises(UnsupportedType) as exc:
-        parse(b"data", "image/png")
-    assert exc.value.mime_type == "image/png"
+        parse(b"data", "image/svg+xml")
+    assert exc.value.mime_type == "image/svg+xml"
     assert all(m in exc.value.message for m in SUPPORTED_MIME_TYPES)
 
 
@@ -595,7 +609,7 @@ def test_every_sample_yields_well_formed_elements() -> None:
             assert e.type in {"title", "heading", "paragraph", "table", "list", "code"}
             assert e.text and e.text == e.text.strip() and "\ufeff" not in e.text
             assert (e.level is not None) == (e.type == "heading")
-            assert e.page_number is None or path.suffix == ".pdf"
+            assert e.page_number is None or path.suffix in (".pdf", ".pptx")
             if e.type == "heading":
                 assert e.section_path[-1] == e.text and 1 <= e.level <= 6
     assert parsed >= 10

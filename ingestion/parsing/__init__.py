@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from .archive import ArchiveRejected
 from .base import (
     SUPPORTED_MIME_TYPES,
+    Asset,
+    ContentMismatch,
     CorruptDocument,
     Element,
     EmptyDocument,
@@ -22,20 +25,28 @@ from .base import (
     EncryptedDocument,
     ParseError,
     ParseReport,
+    ProtectedDocument,
     TooManyChunks,
     UnsupportedType,
     clean_text,
 )
 from .csv_parser import parse_csv
 from .docx_parser import parse_docx
+from .email_parser import parse_eml, parse_msg
+from .epub_parser import parse_epub
 from .html_parser import parse_html
 from .markdown_parser import parse_markdown
 from .pdf_parser import parse_pdf
+from .pptx_parser import parse_pptx
 from .sniff import sniff_mime_type
 from .text_parser import parse_text
+from .xlsx_parser import parse_xlsx
 
 __all__ = [
     "SUPPORTED_MIME_TYPES",
+    "ArchiveRejected",
+    "Asset",
+    "ContentMismatch",
     "CorruptDocument",
     "Element",
     "EmptyDocument",
@@ -43,6 +54,7 @@ __all__ = [
     "EncryptedDocument",
     "ParseError",
     "ParseReport",
+    "ProtectedDocument",
     "TooManyChunks",
     "UnsupportedType",
     "normalize_mime_type",
@@ -58,6 +70,11 @@ _ALIASES = {
     "text/x-csv": "text/csv",
     "text/tab-separated-values": "text/csv",
     "application/xhtml+xml": "text/html",
+    "image/jpg": "image/jpeg",
+    "image/pjpeg": "image/jpeg",
+    "image/x-ms-bmp": "image/bmp",
+    "application/x-msg": "application/vnd.ms-outlook",
+    "message/x-emlx": "message/rfc822",
 }
 
 _PARSER_NAMES = {
@@ -67,7 +84,41 @@ _PARSER_NAMES = {
     "csv": "native-csv",
     "pdf": "pypdf",
     "docx": "python-docx",
+    "pptx": "python-pptx",
+    "xlsx": "openpyxl",
+    "eml": "native-email",
+    "msg": "olefile-msg",
+    "epub": "native-epub",
+    "image": "tesseract",
 }
+
+#: Parser of each format other than PDF and images: bytes -> elements, or a full report when
+#: it also returns assets or warnings. :func:`_dispatch` calls the function of that name in
+#: this module, so a test can substitute one (``monkeypatch.setattr(parsing, "parse_html",
+#: ...)``).
+_SIMPLE_PARSERS = {
+    "docx": parse_docx,
+    "pptx": parse_pptx,
+    "xlsx": parse_xlsx,
+    "eml": parse_eml,
+    "msg": parse_msg,
+    "epub": parse_epub,
+    "html": parse_html,
+    "markdown": parse_markdown,
+    "csv": parse_csv,
+    "txt": parse_text,
+}
+
+
+def _parse_image(data: bytes) -> ParseReport:
+    """An image document goes to OCR (imported here: the OCR module is optional)."""
+    try:
+        from .ocr import parse_image
+    except ImportError as exc:
+        raise ParseError(
+            "image documents cannot be read: OCR is not available", code="ocr_unavailable"
+        ) from exc
+    return parse_image(data)
 
 
 def normalize_mime_type(mime_type: str) -> str:
@@ -77,18 +128,58 @@ def normalize_mime_type(mime_type: str) -> str:
     return _ALIASES.get(base, base)
 
 
-def _finalise(elements: list[Element]) -> list[Element]:
-    """Clean and strip texts (and section paths); drop whitespace-only elements."""
+def _finalise(elements: list[Element]) -> tuple[list[Element], dict[int, int]]:
+    """Clean and strip texts (and section paths); drop whitespace-only elements.
+
+    Returns the kept elements and a map old index -> new index (for asset references).
+    """
     out = []
-    for element in elements:
+    index_map: dict[int, int] = {}
+    for old_index, element in enumerate(elements):
         text = clean_text(element.text).strip()
         if not text:
             continue
         path = tuple(" ".join(clean_text(p).split()) for p in element.section_path)
         if text != element.text or path != element.section_path:
             element = dataclasses.replace(element, text=text, section_path=path)
+        index_map[old_index] = len(out)
         out.append(element)
-    return out
+    return out, index_map
+
+
+def _finalise_report(report: ParseReport, parser: str) -> ParseReport:
+    elements, index_map = _finalise(report.elements)
+    assets = [
+        a
+        if a.element_index is None
+        else dataclasses.replace(a, element_index=index_map.get(a.element_index))
+        for a in report.assets
+    ]
+    return dataclasses.replace(
+        report, elements=elements, assets=assets, parser=report.parser or parser
+    )
+
+
+def _dispatch(fmt: str, data: bytes) -> ParseReport:
+    if fmt == "pdf":
+        result = parse_pdf(data)
+        if isinstance(result, ParseReport):
+            return result
+        return ParseReport(
+            elements=result.elements,
+            page_count=result.page_count,
+            pages_without_text=result.pages_without_text,
+            parser=_PARSER_NAMES[fmt],
+        )
+    if fmt == "image":
+        return _parse_image(data)
+    parser = globals()[_SIMPLE_PARSERS[fmt].__name__]
+    result = parser(data)
+    if isinstance(result, ParseReport):
+        return result
+    return ParseReport(
+        elements=result, page_count=None, pages_without_text=[], parser=_PARSER_NAMES[fmt]
+    )
 
 
 def parse_with_report(data: bytes, mime_type: str) -> ParseReport:
@@ -101,15 +192,20 @@ def parse_with_report(data: bytes, mime_type: str) -> ParseReport:
 
     Returns:
         :class:`ParseReport` with the elements (none whitespace-only, text stripped), the PDF
-        page count and pages without a text layer, and the parser name.
+        page count and pages without a text layer, extracted image assets (DOCX, PPTX, EML,
+        MSG, EPUB), warnings, and the parser name (:data:`_PARSER_NAMES`). Image documents
+        are handed to ``ingestion.parsing.ocr.parse_image``.
 
     Raises:
         EmptyDocument: ``data`` is empty (code ``"empty_file"``).
         UnsupportedType: ``mime_type`` is not supported.
         EncodingError: text formats whose encoding cannot be determined.
         EncryptedDocument: PDF needing a user password.
-        CorruptDocument: damaged files; any unexpected library error is wrapped as
-            ``"corrupt or unreadable <FORMAT>"``.
+        ProtectedDocument: DRM-encrypted EPUB (code ``"drm_protected"``).
+        ArchiveRejected: a ZIP-based document refused by the container inspection (code
+            ``"archive_rejected"``).
+        CorruptDocument: damaged files, with a format-specific message; any unexpected
+            library error is wrapped as ``"corrupt or unreadable <FORMAT>"``.
     """
     mime = normalize_mime_type(mime_type)
     fmt = SUPPORTED_MIME_TYPES.get(mime)
@@ -117,34 +213,15 @@ def parse_with_report(data: bytes, mime_type: str) -> ParseReport:
         raise UnsupportedType(mime or str(mime_type))
     if not data:
         raise EmptyDocument()
-    page_count: int | None = None
-    pages_without_text: list[int] = []
     try:
-        if fmt == "pdf":
-            report = parse_pdf(data)  # elements are already clean: asset indices stay valid
-            return dataclasses.replace(report, elements=_finalise(report.elements))
-        elif fmt == "docx":
-            elements = parse_docx(data)
-        elif fmt == "html":
-            elements = parse_html(data)
-        elif fmt == "markdown":
-            elements = parse_markdown(data)
-        elif fmt == "csv":
-            elements = parse_csv(data)
-        else:
-            elements = parse_text(data)
+        report = _dispatch(fmt, data)
     except ParseError:
         raise
     except RecursionError as exc:
         raise CorruptDocument(f"corrupt or unreadable {fmt.upper()} (nesting too deep)") from exc
     except Exception as exc:
         raise CorruptDocument(f"corrupt or unreadable {fmt.upper()}") from exc
-    return ParseReport(
-        elements=_finalise(elements),
-        page_count=page_count,
-        pages_without_text=pages_without_text,
-        parser=_PARSER_NAMES[fmt],
-    )
+    return _finalise_report(report, _PARSER_NAMES[fmt])
 
 
 def parse(data: bytes, mime_type: str) -> list[Element]:

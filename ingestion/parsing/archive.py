@@ -119,7 +119,13 @@ def inspect_zip(
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as container:
             infos = container.infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, struct.error) as exc:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        NotImplementedError,
+        ValueError,
+        struct.error,
+    ) as exc:
         raise CorruptDocument("corrupt or unreadable archive") from exc
     declared = compressed = 0
     for info in infos:

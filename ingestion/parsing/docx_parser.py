@@ -10,7 +10,16 @@ from typing import Any
 import docx
 from docx.oxml.ns import qn
 
-from .base import CorruptDocument, Element, SectionStack, collapse_ws
+from .base import (
+    MAX_ASSETS,
+    CorruptDocument,
+    Element,
+    ParseReport,
+    SectionStack,
+    admit_zip,
+    collapse_ws,
+    zip_images,
+)
 from .tables import render_table
 
 _CORRUPT = "corrupt or unreadable DOCX"
@@ -18,6 +27,9 @@ _W_P = qn("w:p")
 _W_TBL = qn("w:tbl")
 _W_TR = qn("w:tr")
 _W_TC = qn("w:tc")
+_W_TXBX = qn("w:txbxContent")
+_MC_FALLBACK = "{http://schemas.openxmlformats.org/markup-compatibility/2006}Fallback"
+_MAX_BOX_DEPTH = 8
 _CONTAINERS = {qn("w:sdt"), qn("w:sdtContent"), qn("w:customXml")}
 _HEADING_RE = re.compile(r"^heading\s*(\d)$", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"^[\s$€£%()+\-.,\d]+$")
@@ -42,6 +54,21 @@ def _blocks(parent: Any) -> Iterator[Any]:
 
 def _para_text(p: Any) -> str:
     return "".join(r.text for r in p.xpath(_RUN_XPATH)).strip()
+
+
+def _text_boxes(p: Any) -> list[Any]:
+    """Outermost text boxes (``w:txbxContent``) anchored in paragraph ``p``, skipping the
+    VML copy Word keeps under ``mc:Fallback`` (so a box's text is read once)."""
+    boxes = []
+    for box in p.iter(_W_TXBX):
+        ancestor = box.getparent()
+        while ancestor is not None and ancestor is not p:
+            if ancestor.tag in (_MC_FALLBACK, _W_TXBX):
+                break
+            ancestor = ancestor.getparent()
+        else:
+            boxes.append(box)
+    return boxes
 
 
 def _style_name(p: Any, styles_element: Any) -> str:
@@ -92,24 +119,40 @@ def _vmerge_continue(tc: Any) -> bool:
     return vmerge is not None and vmerge.get(qn("w:val")) in (None, "continue")
 
 
+def _grid_before(tr: Any) -> int:
+    """Grid columns skipped before the row's first cell (``w:trPr/w:gridBefore``)."""
+    node = tr.find(f"{qn('w:trPr')}/{qn('w:gridBefore')}")
+    try:
+        return max(int(node.get(qn("w:val"))), 0) if node is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
 def _table_rows(tbl: Any) -> list[list[str]]:
-    """Cell texts per row. A horizontally merged cell appears once; a vertically merged cell
-    repeats the text of the cell above (same grid column) so each row stays readable."""
+    """Cell texts per row, one entry per grid column, so every row lines up with the header.
+
+    A horizontally merged cell (``gridSpan``) gives its text to its first grid column and
+    ``""`` to the others (its text is never repeated in the row); a vertically merged cell
+    (``vMerge`` continue) carries the text of the cell above in the same grid column to every
+    row it covers. Rows are padded to the widest row.
+    """
     rows: list[list[str]] = []
     above: dict[int, str] = {}
     for tr in tbl.iterchildren(_W_TR):
-        col = 0
-        row: list[str] = []
+        col = _grid_before(tr)
+        row: list[str] = [""] * col
         current: dict[int, str] = {}
         for tc in _row_cells(tr):
-            span = tc.grid_span if hasattr(tc, "grid_span") else 1
+            span = max(min(int(getattr(tc, "grid_span", 1) or 1), 64), 1)
             text = above.get(col, "") if _vmerge_continue(tc) else _cell_text(tc)
             row.append(text)
+            row.extend([""] * (span - 1))
             current[col] = text
-            col += max(int(span or 1), 1)
+            col += span
         above = current
         rows.append(row)
-    return rows
+    width = max((len(r) for r in rows), default=0)
+    return [r + [""] * (width - len(r)) for r in rows]
 
 
 def _is_header_row(tbl: Any, rows: list[list[str]]) -> bool:
@@ -149,7 +192,17 @@ class _DocxWalker:
             self.emit("list", "\n".join(f"- {item}" for item in self.list_items))
             self.list_items = []
 
-    def paragraph(self, p: Any) -> None:
+    def paragraph(self, p: Any, depth: int = 0) -> None:
+        self.paragraph_text(p)
+        if depth < _MAX_BOX_DEPTH:
+            for box in _text_boxes(p):
+                for block in _blocks(box):
+                    if block.tag == _W_P:
+                        self.paragraph(block, depth + 1)
+                    else:
+                        self.table(block)
+
+    def paragraph_text(self, p: Any) -> None:
         text = _para_text(p)
         if not text:
             return
@@ -214,19 +267,32 @@ class _DocxWalker:
                     self.out.append(Element(type="paragraph", text=text, metadata={"part": kind}))
 
 
-def parse_docx(data: bytes) -> list[Element]:
-    """Parse DOCX bytes into title/heading/paragraph/list/table elements.
+def _media_names(names: tuple[str, ...]) -> list[str]:
+    """Entries under ``word/media/`` (every picture of the body, headers and footers)."""
+    return [n for n in names if n.startswith("word/media/") and not n.endswith("/")]
 
-    Paragraph styles: "Title" -> ``"title"``, "Heading N" -> ``"heading"`` (level N, capped at
-    6); numbered/bulleted or "List*"-styled paragraphs are merged into one ``"list"`` element
-    per run of consecutive items (lines ``"- item"``). Tables become one ``"table"`` element
-    each (``header: value`` rows when the first row looks like a header, else ``" | "``-joined
-    cells; metadata ``{"header": ..., "rows": [[...]]}``). Non-empty header/footer texts are
-    appended once at the end as paragraphs with ``metadata={"part": "header"|"footer"}``.
+
+def parse_docx(data: bytes) -> ParseReport:
+    """Parse DOCX bytes into title/heading/paragraph/list/table elements and image assets.
+
+    The container passes :func:`~ingestion.parsing.base.admit_zip` first. Paragraph styles:
+    "Title" -> ``"title"``, "Heading N" -> ``"heading"`` (level N, capped at 6);
+    numbered/bulleted or "List*"-styled paragraphs are merged into one ``"list"`` element per
+    run of consecutive items (lines ``"- item"``). Tables become one ``"table"`` element each
+    (``header: value`` rows when the first row looks like a header, else ``" | "``-joined
+    cells; metadata ``{"header": ..., "rows": [[...]]}``; merged cells as in
+    :func:`_table_rows`; a nested table's rows are rendered inside its cell as
+    ``"a | b; c | d"``). Text boxes follow the paragraph they are anchored in (once, not
+    again from their VML fallback). Non-empty header/footer texts are appended once at the end as
+    paragraphs with ``metadata={"part": "header"|"footer"}``. Every picture under
+    ``word/media/`` (body, headers, floating) becomes an ``Asset(kind="image")`` named by its
+    entry, at most :data:`~ingestion.parsing.base.MAX_ASSETS`.
 
     Raises:
+        ArchiveRejected: the container is refused by the ZIP inspection.
         CorruptDocument: "corrupt or unreadable DOCX".
     """
+    summary = admit_zip(data, "DOCX")
     try:
         document = docx.Document(io.BytesIO(data))
     except Exception as exc:
@@ -234,4 +300,13 @@ def parse_docx(data: bytes) -> list[Element]:
     walker = _DocxWalker(document)
     walker.body()
     walker.headers_footers()
-    return walker.out
+    assets, over = zip_images(data, _media_names(summary.names))
+    warnings = [f"{over} images beyond the limit of {MAX_ASSETS} were not kept"] if over else []
+    return ParseReport(
+        elements=walker.out,
+        page_count=None,
+        pages_without_text=[],
+        parser="python-docx",
+        assets=assets,
+        warnings=warnings,
+    )

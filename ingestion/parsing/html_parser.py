@@ -104,9 +104,9 @@ def _direct(tag: Tag, names: set[str]) -> list[Tag]:
 
 
 class _HtmlWalker:
-    def __init__(self) -> None:
+    def __init__(self, sections: SectionStack | None = None) -> None:
         self.out: list[Element] = []
-        self.sections = SectionStack()
+        self.sections = sections if sections is not None else SectionStack()
         self.buf: list[str] = []
 
     def emit(self, type_: str, text: str, **kwargs: object) -> None:
@@ -238,17 +238,19 @@ class _HtmlWalker:
         self.emit("table", text, metadata=meta)
 
 
-def parse_html(data: bytes) -> list[Element]:
+def parse_html(data: bytes, sections: SectionStack | None = None) -> list[Element]:
     """Parse HTML bytes into title/heading/paragraph/list/code/table elements.
 
     Drops script/style/noscript/template/head content; a non-empty ``<title>`` becomes a
     ``"title"`` element first. Text directly inside divs (not in ``<p>``) is kept as
     paragraphs. Encoding comes from the BOM/``<meta charset>``/detection (BeautifulSoup).
+    ``sections`` continues the heading stack of a previous document (EPUB chapters split
+    across files); it is updated in place.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
         soup = BeautifulSoup(data, "lxml")
-    walker = _HtmlWalker()
+    walker = _HtmlWalker(sections)
     title = soup.find("title")
     if isinstance(title, Tag):
         walker.emit("title", collapse_ws(title.get_text()))
@@ -261,7 +263,7 @@ def parse_html(data: bytes) -> list[Element]:
         for tag in root.find_all(list(_DROP)):
             tag.extract()
         walker.out = walker.out[:1] if walker.out and walker.out[0].type == "title" else []
-        walker.sections = SectionStack()
+        walker.sections = sections if sections is not None else SectionStack()
         for line in root.get_text("\n").split("\n"):
             walker.emit("paragraph", collapse_ws(line))
     return walker.out

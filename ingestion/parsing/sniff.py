@@ -8,23 +8,99 @@ import zipfile
 from pathlib import PurePath
 
 import filetype
+import olefile
 
-from .base import EmptyDocument, UnsupportedType
+from .archive import ArchiveRejected, inspect_zip
+from .base import ContentMismatch, EmptyDocument, UnsupportedType, image_mime_type
 from .encoding import bom_encoding, guess_bomless_utf16
 
 PDF = "application/pdf"
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
+EPUB = "application/epub+zip"
+EML = "message/rfc822"
+MSG = "application/vnd.ms-outlook"
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _OLE2_BY_EXT = {
     ".doc": "application/msword",
     ".xls": "application/vnd.ms-excel",
     ".ppt": "application/vnd.ms-powerpoint",
-    ".msg": "application/vnd.ms-outlook",
 }
-_ZIP_PREFIXES = {
-    "xl/": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
-    "ppt/": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+_OLE2_BY_STREAM = (
+    ("WordDocument", "application/msword"),
+    ("Workbook", "application/vnd.ms-excel"),
+    ("Book", "application/vnd.ms-excel"),
+    ("PowerPoint Document", "application/vnd.ms-powerpoint"),
+)
+#: Extensions that name one binary format: content of another known format under one of
+#: these names is refused (``content_mismatch``) instead of being parsed as what it is.
+_BINARY_EXT = {
+    ".pdf": PDF,
+    ".docx": DOCX,
+    ".xlsx": XLSX,
+    ".pptx": PPTX,
+    ".epub": EPUB,
+    ".msg": MSG,
 }
+_ZIP_EXT = {".docx": DOCX, ".xlsx": XLSX, ".pptx": PPTX, ".epub": EPUB}
+#: Content types of the OOXML main parts we parse, and of the macro/template flavours we do not.
+_OOXML_MAIN = (
+    ("wordprocessingml.document.main+xml", DOCX),
+    ("spreadsheetml.sheet.main+xml", XLSX),
+    ("presentationml.presentation.main+xml", PPTX),
+)
+_OOXML_REFUSED = (
+    ("ms-word.document.macroEnabled", "application/vnd.ms-word.document.macroEnabled.12"),
+    (
+        "wordprocessingml.template",
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.template",
+    ),
+    ("ms-excel.sheet.macroEnabled", "application/vnd.ms-excel.sheet.macroEnabled.12"),
+    (
+        "spreadsheetml.template",
+        "application/vnd.openxmlformats-officedocument.spreadsheetml.template",
+    ),
+    (
+        "ms-powerpoint.presentation.macroEnabled",
+        "application/vnd.ms-powerpoint.presentation.macroEnabled.12",
+    ),
+    (
+        "presentationml.slideshow",
+        "application/vnd.openxmlformats-officedocument.presentationml.slideshow",
+    ),
+    (
+        "presentationml.template",
+        "application/vnd.openxmlformats-officedocument.presentationml.template",
+    ),
+)
+_ZIP_NAMES = (
+    ("word/document.xml", DOCX),
+    ("xl/workbook.xml", XLSX),
+    ("ppt/presentation.xml", PPTX),
+)
+_DESCRIPTIONS = {
+    PDF: "a PDF document",
+    DOCX: "a Word (DOCX) document",
+    XLSX: "an Excel (XLSX) workbook",
+    PPTX: "a PowerPoint (PPTX) presentation",
+    EPUB: "an EPUB book",
+    MSG: "an Outlook (MSG) message",
+    EML: "an e-mail message (EML)",
+    "image/png": "a PNG image",
+    "image/jpeg": "a JPEG image",
+    "image/gif": "a GIF image",
+    "image/tiff": "a TIFF image",
+    "image/bmp": "a BMP image",
+    "image/webp": "a WebP image",
+    "application/zip": "a ZIP archive",
+    "application/msword": "a legacy Word (DOC) document",
+    "application/vnd.ms-excel": "a legacy Excel (XLS) workbook",
+    "application/vnd.ms-powerpoint": "a legacy PowerPoint (PPT) presentation",
+    "application/rtf": "an RTF document",
+}
+_TEXT_MIMES = {"text/plain", "text/markdown", "text/csv", "text/html"}
+_IMAGE_MIMES = {"image/png", "image/jpeg", "image/gif", "image/tiff", "image/bmp", "image/webp"}
 _TEXT_EXT = {
     ".md": "text/markdown",
     ".markdown": "text/markdown",
@@ -41,7 +117,7 @@ _LEADING_NOISE_RE = re.compile(r"^(?:\s+|<\?xml[^>]*\?>|<!--.*?-->)+", re.DOTALL
 _HTML_START_RE = re.compile(r"^<(?:!doctype\s+html|html|head|body)\b", re.IGNORECASE)
 _HTML_MARKER_RE = re.compile(r"<(?:!doctype\s+html|html|body)\b", re.IGNORECASE)
 _SVG_START_RE = re.compile(r"^<(?:!doctype\s+svg|svg)\b", re.IGNORECASE)
-_HEADER_LINE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*:[ \t]")
+_HEADER_LINE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*:")
 _EMAIL_HEADERS = {
     "from",
     "to",
@@ -56,7 +132,10 @@ _EMAIL_HEADERS = {
     "reply-to",
     "cc",
 }
+_MBOX_FROM_RE = re.compile(r"^From \S+ +(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ")
 _HEAD_BYTES = 4096
+#: Mail header blocks (DKIM/ARC signatures, Received chains) often exceed 4 KiB.
+_MAIL_HEAD_CHARS = 32768
 _BINARY_BYTES_RE = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")
 
 
@@ -69,37 +148,79 @@ def _read_member(zf: zipfile.ZipFile, name: str, limit: int) -> str:
 
 
 def _zip_type(data: bytes, ext: str) -> str:
+    """Type of a ZIP container from its entries; the central directory is admitted by
+    :func:`~ingestion.parsing.archive.inspect_zip` first, so nothing is inflated before."""
+    try:
+        summary = inspect_zip(data)
+    except ArchiveRejected:
+        raise
+    except Exception as exc:  # noqa: BLE001 - CorruptDocument, or zipfile's NotImplementedError
+        if ext in _ZIP_EXT:  # let that format's parser report the damage
+            return _ZIP_EXT[ext]
+        raise UnsupportedType("application/zip") from exc
+    names = set(summary.names)
+    content_types = mimetype = ""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            names = zf.namelist()
-            content_types = ""
             if "[Content_Types].xml" in names:
                 content_types = _read_member(zf, "[Content_Types].xml", 65536)
-            mimetype = _read_member(zf, "mimetype", 200).strip() if "mimetype" in names else ""
-    except Exception as exc:  # not a readable ZIP at all
-        if ext == ".docx":  # let the DOCX parser report it as a corrupt DOCX
-            return DOCX
+            if "mimetype" in names:
+                mimetype = _read_member(zf, "mimetype", 200).strip()
+    except Exception as exc:  # noqa: BLE001 - a directory inspect_zip read but zipfile cannot
+        if ext in _ZIP_EXT:
+            return _ZIP_EXT[ext]
         raise UnsupportedType("application/zip") from exc
-    if "ms-word.document.macroEnabled" in content_types:
-        raise UnsupportedType("application/vnd.ms-word.document.macroEnabled.12")
-    if "wordprocessingml.template" in content_types:
-        raise UnsupportedType(
-            "application/vnd.openxmlformats-officedocument.wordprocessingml.template"
-        )
-    if "wordprocessingml.document.main+xml" in content_types:
-        return DOCX
-    if not content_types and "word/document.xml" in names:  # content types unreadable
-        return DOCX
-    for prefix, mime in _ZIP_PREFIXES.items():
-        if any(n.startswith(prefix) for n in names):
+    if mimetype == EPUB:
+        return EPUB
+    for marker, mime in _OOXML_REFUSED:
+        if marker in content_types:
             raise UnsupportedType(mime)
+    for marker, mime in _OOXML_MAIN:
+        if marker in content_types:
+            return mime
+    for name, mime in _ZIP_NAMES:
+        if name in names:
+            return mime
+    if "META-INF/container.xml" in names:
+        return EPUB
     if mimetype:
         raise UnsupportedType(mimetype)
     raise UnsupportedType("application/zip")
 
 
-def _head_text(data: bytes) -> str:
-    head = data[:_HEAD_BYTES]
+def _ole_type(data: bytes, ext: str) -> str:
+    """Type of an OLE2 compound file from its streams: an Outlook message has
+    ``__properties_version1.0`` and ``__substg1.0_*`` property streams."""
+    try:
+        with olefile.OleFileIO(io.BytesIO(data)) as ole:
+            entries = ["/".join(e) for e in ole.listdir(streams=True, storages=True)]
+    except Exception as exc:  # noqa: BLE001 - olefile raises OSError and assorted others
+        if ext == ".msg":  # let the MSG parser report the damage
+            return MSG
+        raise UnsupportedType(_OLE2_BY_EXT.get(ext, "application/x-ole-storage")) from exc
+    top = {e for e in entries if "/" not in e}
+    if "__properties_version1.0" in top and any(e.startswith("__substg1.0_") for e in top):
+        return MSG
+    for stream, mime in _OLE2_BY_STREAM:
+        if stream in top:
+            raise UnsupportedType(mime)
+    raise UnsupportedType(_OLE2_BY_EXT.get(ext, "application/x-ole-storage"))
+
+
+def _image_type(data: bytes) -> str | None:
+    if _BINARY_BYTES_RE.search(data[:64]) is None and not data.startswith(b"\xff\xd8\xff"):
+        return None  # every image magic we accept is followed by control bytes
+    mime = image_mime_type(data[:64])
+    return mime if mime in _IMAGE_MIMES else None
+
+
+def describe_type(mime_type: str) -> str:
+    """Human name of a detected type for messages, e.g. ``"a PNG image"``."""
+    return _DESCRIPTIONS.get(mime_type, mime_type)
+
+
+def _head_text(data: bytes, limit: int = _HEAD_BYTES) -> str:
+    head = data[:limit]
     bom = bom_encoding(head)
     if bom is not None:
         return head[bom[1] :].decode(bom[0], "ignore")
@@ -119,51 +240,37 @@ def looks_like_html(data: bytes) -> bool:
     return text.startswith("<") and bool(_HTML_MARKER_RE.search(text))
 
 
-def looks_like_email(head: str) -> bool:
-    """True when the text opens with an RFC 822 header block naming at least three of the
-    usual message headers (``From``, ``To``, ``Subject``, ``Date``, ``Message-ID``,
-    ``MIME-Version``, ``Received``, …)."""
+def looks_like_email(head: str, minimum: int = 3) -> bool:
+    """True when the text opens with an RFC 822 header block naming at least ``minimum`` of
+    the usual message headers (``From``, ``To``, ``Subject``, ``Date``, ``Message-ID``,
+    ``MIME-Version``, ``Received``, …); every line before the blank line must be a header
+    or a folded continuation."""
     names = set()
-    for line in head.splitlines():
+    lines = head.splitlines()
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             break
         if line[:1] in " \t":  # folded continuation of the previous header
             continue
         if not _HEADER_LINE_RE.match(line):
+            if number == len(lines):
+                break  # the sample may end inside a line
             return False
         names.add(line.split(":", 1)[0].lower())
-    return len(names & _EMAIL_HEADERS) >= 3
+    return len(names & _EMAIL_HEADERS) >= minimum
 
 
-def sniff_mime_type(data: bytes, filename: str) -> str:
-    """Detect the MIME type of an upload, content first.
-
-    Binary formats are recognised by content only: PDF magic (``%PDF-`` within the first
-    KiB), a ZIP container holding a WordprocessingML document (DOCX). HTML is recognised by
-    markers at the start (``<!doctype html``, ``<html``, ``<head``, ``<body``). The file
-    name's extension only chooses among text flavours: ``.md``/``.markdown`` ->
-    ``text/markdown``, ``.csv``/``.tsv`` -> ``text/csv``, ``.html``/``.htm`` (content starting
-    with ``<``) -> ``text/html``, anything else -> ``text/plain``. A ``.pdf`` name on
-    non-PDF bytes is therefore not a PDF.
-
-    Returns:
-        One of the keys of :data:`SUPPORTED_MIME_TYPES`.
-
-    Raises:
-        EmptyDocument: (code ``"empty_file"``) when ``data`` is empty.
-        UnsupportedType: for a binary type that is recognised but not parsed (XLSX, PPTX,
-            EPUB, images, legacy Office/OLE2, other ZIPs...) or unrecognised binary data
-            under a non-text extension; ``mime_type`` names the detected type.
-    """
-    if not data:
-        raise EmptyDocument()
-    ext = PurePath(filename or "").suffix.lower()
+def _detect(data: bytes, ext: str) -> str:
+    """Content-first detection (see :func:`sniff_mime_type`), without the mismatch check."""
     if b"%PDF-" in data[:1024]:
         return PDF
     if data[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return _zip_type(data, ext)
     if data.startswith(_OLE2_MAGIC):
-        raise UnsupportedType(_OLE2_BY_EXT.get(ext, "application/x-ole-storage"))
+        return _ole_type(data, ext)
+    image = _image_type(data)
+    if image is not None:
+        return image
     if data[:64].lstrip().startswith(b"{\\rtf"):
         raise UnsupportedType("application/rtf")
     if bom_encoding(data) is None and _BINARY_BYTES_RE.search(data[:8192]):
@@ -175,9 +282,11 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
     head = _head_text(data).lstrip("\ufeff")
     if _SVG_START_RE.match(_LEADING_NOISE_RE.sub("", head, count=1)):
         raise UnsupportedType("image/svg+xml")
-    if ext in (".eml", ".mbox") or looks_like_email(head):
-        # RFC 822 messages carry base64 attachments; indexing them as text would index noise.
-        raise UnsupportedType("message/rfc822")
+    if ext == ".mbox" or _MBOX_FROM_RE.match(head):
+        raise UnsupportedType("application/mbox")
+    mail_head = _head_text(data, _MAIL_HEAD_CHARS).lstrip("\ufeff")
+    if looks_like_email(mail_head, minimum=1 if ext == ".eml" else 3):
+        return EML
     if looks_like_html(data):
         return "text/html"
     mime = _TEXT_EXT.get(ext, "text/plain")
@@ -192,3 +301,58 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
         # NULs without a UTF-16 pattern under a non-text name: some binary we don't know.
         raise UnsupportedType("application/octet-stream")
     return mime
+
+
+def _mismatch(ext: str, detected: str) -> ContentMismatch:
+    return ContentMismatch(
+        detected,
+        f"content mismatch: named {ext} but the content is {describe_type(detected)}",
+    )
+
+
+def sniff_mime_type(data: bytes, filename: str) -> str:
+    """Detect the MIME type of an upload, content first.
+
+    Binary formats are recognised by content only: PDF magic (``%PDF-`` within the first
+    KiB); ZIP containers, whose central directory is admitted by
+    :func:`~ingestion.parsing.archive.inspect_zip` before any entry is read, by their
+    ``mimetype`` entry (EPUB), ``[Content_Types].xml`` main part or entry names (DOCX, XLSX,
+    PPTX); OLE2 compound files by their streams (Outlook MSG); images by magic number (PNG,
+    JPEG, GIF, TIFF, WebP, BMP). E-mail (EML) is recognised by an RFC 822 header block (at
+    least three usual headers, one under a ``.eml`` name), HTML by markers at the start
+    (``<!doctype html``, ``<html``, ``<head``, ``<body``). The file name's extension only
+    chooses among text flavours: ``.md``/``.markdown`` -> ``text/markdown``,
+    ``.csv``/``.tsv`` -> ``text/csv``, ``.html``/``.htm`` (content starting with ``<``) ->
+    ``text/html``, anything else -> ``text/plain``; a ``.pdf`` name on plain text is
+    therefore text.
+
+    Returns:
+        One of the keys of :data:`SUPPORTED_MIME_TYPES`.
+
+    Raises:
+        EmptyDocument: (code ``"empty_file"``) when ``data`` is empty.
+        ContentMismatch: (code ``"content_mismatch"``) the extension names one binary format
+            (``.pdf .docx .xlsx .pptx .epub .msg``) but the content is another recognised
+            format, e.g. ``"content mismatch: named .pdf but the content is a PNG image"``.
+        UnsupportedType: for a type that is recognised but not parsed (macro-enabled or
+            template Office files, legacy Office/OLE2, SVG, RTF, mbox, other ZIPs...) or
+            unrecognised binary data under a non-text extension; ``mime_type`` names it.
+        ArchiveRejected: (code ``"archive_rejected"``) a ZIP container refused by
+            :func:`~ingestion.parsing.archive.inspect_zip` (ZIP64, multi-disk, too many
+            entries, too large when expanded).
+    """
+    if not data:
+        raise EmptyDocument()
+    ext = PurePath(filename or "").suffix.lower()
+    expected = _BINARY_EXT.get(ext)
+    try:
+        detected = _detect(data, ext)
+    except ContentMismatch:
+        raise
+    except UnsupportedType as exc:
+        if expected is not None and exc.mime_type in _DESCRIPTIONS:
+            raise _mismatch(ext, exc.mime_type) from exc
+        raise
+    if expected is not None and detected != expected and detected not in _TEXT_MIMES:
+        raise _mismatch(ext, detected)
+    return detected

@@ -92,10 +92,13 @@ def admit_document(
 ) -> Admission:
     """Store a file in ``space`` and queue its compilation; returns an :class:`Admission`.
 
-    Errors (nothing is stored when any is raised): 400 ``invalid_filename``, 400 ``empty_file``,
-    413 ``file_too_large`` (names the limit), 415 ``unsupported_media_type`` (lists the supported
-    types), 409 ``duplicate_document`` with the existing id in ``details`` when the same bytes are
-    already in the space and ``on_duplicate`` is ``"reject"``, 409 ``space_setup_required`` or
+    Errors (nothing is stored when any is raised): 400 ``invalid_filename``, 400 ``empty_file``, 413
+    ``file_too_large`` (names the limit), 415 ``unsupported_media_type`` (lists the supported types)
+    or ``content_mismatch`` (the extension names another binary format than the content, e.g. "named
+    .pdf but the content is a PNG image"), 400 ``archive_rejected`` (a ZIP-based file refused by the
+    central-directory inspection: ZIP64, too many entries, too large when expanded), 409
+    ``duplicate_document`` with the existing id in ``details`` when the same bytes are already in
+    the space and ``on_duplicate`` is ``"reject"``, 409 ``space_setup_required`` or
     ``space_validation_failed`` when the space's profile is not usable (a space
     ``pending-validation`` is admitted: its compilation validates it). With ``"replace"`` the
     existing document takes the new filename and is compiled again (it stays one document).
@@ -121,8 +124,11 @@ def admit_document(
     try:
         mime_type = parsing.sniff_mime_type(data, filename)
     except parsing.UnsupportedType as exc:
+        # unsupported_media_type, or content_mismatch (a .pdf/.docx/... name on other content)
         raise UnsupportedMediaTypeError(
-            exc.message, details={"supported": supported_types()}
+            exc.message,
+            code=exc.code,
+            details={"supported": supported_types(), "detected": exc.mime_type},
         ) from exc
     except parsing.ParseError as exc:
         raise InvalidInput(exc.message, code=exc.code) from exc

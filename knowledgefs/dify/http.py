@@ -8,8 +8,9 @@ or ``.netrc`` entry changes where it goes.
 Every call has one deadline (its ``timeout``) covering connect, send, headers and body: the
 connect timeout and the read timeout are cut to what is left of it, and the session's pools
 (:class:`GuardedAdapter`) arm a shared watchdog thread on the connection a call checks out,
-before the request is sent, which shuts the socket down when the deadline passes, so a server
-that trickles bytes (headers, an upload it reads slowly, a body) cannot hold a caller past it.
+before the request is sent (both in :mod:`knowledgefs.http_deadline`), which shuts the socket
+down when the deadline passes, so a server that trickles bytes (headers, an upload it reads
+slowly, a body) cannot hold a caller past it.
 Bodies are read in pieces and never past their cap (``max_bytes``; a larger ``Content-Length`` is
 refused before reading); JSON is parsed only after the cap held.
 
@@ -26,16 +27,13 @@ message from Dify.
 
 from __future__ import annotations
 
-import heapq
 import http.client
 import http.cookiejar
-import itertools
 import json
 import logging
 import os
 import random
 import re
-import socket
 import struct
 import threading
 import time
@@ -47,7 +45,13 @@ import requests
 import urllib3
 import urllib3.connection
 from django.conf import settings
-from requests.adapters import HTTPAdapter
+
+from knowledgefs.http_deadline import Deadline, GuardedAdapter, arm_alarm
+from knowledgefs.http_deadline import Guard as _Guard
+from knowledgefs.http_deadline import current as _local
+from knowledgefs.http_deadline import exception_cause as _cause
+from knowledgefs.http_deadline import is_guarded as _guarded
+from knowledgefs.http_deadline import shutdown_socket as _shutdown
 
 from . import config
 from .errors import DifyError, DifyNotConfigured
@@ -84,203 +88,13 @@ def shared_session() -> requests.Session:
     return session
 
 
-# --- deadlines and the watchdog ---------------------------------------------------------------
-
-
-class Deadline:
-    """A point in ``time.monotonic()`` time, ``seconds`` from now."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.at = time.monotonic() + seconds
-
-    def remaining(self) -> float:
-        return self.at - time.monotonic()
-
-    def expired(self) -> bool:
-        return self.remaining() <= 0
-
-
-class _Alarm:
-    def __init__(self, callback: Callable[[], None]) -> None:
-        self._callback: Callable[[], None] | None = callback
-        self._lock = threading.Lock()
-        self.cancelled = False
-        self.fired = False
-
-    def fire(self) -> None:
-        with self._lock:
-            if self.cancelled or self._callback is None:
-                return
-            self.fired = True
-            try:
-                self._callback()
-            except Exception:  # noqa: BLE001 - an alarm must never kill the watchdog
-                logger.debug("dify watchdog callback failed", exc_info=True)
-
-    def cancel(self) -> None:
-        """After this returns the callback has either run completely or will never run."""
-        with self._lock:
-            self.cancelled = True
-            # A cancelled alarm waits in the heap until its time: it must not keep the response.
-            self._callback = None
-
-
-class _Watchdog:
-    """One daemon thread that runs callbacks at their deadlines (for every open response)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, _Alarm]] = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def arm(self, at: float, callback: Callable[[], None]) -> _Alarm:
-        alarm = _Alarm(callback)
-        with self._cond:
-            if len(self._heap) > 4096:
-                self._heap = [entry for entry in self._heap if not entry[2].cancelled]
-                heapq.heapify(self._heap)
-            heapq.heappush(self._heap, (at, next(self._seq), alarm))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="dify-watchdog", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-        return alarm
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    while self._heap and self._heap[0][2].cancelled:
-                        heapq.heappop(self._heap)
-                    if not self._heap:
-                        self._cond.wait()
-                        continue
-                    wait = self._heap[0][0] - time.monotonic()
-                    if wait <= 0:
-                        alarm = heapq.heappop(self._heap)[2]
-                        break
-                    self._cond.wait(wait)
-            alarm.fire()
-
-
-_watchdog = _Watchdog()
-
-
 def _after_fork() -> None:
-    global _session, _watchdog, _session_lock
+    global _session, _session_lock
     _session_lock = threading.Lock()
     _session = None
-    _watchdog = _Watchdog()
 
 
 os.register_at_fork(after_in_child=_after_fork)
-
-
-# --- connections guarded by the call's deadline -----------------------------------------------
-#
-# The watchdog must cover the whole attempt: connect, sending the request and its body, waiting
-# for the status line and headers, and the body. So the deadline is attached to the connection
-# itself, in the pool, the moment the attempt checks one out (``_get_conn`` runs in the calling
-# thread, inside ``session.request``): when the deadline passes the connection's socket is shut
-# down, whatever the attempt is blocked in. The alarm is cancelled when the connection goes back
-# to the pool (``_put_conn``); a connection whose alarm fired is closed there, so a socket shut
-# by the watchdog is never handed to another call.
-
-_local = threading.local()
-
-
-def _shutdown(sock: socket.socket | None) -> None:
-    if sock is None:
-        return
-    try:
-        # The plain socket's shutdown, also for an SSLSocket (whose own shutdown would drop the
-        # TLS object under the thread using it): the blocked recv/send returns at once.
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except (OSError, TypeError):
-        pass
-
-
-class _Guard:
-    """The deadline of one attempt; armed on every connection the attempt checks out."""
-
-    def __init__(self, deadline: Deadline) -> None:
-        self.deadline = deadline
-        self.timed_out = False
-
-    def attach(self, conn: Any) -> None:
-        conn._kfs_shut = False
-        conn._kfs_alarm = _watchdog.arm(self.deadline.at, lambda: self._fire(conn))
-
-    def _fire(self, conn: Any) -> None:
-        self.timed_out = True
-        conn._kfs_shut = True
-        _shutdown(getattr(conn, "sock", None))
-
-
-def _detach(conn: Any) -> None:
-    """Stop the connection's alarm; close it when the alarm already shut its socket."""
-    alarm = conn.__dict__.pop("_kfs_alarm", None)
-    if alarm is not None:
-        alarm.cancel()  # after this the alarm has fired completely or never will
-    if alarm is not None and alarm.fired or getattr(conn, "_kfs_shut", False):
-        conn.close()
-    conn._kfs_shut = False
-
-
-class _GuardedConnectionMixin:
-    _kfs_shut = False
-
-    def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
-        if self._kfs_shut:  # the deadline passed while connecting
-            _shutdown(getattr(self, "sock", None))
-
-
-class _GuardedHTTPConnection(_GuardedConnectionMixin, urllib3.connection.HTTPConnection):
-    pass
-
-
-class _GuardedHTTPSConnection(_GuardedConnectionMixin, urllib3.connection.HTTPSConnection):
-    pass
-
-
-class _GuardedPoolMixin:
-    def _get_conn(self, timeout: float | None = None) -> Any:
-        conn = super()._get_conn(timeout)  # type: ignore[misc]
-        guard = getattr(_local, "guard", None)
-        if guard is not None:
-            guard.attach(conn)
-        return conn
-
-    def _put_conn(self, conn: Any) -> None:
-        if conn is not None:
-            _detach(conn)
-        super()._put_conn(conn)  # type: ignore[misc]
-
-
-class _GuardedHTTPPool(_GuardedPoolMixin, urllib3.HTTPConnectionPool):
-    ConnectionCls = _GuardedHTTPConnection
-
-
-class _GuardedHTTPSPool(_GuardedPoolMixin, urllib3.HTTPSConnectionPool):
-    ConnectionCls = _GuardedHTTPSConnection
-
-
-class GuardedAdapter(HTTPAdapter):
-    """An ``HTTPAdapter`` whose pools arm the calling attempt's deadline on each connection."""
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {
-            "http": _GuardedHTTPPool,
-            "https": _GuardedHTTPSPool,
-        }
-
-
-def _guarded(session: requests.Session) -> bool:
-    return all(isinstance(a, GuardedAdapter) for a in session.adapters.values())
 
 
 # --- messages ---------------------------------------------------------------------------------
@@ -365,26 +179,6 @@ def sanitize_message(text: str, *, secrets: Sequence[str] = (), inputs: Sequence
     return text
 
 
-def _cause(exc: BaseException) -> str:
-    """The innermost exception class name (``ConnectionRefusedError``), never its text."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    name = type(exc).__name__
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        name = type(current).__name__
-        nested = [a for a in getattr(current, "args", ()) if isinstance(a, BaseException)]
-        reason = getattr(current, "reason", None)
-        current = (
-            nested[0]
-            if nested
-            else reason
-            if isinstance(reason, BaseException)
-            else current.__cause__ or current.__context__
-        )
-    return name
-
-
 # --- bodies -----------------------------------------------------------------------------------
 
 
@@ -452,7 +246,7 @@ class ResponseStream:
             self._raise("too_large", f"declares {declared} bytes, over the limit of {max_bytes}")
         # A guarded connection already carries the deadline (armed before the request was
         # sent); a session without the guarded adapter gets the body-only watchdog.
-        self._alarm = None if guard is not None else _watchdog.arm(deadline.at, self._abort)
+        self._alarm = None if guard is not None else arm_alarm(deadline.at, self._abort)
 
     @property
     def content_length(self) -> int | None:
