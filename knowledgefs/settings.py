@@ -553,3 +553,17 @@ if UNSTRUCTURED_STRATEGY not in ("auto", "fast", "hi_res", "ocr_only"):
         f"UNSTRUCTURED_STRATEGY={UNSTRUCTURED_STRATEGY!r} is not one of "
         "auto, fast, hi_res, ocr_only"
     )
+# A remote parse runs inside one compilation task, so the task's hard timeout must outlast the
+# longest remote deadline (plus five minutes for the rest of the stages). Left unset,
+# KNOWLEDGE_JOB_TIMEOUT_SECONDS follows it; set explicitly below it, start-up is refused.
+if UNSTRUCTURED_API_URL:
+    _remote_s = max(UNSTRUCTURED_REQUEST_TIMEOUT_MS, UNSTRUCTURED_HEAVY_REQUEST_TIMEOUT_MS) // 1000
+    if Q_CLUSTER["timeout"] < _remote_s + 300:
+        if os.environ.get("KNOWLEDGE_JOB_TIMEOUT_SECONDS", "").strip():
+            raise ImproperlyConfigured(
+                f"KNOWLEDGE_JOB_TIMEOUT_SECONDS={Q_CLUSTER['timeout']} must be at least "
+                f"{_remote_s + 300} (the longest Unstructured request deadline, {_remote_s} s, "
+                "plus 300 s) when UNSTRUCTURED_API_URL is set"
+            )
+        Q_CLUSTER["timeout"] = _remote_s + 300
+        Q_CLUSTER["retry"] = Q_CLUSTER["timeout"] + 60

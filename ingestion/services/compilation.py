@@ -30,6 +30,7 @@ embedding batches; a failure in one document fails only that document.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -50,7 +51,7 @@ from django.db.models import Case, Count, F, Q, Sum, Value, When
 from django.db.models.functions import Cast, Length
 from django.utils import timezone
 
-from ingestion import gates, parsing
+from ingestion import gates, parsing, unstructured
 from ingestion.chunking import Chunk, chunk_elements
 from ingestion.models import (
     LIVE_RUN_STATES,
@@ -411,6 +412,12 @@ class Held:
 
     def touch(self) -> None:
         self.touched_at = time.monotonic()
+
+    def expect_quiet(self, seconds: float) -> None:
+        """Declare that the compiling thread will make no visible progress for up to
+        ``seconds`` (one bounded call, e.g. a remote parse with its own total deadline); the
+        keeper keeps renewing leases until then plus ``KNOWLEDGE_JOB_STALL_SECONDS``."""
+        self.touched_at = time.monotonic() + seconds
 
     def live(self, job_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
         return [j for j in job_ids if j in self.tokens and j not in self.lost]
@@ -939,7 +946,7 @@ def _parse_and_retain(held: Held, job: CompilationJob, gate, *, first: bool):
     """
     if not held.start(job.id, _progress("parsing", "reading and parsing the source", 5)):
         return "lost", None, None
-    artifact = _parse(job)
+    artifact = _parse(job, held)
     try:
         return "parsed", artifact, _retain(held, job.id, gate, artifact.retained_bytes, first)
     except BaseException:
@@ -1275,11 +1282,13 @@ def end_attempt(job_id: uuid.UUID, token: uuid.UUID, failure: CompilationFailure
     )
 
 
-def _parse(job: CompilationJob) -> ParseArtifact:
+def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
     """Read and parse the document; returns an unsaved :class:`ParseArtifact`.
 
-    A job at ``queued`` has no artifact yet: the artifact is only ever written in the same
-    transaction as the ``parsed`` checkpoint.
+    Complex formats go to the Unstructured-compatible parser when ``UNSTRUCTURED_API_URL`` is
+    set (:func:`_parse_remote`), everything else to the isolated native parser. A job at
+    ``queued`` has no artifact yet: the artifact is only ever written in the same transaction
+    as the ``parsed`` checkpoint.
     """
     document = job.document
     try:
@@ -1297,7 +1306,10 @@ def _parse(job: CompilationJob) -> ParseArtifact:
             f"could not read the stored source ({type(exc).__name__}: {exc.strerror or 'error'})",
             retryable=True,
         ) from exc
-    report = _parse_isolated(data, document.mime_type)
+    if unstructured.enabled() and unstructured.routes(document.mime_type):
+        report = _parse_remote(data, document, held)
+    else:
+        report = _parse_isolated(data, document.mime_type)
     elements = [_element_dict(e) for e in report.elements]
     artifact_hash = hashlib.sha256(
         json.dumps(elements, sort_keys=True, ensure_ascii=False).encode()
@@ -1349,6 +1361,42 @@ def _parse_isolated(data: bytes, mime_type: str) -> parsing.ParseReport:
         raise CompilationFailure(
             "parser_timeout", f"the parser did not answer in time ({exc}); retry manually"
         ) from exc
+
+
+def _parse_remote(data: bytes, document: Document, held: Held | None) -> parsing.ParseReport:
+    """Parse through the Unstructured-compatible service (:mod:`ingestion.unstructured`).
+
+    The call is bounded by its own total deadline (600 s, 2,400 s heavy), so the lease keeper
+    is told to expect no progress for that long. Failures become :class:`CompilationFailure`
+    with the client's code; only ``parser_unavailable`` is retryable (transport timeouts are
+    terminal: the parser may still be working). A format the service does not support
+    (HTTP 415) is parsed natively instead, with a warning in the artifact.
+    """
+    from ingestion.unstructured.errors import ParserRejected, UnstructuredError
+
+    if held is not None:
+        held.expect_quiet(
+            max(
+                settings.UNSTRUCTURED_REQUEST_TIMEOUT_MS,
+                settings.UNSTRUCTURED_HEAVY_REQUEST_TIMEOUT_MS,
+            )
+            / 1000
+        )
+    try:
+        return unstructured.parse_remote(data, document.mime_type, document.filename)
+    except ParserRejected as exc:
+        if exc.status != 415:
+            raise CompilationFailure(exc.code, exc.message) from exc
+        report = _parse_isolated(data, document.mime_type)
+        note = "the remote parser does not support this format (HTTP 415); parsed natively"
+        return dataclasses.replace(report, warnings=[note, *report.warnings])
+    except UnstructuredError as exc:
+        raise CompilationFailure(exc.code, exc.message, retryable=exc.retryable) from exc
+    except parsing.ParseError as exc:  # refused before sending, e.g. archive_rejected
+        raise CompilationFailure(exc.code, exc.message) from exc
+    finally:
+        if held is not None:
+            held.touch()
 
 
 # --- parse assets (images) ------------------------------------------------------------------
