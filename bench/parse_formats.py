@@ -93,9 +93,15 @@ def child_native(files: list[Path], reps: int, isolated: bool) -> dict:
         pass
     from ingestion import parsing
 
-    entry = getattr(parsing, "parse_isolated", None) if isolated else parsing.parse_with_report
-    if entry is None:
-        return {"unavailable": "no ingestion.parsing.parse_isolated in this build"}
+    entry = parsing.parse_with_report
+    if isolated:
+        from ingestion.parsing import isolation, rasterize
+
+        config = isolation.IsolationConfig.from_settings()
+        raster = rasterize.RasterConfig.from_settings()
+
+        def entry(data: bytes, mime: str):
+            return isolation.parse_isolated(data, mime, config=config, raster=raster)
 
     def parse(path: Path) -> dict:
         data = path.read_bytes()
@@ -138,6 +144,81 @@ def child_unstructured(files: list[Path], reps: int) -> dict:
         "baseline_vm_hwm_kib": baseline,
         "vm_hwm_kib": vm_hwm_kib(),
     }
+
+
+# --- a generated multi-page corpus (--generate) --------------------------------------------------
+
+
+def _paragraphs(count: int) -> list[str]:
+    """``count`` real abstracts from ../shared/data/scifact (corpus.jsonl.gz), else lorem text."""
+    corpus = ROOT.parent / "shared" / "data" / "scifact" / "corpus.jsonl.gz"
+    texts: list[str] = []
+    if corpus.exists():
+        import gzip
+
+        with gzip.open(corpus, "rt") as lines:
+            for line in lines:
+                record = json.loads(line)
+                text = record.get("text") or ""
+                if len(text) > 400:
+                    texts.append(f"{record.get('title', '').rstrip('.')}. {text}")
+                if len(texts) >= count:
+                    break
+    while len(texts) < count:
+        texts.append("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 12)
+    return texts
+
+
+def generate(folder: Path, pages: int = 30) -> list[Path]:
+    """Write a ``pages``-page text PDF (two abstracts a page, reportlab), a DOCX of the same
+    text with one table per ten paragraphs, a ``pages``-slide PPTX and a 5-sheet XLSX (200 rows
+    each); returns their paths."""
+    from docx import Document as Docx
+    from openpyxl import Workbook
+    from pptx import Presentation
+    from pptx.util import Inches
+    from reportlab.lib.pagesizes import A4
+    from reportlab.lib.styles import getSampleStyleSheet
+    from reportlab.platypus import PageBreak, Paragraph, SimpleDocTemplate
+
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = _paragraphs(pages * 2)
+    pdf = folder / f"generated-{pages}p.pdf"
+    style = getSampleStyleSheet()["BodyText"]
+    story = []
+    for page in range(pages):
+        story += [Paragraph(texts[2 * page], style), Paragraph(texts[2 * page + 1], style)]
+        story.append(PageBreak())
+    SimpleDocTemplate(str(pdf), pagesize=A4).build(story[:-1])
+    docx_path = folder / f"generated-{pages}p.docx"
+    document = Docx()
+    for index, text in enumerate(texts):
+        document.add_paragraph(text)
+        if index % 10 == 9:
+            table = document.add_table(rows=4, cols=3)
+            for r in range(4):
+                for c in range(3):
+                    table.cell(r, c).text = f"r{r}c{c} value {index}"
+    document.save(docx_path)
+    pptx_path = folder / f"generated-{pages}s.pptx"
+    deck = Presentation()
+    for index in range(pages):
+        slide = deck.slides.add_slide(deck.slide_layouts[1])
+        slide.shapes.title.text = f"Slide {index + 1}"
+        slide.placeholders[1].text = texts[index][:600]
+        slide.notes_slide.notes_text_frame.text = texts[-1 - index][:300]
+        slide.shapes.add_table(3, 3, Inches(1), Inches(5), Inches(6), Inches(1))
+    deck.save(pptx_path)
+    xlsx_path = folder / "generated-5sheets.xlsx"
+    book = Workbook()
+    book.remove(book.active)
+    for sheet_index in range(5):
+        sheet = book.create_sheet(f"Sheet {sheet_index + 1}")
+        sheet.append(["id", "title", "score", "note"])
+        for row in range(200):
+            sheet.append([row, texts[row % len(texts)][:40], row * 0.5, f"note {row}"])
+    book.save(xlsx_path)
+    return [pdf, docx_path, pptx_path, xlsx_path]
 
 
 # --- the parent -------------------------------------------------------------------------------
@@ -209,15 +290,19 @@ def markdown(report: dict) -> str:
         f"Run {report['date']} on {report['machine']}, {report['reps']} repetitions (median), "
         "warm; unstructured `fast` strategy.",
         "",
-        "| file | format | size | units | native ms | native units/s | unstructured ms | "
-        "unstructured units/s |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| file | format | size | units | native ms | native units/s | isolated ms | "
+        "unstructured ms | unstructured units/s | native chars | unstructured chars |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for item in report["files"]:
         count, unit = item["units"], item["unit"]
         row = [item["file"], item["format"], f"{item['bytes'] / 1024:.0f} KiB", f"{count} {unit}"]
+        row += list(_cell(item["results"].get("native"), count))
+        row.append(_cell(item["results"].get("native-isolated"), count)[0])
+        row += list(_cell(item["results"].get("unstructured"), count))
         for side in ("native", "unstructured"):
-            row += list(_cell(item["results"].get(side), count))
+            entry = item["results"].get(side) or {}
+            row.append(str(entry.get("chars", "-")))
         lines.append("| " + " | ".join(row) + " |")
     lines += [
         "",
@@ -252,6 +337,12 @@ def main() -> None:
     parser.add_argument("--files", nargs="*", help="these files instead of the sample set")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument(
+        "--generate",
+        type=int,
+        metavar="PAGES",
+        help="also a generated PAGES-page PDF/DOCX, PAGES-slide PPTX and 5-sheet XLSX",
+    )
     parser.add_argument("--child", choices=("native", "native-isolated", "unstructured"))
     args = parser.parse_args()
     if args.child:
@@ -269,6 +360,8 @@ def main() -> None:
         if not SAMPLES.is_dir():
             sys.exit(f"{SAMPLES} is not present")
         files = sorted(p for p in SAMPLES.iterdir() if p.suffix.lower() in formats)
+    if args.generate:
+        files += generate(ROOT / "var" / "bench-docs", args.generate)
     if not UNSTRUCTURED_PYTHON.exists():
         sys.exit(f"{UNSTRUCTURED_PYTHON} is missing: run `make unstructured`")
     groups: dict[str, list[Path]] = {}
