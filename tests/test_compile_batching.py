@@ -207,9 +207,9 @@ def test_a_wave_still_waits_for_the_materialization_gate(space, settings, monkey
     parsed_at: list[float] = []
     real = compilation._parse
 
-    def parse(job):
+    def parse(job, *args):
         parsed_at.append(time.monotonic())
-        return real(job)
+        return real(job, *args)
 
     monkeypatch.setattr(compilation, "_parse", parse)
     slot = gates.materialization_gate().acquire()  # another worker is parsing
@@ -242,11 +242,11 @@ def test_a_heavy_document_after_light_ones_takes_its_own_lanes(space, monkeypatc
     seen = {}
     real = compilation._parse
 
-    def parse(job):
+    def parse(job, *args):
         main = len(gates.materialization_gate().snapshot()["holders"])
         heavy = gates.MachineSemaphore(gates.MATERIALIZATION_HEAVY_GATE, 1).snapshot()["holders"]
         seen[job.id] = (main, len(heavy))
-        return real(job)
+        return real(job, *args)
 
     monkeypatch.setattr(compilation, "_parse", parse)
     compilation.compile_jobs(ids)

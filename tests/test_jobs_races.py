@@ -82,8 +82,8 @@ def test_an_artifact_is_not_kept_alive_after_its_wave(space, settings, monkeypat
     refs = []
     real_parse = compilation._parse
 
-    def parse(job):
-        artifact = real_parse(job)
+    def parse(job, *args):
+        artifact = real_parse(job, *args)
         refs.append(weakref.ref(artifact))
         return artifact
 
@@ -157,10 +157,10 @@ def test_a_poison_document_does_not_exhaust_the_attempts_of_its_batch(space, mon
     class Killed(BaseException):  # the worker dies while parsing the poison document
         pass
 
-    def parse(job):
+    def parse(job, *args):
         if job.id == poison:
             raise Killed
-        return real(job)
+        return real(job, *args)
 
     monkeypatch.setattr(compilation, "_parse", parse)
     for _ in range(settings.KNOWLEDGE_JOB_MAX_ATTEMPTS):
@@ -188,9 +188,9 @@ def test_a_batch_mate_canceled_before_its_turn_never_parses(space, monkeypatch):
     parsed = []
     real = compilation._parse
 
-    def parse(job):
+    def parse(job, *args):
         parsed.append(job.id)
-        artifact = real(job)
+        artifact = real(job, *args)
         if job.id == a:
             compilation.cancel_job(b)  # acknowledged before b's turn comes
         return artifact
@@ -232,9 +232,9 @@ def test_a_hung_worker_stops_renewing_its_lease_and_the_sweep_takes_the_job_back
     release = threading.Event()
     real = compilation._parse
 
-    def hangs(job):
+    def hangs(job, *args):
         release.wait(30)  # a parser that never answers
-        return real(job)
+        return real(job, *args)
 
     monkeypatch.setattr(compilation, "_parse", hangs)
     worker = threading.Thread(target=lambda: compilation.compile_jobs([job_id]))
