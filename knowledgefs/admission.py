@@ -23,7 +23,12 @@ Once admitted, the body is read through :class:`DeadlineStream`: at most
 ``gunicorn.socket``) the socket's own timeout is the idle interval, so a stalled client cannot
 hold the thread, and a timer cuts the reads short at the total deadline; elsewhere the deadlines
 are checked between reads. A body that ends before its Content-Length is 400
-``upload_incomplete``. The admission is released when the view returns, on every path.
+``upload_incomplete``. ``details.received_bytes`` of a 408/400 is the number of body bytes the
+server received, exact under gunicorn too: its body reader blocks until it holds all it was
+asked for (64 KiB from Django's multipart parser) and drops a partial read on a timeout, so
+the bytes are counted where gunicorn's reader takes them from the socket
+(:class:`_CountingSocket`), not only as completed reads. The admission is released when the
+view returns, on every path.
 
 The gate counts are per process: the deployment-wide envelope is these limits times the API
 processes (gunicorn workers) times the replicas. :func:`diagnostics` feeds ``/health``.
@@ -167,12 +172,16 @@ class DeadlineStream:
     """A request body stream (Django's ``request._stream``) read under the upload deadlines.
 
     ``expected`` is the Content-Length; ``sock`` the client socket when the server exposes it
-    (gunicorn). ``read``/``readline`` raise :class:`RequestTimeout` (``upload_timeout``,
-    ``details.deadline`` ``idle`` or ``total``) and :class:`InvalidInput`
-    (``upload_incomplete``) when the body ends early. :meth:`close` restores the socket.
+    (gunicorn), ``wsgi_input`` the server's body stream (gunicorn's ``Body``, whose socket
+    reader is then counted, see :meth:`received_bytes`). ``read``/``readline`` raise
+    :class:`RequestTimeout` (``upload_timeout``, ``details.deadline`` ``idle`` or ``total``)
+    and :class:`InvalidInput` (``upload_incomplete``) when the body ends early.
+    :meth:`close` restores the socket.
     """
 
-    def __init__(self, stream: Any, expected: int, *, sock: Any = None) -> None:
+    def __init__(
+        self, stream: Any, expected: int, *, sock: Any = None, wsgi_input: Any = None
+    ) -> None:
         self._stream = stream
         self.expected = expected
         self.received = 0
@@ -185,6 +194,7 @@ class DeadlineStream:
         self._sock = sock if hasattr(sock, "settimeout") and hasattr(sock, "gettimeout") else None
         self._prior_timeout = self._sock.gettimeout() if self._sock else None
         self._timer = None
+        self._counter = _CountingSocket.install(wsgi_input, self._sock)
         if self._sock is not None:
             self._timer = threading.Timer(self.total_ms / 1000, self._expire)
             self._timer.daemon = True
@@ -198,12 +208,22 @@ class DeadlineStream:
         """Read a line like the wrapped stream, under the deadlines."""
         return self._guarded(self._stream.readline, args)
 
+    def received_bytes(self) -> int:
+        """Body bytes received so far: those read through this stream, or (gunicorn) those its
+        reader took from the socket, read-ahead included, whichever is more; at most
+        ``expected``."""
+        on_wire = self._counter.body_bytes() if self._counter is not None else 0
+        return min(self.expected, max(self.received, on_wire))
+
     def close(self) -> None:
-        """Stop the total-deadline timer and give the socket its own timeout back."""
+        """Stop the total-deadline timer, give the socket its own timeout back and gunicorn's
+        reader its own socket."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            if self._counter is not None:
+                self._counter.uninstall()
             if self._timer is not None:
                 self._timer.cancel()
             if self._sock is not None:
@@ -245,11 +265,12 @@ class DeadlineStream:
         self.received += len(data)
         if not data and self.received < self.expected and (not args or args[0] != 0):
             GATE.count("incomplete")
+            received = self.received_bytes()
             raise InvalidInput(
-                f"the request body ended after {self.received} of its {self.expected} declared "
+                f"the request body ended after {received} of its {self.expected} declared "
                 "bytes (the client stopped sending); nothing is stored",
                 code="upload_incomplete",
-                details={"received_bytes": self.received, "expected_bytes": self.expected},
+                details={"received_bytes": received, "expected_bytes": self.expected},
             )
         if self.received >= self.expected:
             self.close()
@@ -263,16 +284,78 @@ class DeadlineStream:
             else (self.total_ms, "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS")
         )
         what = "sent nothing for" if which == "idle" else "took longer than"
+        received = self.received_bytes()
         return RequestTimeout(
-            f"the upload {what} {limit} ms ({which} deadline, {name}) after {self.received} of "
+            f"the upload {what} {limit} ms ({which} deadline, {name}) after {received} of "
             f"{self.expected} bytes; nothing is stored",
             details={
                 "deadline": which,
                 "timeout_ms": limit,
-                "received_bytes": self.received,
+                "received_bytes": received,
                 "expected_bytes": self.expected,
             },
         )
+
+
+class _CountingSocket:
+    """The client socket as gunicorn's body reader sees it, counting what ``recv`` returns.
+
+    Installed in place of ``wsgi_input.reader.unreader.sock`` (gunicorn's ``Body`` ->
+    ``LengthReader`` -> ``SocketUnreader``) only when that is the very ``gunicorn.socket``;
+    otherwise nothing is installed and the completed reads are the count. One attribute
+    look-up and an addition per ``recv`` (of up to 1 MiB): no measurable cost.
+    """
+
+    def __init__(self, sock: Any, owner: Any, already: int) -> None:
+        self._sock = sock
+        self._owner = owner
+        self.already = already  # body bytes gunicorn read ahead with the request head
+        self.received = 0
+
+    @classmethod
+    def install(cls, wsgi_input: Any, sock: Any) -> _CountingSocket | None:
+        """Wrap gunicorn's socket reader of ``wsgi_input``; None when it is not one."""
+        unreader = getattr(getattr(wsgi_input, "reader", None), "unreader", None)
+        if sock is None or getattr(unreader, "sock", None) is not sock:
+            return None
+        already = _buffered(unreader) + _buffered(wsgi_input)
+        counter = cls(sock, unreader, already)
+        unreader.sock = counter
+        return counter
+
+    def uninstall(self) -> None:
+        """Give the reader its socket back (once)."""
+        if self._owner is not None and self._owner.sock is self:
+            self._owner.sock = self._sock
+        self._owner = None
+
+    def body_bytes(self) -> int:
+        """Bytes read ahead before admission plus those received since."""
+        return self.already + self.received
+
+    def recv(self, *args: Any) -> bytes:
+        """``socket.recv``, counted."""
+        data = self._sock.recv(*args)
+        self.received += len(data)
+        return data
+
+    def recv_into(self, *args: Any) -> int:
+        """``socket.recv_into``, counted."""
+        count = self._sock.recv_into(*args)
+        self.received += count
+        return count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def _buffered(holder: Any) -> int:
+    """Bytes held in ``holder.buf`` (a ``BytesIO``, as gunicorn's readers keep), else 0."""
+    buf = getattr(holder, "buf", None)
+    try:
+        return buf.getbuffer().nbytes if buf is not None else 0
+    except (AttributeError, BufferError, ValueError):
+        return 0
 
 
 class Admission:
@@ -334,7 +417,12 @@ def admit_upload(request: Any) -> Admission:
     wait = settings.KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS / 1000
     lease = GATE.acquire(RESERVATION_FACTOR * envelope, wait_seconds=wait)
     try:
-        stream = DeadlineStream(request._stream, declared, sock=request.META.get("gunicorn.socket"))
+        stream = DeadlineStream(
+            request._stream,
+            declared,
+            sock=request.META.get("gunicorn.socket"),
+            wsgi_input=request.META.get("wsgi.input"),
+        )
         request._stream = stream
     except BaseException:
         GATE.release(lease)

@@ -5,6 +5,12 @@ removes non-printable characters, truncates to 255) and refuses names such as ``
 never uses the name for storage (keys come from ids), so the original is kept as ``raw_name`` on
 the uploaded file for display and citations; Django's own objects get a fixed placeholder name.
 Bytes beyond ``KNOWLEDGE_UPLOAD_MAX_BYTES`` abort the read with a 413 before they are kept.
+
+A multipart body must end with its closing delimiter (``--boundary--``, RFC 2046 5.1.1). Django's
+parser accepts a body cut short of it (the request is read only up to its Content-Length, so a
+Content-Length smaller than the body sent cuts it) and then reports no file at all; here that is
+400 ``malformed_request`` naming the declared length, not a misleading "field 'file' is
+required".
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from django.conf import settings
 from django.core.files.uploadhandler import MemoryFileUploadHandler, TemporaryFileUploadHandler
 from django.http.multipartparser import MultiPartParser as DjangoMultiPartParser
 from django.http.multipartparser import MultiPartParserError
+from django.utils.http import parse_header_parameters
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import DataAndFiles, MultiPartParser
 
@@ -71,8 +78,30 @@ class _VerbatimNameParser(DjangoMultiPartParser):
         return file_name or None
 
 
+class _ClosingDelimiterWatch:
+    """A body stream that notes whether the multipart closing delimiter went through it."""
+
+    def __init__(self, stream, boundary: bytes) -> None:
+        self._stream = stream
+        self._delimiter = b"--" + boundary + b"--"
+        self._tail = b""
+        self.read_bytes = 0
+        self.closed = False
+
+    def read(self, *args):
+        data = self._stream.read(*args)
+        self.read_bytes += len(data)
+        if data and not self.closed:
+            window = self._tail + data
+            self.closed = self._delimiter in window
+            self._tail = window[-(len(self._delimiter) - 1) :]
+        return data
+
+
 class VerbatimMultiPartParser(MultiPartParser):
-    """DRF multipart parser that leaves file names untouched (see module docstring)."""
+    """DRF multipart parser that leaves file names untouched and refuses a body without its
+    closing delimiter (see module docstring); errors are DRF ``ParseError`` (400
+    ``malformed_request``)."""
 
     def parse(self, stream, media_type=None, parser_context=None):
         parser_context = parser_context or {}
@@ -81,8 +110,33 @@ class VerbatimMultiPartParser(MultiPartParser):
         meta = request.META.copy()
         meta["CONTENT_TYPE"] = media_type
         try:
-            parser = _VerbatimNameParser(meta, stream, request.upload_handlers, encoding)
+            watch = _ClosingDelimiterWatch(stream, _boundary(media_type))
+            parser = _VerbatimNameParser(meta, watch, request.upload_handlers, encoding)
             data, files = parser.parse()
-            return DataAndFiles(data, files)
         except MultiPartParserError as exc:
             raise ParseError(f"multipart form parse error: {exc}") from exc
+        if watch.read_bytes and not watch.closed:
+            _close_parts(files)
+            raise ParseError(
+                f"the multipart body ended after its declared Content-Length of "
+                f"{watch.read_bytes} bytes without its closing boundary: the body is incomplete "
+                "or malformed, or its Content-Length is smaller than the body sent; nothing is "
+                "stored"
+            )
+        return DataAndFiles(data, files)
+
+
+def _boundary(media_type: str | None) -> bytes:
+    """The ``boundary`` parameter of a multipart Content-Type (Django validates it again)."""
+    _, params = parse_header_parameters(media_type or "")
+    return params.get("boundary", "").encode("ascii", "ignore")
+
+
+def _close_parts(files) -> None:
+    """Close (and so delete, for temporary files) the parts of a refused body."""
+    for _, parts in files.lists() if files else ():
+        for part in parts:
+            try:
+                part.close()
+            except OSError:
+                pass

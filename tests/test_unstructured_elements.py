@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ingestion.unstructured.elements import to_report
@@ -138,3 +140,75 @@ def test_no_text_is_never_a_success():
     with pytest.raises(ParserEmptyOutput) as caught:
         to_report([el("Image", ""), el("PageBreak", "")], mime_type=PDF, filename="scan.pdf")
     assert "no text for 'scan.pdf' (2 elements, none with text)" in caught.value.message
+
+
+@pytest.mark.parametrize("page", [20_000_000, 10**12, 0, -3, 2.0, "7", True])
+def test_a_page_number_outside_1_to_100000_is_an_invalid_answer_not_an_allocation(page):
+    with pytest.raises(ParserInvalidResponse) as caught:
+        to_report([el("NarrativeText", "x", page_number=page)], mime_type=PDF, filename="a.pdf")
+    assert caught.value.code == "parser_invalid_response"
+    assert f"element 0 of the parser's answer has page_number {page!r}" in caught.value.message
+    assert "must be an integer from 1 to 100000" in caught.value.message
+
+
+def test_pages_without_text_are_capped_at_the_lowest_thousand():
+    report = to_report(
+        [el("NarrativeText", "x", page_number=100_000), el("Text", "y", page_number=2)],
+        mime_type=PDF,
+        filename="a.pdf",
+    )
+    assert report.page_count == 100_000
+    assert len(report.pages_without_text) == 1000
+    assert report.pages_without_text[:3] == [1, 3, 4]
+    assert report.pages_without_text[-1] == 1001
+
+
+def _spans(cells: int, empty_rows: int = 0, value: str = "x") -> dict:
+    html = (
+        "<table><tr>"
+        + f"<td colspan=100 rowspan=100>{value}</td>" * cells
+        + "</tr>"
+        + "<tr></tr>" * empty_rows
+        + "</table>"
+    )
+    return el("Table", value, text_as_html=html)
+
+
+def test_a_hostile_rowspan_colspan_table_is_refused_before_it_is_built():
+    """1,000 cells of colspan=rowspan=100 over 100 rows would be 10 million cells (GiBs before
+    the bound): refused at 2,000,000, fast."""
+    started = time.monotonic()
+    with pytest.raises(ParserInvalidResponse) as caught:
+        to_report([_spans(1000, empty_rows=99)], mime_type=PDF, filename="t.pdf")
+    assert time.monotonic() - started < 10
+    assert caught.value.code == "parser_invalid_response"
+    assert caught.value.message == (
+        "the tables of the parser's answer cover more than 2000000 cells once their "
+        "rowspan/colspan are expanded (at element 0); refused"
+    )
+
+
+def test_spans_repeating_a_long_cell_or_header_are_refused_by_characters():
+    with pytest.raises(ParserInvalidResponse) as caught:
+        to_report([_spans(1, empty_rows=99, value="y" * 100_000)], mime_type=PDF, filename="t.pdf")
+    assert "hold more than 67108864 characters" in caught.value.message
+    header = "<table><tr><th>" + "h" * 1_000_000 + "</th></tr>" + "<tr><td>v</td></tr>" * 100
+    with pytest.raises(ParserInvalidResponse) as caught:
+        to_report([el("Table", "t", text_as_html=header + "</table>")], mime_type=PDF, filename="t")
+    assert "hold more than 67108864 characters" in caught.value.message
+
+
+def test_one_row_of_wide_spans_within_the_bounds_keeps_its_cells():
+    """The tester's shape (one row of 400 x colspan=rowspan=100): 40,000 cells, the carried
+    rows never come, nothing is kept for them."""
+    [table] = to_report([_spans(400)], mime_type=PDF, filename="t.pdf").elements
+    assert table.metadata["rows"] == [["x"] * 40_000]
+
+
+def test_a_span_ends_where_a_shorter_row_leaves_it():
+    html = (
+        "<table><tr><td rowspan=3>a</td><td>b</td></tr><tr></tr>"
+        "<tr><td>c</td></tr><tr><td>d</td><td>e</td></tr></table>"
+    )
+    [table] = to_report([el("Table", "t", text_as_html=html)], mime_type=PDF, filename="t").elements
+    assert table.metadata["rows"] == [["a", "b"], ["a"], ["a", "c"], ["d", "e"]]

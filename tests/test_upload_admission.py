@@ -320,9 +320,16 @@ def test_a_client_that_stops_mid_body_gets_408_after_the_idle_timeout(
     stalled.send(100 * KiB)
     status, _, body = stalled.response()
     assert (status, body["code"]) == (408, "upload_timeout")
-    assert body["details"]["deadline"] == "idle"
-    assert body["details"]["timeout_ms"] == 2000
-    assert "idle deadline" in body["message"]
+    assert body["details"] == {
+        "deadline": "idle",
+        "timeout_ms": 2000,
+        "received_bytes": 100 * KiB,  # what was sent, not the 64 KiB reads gunicorn completed
+        "expected_bytes": len(stalled.body),
+    }
+    assert (
+        "(idle deadline, KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS) "
+        f"after {100 * KiB} of {len(stalled.body)} bytes" in body["message"]
+    )
     assert IDLE - 0.2 <= stalled.elapsed < IDLE + 3, stalled.elapsed
     assert server.wait_for(_idle)["counters"]["timeout_idle"] == 1
 
@@ -343,14 +350,51 @@ def test_a_client_that_trickles_gets_408_at_the_total_deadline(servers, api_key,
     trickler.send(1024)
     sender = trickler.trickle_until(stop, step=0.4)  # never idle for 2 s, never done
     status, _, body = trickler.response()
+    sent = trickler.sent  # before stop: the sender then sends the rest
     stop.set()
     sender.join(5)
     assert (status, body["code"]) == (408, "upload_timeout")
     assert body["details"]["deadline"] == "total"
     assert body["details"]["timeout_ms"] == 6000
+    # Every byte that reached the server is counted (a byte may be on its way as it answers).
+    assert sent - 1 <= body["details"]["received_bytes"] <= sent, (sent, body["details"])
+    assert body["details"]["received_bytes"] > 1024 + 10  # 1 KiB, then a byte every 0.4 s
     assert TOTAL - 0.2 <= trickler.elapsed < TOTAL + IDLE + 3, trickler.elapsed
     assert server.wait_for(_idle)["counters"]["timeout_total"] == 1
     assert not Document.objects.exists()
+
+
+def test_a_small_body_stalled_half_way_counts_its_bytes_and_a_short_length_is_malformed(
+    servers, api_key, space, object_storage
+):
+    server = servers(**SMALL)
+    half = RawUpload(server, api_key, space, b"a small body", filename="small.txt")
+    sent = len(half.body) // 2
+    half.send(sent)
+    status, _, body = half.response()
+    assert (status, body["code"]) == (408, "upload_timeout")
+    assert body["details"]["received_bytes"] == sent
+    assert body["details"]["expected_bytes"] == len(half.body)
+    assert f"after {sent} of {len(half.body)} bytes" in body["message"]
+
+    # A Content-Length 20 bytes short of the body sent cuts off the closing boundary.
+    data = _text("short", 4 * KiB)
+    body_bytes, _ = multipart_body("short.txt", data)
+    short = RawUpload(
+        server, api_key, space, data, filename="short.txt", declared=len(body_bytes) - 20
+    )
+    short.send()
+    status, _, body = short.response()
+    assert (status, body["code"]) == (400, "malformed_request"), body
+    assert body["message"] == (
+        f"the multipart body ended after its declared Content-Length of {len(body_bytes) - 20} "
+        "bytes without its closing boundary: the body is incomplete or malformed, or its "
+        "Content-Length is smaller than the body sent; nothing is stored"
+    )
+    assert server.wait_for(_idle)["counters"]["timeout_idle"] == 1
+    assert not Document.objects.exists()
+    assert not _stored_files(object_storage)
+    assert not _stored_files(server.spool)
 
 
 def test_admission_is_released_after_413_and_after_errors(servers, api_key, space, object_storage):
@@ -382,7 +426,7 @@ def test_admission_is_released_after_413_and_after_errors(servers, api_key, spac
     gone.sock.shutdown(socket.SHUT_WR)
     status, _, body = gone.response()
     assert (status, body["code"]) == (400, "upload_incomplete")
-    assert body["details"]["expected_bytes"] == len(gone.body)
+    assert body["details"] == {"received_bytes": 10 * KiB, "expected_bytes": len(gone.body)}
 
     # A multipart body without a boundary, and a refusal raised after the body was read.
     broken = RawUpload(server, api_key, space, b"x", content_type="multipart/form-data")
