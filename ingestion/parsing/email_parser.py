@@ -101,9 +101,10 @@ def _parse_attachment(att: Attachment, depth: int) -> list[Element]:
         "html": html_parser.parse_html,
     }[kind]
     try:
-        return parser(att.data)
+        result = parser(att.data)
     except ParseError:
         return []
+    return result.elements if isinstance(result, ParseReport) else result
 
 
 def _body_elements(content: MailContent) -> list[Element]:
