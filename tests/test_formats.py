@@ -278,6 +278,39 @@ def test_pptx_notes_groups_merged_tables_charts_and_pictures() -> None:
     ]
 
 
+def test_pptx_vertical_merge_carries_label_to_every_covered_row() -> None:
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[5])
+    slide.shapes.title.text = "Rates"
+    table = slide.shapes.add_table(5, 3, Inches(1), Inches(2), Inches(6), Inches(3)).table
+    for r, row in enumerate(
+        [
+            ("Level", "Rate", "Note"),
+            ("Department level", "480", "a"),
+            ("", "350", "b"),
+            ("Other", "300", ""),
+            ("Both", "", ""),
+        ]
+    ):
+        for c, value in enumerate(row):
+            table.cell(r, c).text = value
+    table.cell(1, 0).merge(table.cell(2, 0))
+    table.cell(3, 1).merge(table.cell(4, 2))  # two rows by two columns
+    table.cell(3, 1).text = "shared 300"
+    buf = io.BytesIO()
+    deck.save(buf)
+    (element,) = [
+        e for e in parse_named(buf.getvalue(), "rates.pptx").elements if e.type == "table"
+    ]
+    assert element.text.split("\n") == [
+        "Level: Department level; Rate: 480; Note: a",
+        "Level: Department level; Rate: 350; Note: b",
+        "Level: Other; Rate: shared 300",
+        "Level: Both; Rate: shared 300",
+    ]
+    assert element.metadata["rows"][3] == ["Both", "shared 300", ""]
+
+
 # -- XLSX ---------------------------------------------------------------------------------------
 
 
