@@ -875,6 +875,30 @@ def test_epub_built_follows_the_spine_not_the_manifest() -> None:
     assert [a.name for a in report.assets] == ["book/img/fig.png"]
 
 
+DTD_CHAPTER = """<?xml version="1.0" encoding="utf-8"?>
+<!DOCTYPE html [
+  <!ENTITY author "Ann Ledger">
+  <!ENTITY trap "text ]> that must not leak">
+  <!ENTITY % pe SYSTEM "http://127.0.0.1:9/evil.dtd">
+]>
+<html xmlns="http://www.w3.org/1999/xhtml"><head><title>Ledger</title></head>
+<body><h1>Chapter Three</h1><p>Written by &author; in winter.</p></body></html>
+"""
+
+
+def test_epub_chapter_internal_dtd_subset_leaves_no_text_and_expands_nothing() -> None:
+    data = make_epub({"book/text/one.xhtml": DTD_CHAPTER})
+    texts = [e.text for e in parse_with_report(data, EPUB).elements]
+    assert texts == [
+        "Field Guide",
+        "Chapter One",
+        "Spine order puts me first.",
+        "Chapter Three",
+        "Written by &author; in winter.",
+    ]
+    assert not any("]>" in t or "ENTITY" in t or "Ann Ledger" in t for t in texts)
+
+
 ENCRYPTION = (
     '<?xml version="1.0"?><encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:container" '
     'xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData>'

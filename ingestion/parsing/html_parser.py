@@ -79,6 +79,10 @@ MAX_COLSPAN = 1000
 #: cannot make the parser allocate without bound); once spent, cells count as unspanned.
 MAX_SPAN_CELLS = 1_000_000
 
+# A DOCTYPE with an internal subset; quoted strings may contain "]" or ">".
+_DTD_SUBSET_RE = re.compile(
+    rb"<!DOCTYPE\s+([^\[>]*?)\s*\[(?:[^\]\"']|\"[^\"]*\"|'[^']*')*\]\s*>", re.IGNORECASE
+)
 _LANG_RE = re.compile(r"^(?:language|lang)-(.+)$")
 
 
@@ -304,8 +308,12 @@ def parse_html(data: bytes, sections: SectionStack | None = None) -> list[Elemen
     ``"title"`` element first. Text directly inside divs (not in ``<p>``) is kept as
     paragraphs. Encoding comes from the BOM/``<meta charset>``/detection (BeautifulSoup).
     ``sections`` continues the heading stack of a previous document (EPUB chapters split
-    across files); it is updated in place.
+    across files); it is updated in place. A DOCTYPE's internal subset (``<!DOCTYPE html [
+    <!ENTITY ...> ]>``, common in XHTML chapters of EPUBs) is removed before parsing: the HTML
+    parser would end the DOCTYPE at its first ``>`` and leave the rest as text; its entities
+    are never expanded (a reference to one stays as written).
     """
+    data = _DTD_SUBSET_RE.sub(rb"<!DOCTYPE \1>", data, count=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
         soup = BeautifulSoup(data, "lxml")
