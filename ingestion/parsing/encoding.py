@@ -410,7 +410,8 @@ def _odd_word(word: str) -> int:
 
 
 def _word_penalty(text: str) -> int:
-    """Case flips and script mixes inside words, and letters no single alphabet explains."""
+    """Case flips and script mixes inside words, letters of a word no single alphabet
+    explains, and letters of the text the best two alphabets together do not explain."""
     penalty = 0
     seen: dict[str, int] = {}
     for word in _WORD_RE.findall(text):
@@ -428,11 +429,27 @@ def _word_penalty(text: str) -> int:
         for prev, cur in zip(word, word[1:], strict=False):
             if prev.islower() and cur.isupper() and not (prev.isascii() and cur.isascii()):
                 penalty += 1
-        for c in word.lower():
-            if c in _FIRST_LETTERS or (not c.isascii() and _char_class(c) == "L:LATIN"):
-                seen[c] = seen.get(c, 0) + 1
+        letters = [
+            c
+            for c in word.lower()
+            if c in _FIRST_LETTERS or (not c.isascii() and _char_class(c) == "L:LATIN")
+        ]
+        if letters:
+            penalty += len(letters) - max(sum(c in a for c in letters) for a in _ALPHABETS)
+        for c in letters:
+            seen[c] = seen.get(c, 0) + 1
     if seen:
         total = sum(seen.values())
-        covered = max(sum(n for c, n in seen.items() if c in alpha) for alpha in _ALPHABETS)
-        penalty += total - covered
+        penalty += total - _covered(seen)
     return penalty
+
+
+def _covered(seen: dict[str, int]) -> int:
+    """Letter occurrences of ``seen`` that the union of the best two alphabets of
+    :data:`_ALPHABETS` explains (a document may mix two languages)."""
+
+    def count(alpha: frozenset[str]) -> int:
+        return sum(n for c, n in seen.items() if c in alpha)
+
+    first = max(_ALPHABETS, key=count)
+    return max(count(first | alpha) for alpha in _ALPHABETS)
