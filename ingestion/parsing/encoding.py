@@ -28,6 +28,7 @@ from __future__ import annotations
 import codecs
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -88,7 +89,7 @@ _CHINESE = frozenset({"gb18030", "gbk", "gb2312", "big5", "cp950", "big5hkscs", 
 _JAPANESE = frozenset({"cp932", "shift_jis", "euc-jp", "euc_jp", "euc_jis_2004", "iso2022_jp"})
 _KOREAN = frozenset({"cp949", "euc-kr", "euc_kr", "johab"})
 
-_SCORE_CHARS = 65536  # characters of the decoded text that are scored
+_SCORE_CHARS = 32768  # characters of the decoded text that are scored
 
 #: Letters beyond ASCII of the alphabets of languages written in legacy Latin and Cyrillic
 #: code pages (lower case). A decoding whose letters no single alphabet explains is suspect.
@@ -254,17 +255,23 @@ def _damaged_utf8(data: bytes) -> tuple[str, int] | None:
     parts: list[str] = []
     pos = 0
     bad = 0
-    while True:
+    view = memoryview(data)
+    size = len(data)
+    while pos < size:
+        # Windows of 64 KiB: a decoding error copies only its window, not the document.
+        end = min(pos + 65536, size)
         try:
-            parts.append(data[pos:].decode("utf-8"))
-            break
+            text, used = codecs.utf_8_decode(view[pos:end], "strict", end == size)
         except UnicodeDecodeError as exc:
-            parts.append(data[pos : pos + exc.start].decode("utf-8"))
+            parts.append(codecs.utf_8_decode(view[pos : pos + exc.start], "strict", True)[0])
             bad += exc.end - exc.start
             if bad > limit:
                 return None
             parts.append("\ufffd" * (exc.end - exc.start))
             pos += exc.end
+            continue
+        parts.append(text)
+        pos += used
     return "".join(parts), bad
 
 
@@ -352,11 +359,12 @@ def implausibility(text: str, encoding: str) -> float:
     code page without any kana and spaces between ideographs in a Chinese or Japanese code
     page also count.
     """
+    chars = Counter(text)
     counts: dict[str, int] = {}
-    for ch in text:
+    for ch, n in chars.items():
         if ord(ch) > 0x7F:
             cls = _char_class(ch)
-            counts[cls] = counts.get(cls, 0) + 1
+            counts[cls] = counts.get(cls, 0) + n
     if not counts:
         return 0.0
     score = float(counts.get("bad", 0)) + counts.get("rare_ideo", 0)
@@ -375,26 +383,36 @@ def implausibility(text: str, encoding: str) -> float:
         "hangul": counts.get("hangul", 0),
         **{k: v for k, v in counts.items() if k.startswith("L:")},
     }
-    score += _caseless_penalty(text)
+    score += _caseless_penalty(chars)
     total_letters = sum(groups.values())
     score += total_letters - max(groups.values())  # letters outside the dominant script
     return score + _word_penalty(text)
 
 
-def _caseless_penalty(text: str) -> float:
+def _caseless_penalty(chars: Counter[str]) -> float:
     """Cyrillic or Greek text without a single lower-case letter (a multi-byte CJK text read
-    in a single-byte code page), and Latin text whose letters are mostly non-ASCII."""
+    in a single-byte code page), and Latin text whose letters are mostly non-ASCII.
+    ``chars`` counts the characters of the text."""
     penalty = 0.0
-    for script in ("CYRILLIC", "GREEK"):
-        upper = sum(1 for c in text if c.isupper() and _char_class(c) == "L:" + script)
-        if upper >= 2 and not any(
-            c.islower() and _char_class(c) == "L:" + script for c in text if ord(c) > 0x7F
-        ):
-            penalty += upper / 2
-    latin = [c for c in text if c.isalpha() and (c.isascii() or _char_class(c) == "L:LATIN")]
-    extra = sum(1 for c in latin if not c.isascii())
-    if extra > 2 and extra > len(latin) / 2:
-        penalty += extra - len(latin) / 2
+    upper: Counter[str] = Counter()
+    lower: Counter[str] = Counter()
+    latin = extra = 0
+    for c, n in chars.items():
+        if not c.isalpha():
+            continue
+        cls = "L:LATIN" if c.isascii() else _char_class(c)
+        if cls == "L:LATIN":
+            latin += n
+            extra += 0 if c.isascii() else n
+        elif c.isupper():
+            upper[cls] += n
+        elif c.islower():
+            lower[cls] += n
+    for script in ("L:CYRILLIC", "L:GREEK"):
+        if upper[script] >= 2 and not lower[script]:
+            penalty += upper[script] / 2
+    if extra > 2 and extra > latin / 2:
+        penalty += extra - latin / 2
     return penalty
 
 
@@ -413,38 +431,47 @@ def _word_penalty(text: str) -> int:
     """Case flips and script mixes inside words, letters of a word no single alphabet
     explains, and letters of the text the best two alphabets together do not explain."""
     penalty = 0
-    seen: dict[str, int] = {}
-    for word in _WORD_RE.findall(text):
+    seen: Counter[str] = Counter()
+    for word, n in Counter(_WORD_RE.findall(text)).items():
         if word.isascii():
             continue
-        scripts = {
-            "ASCII" if c.isascii() else _SCRIPT_OF.get(_char_class(c), _char_class(c)) for c in word
-        }
-        scripts.discard("ok")
-        if "L:LATIN" in scripts:
-            scripts.discard("ASCII")
-        if len(scripts) > 1:
-            penalty += sum(1 for c in word if not c.isascii())
-        penalty += _odd_word(word)
-        for prev, cur in zip(word, word[1:], strict=False):
-            if prev.islower() and cur.isupper() and not (prev.isascii() and cur.isascii()):
-                penalty += 1
-        letters = [
-            c
-            for c in word.lower()
-            if c in _FIRST_LETTERS or (not c.isascii() and _char_class(c) == "L:LATIN")
-        ]
-        if letters:
-            penalty += len(letters) - max(sum(c in a for c in letters) for a in _ALPHABETS)
+        own, letters = _word_score(word)
+        penalty += n * own
         for c in letters:
-            seen[c] = seen.get(c, 0) + 1
+            seen[c] += n
     if seen:
-        total = sum(seen.values())
-        penalty += total - _covered(seen)
+        penalty += sum(seen.values()) - _covered(seen)
     return penalty
 
 
-def _covered(seen: dict[str, int]) -> int:
+@lru_cache(maxsize=4096)
+def _word_score(word: str) -> tuple[int, str]:
+    """``(penalty, alphabet letters)`` of one word with non-ASCII characters: script mixes,
+    case flips, odd words and letters no single alphabet of :data:`_ALPHABETS` explains."""
+    penalty = 0
+    scripts = {
+        "ASCII" if c.isascii() else _SCRIPT_OF.get(_char_class(c), _char_class(c)) for c in word
+    }
+    scripts.discard("ok")
+    if "L:LATIN" in scripts:
+        scripts.discard("ASCII")
+    if len(scripts) > 1:
+        penalty += sum(1 for c in word if not c.isascii())
+    penalty += _odd_word(word)
+    for prev, cur in zip(word, word[1:], strict=False):
+        if prev.islower() and cur.isupper() and not (prev.isascii() and cur.isascii()):
+            penalty += 1
+    letters = "".join(
+        c
+        for c in word.lower()
+        if c in _FIRST_LETTERS or (not c.isascii() and _char_class(c) == "L:LATIN")
+    )
+    if letters:
+        penalty += len(letters) - max(sum(c in a for c in letters) for a in _ALPHABETS)
+    return penalty, letters
+
+
+def _covered(seen: Counter[str]) -> int:
     """Letter occurrences of ``seen`` that the union of the best two alphabets of
     :data:`_ALPHABETS` explains (a document may mix two languages)."""
 
