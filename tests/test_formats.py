@@ -278,6 +278,39 @@ def test_pptx_notes_groups_merged_tables_charts_and_pictures() -> None:
     ]
 
 
+def test_pptx_vertical_merge_carries_label_to_every_covered_row() -> None:
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[5])
+    slide.shapes.title.text = "Rates"
+    table = slide.shapes.add_table(5, 3, Inches(1), Inches(2), Inches(6), Inches(3)).table
+    for r, row in enumerate(
+        [
+            ("Level", "Rate", "Note"),
+            ("Department level", "480", "a"),
+            ("", "350", "b"),
+            ("Other", "300", ""),
+            ("Both", "", ""),
+        ]
+    ):
+        for c, value in enumerate(row):
+            table.cell(r, c).text = value
+    table.cell(1, 0).merge(table.cell(2, 0))
+    table.cell(3, 1).merge(table.cell(4, 2))  # two rows by two columns
+    table.cell(3, 1).text = "shared 300"
+    buf = io.BytesIO()
+    deck.save(buf)
+    (element,) = [
+        e for e in parse_named(buf.getvalue(), "rates.pptx").elements if e.type == "table"
+    ]
+    assert element.text.split("\n") == [
+        "Level: Department level; Rate: 480; Note: a",
+        "Level: Department level; Rate: 350; Note: b",
+        "Level: Other; Rate: shared 300",
+        "Level: Both; Rate: shared 300",
+    ]
+    assert element.metadata["rows"][3] == ["Both", "shared 300", ""]
+
+
 # -- XLSX ---------------------------------------------------------------------------------------
 
 
@@ -842,6 +875,30 @@ def test_epub_built_follows_the_spine_not_the_manifest() -> None:
     assert [a.name for a in report.assets] == ["book/img/fig.png"]
 
 
+DTD_CHAPTER = """<?xml version="1.0" encoding="utf-8"?>
+<!DOCTYPE html [
+  <!ENTITY author "Ann Ledger">
+  <!ENTITY trap "text ]> that must not leak">
+  <!ENTITY % pe SYSTEM "http://127.0.0.1:9/evil.dtd">
+]>
+<html xmlns="http://www.w3.org/1999/xhtml"><head><title>Ledger</title></head>
+<body><h1>Chapter Three</h1><p>Written by &author; in winter.</p></body></html>
+"""
+
+
+def test_epub_chapter_internal_dtd_subset_leaves_no_text_and_expands_nothing() -> None:
+    data = make_epub({"book/text/one.xhtml": DTD_CHAPTER})
+    texts = [e.text for e in parse_with_report(data, EPUB).elements]
+    assert texts == [
+        "Field Guide",
+        "Chapter One",
+        "Spine order puts me first.",
+        "Chapter Three",
+        "Written by &author; in winter.",
+    ]
+    assert not any("]>" in t or "ENTITY" in t or "Ann Ledger" in t for t in texts)
+
+
 ENCRYPTION = (
     '<?xml version="1.0"?><encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:container" '
     'xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData>'
@@ -1100,3 +1157,75 @@ def test_new_formats_compile_to_published(client, space, name, expected):
     if name.endswith(".pptx"):
         table = next(n for n in nodes if expected in n.text)
         assert table.page_number == 4
+
+
+def msg_8bit(code_page: int | None, subject: str, body: str, encoding: str) -> bytes:
+    """An MSG whose subject and body are 8-bit strings in ``encoding``, declaring
+    ``code_page`` as PR_MESSAGE_CODEPAGE (none when ``None``), with one recipient whose name
+    is an 8-bit string too."""
+    props = {} if code_page is None else {0x3FFD: (0x0003, struct.pack("<i", code_page))}
+    return compound_file(
+        {
+            "__properties_version1.0": mapi_properties(32, props),
+            "__substg1.0_0037001E": subject.encode(encoding),
+            "__substg1.0_1000001E": body.encode(encoding),
+            "__recip_version1.0_#00000000": {
+                "__properties_version1.0": mapi_properties(8, {}),
+                "__substg1.0_3001001E": subject.split()[0].encode(encoding),
+            },
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("code_page", "encoding", "subject", "body"),
+    [
+        (50220, "iso2022_jp", "会議の議事録", "来週の会議は火曜日です。"),
+        (50221, "iso2022_jp_ext", "会議の議事録", "来週の会議は火曜日です。"),
+        (51932, "euc-jp", "会議の議事録", "来週の会議は火曜日です。"),
+        (20932, "euc-jp", "会議の議事録", "来週の会議は火曜日です。"),
+        (20936, "gb2312", "会议纪要", "下周的会议在星期二。"),
+        (54936, "gb18030", "会议纪要", "下周的会议在星期二。"),
+        (51949, "euc-kr", "회의 안건", "다음 회의는 화요일입니다."),
+        (50225, "iso2022_kr", "회의 안건", "다음 회의는 화요일입니다."),
+        (20866, "koi8-r", "Отчёт за март", "Бюджет утверждён."),
+        (21866, "koi8-u", "Звіт за березень", "Бюджет затверджено, дякуємо їм."),
+        (28591, "latin-1", "Réunion à Besançon", "Le budget a été approuvé."),
+        (28592, "iso8859-2", "Zażółć gęślą", "Pójdźże, kiń tę chmurność."),
+        (28595, "iso8859-5", "Отчёт за март", "Бюджет утверждён."),
+        (28597, "iso8859-7", "Αναφορά Μαρτίου", "Ο προϋπολογισμός εγκρίθηκε."),
+        (28599, "iso8859-9", "Toplantı notları", "Bütçe onaylandı, teşekkürler."),
+        (28603, "iso8859-13", "Ataskaita už kovą", "Biudžetas patvirtintas."),
+        (28605, "iso8859-15", "Coût: 20 €", "Œuvre réglée."),
+        (65000, "utf-7", "Réunion 会議", "Le budget a été approuvé."),
+        (1201, "utf-16-be", "Réunion", "Le budget a été approuvé."),
+    ],
+)
+def test_msg_windows_code_page_numbers_map_to_their_codecs(
+    code_page: int, encoding: str, subject: str, body: str
+) -> None:
+    report = parse_with_report(msg_8bit(code_page, subject, body, encoding), MSG)
+    headers = report.elements[0].text.split("\n")
+    assert headers == [f"To: {subject.split()[0]}", f"Subject: {subject}"]
+    assert report.elements[1].text == body
+
+
+@pytest.mark.parametrize(
+    ("encoding", "subject", "body"),
+    [
+        ("koi8-r", "Отчёт за март", "Бюджет утверждён. Второй абзац письма о поездке."),
+        ("cp1251", "Отчёт за март", "Бюджет утверждён. Второй абзац письма о поездке."),
+        ("cp1252", "Réunion à Orléans", "Le budget a été approuvé à l'unanimité, très bien."),
+        ("euc-jp", "会議の議事録", "来週の会議は火曜日です。よろしくお願いします。"),
+        ("shift_jis", "会議の議事録", "来週の会議は火曜日です。よろしくお願いします。"),
+    ],
+)
+def test_msg_without_code_page_detects_8bit_strings_like_text(
+    encoding: str, subject: str, body: str
+) -> None:
+    report = parse_with_report(msg_8bit(None, subject, body, encoding), MSG)
+    assert report.elements[0].text.split("\n") == [
+        f"To: {subject.split()[0]}",
+        f"Subject: {subject}",
+    ]
+    assert report.elements[1].text == body

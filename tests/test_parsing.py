@@ -26,6 +26,7 @@ from ingestion.parsing import (
     parse_with_report,
     sniff_mime_type,
 )
+from ingestion.parsing.html_parser import MAX_COLSPAN, MAX_SPAN_CELLS
 from tests.conftest import shared_path
 
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
@@ -303,6 +304,138 @@ def test_bc09_random_bytes_refused() -> None:
         parse(b"hello\x00world\x00" * 3, "text/plain")
 
 
+FRENCH_CSV = (
+    "Name;Ville;Remarque\r\nRenée;Besançon;élève très sérieux\r\n"
+    "Jérôme;Orléans;à revoir où nécessaire\r\nAnaïs;Créteil;coût réglé\r\n"
+)
+
+#: Realistic short and medium texts in the legacy code pages they are commonly saved in.
+LEGACY_TEXTS = [
+    ("cp1252", "Il a dit « bonjour » à 20 °C, ½ litre — “très” bien."),
+    ("cp1252", "Renée"),
+    ("cp1252", "Größe: 20 °C"),
+    ("cp1252", "¿Qué tal, señor Muñoz?"),
+    (
+        "cp1252",
+        "Il était une fois, dans un château très ancien, un garçon qui rêvait de voyager à "
+        "l'étranger. Sa sœur aînée, Hélène, préférait rester près du foyer où elle lisait des "
+        "romans. Chaque été, la famille se réunissait pour célébrer la fête du village; on y "
+        "mangeait des crêpes, on buvait du cidre et l'on dansait jusqu'à l'aube. Le garçon, "
+        "naïf mais déterminé, économisait chaque sou pour son grand départ vers le Sud.",
+    ),
+    (
+        "cp1252",
+        "Die Bürger müssen ihre Steuererklärung bis Ende Mai abgeben. Für Rückfragen wenden "
+        "Sie sich bitte an das zuständige Finanzamt; Öffnungszeiten: Mo–Fr 8–12 Uhr. Größere "
+        "Änderungen prüft die Straßenverkehrsbehörde.",
+    ),
+    (
+        "cp1252",
+        "El niño pidió más información sobre la canción. ¿Dónde está el señor Muñoz? "
+        "Mañana llegarán los técnicos para revisar la instalación eléctrica del almacén.",
+    ),
+    ("koi8-r", "Привет"),
+    ("koi8-r", "Москва - столица России."),
+    (
+        "koi8-r",
+        "Съешь же ещё этих мягких французских булок, да выпей чаю. В чащах юга жил бы "
+        "цитрус? Да, но фальшивый экземпляр! Бюджет на следующий год утверждён советом.",
+    ),
+    ("cp1251", "Привет"),
+    (
+        "cp1251",
+        "Съешь же ещё этих мягких французских булок, да выпей чаю. Отчёт за март "
+        "отправлен руководству — ответ ожидается в понедельник.",
+    ),
+    ("euc-jp", "こんにちは"),
+    (
+        "euc-jp",
+        "吾輩は猫である。名前はまだ無い。どこで生れたかとんと見当がつかぬ。"
+        "何でも薄暗いじめじめした所でニャーニャー泣いていた事だけは記憶している。",
+    ),
+    ("shift_jis", "こんにちは"),
+    ("shift_jis", "日本語のテキストです。文字コードの検出を確認します。東京は晴れです。"),
+    ("gbk", "你好，世界！"),
+    ("gbk", "我们的知识库支持多种文件格式，包括文本、表格和演示文稿。北京今天天气很好。"),
+    ("big5", "你好，世界！"),
+    ("big5", "我們的知識庫支援多種檔案格式，包括文字、表格和簡報。台北今天天氣很好。"),
+    ("cp1250", "Příliš žluťoučký kůň úpěl ďábelské ódy. Zažil jsem to v Brně."),
+    ("cp1250", "Zażółć gęślą jaźń. Pójdźże, kiń tę chmurność w głąb flaszy!"),
+    ("cp1252", "Le café à Zürich: Größe und Qualität sont très élevées."),
+    ("cp1254", "Türkçe metin: Ağaç, şeker, ığdır ve güneş çok güzeldir."),
+    ("cp1253", "Καλημέρα, αυτό είναι ένα ελληνικό κείμενο για δοκιμή."),
+    ("koi8-u", "Їжак і ґава шукають щастя у великому місті. Це українська мова."),
+    ("euc-kr", "한국어 텍스트입니다. 문자 인코딩을 확인합니다. 서울은 맑습니다."),
+]
+
+
+@pytest.mark.parametrize(("encoding", "text"), LEGACY_TEXTS)
+def test_legacy_code_page_text_round_trips_exactly(encoding: str, text: str) -> None:
+    data = text.encode(encoding)
+    report = parse_with_report(data, sniff_mime_type(data, "notes.txt"))
+    assert texts(report.elements) == text
+    assert report.warnings == []
+
+
+def test_cp1252_csv_is_not_read_as_cp1250() -> None:
+    data = FRENCH_CSV.encode("cp1252")
+    (table,) = parse_with_report(data, sniff_mime_type(data, "eleves.csv")).elements
+    assert table.text.split("\n") == [
+        "Name: Renée; Ville: Besançon; Remarque: élève très sérieux",
+        "Name: Jérôme; Ville: Orléans; Remarque: à revoir où nécessaire",
+        "Name: Anaïs; Ville: Créteil; Remarque: coût réglé",
+    ]
+
+
+def test_notepad_ansi_text_is_cp1252() -> None:
+    text = "Compte rendu\r\n\r\nLa réunion a été reportée à jeudi; Anaïs apportera le café."
+    data = text.encode("cp1252")
+    elements = parse(data, sniff_mime_type(data, "compte-rendu.txt"))
+    assert [e.text for e in elements] == [
+        "Compte rendu",
+        "La réunion a été reportée à jeudi; Anaïs apportera le café.",
+    ]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_high_bytes_are_refused_not_indexed_as_mojibake(seed: int) -> None:
+    rng = random.Random(seed)
+    noise = bytes(rng.randrange(0x80, 0x100) for _ in range(1500))
+    with pytest.raises(EncodingError) as exc:
+        parse(noise, "text/plain")
+    assert exc.value.code == "undetectable_encoding"
+
+
+def test_utf8_with_few_stray_bytes_is_utf8_with_a_warning() -> None:
+    data = b"x" * 150_000 + b"\x9c\xff\xc1\xfe" + b" tail\n" * 25_000
+    assert len(data) == 300_004
+    report = parse_with_report(data, "text/plain")
+    assert report.warnings == ["4 bytes were not valid UTF-8 and were replaced with U+FFFD"]
+    assert report.elements[0].text.startswith("x" * 150_000 + "\ufffd" * 4 + " tail")
+    assert report.elements[-1].text.endswith("tail")
+    body = ("Café crème – résumé des réunions. " * 120).encode()
+    assert len(body) > 4000
+    data = body[:2001] + b"\x92" + body[2001:]
+    report = parse_with_report(data, "text/plain")
+    assert report.warnings == ["1 byte was not valid UTF-8 and was replaced with U+FFFD"]
+    assert texts(report.elements).count("\ufffd") == 1
+    assert texts(report.elements).replace("\ufffd", "") == body.decode().strip()
+    csv_report = parse_with_report(
+        b"name,city\r\nJos\xc3\xa9,Lyon\xff\r\n" + b"a,b\r\n" * 300, "text/csv"
+    )
+    assert csv_report.warnings == ["1 byte was not valid UTF-8 and was replaced with U+FFFD"]
+    assert "name: José; city: Lyon\ufffd" in csv_report.elements[0].text
+
+
+def test_utf8_with_many_invalid_bytes_goes_to_detection() -> None:
+    # 1 invalid byte in 460 is above the 0.1 % share: this is a cp1252 paragraph.
+    text = ("Une approche naïve du problème. " * 15).strip()
+    data = text.encode("cp1252")
+    assert 400 < len(data) < 500
+    report = parse_with_report(data, "text/plain")
+    assert (texts(report.elements), report.warnings) == (text, [])
+
+
 def test_text_paragraphs_and_line_endings() -> None:
     data = b"\xef\xbb\xbfFirst para\r\nstill first\r\n\r\n  \r\nSecond\rpara\n\n\n\tThird  "
     elements = parse(data, "text/plain")
@@ -424,6 +557,50 @@ def test_html_structure() -> None:
     assert child[2].text == "def f():\n    return 1" and child[2].metadata["language"] == "python"
     assert child[4].text == "k: x; v: 1\nk: y; v: 2"
     assert elements[-1].section_path == ("Second",)
+
+
+def test_html_rowspan_carries_the_label_to_every_covered_row() -> None:
+    html = (
+        b"<table><tr><th>Level</th><th>Rate</th></tr>"
+        b"<tr><td rowspan=2>Department level</td><td>480</td></tr><tr><td>350</td></tr>"
+        b"<tr><td>Other</td><td>300</td></tr></table>"
+    )
+    (table,) = parse(html, "text/html")
+    assert table.text.split("\n") == [
+        "Level: Department level; Rate: 480",
+        "Level: Department level; Rate: 350",
+        "Level: Other; Rate: 300",
+    ]
+
+
+def test_html_rowspan_and_colspan_together_keep_columns_aligned() -> None:
+    html = (
+        b"<table><tr><th>A</th><th>B</th><th>C</th><th>D</th></tr>"
+        b"<tr><td>1</td><td rowspan=2 colspan=2>wide</td><td>x</td></tr>"
+        b"<tr><td>2</td><td>y</td></tr>"
+        b"<tr><td>3</td><td>p</td><td>q</td><td rowspan=0>to the end</td></tr>"
+        b"<tr><td>4</td><td>r</td><td>s</td></tr></table>"
+    )
+    (table,) = parse(html, "text/html")
+    assert table.metadata["rows"] == [
+        ["1", "wide", "", "x"],
+        ["2", "wide", "", "y"],
+        ["3", "p", "q", "to the end"],
+        ["4", "r", "s", "to the end"],
+    ]
+
+
+def test_html_hostile_spans_are_bounded() -> None:
+    row = b"<tr><td colspan=99999999 rowspan=99999999>x</td><td>y</td></tr>"
+    html = b"<table><tr><th>A</th><th>B</th></tr>" + row * 2000 + b"</table>"
+    start = time.monotonic()
+    (table,) = parse(html, "text/html")
+    assert time.monotonic() - start < 20
+    rows = table.metadata["rows"]
+    assert len(rows) == 2000
+    # The written cells (two a row) plus at most MAX_SPAN_CELLS added by spans.
+    assert sum(len(r) for r in rows) <= MAX_SPAN_CELLS + 2 * 2000
+    assert max(len(r) for r in rows) <= MAX_COLSPAN + 2  # a carried span, then x and y
 
 
 def test_html_declared_charset() -> None:

@@ -6,8 +6,8 @@ import csv
 import io
 from collections import Counter
 
-from .base import Element, collapse_ws
-from .encoding import decode_text
+from .base import Element, ParseReport, collapse_ws
+from .encoding import decode_text_report
 from .tables import render_table
 
 DELIMITERS = ",;\t|"
@@ -63,18 +63,32 @@ def detect_delimiter(text: str) -> str:
     return max(valid)[3]
 
 
-def parse_csv(data: bytes) -> list[Element]:
-    """Parse CSV bytes into ``"table"`` elements of up to 20 rows each.
+def parse_csv(data: bytes) -> ParseReport:
+    """Parse CSV bytes into a report (parser ``"native-csv"``) of :func:`csv_elements`, with
+    the decoder's warnings (e.g. invalid UTF-8 bytes replaced).
+
+    Raises:
+        EncodingError: when the bytes are not text in a detectable encoding.
+    """
+    decoded = decode_text_report(data)
+    return ParseReport(
+        elements=csv_elements(decoded.text),
+        page_count=None,
+        pages_without_text=[],
+        parser="native-csv",
+        warnings=list(decoded.warnings),
+    )
+
+
+def csv_elements(text: str) -> list[Element]:
+    """Split decoded CSV text into ``"table"`` elements of up to 20 rows each.
 
     The first row is the header (a BOM never survives into it); a few leading rows with a
     single non-empty cell (sheet titles) become ``"paragraph"`` elements. Each row renders as
     one line ``"name: widget; region: EU; units: 12"``; quoted newlines inside cells are
     handled and collapsed to spaces. Table metadata: ``{"header": [...], "rows": [[...]]}``.
-
-    Raises:
-        EncodingError: when the bytes are not text in a detectable encoding.
+    ``text`` is the decoded CSV text.
     """
-    text = decode_text(data)
     if not text.strip():
         return []
     delimiter = detect_delimiter(text)

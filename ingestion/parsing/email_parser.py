@@ -32,7 +32,7 @@ from .base import (
     image_asset,
     image_mime_type,
 )
-from .encoding import decode_text
+from .encoding import decode_text, decode_text_report
 from .text_parser import split_paragraphs
 
 _CORRUPT_EML = "corrupt or unreadable e-mail message (EML)"
@@ -101,9 +101,10 @@ def _parse_attachment(att: Attachment, depth: int) -> list[Element]:
         "html": html_parser.parse_html,
     }[kind]
     try:
-        return parser(att.data)
+        result = parser(att.data)
     except ParseError:
         return []
+    return result.elements if isinstance(result, ParseReport) else result
 
 
 def _body_elements(content: MailContent) -> list[Element]:
@@ -302,14 +303,82 @@ _FILETIME_EPOCH = dt.datetime(1601, 1, 1, tzinfo=dt.UTC)
 _MAX_ATTACHMENTS = 1000
 
 
-class _Msg:
-    """Reads MAPI properties of one storage (the message, a recipient or an attachment)."""
+#: Windows code page identifiers whose Python codec is not simply ``cp<number>``, from
+#: Microsoft's "Code Page Identifiers" list (learn.microsoft.com/windows/win32/intl/
+#: code-page-identifiers). Any other number is tried as ``cp<number>`` (``cp1251``, ``cp932``,
+#: ``cp874``, ...).
+WINDOWS_CODEPAGES: dict[int, str] = {
+    708: "iso8859-6",  # ASMO 708 Arabic
+    936: "gbk",
+    1200: "utf-16-le",
+    1201: "utf-16-be",
+    1361: "johab",
+    10000: "mac-roman",
+    10006: "mac-greek",
+    10007: "mac-cyrillic",
+    10029: "mac-latin2",
+    10079: "mac-iceland",
+    10081: "mac-turkish",
+    12000: "utf-32-le",
+    12001: "utf-32-be",
+    20127: "ascii",
+    20273: "cp273",
+    20866: "koi8-r",
+    20932: "euc-jp",
+    20936: "gb2312",
+    21866: "koi8-u",
+    28591: "latin-1",
+    28592: "iso8859-2",
+    28593: "iso8859-3",
+    28594: "iso8859-4",
+    28595: "iso8859-5",
+    28596: "iso8859-6",
+    28597: "iso8859-7",
+    28598: "iso8859-8",
+    28599: "iso8859-9",
+    28603: "iso8859-13",
+    28605: "iso8859-15",
+    38598: "iso8859-8",  # ISO 8859-8 Hebrew, logical order
+    50220: "iso2022-jp",
+    50221: "iso2022-jp-ext",  # ISO-2022-JP allowing 1-byte (half-width) kana
+    50222: "iso2022-jp-ext",  # the same with SO/SI
+    50225: "iso2022-kr",
+    51932: "euc-jp",
+    51936: "gb2312",  # EUC simplified Chinese
+    51949: "euc-kr",
+    52936: "hz",
+    54936: "gb18030",
+    65000: "utf-7",
+    65001: "utf-8",
+}
 
-    def __init__(self, ole: olefile.OleFileIO, prefix: str, header_bytes: int) -> None:
+
+def windows_codec(number: int) -> str | None:
+    """Python codec of Windows code page ``number`` (:data:`WINDOWS_CODEPAGES`, else
+    ``cp<number>`` when Python knows it), or ``None`` when there is none."""
+    name = WINDOWS_CODEPAGES.get(number, f"cp{number}")
+    try:
+        codecs.lookup(name)
+    except LookupError:
+        return None
+    return name
+
+
+class _Msg:
+    """Reads MAPI properties of one storage (the message, a recipient or an attachment).
+
+    ``fallback`` is the code page of 8-bit strings when this storage declares none (a
+    recipient or attachment inherits the message's); the message itself, declaring none,
+    detects it from its own 8-bit strings like a text file (:func:`decode_text_report`).
+    """
+
+    def __init__(
+        self, ole: olefile.OleFileIO, prefix: str, header_bytes: int, fallback: str | None = None
+    ) -> None:
         self.ole = ole
         self.prefix = prefix
         self.fixed = self._fixed_properties(header_bytes)
-        self.codepage = self._codepage()
+        self.codepage = self._codepage() or fallback or self._detected_codepage()
 
     def _stream(self, name: str) -> bytes | None:
         path = f"{self.prefix}{name}"
@@ -341,17 +410,33 @@ class _Msg:
         except OverflowError:
             return None
 
-    def _codepage(self) -> str:
+    def _codepage(self) -> str | None:
         for pid in (_PID_INTERNET_CPID, _PID_CODEPAGE):
             number = self.long(pid)
             if number and number > 0:
-                name = "utf-8" if number == 65001 else f"cp{number}"
-                try:
-                    codecs.lookup(name)
+                name = windows_codec(number)
+                if name is not None:
                     return name
-                except LookupError:
-                    continue
-        return "cp1252"
+        return None
+
+    def _detected_codepage(self) -> str:
+        """Codec of this storage's 8-bit strings, detected over all of them together; UTF-8
+        (decoded with replacement) when detection refuses them."""
+        parent = self.prefix.rstrip("/").split("/") if self.prefix else []
+        names = sorted(
+            entry[-1]
+            for entry in self.ole.listdir(streams=True, storages=False)
+            if entry[:-1] == parent
+            and entry[-1].startswith("__substg1.0_")
+            and entry[-1].endswith(_PT_STRING8)
+        )
+        blob = b"\n".join(self._stream(n) or b"" for n in names[:_MAX_ATTACHMENTS])
+        if not blob.strip(b"\x00\n"):
+            return "utf-8"
+        try:
+            return decode_text_report(blob.replace(b"\x00", b"")).encoding
+        except ParseError:
+            return "utf-8"
 
     def string(self, prop: str) -> str:
         """A string property: Unicode (``001F``) first, else 8-bit (``001E``) in the
@@ -373,10 +458,10 @@ def _children(ole: olefile.OleFileIO, prefix: str) -> list[str]:
     return sorted(n for n in names if n.startswith(prefix))[:_MAX_ATTACHMENTS]
 
 
-def _msg_recipients(ole: olefile.OleFileIO) -> list[str]:
+def _msg_recipients(ole: olefile.OleFileIO, fallback: str) -> list[str]:
     out = []
     for storage in _children(ole, "__recip_version1.0_#"):
-        recipient = _Msg(ole, f"{storage}/", 8)
+        recipient = _Msg(ole, f"{storage}/", 8, fallback)
         name = collapse_ws(recipient.string(_PR_DISPLAY_NAME))
         address = collapse_ws(
             recipient.string(_PR_SMTP_ADDRESS) or recipient.string(_PR_EMAIL_ADDRESS)
@@ -398,10 +483,10 @@ def _msg_date(message: _Msg) -> str:
     return stamp.strftime("%a, %d %b %Y %H:%M:%S +0000") if stamp else ""
 
 
-def _msg_attachments(ole: olefile.OleFileIO) -> list[Attachment]:
+def _msg_attachments(ole: olefile.OleFileIO, fallback: str) -> list[Attachment]:
     out = []
     for storage in _children(ole, "__attach_version1.0_#"):
-        att = _Msg(ole, f"{storage}/", 8)
+        att = _Msg(ole, f"{storage}/", 8, fallback)
         name = collapse_ws(
             att.string(_PR_ATTACH_LONG_NAME)
             or att.string(_PR_ATTACH_NAME)
@@ -422,7 +507,7 @@ def _msg_content(ole: olefile.OleFileIO) -> MailContent:
     sender = collapse_ws(message.string(_PR_SENDER_SMTP) or message.string(_PR_SENDER_EMAIL))
     if sender_name and sender and sender_name != sender:
         sender = f"{sender_name} <{sender}>"
-    recipients = _msg_recipients(ole)
+    recipients = _msg_recipients(ole, message.codepage)
     content = MailContent(
         headers={
             "From": sender or sender_name,
@@ -441,7 +526,7 @@ def _msg_content(ole: olefile.OleFileIO) -> MailContent:
             content.html = html.decode(message.codepage, "replace")
     else:
         content.html = message.string(_PR_HTML) or None
-    content.attachments = _msg_attachments(ole)
+    content.attachments = _msg_attachments(ole, message.codepage)
     return content
 
 
@@ -453,7 +538,9 @@ def parse_msg(data: bytes) -> ParseReport:
     recipients from ``__recip_version1.0_#*`` (``3001`` name, ``39FE``/``3003`` address,
     else display-to ``0E04``), date from the transport headers ``007D`` or the submit time
     ``0039``. Unicode (``001F``) strings are UTF-16LE; 8-bit (``001E``) ones are decoded with
-    the declared code page (``PR_INTERNET_CPID``/``PR_MESSAGE_CODEPAGE``, default cp1252).
+    the declared code page (``PR_INTERNET_CPID``/``PR_MESSAGE_CODEPAGE``, mapped by
+    :func:`windows_codec`); without one, the code page is detected from the message's 8-bit
+    strings as for a text file (recipients and attachments inherit the message's).
     Attachments (``__attach_version1.0_#*``): name ``3707``/``3704``, MIME type ``370E``,
     bytes ``3701``; an embedded message is listed, not parsed.
 

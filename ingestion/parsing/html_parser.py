@@ -72,6 +72,17 @@ _BLOCK = {
 }
 _SEPARATING = _BLOCK | _PARAGRAPH_LIKE | set(_HEADINGS) | {"pre", "ul", "ol", "table", "br"}
 _SKIP_STRINGS = (Comment, Declaration, Doctype, ProcessingInstruction)
+#: Widest ``colspan`` honoured (HTML Living Standard: "colspan ... greater than zero and less
+#: than or equal to 1000"); larger values are clipped.
+MAX_COLSPAN = 1000
+#: Most cells the spans of one table may add to its grid (a hostile ``colspan``/``rowspan``
+#: cannot make the parser allocate without bound); once spent, cells count as unspanned.
+MAX_SPAN_CELLS = 1_000_000
+
+# A DOCTYPE with an internal subset; quoted strings may contain "]" or ">".
+_DTD_SUBSET_RE = re.compile(
+    rb"<!DOCTYPE\s+([^\[>]*?)\s*\[(?:[^\]\"']|\"[^\"]*\"|'[^']*')*\]\s*>", re.IGNORECASE
+)
 _LANG_RE = re.compile(r"^(?:language|lang)-(.+)$")
 
 
@@ -97,6 +108,65 @@ def _inline_text(node: Tag, exclude: frozenset[str] = frozenset()) -> str:
 
     visit(node)
     return collapse_ws("".join(parts))
+
+
+def _span(cell: Tag, name: str, limit: int) -> int:
+    """The cell's ``colspan``/``rowspan`` clipped to ``1..limit``; ``rowspan="0"`` (HTML: to
+    the end of the table section) and junk count as ``limit`` and 1 respectively."""
+    raw = str(cell.get(name) or "1").strip()
+    try:
+        value = int(raw)
+    except ValueError:
+        return 1
+    if value == 0 and name == "rowspan":
+        return limit
+    return min(max(value, 1), limit)
+
+
+class _SpanGrid:
+    """Lays table rows out on a grid honouring ``colspan`` and ``rowspan``.
+
+    A cell spanning several rows has its text repeated in its column on every row it covers
+    (like merged DOCX/XLSX cells, BC-07); a cell spanning several columns has its text once,
+    the covered columns are blank. Spans are clipped: ``colspan`` to :data:`MAX_COLSPAN`,
+    ``rowspan`` to the rows left in the table, and spans stop adding cells once
+    :data:`MAX_SPAN_CELLS` have been added.
+    """
+
+    def __init__(self, row_count: int) -> None:
+        self.row_count = row_count
+        self.pending: dict[int, tuple[str, int]] = {}  # column -> (text, last row covered)
+        self.budget = MAX_SPAN_CELLS
+
+    def _carried(self, index: int, col: int) -> str | None:
+        held = self.pending.get(col)
+        if held is None or held[1] < index:
+            self.pending.pop(col, None)
+            return None
+        return held[0]
+
+    def row(self, index: int, cells: list[Tag]) -> list[str]:
+        """Values of row ``index`` (0-based) from its ``td``/``th`` cells."""
+        values: list[str] = []
+        for cell in cells:
+            while (carried := self._carried(index, len(values))) is not None:
+                values.append(carried)
+            text = _inline_text(cell)
+            colspan = _span(cell, "colspan", MAX_COLSPAN)
+            rowspan = _span(cell, "rowspan", max(self.row_count - index, 1))
+            if (colspan - 1) + (rowspan - 1) * colspan > self.budget:
+                colspan = rowspan = 1
+            self.budget -= (colspan - 1) + (rowspan - 1) * colspan
+            for offset in range(colspan):
+                if rowspan > 1:
+                    self.pending[len(values)] = (text if offset == 0 else "", index + rowspan - 1)
+                values.append(text if offset == 0 else "")
+        for col in sorted(c for c in self.pending if c >= len(values)):
+            carried = self._carried(index, col)
+            if carried is not None:
+                values.extend([""] * (col - len(values)))
+                values.append(carried)
+        return values
 
 
 def _direct(tag: Tag, names: set[str]) -> list[Tag]:
@@ -203,18 +273,11 @@ class _HtmlWalker:
         rows: list[list[str]] = []
         header: list[str] | None = None
         header_done = False
-        for tr in table.find_all("tr"):
-            if tr.find_parent("table") is not table:
-                continue
+        trs = [tr for tr in table.find_all("tr") if tr.find_parent("table") is table]
+        grid = _SpanGrid(len(trs))
+        for index, tr in enumerate(trs):
             cells = _direct(tr, {"td", "th"})
-            values: list[str] = []
-            for cell in cells:
-                values.append(_inline_text(cell))
-                try:
-                    span = int(str(cell.get("colspan") or 1))
-                except ValueError:
-                    span = 1
-                values.extend([""] * (min(max(span, 1), 100) - 1))
+            values = grid.row(index, cells)
             if not any(values):
                 continue
             in_thead = tr.find_parent("thead") is not None
@@ -245,8 +308,12 @@ def parse_html(data: bytes, sections: SectionStack | None = None) -> list[Elemen
     ``"title"`` element first. Text directly inside divs (not in ``<p>``) is kept as
     paragraphs. Encoding comes from the BOM/``<meta charset>``/detection (BeautifulSoup).
     ``sections`` continues the heading stack of a previous document (EPUB chapters split
-    across files); it is updated in place.
+    across files); it is updated in place. A DOCTYPE's internal subset (``<!DOCTYPE html [
+    <!ENTITY ...> ]>``, common in XHTML chapters of EPUBs) is removed before parsing: the HTML
+    parser would end the DOCTYPE at its first ``>`` and leave the rest as text; its entities
+    are never expanded (a reference to one stays as written).
     """
+    data = _DTD_SUBSET_RE.sub(rb"<!DOCTYPE \1>", data, count=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
         soup = BeautifulSoup(data, "lxml")

@@ -60,13 +60,26 @@ def _paragraphs(text_frame: Any) -> list[tuple[int, str]]:
 
 
 def _table(shape: Any) -> tuple[str, dict] | None:
-    """Rendered table of a graphic frame; cells covered by a merge (``is_spanned``) are empty
-    so merged text appears once. The first row is the header when the table marks it
-    (``first_row``, PowerPoint's default) and it has at least two non-empty cells."""
+    """Rendered table of a graphic frame. Merged cells as for DOCX and XLSX (BC-07): a merge
+    spanning several rows has its text in its first column on every row it covers; the other
+    columns it covers (``is_spanned``) are empty, so its text appears once per row. The first
+    row is the header when the table marks it (``first_row``, PowerPoint's default) and it has
+    at least two non-empty cells."""
     table = shape.table
     rows = []
-    for row in table.rows:
-        rows.append(["" if cell.is_spanned else collapse_ws(cell.text) for cell in row.cells])
+    carried: dict[tuple[int, int], str] = {}  # (row, column) covered by a vertical merge
+    for r, row in enumerate(table.rows):
+        values = []
+        for c, cell in enumerate(row.cells):
+            if cell.is_spanned:
+                values.append(carried.get((r, c), ""))
+                continue
+            text = collapse_ws(cell.text)
+            values.append(text)
+            if cell.is_merge_origin:
+                for below in range(r + 1, r + cell.span_height):
+                    carried[(below, c)] = text
+        rows.append(values)
     rows = [r for r in rows if any(r)]
     if not rows:
         return None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from .base import Element
-from .encoding import decode_text
+from .base import Element, ParseReport
+from .encoding import decode_text_report
 
 _BLANK_LINE_RE = re.compile(r"\n[ \t\u00a0\u3000]*\n\s*")
 
@@ -20,10 +20,21 @@ def split_paragraphs(text: str) -> list[str]:
     return out
 
 
-def parse_text(data: bytes) -> list[Element]:
-    """Parse plain-text bytes into ``"paragraph"`` elements.
+def parse_text(data: bytes) -> ParseReport:
+    """Parse plain-text bytes into ``"paragraph"`` elements (parser ``"native-text"``).
+
+    The report's warnings carry the decoder's notes (e.g. invalid UTF-8 bytes replaced, see
+    :func:`ingestion.parsing.encoding.decode_text_report`).
 
     Raises:
         EncodingError: when the bytes are not text in a detectable encoding.
     """
-    return [Element(type="paragraph", text=p) for p in split_paragraphs(decode_text(data))]
+    decoded = decode_text_report(data)
+    elements = [Element(type="paragraph", text=p) for p in split_paragraphs(decoded.text)]
+    return ParseReport(
+        elements=elements,
+        page_count=None,
+        pages_without_text=[],
+        parser="native-text",
+        warnings=list(decoded.warnings),
+    )
