@@ -119,3 +119,72 @@ def test_bc15_damaged_pdfs_end_within_the_budget(space, variant, outcome):
         assert (job.run_state, job.execution_attempts) == ("failed", 1)  # terminal, no retry
     else:
         assert document.node_count >= 1
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2 :].split()[3])
+
+
+def test_a_parse_dies_with_its_worker_when_the_worker_is_sigkilled():
+    """The worker (a real process calling parse_isolated with a 60 s limit) is SIGKILLed while
+    its parse spins: within a few seconds no process of that parse's session remains."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "from ingestion.parsing import rasterize\n"
+        "from ingestion.parsing.isolation import IsolationConfig, parse_isolated\n"
+        "parse_isolated(b'x', 'text/plain', config=IsolationConfig(timeout_s=60),\n"
+        "               raster=rasterize.RasterConfig(),\n"
+        "               target='tests.isolation_targets:spin_forever')\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    stale = set(processes_with(f"sleep\x00{MARKER}"))
+    worker = subprocess.Popen([sys.executable, "-c", code], cwd=root)
+    try:
+        deadline = time.monotonic() + 20
+        sleepers: list[int] = []
+        while not sleepers and time.monotonic() < deadline:
+            sleepers = [p for p in processes_with(f"sleep\x00{MARKER}") if p not in stale]
+            time.sleep(0.1)
+        assert sleepers, "the parse did not start"
+        session = _session_of(sleepers[0])
+        assert session is not None and session != os.getsid(0)
+        members = [
+            int(p) for p in os.listdir("/proc") if p.isdigit() and _session_of(int(p)) == session
+        ]
+        assert session in members  # the parser child leads the session
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        assert wait_gone(members, seconds=4.0) == []
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def test_a_parse_killed_at_its_timeout_leaves_no_temporary_files(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    from tests.isolation_targets import TEMP_MARKER
+
+    root = tmp_path / "tmp-root"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    before = {e for e in os.listdir("/tmp") if e.startswith(TEMP_MARKER)}
+    with pytest.raises(ParserTimeout):
+        parse_isolated(
+            b"%PDF-1.4 a private document",
+            "application/pdf",
+            config=IsolationConfig(timeout_s=2.0),
+            target="tests.isolation_targets:spin_with_temp_files",
+        )
+    assert os.listdir(root) == []
+    assert {e for e in os.listdir("/tmp") if e.startswith(TEMP_MARKER)} - before == set()
