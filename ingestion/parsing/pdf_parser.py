@@ -435,10 +435,15 @@ def _image_boxes(ppage) -> list[tuple[float, float, float, float]]:
 
 
 def _page_size(page, ppage) -> tuple[float, float]:
-    """Width and height in points of the rendered area (pdftoppm renders the crop box)."""
+    """Width and height in points of the page as displayed and rendered: its crop box
+    (``pdftoppm -cropbox``), width and height swapped when ``/Rotate`` is 90 or 270 (pdftoppm
+    and pdfplumber's image boxes both follow the rotation)."""
     try:
         box = page.cropbox
-        return abs(float(box.width)), abs(float(box.height))
+        width, height = abs(float(box.width)), abs(float(box.height))
+        if int(page.rotation or 0) % 180 == 90:
+            width, height = height, width
+        return width, height
     except Exception:  # noqa: BLE001
         if ppage is not None:
             return float(ppage.width), float(ppage.height)
