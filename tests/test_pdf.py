@@ -381,3 +381,52 @@ def test_sample_loremipsum_flat_scan_is_ocrd_and_searchable(space):
     assert "sollicitudin" in text
     hits = retrieve(space, "Lorem ipsum dolor sit amet", top_k=3).items
     assert hits and hits[0].citation["page_number"] == 1
+
+
+def _sleeping_tesseract(directory, marker: int):
+    """A ``tesseract`` that never returns; its child ``sleep <marker>`` holds the pipe too."""
+    stub = directory / "tesseract"
+    stub.write_text(f"#!/bin/sh\nsleep {marker} &\nsleep {marker}\n")
+    stub.chmod(0o755)
+    return stub
+
+
+@pytest.fixture
+def tesseract_on_path(tmp_path):
+    """A stub first on PATH, seen by the parser child too: the parser forkserver keeps the
+    environment it started with, so it is started anew with the stub and again after."""
+    import os
+
+    from ingestion.parsing import isolation
+
+    saved = os.environ["PATH"]
+    os.environ["PATH"] = f"{tmp_path}:{saved}"
+    isolation._forget_server()
+    try:
+        yield tmp_path
+    finally:
+        os.environ["PATH"] = saved
+        isolation._forget_server()
+
+
+@pytest.mark.django_db
+def test_an_ocr_timeout_fails_the_document_retryably_and_kills_tesseracts_children(
+    space, settings, tesseract_on_path
+):
+    from tests.pdf_fixtures import processes_with, wait_gone
+
+    require_ocr()
+    _sleeping_tesseract(tesseract_on_path, 987657)
+    settings.KNOWLEDGE_PDF_RASTERIZER_TIMEOUT_MS = 1000
+    settings.KNOWLEDGE_JOB_MAX_ATTEMPTS = 1
+    with pytest.raises(ParseError) as exc:
+        parse_with_report(bc14_pdf(), "application/pdf")
+    assert (exc.value.code, exc.value.message) == ("ocr_timeout", "OCR timed out after 1 s")
+    assert wait_gone(processes_with("sleep\x00987657")) == []
+    admission = admit_document(space, filename="bc14.pdf", data=bc14_pdf(), enqueue=False)
+    compilation.run_job(admission.job.id)
+    document = Document.objects.get(id=admission.document.id)
+    assert (document.state, document.error_code) == ("failed", "ocr_timeout")
+    assert document.node_count == 0  # never published with page 2 missing
+    assert "ocr_timeout" in compilation.RETRYABLE_PARSE_CODES
+    assert wait_gone(processes_with("sleep\x00987657")) == []

@@ -59,7 +59,6 @@ PRELOAD = [
     "ingestion.parsing",
     "ingestion.parsing.isolation",
     "pdfplumber",
-    "pytesseract",
 ]
 _DEFAULT_TARGET = "ingestion.parsing:parse_with_report"
 

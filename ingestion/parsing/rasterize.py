@@ -164,12 +164,19 @@ def fit_dpi(width_pt: float, height_pt: float, dpi: int, max_pixels: int) -> int
 # --- bounded subprocess -------------------------------------------------------------------------
 
 
-def run_bounded(args: list[str], timeout_s: float, *, what: str = "pdftoppm") -> None:
+def run_bounded(
+    args: list[str],
+    timeout_s: float,
+    *,
+    what: str = "pdftoppm",
+    timeout_error: type[ParseError] | None = None,
+    label: str = "rasterization",
+) -> None:
     """Run ``args`` in a new process group; on expiry kill the whole group and reap it.
 
     Raises:
-        RasterizationTimeout: "rasterization timed out after N s" (the group was SIGKILLed and
-            its leader reaped; orphans are reaped by :func:`reap_group`).
+        RasterizationTimeout (or ``timeout_error``): "<label> timed out after N s" (the group
+            was SIGKILLed and its leader reaped; orphans are reaped by :func:`reap_group`).
         RasterizationError: the command could not start or exited non-zero.
     """
     with tempfile.TemporaryFile() as err:
@@ -186,7 +193,8 @@ def run_bounded(args: list[str], timeout_s: float, *, what: str = "pdftoppm") ->
             kill_group(proc.pid)
             proc.wait()
             reap_group(proc.pid)
-            raise RasterizationTimeout(f"rasterization timed out after {timeout_s:g} s") from None
+            error = timeout_error or RasterizationTimeout
+            raise error(f"{label} timed out after {timeout_s:g} s") from None
         except BaseException:
             kill_group(proc.pid)
             proc.wait()
