@@ -15,6 +15,7 @@ from datetime import timedelta
 import pytest
 from reportlab.lib import colors
 from reportlab.lib.styles import getSampleStyleSheet
+from reportlab.lib.utils import ImageReader
 from reportlab.pdfgen import canvas
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Table, TableStyle
 
@@ -430,3 +431,61 @@ def test_an_ocr_timeout_fails_the_document_retryably_and_kills_tesseracts_childr
     assert document.node_count == 0  # never published with page 2 missing
     assert "ocr_timeout" in compilation.RETRYABLE_PARSE_CODES
     assert wait_gone(processes_with("sleep\x00987657")) == []
+
+
+@pytest.fixture
+def no_tesseract(tmp_path, monkeypatch):
+    """A PATH with pdftoppm but no tesseract (a server without OCR), in this process."""
+    import os
+    import shutil
+
+    require_ocr()
+    os.symlink(shutil.which("pdftoppm"), tmp_path / "pdftoppm")
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+
+def test_a_scan_on_a_server_without_tesseract_fails_ocr_unavailable(no_tesseract):
+    from tests.pdf_fixtures import text_image
+
+    with pytest.raises(ParseError) as exc:
+        parse_with_report(png_bytes(text_image("INVOICE 4711")), "image/png")
+    assert exc.value.code == "ocr_unavailable"
+    assert "OCR is unavailable (tesseract not installed)" in exc.value.message
+    buffer = io.BytesIO()
+    pdf = canvas.Canvas(buffer, pagesize=(612, 792))
+    pdf.drawImage(ImageReader(io.BytesIO(png_bytes(text_image("INVOICE 4711")))), 72, 500, 468, 120)
+    pdf.showPage()
+    pdf.save()
+    with pytest.raises(ParseError) as exc:
+        parse_with_report(buffer.getvalue(), "application/pdf")
+    assert (exc.value.code, exc.value.message) == (
+        "ocr_unavailable",
+        "the document contains no extractable text: OCR is unavailable (tesseract not "
+        "installed) for its pages without a text layer (page 1)",
+    )
+    # a page with a text layer still publishes; the scanned page is reported as before
+    report = parse_with_report(bc14_pdf(), "application/pdf")
+    assert report.pages_without_text == [2]
+
+
+def test_a_pdf_with_no_pages_says_so():
+    from pypdf import PdfWriter
+
+    out = io.BytesIO()
+    PdfWriter().write(out)
+    with pytest.raises(ParseError) as exc:
+        parse_with_report(out.getvalue(), "application/pdf")
+    assert (exc.value.code, exc.value.message) == ("no_extractable_text", "the PDF has no pages")
+
+
+@pytest.mark.django_db
+def test_start_up_warns_about_ocr_languages_that_are_not_installed(settings):
+    from knowledgefs.checks import check_pdf_tools
+
+    require_ocr()
+    settings.KNOWLEDGE_OCR_LANGUAGES = "eng+xqz"
+    found = [p for p in check_pdf_tools() if p.id == "knowledgefs.W103"]
+    assert len(found) == 1
+    assert "not installed: xqz;" in found[0].msg
+    settings.KNOWLEDGE_OCR_LANGUAGES = "eng"
+    assert [p.id for p in check_pdf_tools() if p.id == "knowledgefs.W103"] == []

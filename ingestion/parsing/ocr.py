@@ -128,7 +128,7 @@ def parse_image(data: bytes) -> ParseReport:
     Pillow opens it within its default ``MAX_IMAGE_PIXELS`` (never raised here); an image over
     the rasterizer's pixel budget (:data:`~ingestion.parsing.rasterize.DEFAULT_MAX_PIXELS`) is
     downscaled to fit before OCR. Returns a report with ``page_count=1``, paragraph elements on
-    page 1 marked ``{"ocr": True}`` and ``ocr_pages=[1]``; when Tesseract is missing or fails,
+    page 1 marked ``{"ocr": True}`` and ``ocr_pages=[1]``; when Tesseract fails or finds nothing,
     no elements, ``pages_without_text=[1]`` and a warning (compilation then fails
     ``no_extractable_text``).
 
@@ -136,6 +136,8 @@ def parse_image(data: bytes) -> ParseReport:
         ImageTooLarge: ``image_too_large``, over Pillow's decompression-bomb limit.
         CorruptDocument: ``corrupt_image``, not a decodable image of an accepted format.
         OcrTimeout: ``ocr_timeout`` (retryable), Tesseract ran past its limit.
+        ParseError: ``ocr_unavailable``, "the image cannot be read: OCR is unavailable
+            (tesseract not installed)".
     """
     config = rasterize.current()
     image = _open_image(data)
@@ -144,8 +146,11 @@ def parse_image(data: bytes) -> ParseReport:
         image = rasterize.scaled(image, (config.max_pixels / pixels) ** 0.5)
     try:
         text = ocr_image(image, config)
-    except OcrUnavailable:
-        return _no_text("page 1: no text layer (OCR unavailable: tesseract is not installed)")
+    except OcrUnavailable as exc:
+        raise ParseError(
+            "the image cannot be read: OCR is unavailable (tesseract not installed)",
+            code="ocr_unavailable",
+        ) from exc
     except OcrFailed as exc:
         return _no_text(f"page 1: no text layer ({exc.reason})")
     elements = ocr_paragraphs(text, 1)
