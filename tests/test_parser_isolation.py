@@ -195,3 +195,51 @@ def test_a_parse_killed_at_its_timeout_leaves_no_temporary_files(tmp_path, monke
         )
     assert os.listdir(root) == []
     assert {e for e in os.listdir("/tmp") if e.startswith(TEMP_MARKER)} - before == set()
+
+
+def test_a_parse_asked_to_stop_is_killed_within_about_a_second():
+    from ingestion.parsing.isolation import ParseCanceled
+
+    before = set(processes_with(f"sleep\x00{MARKER}"))
+    started = time.monotonic()
+    with pytest.raises(ParseCanceled):
+        parse_isolated(
+            b"x",
+            "text/plain",
+            config=IsolationConfig(timeout_s=60),
+            target="tests.isolation_targets:spin_forever",
+            should_stop=lambda: time.monotonic() - started > 1.5,
+        )
+    assert time.monotonic() - started < 5
+    assert wait_gone(_new_sleepers(before)) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_canceled_during_its_parse_stops_the_parse(space, settings, monkeypatch):
+    import threading
+
+    from ingestion.parsing import isolation
+
+    settings.KNOWLEDGE_PARSER_TIMEOUT_SECONDS = 60
+    real = isolation.parse_isolated
+
+    def spinning(data, mime_type, **kwargs):
+        kwargs["target"] = "tests.isolation_targets:spin_forever"
+        return real(data, mime_type, **kwargs)
+
+    monkeypatch.setattr(isolation, "parse_isolated", spinning)
+    before = set(processes_with(f"sleep\x00{MARKER}"))
+    admission = admit_document(space, filename="slow.txt", data=b"Some text. " * 30)
+    worker = threading.Thread(target=compilation.compile_jobs, args=([admission.job.id],))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not _new_sleepers(before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _new_sleepers(before), "the parse did not start"
+    started = time.monotonic()
+    compilation.cancel_job(admission.job.id)
+    worker.join(30)
+    assert not worker.is_alive()
+    assert time.monotonic() - started < 10
+    assert CompilationJob.objects.get(id=admission.job.id).run_state == "canceled"
+    assert wait_gone(_new_sleepers(before)) == []

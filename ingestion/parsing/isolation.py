@@ -46,6 +46,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
@@ -65,6 +66,11 @@ _DEFAULT_TARGET = "ingestion.parsing:parse_with_report"
 
 class ParserTimeout(TimeoutError):
     """The parse ran past its hard limit and its processes were killed."""
+
+
+class ParseCanceled(Exception):
+    """``should_stop`` answered true (the job was canceled or taken over); the parse's
+    processes were killed. Not a parse failure: the caller drops the job's attempt."""
 
 
 class ParserCrashed(ParseError):
@@ -176,6 +182,7 @@ def parse_isolated(
     config: IsolationConfig | None = None,
     raster: rasterize.RasterConfig | None = None,
     target: str = _DEFAULT_TARGET,
+    should_stop: Callable[[], bool] | None = None,
 ) -> ParseReport:
     """Run ``target(data, mime_type)`` (by default ``parse_with_report``) in a child process.
 
@@ -184,6 +191,8 @@ def parse_isolated(
         config: time and memory limits (default: the settings).
         raster: rasterization/OCR limits installed in the child (default: the settings).
         target: ``"module:function"`` run in the child (tests use it for a parse that spins).
+        should_stop: asked about every :data:`STOP_POLL_S` seconds while the child runs (e.g.
+            "was the job canceled?"); when it answers true the parse is killed.
 
     Returns the child's :class:`ParseReport`.
 
@@ -191,6 +200,7 @@ def parse_isolated(
         ParseError: whatever the parser raised (same ``code`` and ``message``);
             :class:`ParserOutOfMemory`; :class:`ParserCrashed`.
         ParserTimeout: the hard limit passed; every process of the parse is gone.
+        ParseCanceled: ``should_stop`` answered true; every process of the parse is gone.
     """
     config = config or IsolationConfig.from_settings()
     raster = raster or rasterize.current()
@@ -210,14 +220,22 @@ def parse_isolated(
         )  # fmt: skip
         child = _ParserProcess(target=_child_main, args=(job,), name="kfs-parser", daemon=True)
         child.start()
-        timed_out = False
+        timed_out = canceled = False
         try:
-            child.join(config.timeout_s)
-            timed_out = child.exitcode is None
+            deadline = time.monotonic() + config.timeout_s
+            while child.exitcode is None and not canceled:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                child.join(min(remaining, STOP_POLL_S) if should_stop else remaining)
+                canceled = child.exitcode is None and should_stop is not None and should_stop()
+            timed_out = child.exitcode is None and not canceled
         finally:
             if child.exitcode is None:  # timed out, or this thread was interrupted
                 kill_session(child.pid)
                 child.join()
+        if canceled:
+            raise ParseCanceled("the parse was stopped on request")
         if timed_out:
             raise ParserTimeout(
                 f"the parser exceeded its limit of {config.timeout_s:g} s and was stopped"
@@ -241,6 +259,9 @@ class _ChildJob:
     hard_limit_s: float
 
 
+#: How often ``parse_isolated`` asks its ``should_stop`` (our choice: a cancel stops a parse
+#: within about a second).
+STOP_POLL_S = 1.0
 #: The child kills its own session this long after its hard limit when its parent has not (the
 #: parent normally kills it at the limit; our choice: margin for a loaded machine).
 CHILD_LIMIT_MARGIN_S = 5.0
