@@ -290,7 +290,8 @@ def _watchdog(parent_pid: int, parent_start: int | None, deadline: float) -> Non
     forkserver, the child's real parent, exits)."""
     while True:
         time.sleep(WATCHDOG_INTERVAL_S)
-        gone = process_start_time(parent_pid) != parent_start or parent_start is None
+        # parent_start is None only where /proc could not be read: then the deadline alone.
+        gone = parent_start is not None and process_start_time(parent_pid) != parent_start
         if gone or time.monotonic() > deadline:
             _kill_own_session()
 
