@@ -136,9 +136,10 @@ def _session_of(pid: int) -> int | None:
     return int(stat[stat.rfind(")") + 2 :].split()[3])
 
 
-def test_a_parse_dies_with_its_worker_when_the_worker_is_sigkilled():
+def test_a_parse_dies_with_its_worker_when_the_worker_is_sigkilled(tmp_path):
     """The worker (a real process calling parse_isolated with a 60 s limit) is SIGKILLed while
-    its parse spins: within a few seconds no process of that parse's session remains."""
+    its parse spins: within a few seconds no process of that parse's session remains, and its
+    per-parse directory (with the copy of the document) is gone too."""
     import os
     import signal
     import subprocess
@@ -153,7 +154,10 @@ def test_a_parse_dies_with_its_worker_when_the_worker_is_sigkilled():
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     stale = set(processes_with(f"sleep\x00{MARKER}"))
-    worker = subprocess.Popen([sys.executable, "-c", code], cwd=root)
+    temp_root = tmp_path / "tmp-root"
+    temp_root.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp_root)}
+    worker = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env)
     try:
         deadline = time.monotonic() + 60
         sleepers: list[int] = []
@@ -170,6 +174,8 @@ def test_a_parse_dies_with_its_worker_when_the_worker_is_sigkilled():
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
         assert wait_gone(members, seconds=8.0) == [], members
+        # (the killed worker's own multiprocessing directory, pymp-*, is not the parse's)
+        assert [e for e in os.listdir(temp_root) if not e.startswith("pymp-")] == []
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -42,6 +42,7 @@ import io
 import os
 import pickle
 import resource
+import shutil
 import signal
 import tempfile
 import threading
@@ -283,22 +284,23 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def _watchdog(parent_pid: int, parent_start: int | None, deadline: float) -> None:
+def _watchdog(parent_pid: int, parent_start: int | None, deadline: float, job_dir: str) -> None:
     """In the child: kill this whole session when the parent (the worker) is gone or the hard
     limit plus :data:`CHILD_LIMIT_MARGIN_S` has passed, so no parse outlives its worker or its
     limit even when the parent was SIGKILLed (``PR_SET_PDEATHSIG`` fires only when the
-    forkserver, the child's real parent, exits)."""
+    forkserver, the child's real parent, exits). With the parent gone, nobody else removes the
+    per-parse directory ``job_dir``, so it is removed here, between the two kills."""
     while True:
         time.sleep(WATCHDOG_INTERVAL_S)
         # parent_start is None only where /proc could not be read: then the deadline alone.
         gone = parent_start is not None and process_start_time(parent_pid) != parent_start
         if gone or time.monotonic() > deadline:
-            _kill_own_session()
+            _kill_own_session(job_dir if gone else None)
 
 
-def _kill_own_session() -> None:
+def _kill_own_session(remove: str | None = None) -> None:
     """SIGKILL every other process of this session (``pdftoppm``, ``tesseract``, in groups of
-    their own), then this process."""
+    their own), remove the directory ``remove`` (if given), then SIGKILL this process."""
     me = os.getpid()
     sid = os.getsid(0)
     for _ in range(3):
@@ -308,6 +310,8 @@ def _kill_own_session() -> None:
                 os.kill(pid, signal.SIGKILL)
         if not members:
             break
+    if remove:
+        shutil.rmtree(remove, ignore_errors=True)
     os.kill(me, signal.SIGKILL)
 
 
@@ -350,7 +354,8 @@ def _child_main(job: _ChildJob) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     deadline = time.monotonic() + job.hard_limit_s + CHILD_LIMIT_MARGIN_S
     threading.Thread(
-        target=_watchdog, args=(job.parent_pid, job.parent_start, deadline),
+        target=_watchdog,
+        args=(job.parent_pid, job.parent_start, deadline, os.path.dirname(job.source)),
         name="kfs-parser-watchdog", daemon=True,
     ).start()  # fmt: skip
     os.environ["TMPDIR"] = job.tmpdir
