@@ -111,6 +111,8 @@ def check_pdf_tools(app_configs=None, **kwargs) -> list[Error | Warning]:
       without a text layer.
     * ``knowledgefs.W102``: no ``tesseract``: scanned pages and image documents are reported
       without a text layer (``make ocr`` installs Debian's tesseract-ocr and poppler-utils).
+    * ``knowledgefs.W103``: a language of ``KNOWLEDGE_OCR_LANGUAGES`` is not installed
+      (``tesseract --list-langs``); Tesseract would fail on every page.
     * ``knowledgefs.E101``: ``Q_CLUSTER["daemonize_workers"]`` is not ``False``: a daemonic
       django-q2 worker cannot start the isolated parser process.
     """
@@ -139,6 +141,8 @@ def check_pdf_tools(app_configs=None, **kwargs) -> list[Error | Warning]:
                 id="knowledgefs.W102",
             )
         )
+    else:
+        problems.extend(_missing_ocr_languages(settings.KNOWLEDGE_OCR_LANGUAGES))
     if (getattr(settings, "Q_CLUSTER", None) or {}).get("daemonize_workers", True) is not False:
         problems.append(
             Error(
@@ -149,3 +153,43 @@ def check_pdf_tools(app_configs=None, **kwargs) -> list[Error | Warning]:
             )
         )
     return problems
+
+
+def installed_ocr_languages() -> set[str] | None:
+    """Tesseract's installed language codes (``tesseract --list-langs``, 10 s limit, our
+    choice), or ``None`` when it cannot be asked."""
+    import shutil
+    import subprocess
+
+    command = shutil.which("tesseract")
+    if command is None:
+        return None
+    try:
+        done = subprocess.run(
+            [command, "--list-langs"], capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = (done.stdout + done.stderr).decode("utf-8", "replace").splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("List of")}
+
+
+def _missing_ocr_languages(languages: str) -> list[Warning]:
+    """``knowledgefs.W103`` naming the configured OCR languages Tesseract does not have."""
+    installed = installed_ocr_languages()
+    if installed is None:
+        return []
+    missing = [code for code in languages.split("+") if code and code not in installed]
+    if not missing:
+        return []
+    return [
+        Warning(
+            f"KNOWLEDGE_OCR_LANGUAGES names Tesseract languages that are not installed: "
+            f"{', '.join(missing)}; OCR of every page would fail.",
+            hint="Install Debian's tesseract-ocr-<lang> packages "
+            f"({', '.join('tesseract-ocr-' + m for m in missing)}) or change "
+            "KNOWLEDGE_OCR_LANGUAGES.",
+            obj="settings.KNOWLEDGE_OCR_LANGUAGES",
+            id="knowledgefs.W103",
+        )
+    ]

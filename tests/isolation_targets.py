@@ -28,3 +28,19 @@ def eat_memory(data: bytes, mime_type: str):
     hoard = []
     while True:
         hoard.append(bytearray(64 * 1024 * 1024))
+
+
+#: Prefix of the temporary files :func:`spin_with_temp_files` leaves behind.
+TEMP_MARKER = "kfs-leak-987655-"
+
+
+def spin_with_temp_files(data: bytes, mime_type: str):
+    """Write a copy of the document to a temporary file and directory (as the PDF parser and
+    pytesseract do), then loop until killed."""
+    import tempfile
+
+    with open(tempfile.mkstemp(prefix=TEMP_MARKER)[1], "wb") as handle:
+        handle.write(data)
+    tempfile.mkdtemp(prefix=TEMP_MARKER)
+    while True:
+        pass

@@ -15,6 +15,7 @@ from datetime import timedelta
 import pytest
 from reportlab.lib import colors
 from reportlab.lib.styles import getSampleStyleSheet
+from reportlab.lib.utils import ImageReader
 from reportlab.pdfgen import canvas
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Table, TableStyle
 
@@ -381,3 +382,110 @@ def test_sample_loremipsum_flat_scan_is_ocrd_and_searchable(space):
     assert "sollicitudin" in text
     hits = retrieve(space, "Lorem ipsum dolor sit amet", top_k=3).items
     assert hits and hits[0].citation["page_number"] == 1
+
+
+def _sleeping_tesseract(directory, marker: int):
+    """A ``tesseract`` that never returns; its child ``sleep <marker>`` holds the pipe too."""
+    stub = directory / "tesseract"
+    stub.write_text(f"#!/bin/sh\nsleep {marker} &\nsleep {marker}\n")
+    stub.chmod(0o755)
+    return stub
+
+
+@pytest.fixture
+def tesseract_on_path(tmp_path):
+    """A stub first on PATH, seen by the parser child too: the parser forkserver keeps the
+    environment it started with, so it is started anew with the stub and again after."""
+    import os
+
+    from ingestion.parsing import isolation
+
+    saved = os.environ["PATH"]
+    os.environ["PATH"] = f"{tmp_path}:{saved}"
+    isolation._forget_server()
+    try:
+        yield tmp_path
+    finally:
+        os.environ["PATH"] = saved
+        isolation._forget_server()
+
+
+@pytest.mark.django_db
+def test_an_ocr_timeout_fails_the_document_retryably_and_kills_tesseracts_children(
+    space, settings, tesseract_on_path
+):
+    from tests.pdf_fixtures import processes_with, wait_gone
+
+    require_ocr()
+    _sleeping_tesseract(tesseract_on_path, 987657)
+    settings.KNOWLEDGE_PDF_RASTERIZER_TIMEOUT_MS = 1000
+    settings.KNOWLEDGE_JOB_MAX_ATTEMPTS = 1
+    with pytest.raises(ParseError) as exc:
+        parse_with_report(bc14_pdf(), "application/pdf")
+    assert (exc.value.code, exc.value.message) == ("ocr_timeout", "OCR timed out after 1 s")
+    assert wait_gone(processes_with("sleep\x00987657")) == []
+    admission = admit_document(space, filename="bc14.pdf", data=bc14_pdf(), enqueue=False)
+    compilation.run_job(admission.job.id)
+    document = Document.objects.get(id=admission.document.id)
+    assert (document.state, document.error_code) == ("failed", "ocr_timeout")
+    assert document.node_count == 0  # never published with page 2 missing
+    assert "ocr_timeout" in compilation.RETRYABLE_PARSE_CODES
+    assert wait_gone(processes_with("sleep\x00987657")) == []
+
+
+@pytest.fixture
+def no_tesseract(tmp_path, monkeypatch):
+    """A PATH with pdftoppm but no tesseract (a server without OCR), in this process."""
+    import os
+    import shutil
+
+    require_ocr()
+    os.symlink(shutil.which("pdftoppm"), tmp_path / "pdftoppm")
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+
+def test_a_scan_on_a_server_without_tesseract_fails_ocr_unavailable(no_tesseract):
+    from tests.pdf_fixtures import text_image
+
+    with pytest.raises(ParseError) as exc:
+        parse_with_report(png_bytes(text_image("INVOICE 4711")), "image/png")
+    assert exc.value.code == "ocr_unavailable"
+    assert "OCR is unavailable (tesseract not installed)" in exc.value.message
+    buffer = io.BytesIO()
+    pdf = canvas.Canvas(buffer, pagesize=(612, 792))
+    pdf.drawImage(ImageReader(io.BytesIO(png_bytes(text_image("INVOICE 4711")))), 72, 500, 468, 120)
+    pdf.showPage()
+    pdf.save()
+    with pytest.raises(ParseError) as exc:
+        parse_with_report(buffer.getvalue(), "application/pdf")
+    assert (exc.value.code, exc.value.message) == (
+        "ocr_unavailable",
+        "the document contains no extractable text: OCR is unavailable (tesseract not "
+        "installed) for its pages without a text layer (page 1)",
+    )
+    # a page with a text layer still publishes; the scanned page is reported as before
+    report = parse_with_report(bc14_pdf(), "application/pdf")
+    assert report.pages_without_text == [2]
+
+
+def test_a_pdf_with_no_pages_says_so():
+    from pypdf import PdfWriter
+
+    out = io.BytesIO()
+    PdfWriter().write(out)
+    with pytest.raises(ParseError) as exc:
+        parse_with_report(out.getvalue(), "application/pdf")
+    assert (exc.value.code, exc.value.message) == ("no_extractable_text", "the PDF has no pages")
+
+
+@pytest.mark.django_db
+def test_start_up_warns_about_ocr_languages_that_are_not_installed(settings):
+    from knowledgefs.checks import check_pdf_tools
+
+    require_ocr()
+    settings.KNOWLEDGE_OCR_LANGUAGES = "eng+xqz"
+    found = [p for p in check_pdf_tools() if p.id == "knowledgefs.W103"]
+    assert len(found) == 1
+    assert "not installed: xqz;" in found[0].msg
+    settings.KNOWLEDGE_OCR_LANGUAGES = "eng"
+    assert [p.id for p in check_pdf_tools() if p.id == "knowledgefs.W103"] == []

@@ -217,3 +217,94 @@ def test_the_asset_cap_stops_page_images_with_a_warning(settings):
         ("page_image", 2),
     ]
     assert "page images limited to 3 per document; later ones skipped" in report.warnings
+
+
+def _scan_in_crop_box_pdf() -> bytes:
+    """A 120-inch square MediaBox whose 612 x 792 CropBox (at 1000, 1000) shows a scan of
+    "INVOICE 4711" and no text layer."""
+    from pypdf import PdfReader, PdfWriter
+    from pypdf.generic import RectangleObject
+
+    from tests.pdf_fixtures import text_image
+
+    side = 120 * INCH
+    buffer = io.BytesIO()
+    pdf = canvas.Canvas(buffer, pagesize=(side, side))
+    pdf.drawImage(ImageReader(io.BytesIO(png_bytes(text_image("INVOICE 4711")))), 1072, 1500,
+                  468, 120)  # fmt: skip
+    pdf.showPage()
+    pdf.save()
+    writer = PdfWriter(clone_from=PdfReader(io.BytesIO(buffer.getvalue())))
+    writer.pages[0].cropbox = RectangleObject([1000, 1000, 1612, 1792])
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
+def test_a_scan_in_a_crop_box_smaller_than_its_media_box_is_ocrd():
+    require_ocr()
+    report = parse_with_report(_scan_in_crop_box_pdf(), "application/pdf")
+    assert report.ocr_pages == [1], report.warnings
+    assert "INVOICE 4711" in " ".join(e.text for e in report.elements)
+
+
+def test_a_rendered_image_of_the_wrong_size_is_a_rasterization_failure(tmp_path):
+    """A rasterizer that writes a 1 x 1 image (Poppler's answer to "Bogus memory allocation
+    size") does not pass as the page."""
+    stub = tmp_path / "tiny"
+    stub.write_text(
+        '#!/bin/sh\nfor a in "$@"; do last=$a; done\n'
+        f"{sys.executable} -c \"from PIL import Image; Image.new('L', (1, 1), 255)"
+        f".save('$last.png')\"\n"
+    )
+    stub.chmod(0o755)
+    (tmp_path / "doc.pdf").write_bytes(bc14_pdf())
+    config = rasterize.RasterConfig(command=str(stub))
+    with pytest.raises(rasterize.RasterizationError) as exc:
+        rasterize.render_page(str(tmp_path / "doc.pdf"), 2, width_pt=612, height_pt=792,
+                              dpi=144, config=config)  # fmt: skip
+    assert exc.value.message == "page 2 rendered to 1x1 pixels instead of 1224x1584"
+
+
+@pytest.mark.django_db
+def test_a_rasterizer_writing_garbage_is_a_page_warning_not_a_corrupt_pdf(
+    space, settings, tmp_path
+):
+    stub = tmp_path / "garbage"
+    stub.write_text(
+        '#!/bin/sh\nfor a in "$@"; do last=$a; done\nhead -c 5000 /dev/urandom > "$last.png"\n'
+    )
+    stub.chmod(0o755)
+    settings.KNOWLEDGE_PDF_RASTERIZER_COMMAND = str(stub)
+    report = parse_with_report(bc14_pdf(), "application/pdf")
+    assert report.pages_without_text == [2]
+    assert "page 2: no text layer (rendering failed)" in report.warnings
+    admission = admit_document(space, filename="bc14.pdf", data=bc14_pdf(), enqueue=False)
+    compilation.run_job(admission.job.id)
+    document = Document.objects.get(id=admission.document.id)
+    assert document.error_code != "corrupt_pdf"
+
+
+def test_a_rotated_page_gets_page_images_and_a_thumbnail_in_its_displayed_orientation():
+    require_ocr()
+    from pypdf import PdfReader, PdfWriter
+
+    from tests.pdf_fixtures import text_image
+
+    buffer = io.BytesIO()
+    pdf = canvas.Canvas(buffer, pagesize=(612, 792))
+    pdf.drawString(72, 720, "A rotated page with a figure.")
+    pdf.drawImage(ImageReader(io.BytesIO(png_bytes(text_image("INVOICE 4711")))), 72, 500,
+                  468, 120)  # fmt: skip
+    pdf.showPage()
+    pdf.save()
+    writer = PdfWriter(clone_from=PdfReader(io.BytesIO(buffer.getvalue())))
+    writer.pages[0].rotate(90)
+    out = io.BytesIO()
+    writer.write(out)
+    report = parse_with_report(out.getvalue(), "application/pdf")
+    sizes = {a.kind: (a.width, a.height) for a in report.assets}
+    # the 468 x 120 pt image stands upright on the turned page: 120 x 468 pt at 144 DPI
+    assert sizes["page_image"] == (240, 936)
+    # the whole turned page (792 x 612 pt) at 48 DPI
+    assert sizes["thumbnail"] == (528, 408)

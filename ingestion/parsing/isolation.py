@@ -8,10 +8,12 @@ in a child process and:
 * **Hard wall-clock timeout.** After ``timeout_s`` (``KNOWLEDGE_PARSER_TIMEOUT_SECONDS``) every
   process of the child's session is SIGKILLed (the child calls ``setsid()``, so ``pdftoppm``
   and ``tesseract`` grandchildren, even in process groups of their own, die with it) and the
-  child is reaped; the child also dies with its parent (``PR_SET_PDEATHSIG``), so a worker
-  killed from outside leaves no parse running. :class:`ParserTimeout` (a ``TimeoutError``) is
-  raised, which compilation records as the terminal ``parser_timeout``. The calling thread is
-  free at once.
+  child is reaped. The child also guards itself: a watchdog thread in it checks every 0.5 s
+  that the worker which started it still lives (pid and start time from ``/proc``) and that
+  the hard limit plus a 5 s margin has not passed, and otherwise SIGKILLs its whole session,
+  so a worker killed from outside (``kill -9``, the OOM killer) leaves no parse running.
+  :class:`ParserTimeout` (a ``TimeoutError``) is raised, which compilation records as the
+  terminal ``parser_timeout``. The calling thread is free at once.
 * **Memory cap.** ``RLIMIT_AS`` of ``memory_bytes`` (``KNOWLEDGE_PARSER_MAX_MEMORY_MB``), also
   inherited by the child's ``pdftoppm`` and ``tesseract``; a ``MemoryError`` ends the parse
   with ``parser_memory_exceeded``; a child killed by a signal (the kernel's OOM killer, a crash
@@ -22,8 +24,11 @@ in a child process and:
   lease keeper, are never duplicated into it). The server is made a child subreaper, so the
   orphans of a killed child are re-parented to it and reaped (nothing is left as a zombie even
   where PID 1 does not reap).
-* **Results through files.** The source bytes go to a private temp directory and the report
-  (elements, assets, page accounting) comes back pickled in the same directory, removed after.
+* **Results through files.** The source bytes go to a private temp directory (mode 0700) and
+  the report (elements, assets, page accounting) comes back pickled in the same directory,
+  removed after. The child's ``TMPDIR`` (and ``tempfile.tempdir``) is a subdirectory of it, so
+  every temporary file of the parse (the PDF for ``pdftoppm``, Tesseract's files) is removed
+  with it, also when the child was killed.
 
 A django-q2 worker is a daemonic process by default, and daemonic processes may not start
 children; ``Q_CLUSTER["daemonize_workers"]`` is therefore ``False`` (knowledgefs/settings.py).
@@ -37,10 +42,12 @@ import io
 import os
 import pickle
 import resource
+import shutil
 import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
@@ -54,13 +61,17 @@ PRELOAD = [
     "ingestion.parsing",
     "ingestion.parsing.isolation",
     "pdfplumber",
-    "pytesseract",
 ]
 _DEFAULT_TARGET = "ingestion.parsing:parse_with_report"
 
 
 class ParserTimeout(TimeoutError):
     """The parse ran past its hard limit and its processes were killed."""
+
+
+class ParseCanceled(Exception):
+    """``should_stop`` answered true (the job was canceled or taken over); the parse's
+    processes were killed. Not a parse failure: the caller drops the job's attempt."""
 
 
 class ParserCrashed(ParseError):
@@ -172,6 +183,7 @@ def parse_isolated(
     config: IsolationConfig | None = None,
     raster: rasterize.RasterConfig | None = None,
     target: str = _DEFAULT_TARGET,
+    should_stop: Callable[[], bool] | None = None,
 ) -> ParseReport:
     """Run ``target(data, mime_type)`` (by default ``parse_with_report``) in a child process.
 
@@ -180,6 +192,8 @@ def parse_isolated(
         config: time and memory limits (default: the settings).
         raster: rasterization/OCR limits installed in the child (default: the settings).
         target: ``"module:function"`` run in the child (tests use it for a parse that spins).
+        should_stop: asked about every :data:`STOP_POLL_S` seconds while the child runs (e.g.
+            "was the job canceled?"); when it answers true the parse is killed.
 
     Returns the child's :class:`ParseReport`.
 
@@ -187,33 +201,118 @@ def parse_isolated(
         ParseError: whatever the parser raised (same ``code`` and ``message``);
             :class:`ParserOutOfMemory`; :class:`ParserCrashed`.
         ParserTimeout: the hard limit passed; every process of the parse is gone.
+        ParseCanceled: ``should_stop`` answered true; every process of the parse is gone.
     """
     config = config or IsolationConfig.from_settings()
     raster = raster or rasterize.current()
+    # mkdtemp creates the directory mode 0700; the child's TMPDIR is a subdirectory of it, so
+    # every temporary file of the parse (the PDF for pdftoppm, tesseract's input and output)
+    # is removed with it, even when the child was killed.
     with tempfile.TemporaryDirectory(prefix="kfs-parse-") as tmp:
         source, result = os.path.join(tmp, "source"), os.path.join(tmp, "result.pickle")
+        work = os.path.join(tmp, "tmp")
+        os.mkdir(work, 0o700)
         with open(source, "wb") as handle:
             handle.write(data)
-        child = _ParserProcess(
-            target=_child_main,
-            args=(source, mime_type, result, config.memory_bytes, raster, target),
-            name="kfs-parser",
-            daemon=True,
-        )
+        job = _ChildJob(
+            source=source, mime_type=mime_type, result=result, memory_bytes=config.memory_bytes,
+            raster=raster, target=target, tmpdir=work, parent_pid=os.getpid(),
+            parent_start=process_start_time(os.getpid()), hard_limit_s=config.timeout_s,
+        )  # fmt: skip
+        child = _ParserProcess(target=_child_main, args=(job,), name="kfs-parser", daemon=True)
         child.start()
-        timed_out = False
+        timed_out = canceled = False
         try:
-            child.join(config.timeout_s)
-            timed_out = child.exitcode is None
+            deadline = time.monotonic() + config.timeout_s
+            while child.exitcode is None and not canceled:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                child.join(min(remaining, STOP_POLL_S) if should_stop else remaining)
+                canceled = child.exitcode is None and should_stop is not None and should_stop()
+            timed_out = child.exitcode is None and not canceled
         finally:
             if child.exitcode is None:  # timed out, or this thread was interrupted
                 kill_session(child.pid)
                 child.join()
+        if canceled:
+            raise ParseCanceled("the parse was stopped on request")
         if timed_out:
             raise ParserTimeout(
                 f"the parser exceeded its limit of {config.timeout_s:g} s and was stopped"
             )
         return _outcome(child, result)
+
+
+@dataclass(frozen=True)
+class _ChildJob:
+    """What the parser child needs: its input and output paths, limits and its parent."""
+
+    source: str
+    mime_type: str
+    result: str
+    memory_bytes: int
+    raster: rasterize.RasterConfig
+    target: str
+    tmpdir: str
+    parent_pid: int
+    parent_start: int | None
+    hard_limit_s: float
+
+
+#: How often ``parse_isolated`` asks its ``should_stop`` (our choice: a cancel stops a parse
+#: within about a second).
+STOP_POLL_S = 1.0
+#: The child kills its own session this long after its hard limit when its parent has not (the
+#: parent normally kills it at the limit; our choice: margin for a loaded machine).
+CHILD_LIMIT_MARGIN_S = 5.0
+#: How often the child's watchdog looks at its parent and its deadline (our choice).
+WATCHDOG_INTERVAL_S = 0.5
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``), or
+    ``None`` when the process is gone or a zombie; with the pid it names a process uniquely."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def _watchdog(parent_pid: int, parent_start: int | None, deadline: float, job_dir: str) -> None:
+    """In the child: kill this whole session when the parent (the worker) is gone or the hard
+    limit plus :data:`CHILD_LIMIT_MARGIN_S` has passed, so no parse outlives its worker or its
+    limit even when the parent was SIGKILLed (``PR_SET_PDEATHSIG`` fires only when the
+    forkserver, the child's real parent, exits). With the parent gone, nobody else removes the
+    per-parse directory ``job_dir``, so it is removed here, between the two kills."""
+    while True:
+        time.sleep(WATCHDOG_INTERVAL_S)
+        # parent_start is None only where /proc could not be read: then the deadline alone.
+        gone = parent_start is not None and process_start_time(parent_pid) != parent_start
+        if gone or time.monotonic() > deadline:
+            _kill_own_session(job_dir if gone else None)
+
+
+def _kill_own_session(remove: str | None = None) -> None:
+    """SIGKILL every other process of this session (``pdftoppm``, ``tesseract``, in groups of
+    their own), remove the directory ``remove`` (if given), then SIGKILL this process."""
+    me = os.getpid()
+    sid = os.getsid(0)
+    for _ in range(3):
+        members = [p for p, _, s in rasterize._proc_table() if s == sid and p != me]
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not members:
+            break
+    if remove:
+        shutil.rmtree(remove, ignore_errors=True)
+    os.kill(me, signal.SIGKILL)
 
 
 def _outcome(child, result: str) -> ParseReport:
@@ -245,22 +344,32 @@ def kill_session(sid: int) -> None:
         time.sleep(0.01)
 
 
-def _child_main(source, mime_type, result, memory_bytes, raster, target) -> None:
-    """Child process: own session, memory cap, parse, pickle the outcome to ``result``."""
+def _child_main(job: _ChildJob) -> None:
+    """Child process: own session, watchdog, private TMPDIR, memory cap, parse, pickle the
+    outcome to ``job.result``."""
     os.setsid()
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    # Dies with the forkserver, which dies with the worker: a worker killed from outside (its
-    # own timeout guard, the OOM killer) leaves no parse spinning on.
+    # Dies with the forkserver; the watchdog covers a worker killed from outside (its own
+    # timeout guard, the OOM killer, kill -9) while the forkserver lives on.
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    deadline = time.monotonic() + job.hard_limit_s + CHILD_LIMIT_MARGIN_S
+    threading.Thread(
+        target=_watchdog,
+        args=(job.parent_pid, job.parent_start, deadline, os.path.dirname(job.source)),
+        name="kfs-parser-watchdog", daemon=True,
+    ).start()  # fmt: skip
+    os.environ["TMPDIR"] = job.tmpdir
+    tempfile.tempdir = job.tmpdir
     with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        resource.setrlimit(resource.RLIMIT_AS, (job.memory_bytes, job.memory_bytes))
     os.environ["OMP_THREAD_LIMIT"] = "1"
-    rasterize.configure(raster)
-    module, _, name = target.partition(":")
+    rasterize.configure(job.raster)
+    module, _, name = job.target.partition(":")
+    memory_bytes, result = job.memory_bytes, job.result
     try:
-        with open(source, "rb") as handle:
+        with open(job.source, "rb") as handle:
             data = handle.read()
-        report = getattr(importlib.import_module(module), name)(data, mime_type)
+        report = getattr(importlib.import_module(module), name)(data, job.mime_type)
         outcome = ("ok", report)
     except ParseError as exc:
         outcome = ("error", exc.code, exc.message)

@@ -1,8 +1,10 @@
-"""OCR with Debian's ``tesseract-ocr`` (through pytesseract): scanned PDF pages and image files.
+"""OCR with Debian's ``tesseract-ocr`` (a bounded subprocess): scanned PDF pages and image files.
 
 Pure Python (no Django). Tesseract runs once per page with the per-operation limit of the
-rasterizer (seed: 30 s, :class:`~ingestion.parsing.rasterize.RasterConfig`) and one OpenMP
-thread (``OMP_THREAD_LIMIT=1``), so each page costs one core at most. When Tesseract is not
+rasterizer (seed: 30 s, :class:`~ingestion.parsing.rasterize.RasterConfig`), through the same
+bounded runner as ``pdftoppm`` (own process group, killed and reaped on expiry), and one OpenMP
+thread (``OMP_THREAD_LIMIT=1``), so each page costs one core at most. A timeout fails the
+document with the retryable ``ocr_timeout``. When Tesseract is not
 installed, a page is reported as having no text layer, never silently empty.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import tempfile
 import warnings
 
 from PIL import Image, UnidentifiedImageError
@@ -28,11 +31,19 @@ class OcrUnavailable(Exception):
 
 
 class OcrFailed(Exception):
-    """Tesseract failed or timed out on one image; ``reason`` is client-safe."""
+    """Tesseract failed on one image; ``reason`` is client-safe."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class OcrTimeout(ParseError):
+    """``ocr_timeout``: a Tesseract run exceeded the per-operation limit (seed: 30 s); its
+    process group was killed and reaped. Fails the whole document (never published with the
+    page missing); retryable by the job policy, like ``rasterization_timeout``."""
+
+    code = "ocr_timeout"
 
 
 class ImageTooLarge(ParseError):
@@ -49,29 +60,38 @@ def tesseract_available() -> bool:
 def ocr_image(image: Image.Image, config: rasterize.RasterConfig | None = None) -> str:
     """Recognise the text of ``image``; returns it LF-normalised (may be empty).
 
+    Tesseract runs through :func:`~ingestion.parsing.rasterize.run_bounded`: in a process
+    group of its own, killed with everything it started and reaped when it runs past
+    ``config.timeout_s``. Its input and output files live in a private temporary directory
+    (inside the parse's own directory in the parser child), removed afterwards.
+
     Raises:
         OcrUnavailable: Tesseract is not installed.
-        OcrFailed: Tesseract exited with an error or ran past ``config.timeout_s``
-            ("OCR timed out after 30 s").
+        OcrTimeout: ``ocr_timeout``, "OCR timed out after 30 s".
+        OcrFailed: Tesseract could not start, exited with an error or wrote no text file.
     """
-    import pytesseract
-
     config = config or rasterize.current()
-    if not tesseract_available():
+    command = shutil.which("tesseract")
+    if command is None:
         raise OcrUnavailable("tesseract is not installed")
     os.environ.setdefault("OMP_THREAD_LIMIT", "1")
     if image.mode not in ("L", "RGB"):
         image = image.convert("RGB")
-    try:
-        text = pytesseract.image_to_string(
-            image, lang=config.ocr_languages, timeout=config.timeout_s
-        )
-    except RuntimeError as exc:  # pytesseract's timeout
-        if "timeout" in str(exc).lower():
-            raise OcrFailed(f"OCR timed out after {config.timeout_s:g} s") from exc
-        raise OcrFailed("OCR failed") from exc
-    except (pytesseract.TesseractError, OSError) as exc:
-        raise OcrFailed("OCR failed") from exc
+    with tempfile.TemporaryDirectory(prefix="kfs-ocr-") as tmp:
+        source, out = os.path.join(tmp, "page.png"), os.path.join(tmp, "text")
+        image.save(source, format="PNG")
+        args = [command, source, out, "-l", config.ocr_languages]
+        try:
+            rasterize.run_bounded(
+                args, config.timeout_s, what="tesseract", timeout_error=OcrTimeout, label="OCR"
+            )
+        except rasterize.RasterizationError as exc:
+            raise OcrFailed("OCR failed") from exc
+        try:
+            with open(out + ".txt", encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise OcrFailed("OCR failed (no output)") from exc
     return clean_text(text)
 
 
@@ -108,13 +128,16 @@ def parse_image(data: bytes) -> ParseReport:
     Pillow opens it within its default ``MAX_IMAGE_PIXELS`` (never raised here); an image over
     the rasterizer's pixel budget (:data:`~ingestion.parsing.rasterize.DEFAULT_MAX_PIXELS`) is
     downscaled to fit before OCR. Returns a report with ``page_count=1``, paragraph elements on
-    page 1 marked ``{"ocr": True}`` and ``ocr_pages=[1]``; when Tesseract is missing or fails,
+    page 1 marked ``{"ocr": True}`` and ``ocr_pages=[1]``; when Tesseract fails or finds nothing,
     no elements, ``pages_without_text=[1]`` and a warning (compilation then fails
     ``no_extractable_text``).
 
     Raises:
         ImageTooLarge: ``image_too_large``, over Pillow's decompression-bomb limit.
         CorruptDocument: ``corrupt_image``, not a decodable image of an accepted format.
+        OcrTimeout: ``ocr_timeout`` (retryable), Tesseract ran past its limit.
+        ParseError: ``ocr_unavailable``, "the image cannot be read: OCR is unavailable
+            (tesseract not installed)".
     """
     config = rasterize.current()
     image = _open_image(data)
@@ -123,8 +146,11 @@ def parse_image(data: bytes) -> ParseReport:
         image = rasterize.scaled(image, (config.max_pixels / pixels) ** 0.5)
     try:
         text = ocr_image(image, config)
-    except OcrUnavailable:
-        return _no_text("page 1: no text layer (OCR unavailable: tesseract is not installed)")
+    except OcrUnavailable as exc:
+        raise ParseError(
+            "the image cannot be read: OCR is unavailable (tesseract not installed)",
+            code="ocr_unavailable",
+        ) from exc
     except OcrFailed as exc:
         return _no_text(f"page 1: no text layer ({exc.reason})")
     elements = ocr_paragraphs(text, 1)

@@ -127,6 +127,7 @@ class _Doc:
     path: str | None = None
     tmp: tempfile.TemporaryDirectory | None = None
     capped: bool = False
+    no_ocr: set[int] = field(default_factory=set)  # pages unread only for want of tesseract
 
     def pdf_path(self) -> str:
         """The PDF written to a private temp file once, for ``pdftoppm``."""
@@ -151,7 +152,11 @@ def parse_pdf(data: bytes) -> ParseReport:
     Raises:
         EncryptedPdf: ``encrypted_pdf``, the PDF needs a user password.
         CorruptPdf: ``corrupt_pdf``, "corrupt or unreadable PDF" (damaged, truncated beyond
-            repair, no pages, or no page could be read).
+            repair, or no page could be read).
+        ParseError: ``no_extractable_text``, "the PDF has no pages" (a valid PDF of 0 pages);
+            ``ocr_unavailable`` when the document has no text at all and its pages without a
+            text layer went unread only because Tesseract is not installed.
+        OcrTimeout: ``ocr_timeout``, a Tesseract run exceeded the per-operation limit.
         RasterizationTimeout: ``rasterization_timeout``, a Poppler operation ran past its limit
             (seed: 30 s); its process group was killed.
     """
@@ -174,7 +179,7 @@ def _parse_pdf(data: bytes) -> ParseReport:
     except Exception as exc:
         raise CorruptPdf() from exc
     if not pages:
-        raise CorruptPdf()
+        raise ParseError("the PDF has no pages", code="no_extractable_text")
     doc = _Doc(data=data, config=rasterize.current())
     plumber = _open_plumber(data)
     failures = 0
@@ -194,6 +199,12 @@ def _parse_pdf(data: bytes) -> ParseReport:
                 plumber.close()
     if failures == len(pages):
         raise CorruptPdf()
+    if not doc.elements and doc.without_text and set(doc.without_text) <= doc.no_ocr:
+        raise ParseError(
+            "the document contains no extractable text: OCR is unavailable (tesseract not "
+            f"installed) for its pages without a text layer ({_pages(doc.without_text)})",
+            code="ocr_unavailable",
+        )
     return ParseReport(
         elements=doc.elements,
         page_count=len(pages),
@@ -203,6 +214,12 @@ def _parse_pdf(data: bytes) -> ParseReport:
         ocr_pages=doc.ocr_pages,
         warnings=doc.warnings,
     )
+
+
+def _pages(numbers: list[int]) -> str:
+    """``"pages 1, 2, 3"`` (at most 20 listed) or ``"page 1"``."""
+    listed = ", ".join(str(n) for n in numbers[:20]) + (", ..." if len(numbers) > 20 else "")
+    return f"page{'s' if len(numbers) > 1 else ''} {listed}"
 
 
 def _plumber_page(plumber, number: int):
@@ -435,10 +452,15 @@ def _image_boxes(ppage) -> list[tuple[float, float, float, float]]:
 
 
 def _page_size(page, ppage) -> tuple[float, float]:
-    """Width and height in points of the rendered area (pdftoppm renders the crop box)."""
+    """Width and height in points of the page as displayed and rendered: its crop box
+    (``pdftoppm -cropbox``), width and height swapped when ``/Rotate`` is 90 or 270 (pdftoppm
+    and pdfplumber's image boxes both follow the rotation)."""
     try:
         box = page.cropbox
-        return abs(float(box.width)), abs(float(box.height))
+        width, height = abs(float(box.width)), abs(float(box.height))
+        if int(page.rotation or 0) % 180 == 90:
+            width, height = height, width
+        return width, height
     except Exception:  # noqa: BLE001
         if ppage is not None:
             return float(ppage.width), float(ppage.height)
@@ -456,6 +478,7 @@ def _render(doc: _Doc, number: int, size: tuple[float, float], *, for_ocr: bool,
             doc.warnings.append(f"page {number}: no text layer (OCR unavailable: {reason})")
         return None
     if for_ocr and not _ocr_possible():
+        doc.no_ocr.add(number)
         doc.without_text.append(number)
         doc.warnings.append(
             f"page {number}: no text layer (OCR unavailable: tesseract is not installed)"

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from .base import ParseError
 
@@ -164,12 +164,19 @@ def fit_dpi(width_pt: float, height_pt: float, dpi: int, max_pixels: int) -> int
 # --- bounded subprocess -------------------------------------------------------------------------
 
 
-def run_bounded(args: list[str], timeout_s: float, *, what: str = "pdftoppm") -> None:
+def run_bounded(
+    args: list[str],
+    timeout_s: float,
+    *,
+    what: str = "pdftoppm",
+    timeout_error: type[ParseError] | None = None,
+    label: str = "rasterization",
+) -> None:
     """Run ``args`` in a new process group; on expiry kill the whole group and reap it.
 
     Raises:
-        RasterizationTimeout: "rasterization timed out after N s" (the group was SIGKILLed and
-            its leader reaped; orphans are reaped by :func:`reap_group`).
+        RasterizationTimeout (or ``timeout_error``): "<label> timed out after N s" (the group
+            was SIGKILLed and its leader reaped; orphans are reaped by :func:`reap_group`).
         RasterizationError: the command could not start or exited non-zero.
     """
     with tempfile.TemporaryFile() as err:
@@ -186,7 +193,8 @@ def run_bounded(args: list[str], timeout_s: float, *, what: str = "pdftoppm") ->
             kill_group(proc.pid)
             proc.wait()
             reap_group(proc.pid)
-            raise RasterizationTimeout(f"rasterization timed out after {timeout_s:g} s") from None
+            error = timeout_error or RasterizationTimeout
+            raise error(f"{label} timed out after {timeout_s:g} s") from None
         except BaseException:
             kill_group(proc.pid)
             proc.wait()
@@ -306,12 +314,15 @@ def render_page(
     """Render one page (1-based) of the PDF at ``pdf_path`` to a Pillow image.
 
     The DPI is reduced with :func:`fit_dpi` so the image stays within ``config.max_pixels``;
-    ``width_pt``/``height_pt`` are the page's MediaBox size (points). One ``pdftoppm`` call is
-    one page batch: it holds a :func:`batch_slot` and is bounded by ``config.timeout_s``.
+    ``width_pt``/``height_pt`` are the page's displayed size in points (its CropBox, which
+    ``pdftoppm -cropbox`` renders, with width and height swapped for ``/Rotate`` 90 or 270).
+    One ``pdftoppm`` call is one page batch: it holds a :func:`batch_slot` and is bounded by
+    ``config.timeout_s``.
 
     Raises:
         RasterizationTimeout, RasterizationError: see :func:`run_bounded`; also
-        ``RasterizationError`` when rasterization is off or ``pdftoppm`` is not installed.
+        ``RasterizationError`` when rasterization is off or ``pdftoppm`` is not installed, and
+        when its output is not a decodable image of the expected size.
     """
     config = config or current()
     command = command_path(config) if config.enabled else None
@@ -321,20 +332,55 @@ def render_page(
     with tempfile.TemporaryDirectory(prefix="kfs-raster-") as tmp:
         out = os.path.join(tmp, "page")
         args = [command, "-f", str(page_number), "-l", str(page_number), "-r", str(dpi)]
-        args += ["-singlefile", "-png"] + (["-gray"] if gray else []) + [pdf_path, out]
+        args += ["-singlefile", "-png", "-cropbox"] + (["-gray"] if gray else [])
+        args += [pdf_path, out]
         with batch_slot(config):
             run_bounded(args, config.timeout_s)
         png = out + ".png"
         if not os.path.exists(png):
             raise RasterizationError(f"pdftoppm produced no image for page {page_number}")
+        return _load_page_image(png, page_number, expected_size(width_pt, height_pt, dpi), config)
+
+
+#: Pixels a rendered side may differ from :func:`expected_size` (pdftoppm's rounding; our choice).
+SIZE_TOLERANCE_PX = 2
+
+
+def expected_size(width_pt: float, height_pt: float, dpi: int) -> tuple[int, int]:
+    """Pixel size ``(width, height)`` of a ``width_pt`` x ``height_pt`` area (points, as
+    displayed, i.e. after ``/Rotate``) rendered at ``dpi``."""
+    return round(width_pt * dpi / 72.0), round(height_pt * dpi / 72.0)
+
+
+def _load_page_image(png: str, page_number: int, expected: tuple[int, int], config) -> Image.Image:
+    """Decode the rasterizer's output. Anything that is not a decodable image of the expected
+    size (+/- :data:`SIZE_TOLERANCE_PX`; e.g. the 1 x 1 white page Poppler writes after a
+    "Bogus memory allocation size") is a :class:`RasterizationError`, never a corrupt PDF."""
+    try:
         with Image.open(png) as image:
-            if image.width * image.height > config.max_pixels:
+            size = image.size
+            if size[0] * size[1] > config.max_pixels:
                 raise RasterizationError(
-                    f"page {page_number} rendered to {image.width}x{image.height} pixels, "
+                    f"page {page_number} rendered to {size[0]}x{size[1]} pixels, "
                     f"over the budget of {config.max_pixels}"
+                )
+            if any(abs(a - b) > SIZE_TOLERANCE_PX for a, b in zip(size, expected, strict=True)):
+                raise RasterizationError(
+                    f"page {page_number} rendered to {size[0]}x{size[1]} pixels instead of "
+                    f"{expected[0]}x{expected[1]}"
                 )
             image.load()
             return image.copy()
+    except RasterizationError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise RasterizationError(
+            f"the rasterizer wrote an unreadable image for page {page_number}"
+        ) from exc
+    except Image.DecompressionBombError as exc:
+        raise RasterizationError(
+            f"the rasterizer wrote an oversized image for page {page_number}"
+        ) from exc
 
 
 def encode_png(image: Image.Image) -> bytes:

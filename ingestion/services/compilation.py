@@ -63,6 +63,7 @@ from ingestion.models import (
     RunState,
     Stage,
 )
+from ingestion.parsing.isolation import ParseCanceled
 from knowledgefs import storage
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, NotFound
@@ -934,7 +935,7 @@ def _materialize(held: Held, job: CompilationJob, gate, light: _LightSlot, *, fi
         if not light.acquire(aborted, block=first):
             return "busy", None, None
         return _parse_and_retain(held, job, gate, first=first)
-    except gates.GateAborted:
+    except (gates.GateAborted, ParseCanceled):  # canceled while waiting or while parsing
         return "lost", None, None
 
 
@@ -1309,7 +1310,7 @@ def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
     if unstructured.enabled() and unstructured.routes(document.mime_type):
         report = _parse_remote(data, document, held)
     else:
-        report = _parse_isolated(data, document.mime_type)
+        report = _parse_isolated(data, document.mime_type, _stop_check(job, held))
     elements = [_element_dict(e) for e in report.elements]
     artifact_hash = hashlib.sha256(
         json.dumps(elements, sort_keys=True, ensure_ascii=False).encode()
@@ -1336,13 +1337,23 @@ def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
 
 # Parse failures a later attempt may cure: the rasterizer's process group was killed, so a retry
 # cannot pile up work (unlike a parser that may still be running, see TRANSIENT_ERRORS).
-RETRYABLE_PARSE_CODES = frozenset({"rasterization_timeout"})
+RETRYABLE_PARSE_CODES = frozenset({"rasterization_timeout", "ocr_timeout"})
 
 
-def _parse_isolated(data: bytes, mime_type: str) -> parsing.ParseReport:
+def _stop_check(job: CompilationJob, held: Held | None):
+    """``should_stop`` for the isolated parse: the job was canceled or taken over (a lease
+    read at most once a second); ``None`` without a lease holder."""
+    if held is None:
+        return None
+    return lambda: held.is_lost(job.id)
+
+
+def _parse_isolated(data: bytes, mime_type: str, should_stop=None) -> parsing.ParseReport:
     """Parse in the isolated child (:mod:`ingestion.parsing.isolation`); failures mapped to
     :class:`CompilationFailure`: the parser's code (retryable only for
-    :data:`RETRYABLE_PARSE_CODES`), or the terminal ``parser_timeout`` after the hard limit."""
+    :data:`RETRYABLE_PARSE_CODES`), or the terminal ``parser_timeout`` after the hard limit.
+    When ``should_stop`` answers true (the job was canceled) the parse is killed within about
+    a second and :class:`~ingestion.parsing.isolation.ParseCanceled` propagates."""
     from ingestion.parsing import isolation, rasterize
 
     try:
@@ -1351,6 +1362,7 @@ def _parse_isolated(data: bytes, mime_type: str) -> parsing.ParseReport:
             mime_type,
             config=isolation.IsolationConfig.from_settings(),
             raster=rasterize.RasterConfig.from_settings(),
+            should_stop=should_stop,
         )
     except parsing.ParseError as exc:
         raise CompilationFailure(
