@@ -14,9 +14,12 @@ from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtif
 from ingestion.services import compilation
 from ingestion.services.documents import admit_document
 from knowledgefs.errors import InvalidInput
-from tests.unstructured_server import UnstructuredTestServer
+from tests import test_unstructured_client
 
 pytestmark = pytest.mark.django_db
+
+#: The contract server on loopback with the seed's limits and short deadlines.
+parser = test_unstructured_client.parser
 
 MIB = 1024 * 1024
 
@@ -29,23 +32,6 @@ def _docx(text: str) -> bytes:
     buffer = io.BytesIO()
     document.save(buffer)
     return buffer.getvalue()
-
-
-@pytest.fixture
-def parser(settings):
-    server = UnstructuredTestServer().start()
-    settings.UNSTRUCTURED_API_URL = server.url
-    settings.UNSTRUCTURED_API_KEY = ""
-    settings.UNSTRUCTURED_MAX_CONCURRENCY = 2
-    settings.UNSTRUCTURED_HEAVY_MAX_CONCURRENCY = 1
-    settings.UNSTRUCTURED_MAX_INPUT_BYTES = 15 * MIB
-    settings.UNSTRUCTURED_MAX_RESPONSE_BYTES = 32 * MIB
-    settings.UNSTRUCTURED_REQUEST_TIMEOUT_MS = 10_000
-    settings.UNSTRUCTURED_HEAVY_REQUEST_TIMEOUT_MS = 10_000
-    settings.UNSTRUCTURED_MAX_RETRIES = 0
-    settings.UNSTRUCTURED_STRATEGY = "auto"
-    yield server
-    server.stop()
 
 
 def _compile(space, name: str, data: bytes) -> tuple[str, Document]:
