@@ -41,6 +41,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.loopback_server import LoopbackServerMixin
+
 TEST_INNER_KEY = "test-inner-key-0123456789abcdef"
 
 TEXT_EMBEDDING = "/inner/api/invoke/text-embedding"
@@ -164,7 +166,7 @@ class StoredObject:
     metadata: dict[str, str]
 
 
-class DifyTestServer:
+class DifyTestServer(LoopbackServerMixin):
     """The server and its state; see the module docstring. Thread-safe."""
 
     def __init__(
@@ -217,29 +219,6 @@ class DifyTestServer:
         )
         self._thread.start()
         return self
-
-    def stop(self) -> None:
-        """Stop listening and cut every open connection, as a dead process would (a kept-alive
-        connection would otherwise go on being served by its handler thread)."""
-        self.stopping.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        with self.lock:
-            open_connections = list(self._connections)
-        for connection in open_connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    @property
-    def url(self) -> str:
-        assert self._httpd is not None
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
 
     # -- faults --------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ingestion.unstructured.server import MultipartError, parse_multipart
+from tests.loopback_server import LoopbackServerMixin
 
 ENDPOINT = "/general/v0/general"
 
@@ -74,7 +75,7 @@ def default_elements(filename: str, size: int) -> list[dict]:
     ]  # fmt: skip
 
 
-class UnstructuredTestServer:
+class UnstructuredTestServer(LoopbackServerMixin):
     """The server and its state; see the module docstring. Thread-safe."""
 
     def __init__(self, *, api_key: str = "") -> None:
@@ -110,28 +111,6 @@ class UnstructuredTestServer:
         )
         self._thread.start()
         return self
-
-    def stop(self) -> None:
-        """Stop listening, release hung handlers and cut every open connection."""
-        self.stopping.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        with self.lock:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    @property
-    def url(self) -> str:
-        assert self._httpd is not None
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
 
     def add_fault(self, kind: str, **options: Any) -> Fault:
         fault = Fault(kind=kind, **options)
