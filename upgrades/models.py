@@ -1,1 +1,0 @@
-"""Dataset-upgrade models arrive with the upgrade bridge."""

@@ -1,0 +1,16 @@
+"""Models of the classic Dataset upgrade bridge.
+
+``jobs``: the upgrade job of one Dataset, its documents and the file leases that keep legacy bytes
+alive. ``cutover``: the per-workspace cutover ledger and the cleanup authorizations.
+"""
+
+from .jobs import (  # noqa: F401
+    ACTIVE_JOB_STATUSES,
+    DocumentStatus,
+    FileLeaseStatus,
+    JobStage,
+    JobStatus,
+    UpgradeDocument,
+    UpgradeFileLease,
+    UpgradeJob,
+)
