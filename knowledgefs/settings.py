@@ -567,3 +567,22 @@ if UNSTRUCTURED_API_URL:
             )
         Q_CLUSTER["timeout"] = _remote_s + 300
         Q_CLUSTER["retry"] = Q_CLUSTER["timeout"] + 60
+
+# ---------------------------------------------------------------------------------------------
+# Upgrade bridge: staged run (snapshot, steps, claims, sweeps, file leases).
+# (settings of this area go here)
+
+
+# ---------------------------------------------------------------------------------------------
+# Upgrade bridge: document reconciliation (lease, batches, recovery schedule, dead letter).
+# (settings of this area go here)
+
+
+# ---------------------------------------------------------------------------------------------
+# Upgrade bridge: workspace cutover ledger, runtime gate and cleanup authorizations.
+# (settings of this area go here)
+
+
+# ---------------------------------------------------------------------------------------------
+# Databases: MySQL/MariaDB specifics and guarded downgrades.
+# (settings of this area go here)

@@ -1,0 +1,1 @@
+"""Admin for cutover ledgers and cleanup authorizations."""

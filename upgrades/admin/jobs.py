@@ -1,0 +1,1 @@
+"""Admin for upgrade jobs, their documents and file leases."""
