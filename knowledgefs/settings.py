@@ -109,12 +109,17 @@ TEMPLATES = [
 
 
 # --- Database ---------------------------------------------------------------------------------
-# DATABASE_URL switches to PostgreSQL; the embedded default is SQLite in WAL mode with IMMEDIATE
-# transactions so that concurrent writers (API + workers) queue on the lock instead of failing.
-def postgres_from_url(name: str) -> dict:
-    """``DATABASE_URL`` → Django's ``DATABASES["default"]``; only PostgreSQL with a database name
-    is accepted (``postgres://``, ``postgresql://`` or ``pgsql://``). The error names the
-    variable and shows the value without its user, password and query string."""
+# DATABASE_URL switches to PostgreSQL or MySQL/MariaDB; the embedded default is SQLite in WAL mode
+# with IMMEDIATE transactions so that concurrent writers (API + workers) queue on the lock instead
+# of failing. MySQL/MariaDB options are set in "Databases: MySQL/MariaDB specifics" at the end.
+DATABASE_ENGINES = ("django.db.backends.postgresql", "django.db.backends.mysql")
+
+
+def database_from_url(name: str) -> dict:
+    """``DATABASE_URL`` → Django's ``DATABASES["default"]``; only PostgreSQL (``postgres://``,
+    ``postgresql://``, ``pgsql://``) or MySQL/MariaDB (``mysql://``) with a database name is
+    accepted. The error names the variable and shows the value without its user, password and
+    query string."""
     raw = env.str(name).strip()
     shown = re.sub(r"^([A-Za-z0-9+.-]*://)?[^@/]*@", r"\1***@", raw).split("?", 1)[0]
     try:
@@ -123,16 +128,17 @@ def postgres_from_url(name: str) -> dict:
             config = environ.Env.db_url_config(raw)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name}={shown!r} is not a database URL: {exc}") from None
-    if config.get("ENGINE") != "django.db.backends.postgresql" or not config.get("NAME"):
+    if config.get("ENGINE") not in DATABASE_ENGINES or not config.get("NAME"):
         raise ImproperlyConfigured(
             f"{name}={shown!r} is not accepted: a PostgreSQL URL "
-            "postgres://user:password@host:port/database is required (unset = embedded SQLite)"
+            "postgres://user:password@host:port/database or a MySQL/MariaDB URL "
+            "mysql://user:password@host:port/database is required (unset = embedded SQLite)"
         )
     return config
 
 
 if env.str("DATABASE_URL", default="").strip():
-    DATABASES = {"default": postgres_from_url("DATABASE_URL")}
+    DATABASES = {"default": database_from_url("DATABASE_URL")}
     # A Unix-socket directory may be given percent-encoded in the host position.
     DATABASES["default"]["HOST"] = unquote(DATABASES["default"].get("HOST") or "")
     DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
@@ -585,4 +591,23 @@ if UNSTRUCTURED_API_URL:
 
 # ---------------------------------------------------------------------------------------------
 # Databases: MySQL/MariaDB specifics and guarded downgrades.
-# (settings of this area go here)
+# MySQL/MariaDB through PyMySQL (MIT), installed as the MySQLdb module Django's backend imports,
+# unless mysqlclient (GPL-2.0, never a dependency of ours) is installed by the operator; PyMySQL
+# reports mysqlclient-compatible version 1.4.6, above Django 5.2's minimum 1.4.3
+# (docs/testing.md, "MariaDB"). utf8mb4 for full Unicode; READ COMMITTED like PostgreSQL, so
+# the compare-and-set updates and SKIP LOCKED claims see committed rows; strict mode so an
+# over-long or invalid value is an error instead of a silent truncation.
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    from knowledgefs.mysql import install_driver  # noqa: E402 - only with a MySQL URL
+
+    install_driver()
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "charset": "utf8mb4",
+            "isolation_level": "read committed",
+            "init_command": "SET sql_mode='STRICT_TRANS_TABLES'",
+        }
+    )
+    DATABASES["default"].setdefault("TEST", {}).update(
+        {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+    )

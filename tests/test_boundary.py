@@ -260,13 +260,14 @@ def test_dify_settings_out_of_range_stop_start_up(tmp_path, name):
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("mysql://kfs:hunter2pw@db/kfs", "is not accepted: a PostgreSQL URL"),
+        ("mysql://kfs:hunter2pw@db", "is not accepted: a PostgreSQL URL"),
+        ("oracle://kfs:hunter2pw@db/kfs", "is not accepted: a PostgreSQL URL"),
         ("postgres://kfs:hunter2pw@db", "is not accepted: a PostgreSQL URL"),
         ("postgres://kfs:hunter2pw@db:port/kfs", "is not a database URL"),
         ("sqlite:////tmp/x.sqlite3", "is not accepted: a PostgreSQL URL"),
     ],
 )
-def test_database_url_must_be_postgres_and_is_never_echoed_with_its_password(
+def test_database_url_must_be_postgres_or_mysql_and_is_never_echoed_with_its_password(
     tmp_path, url, message
 ):
     run = manage_check(tmp_path, DATABASE_URL=url)

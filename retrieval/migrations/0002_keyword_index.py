@@ -1,8 +1,10 @@
 """Create the keyword projection for the database in use.
 
 SQLite: an FTS5 table (Porter stemming over unicode61). PostgreSQL: a tsvector table with a GIN
-index. Rows are removed by the backend with their nodes (no foreign key, so that the table stays
-out of the way of Django's table flushes). Other engines get their table with their backend.
+index. MySQL/MariaDB: an InnoDB table with a FULLTEXT index (MySQL's ngram parser, which splits
+CJK text; MariaDB has no ngram parser and uses its default one). Rows are removed by the backend
+with their nodes (no foreign key, so that the table stays out of the way of Django's table
+flushes).
 """
 
 from django.db import migrations
@@ -23,6 +25,18 @@ POSTGRES_CREATE = [
     "CREATE INDEX retrieval_keyword_tsv_space ON retrieval_keyword_tsv (space_id)",
 ]
 
+# char(32): Django's UUID columns on MySQL/MariaDB (hex without dashes).
+MYSQL_CREATE = (
+    "CREATE TABLE retrieval_keyword_ft ("
+    " node_id char(32) NOT NULL PRIMARY KEY,"
+    " space_id char(32) NOT NULL,"
+    " document_id char(32) NOT NULL,"
+    " text longtext NOT NULL,"
+    " KEY retrieval_keyword_ft_space (space_id),"
+    " FULLTEXT KEY retrieval_keyword_ft_text (text){parser}"
+    ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"
+)
+
 
 def create_keyword_index(apps, schema_editor):
     vendor = schema_editor.connection.vendor
@@ -31,6 +45,9 @@ def create_keyword_index(apps, schema_editor):
     elif vendor == "postgresql":
         for statement in POSTGRES_CREATE:
             schema_editor.execute(statement)
+    elif vendor == "mysql":
+        mariadb = schema_editor.connection.mysql_is_mariadb
+        schema_editor.execute(MYSQL_CREATE.format(parser="" if mariadb else " WITH PARSER ngram"))
     else:
         raise RuntimeError(f"KnowledgeFS has no keyword index for database vendor {vendor!r}")
 
@@ -41,6 +58,8 @@ def drop_keyword_index(apps, schema_editor):
         schema_editor.execute("DROP TABLE IF EXISTS retrieval_keyword_fts")
     elif vendor == "postgresql":
         schema_editor.execute("DROP TABLE IF EXISTS retrieval_keyword_tsv")
+    elif vendor == "mysql":
+        schema_editor.execute("DROP TABLE IF EXISTS retrieval_keyword_ft")
 
 
 class Migration(migrations.Migration):
@@ -49,4 +68,7 @@ class Migration(migrations.Migration):
         ("ingestion", "0001_initial"),
     ]
 
-    operations = [migrations.RunPython(create_keyword_index, drop_keyword_index)]
+    # Not wrapped in a transaction of its own: MySQL/MariaDB cannot roll DDL back, and Django
+    # refuses DDL inside an atomic block there. SQLite and PostgreSQL still run it inside the
+    # migration's transaction.
+    operations = [migrations.RunPython(create_keyword_index, drop_keyword_index, atomic=False)]

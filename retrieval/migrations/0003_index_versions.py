@@ -26,6 +26,14 @@ def _settle_constraints(schema_editor):
         schema_editor.connection.check_constraints()
 
 
+def _execute_dml(schema_editor, sql):
+    # A data statement, run through a cursor inside this migration's transaction:
+    # schema_editor.execute refuses any statement inside a transaction on MySQL/MariaDB (whose
+    # DDL cannot be rolled back), though INSERT … SELECT is ordinary transactional DML there.
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(sql)
+
+
 def carry_vectors_into_version_one(apps, schema_editor):
     KnowledgeSpace = apps.get_model("spaces", "KnowledgeSpace")
     IndexVersion = apps.get_model("retrieval", "IndexVersion")
@@ -70,7 +78,8 @@ def carry_vectors_into_version_one(apps, schema_editor):
         quote(OldVector._meta.db_table),
         quote(IndexVersion._meta.db_table),
     )
-    schema_editor.execute(
+    _execute_dml(
+        schema_editor,
         f"INSERT INTO {new} (node_id, space_id, index_version, model_id, dimension, vector) "
         f"SELECT d.node_id, d.space_id, 1, d.model_id, d.dimension, d.vector FROM {old} d "
         f"JOIN {version} v ON v.space_id = d.space_id AND v.number = 1 "
@@ -89,7 +98,8 @@ def keep_active_vectors_only(apps, schema_editor):
         quote(OldVector._meta.db_table),
         quote(IndexVersion._meta.db_table),
     )
-    schema_editor.execute(
+    _execute_dml(
+        schema_editor,
         f"INSERT INTO {old} (node_id, space_id, model_id, dimension, vector) "
         f"SELECT d.node_id, d.space_id, d.model_id, d.dimension, d.vector FROM {new} d "
         f"JOIN {version} v ON v.space_id = d.space_id AND v.number = d.index_version "
