@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import migrations
+from django.db.migrations.operations.base import Operation
 
 
 class VendorRunSQL(migrations.RunSQL):
@@ -33,3 +34,45 @@ class VendorRunSQL(migrations.RunSQL):
 
     def describe(self):
         return f"Raw SQL on {', '.join(self.vendors)} only"
+
+
+class GuardedReversal(Operation):
+    """Nothing forwards; backwards, the check of the guard registered for this migration in
+    :mod:`knowledgefs.downgrades` (``guard`` = ``"app_label.migration_name"``).
+
+    Put it **last** in the migration's operations so that it runs first when the migration is
+    reversed. Under ``sqlmigrate --backwards`` (``schema_editor.collect_sql``) it always raises
+    ``DowngradeRefused``: the guard needs a live query that printed SQL cannot make. It reduces
+    to SQL (``reduces_to_sql``) precisely so that ``sqlmigrate`` calls it instead of printing a
+    "cannot be written as SQL" comment and going on. ``manage.py migrate`` refuses the same plan
+    earlier, before any migration runs (the ``pre_migrate`` receiver); this is the second line
+    for a migration run by other means.
+    """
+
+    reduces_to_sql = True
+    reversible = True
+
+    def __init__(self, guard: str):
+        self.guard = guard
+
+    def deconstruct(self):
+        return (self.__class__.__name__, [], {"guard": self.guard})
+
+    def state_forwards(self, app_label, state):
+        pass
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        pass
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        from knowledgefs import downgrades
+
+        guard = downgrades.GUARDS[tuple(self.guard.split(".", 1))]
+        if schema_editor.collect_sql:
+            raise downgrades.DowngradeRefused(f"{self.guard}: {guard.sql_only_message}")
+        refusal = guard.evaluate(from_state.apps, schema_editor.connection.alias)
+        if refusal is not None:
+            raise downgrades.DowngradeRefused(f"not reversed: {refusal.text()}")
+
+    def describe(self):
+        return f"Refuse reversing {self.guard} while its downgrade guard holds"

@@ -91,9 +91,11 @@ def wait_ready(server: subprocess.Popen, datadir: Path):
             raise SystemExit(f"mariadbd exited with {server.returncode}:\n{log}")
         try:
             return pymysql.connect(unix_socket=str(datadir / "mysqld.sock"), user="root")
-        except pymysql.err.OperationalError:
+        except pymysql.err.OperationalError as exc:
             if time.monotonic() > deadline:
-                raise SystemExit(f"mariadbd did not accept connections in {START_TIMEOUT_S} s")
+                raise SystemExit(
+                    f"mariadbd did not accept connections in {START_TIMEOUT_S} s: {exc}"
+                ) from None
             time.sleep(0.2)
 
 

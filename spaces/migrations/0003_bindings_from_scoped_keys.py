@@ -7,11 +7,18 @@ unscoped key's many-to-many rows granted nothing and are not copied: it stays un
 
 Backward: ``knowledge_fs_space`` bindings become many-to-many rows again and ``scoped`` is set on
 every key that has any binding, so a key bound only to Dify datasets goes back to a scoped key
-with no space (reaches nothing). Keys revoked going forward stay revoked.
+with no space (reaches nothing). Keys revoked going forward stay revoked. Then the space bindings
+of every key that also has a dataset binding are deleted (their space scope lives in the
+many-to-many again; the dataset binding stays). Guarded (``knowledgefs.downgrades``): refused
+while a live key is bound only to spaces, since removing its space bindings would leave it with
+none, i.e. unrestricted; revoked such keys keep their rows (never zero bindings). Forward again,
+copying skips bindings that are still there.
 """
 
 from django.db import migrations
 from django.utils import timezone
+
+from knowledgefs.migration_ops import GuardedReversal
 
 SPACE = "knowledge_fs_space"
 BATCH = 1000
@@ -34,10 +41,10 @@ def space_memberships_to_bindings(apps, schema_editor):
             continue  # never reachable: the tenant is checked on every request
         batch.append(ApiKeyBinding(api_key_id=key_id, resource_type=SPACE, space_id=space_id))
         if len(batch) >= BATCH:
-            ApiKeyBinding.objects.using(db).bulk_create(batch)
+            ApiKeyBinding.objects.using(db).bulk_create(batch, ignore_conflicts=True)
             batch = []
     if batch:
-        ApiKeyBinding.objects.using(db).bulk_create(batch)
+        ApiKeyBinding.objects.using(db).bulk_create(batch, ignore_conflicts=True)
     (
         ApiKey.objects.using(db)
         .filter(scoped=True, revoked_at__isnull=True)
@@ -67,6 +74,18 @@ def bindings_to_space_memberships(apps, schema_editor):
         Membership.objects.using(db).bulk_create(batch, ignore_conflicts=True)
     bound = ApiKeyBinding.objects.using(db).values("api_key_id")
     ApiKey.objects.using(db).filter(id__in=bound).update(scoped=True)
+    # Ids first: MySQL/MariaDB cannot delete from a table with a subquery on the same table.
+    keeps_another = sorted(
+        set(
+            ApiKeyBinding.objects.using(db)
+            .exclude(resource_type=SPACE)
+            .values_list("api_key_id", flat=True)
+        )
+    )
+    for start in range(0, len(keeps_another), BATCH):
+        ApiKeyBinding.objects.using(db).filter(
+            resource_type=SPACE, api_key_id__in=keeps_another[start : start + BATCH]
+        ).delete()
 
 
 class Migration(migrations.Migration):
@@ -76,4 +95,7 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunPython(space_memberships_to_bindings, bindings_to_space_memberships),
+        # Last, so that it runs first backwards: refuses while a live key is bound only to spaces
+        # (and always under `sqlmigrate --backwards`).
+        GuardedReversal(guard="spaces.0003_bindings_from_scoped_keys"),
     ]

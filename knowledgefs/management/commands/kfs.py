@@ -8,11 +8,13 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 from tqdm import tqdm
 
 from ingestion.models import Document, DocumentState
 from ingestion.serializers import JobSerializer
 from ingestion.services import compilation, documents, reports
+from knowledgefs import downgrades
 from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
 from retrieval import evaluation, indexing
@@ -25,7 +27,7 @@ from spaces.models import KnowledgeSpace
 class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, documents, jobs, "
-        "stats, retry, cancel, schedules, sweep, eval."
+        "stats, retry, cancel, schedules, sweep, eval, downgrade-check."
     )
 
     def add_arguments(self, parser) -> None:
@@ -183,6 +185,16 @@ class Command(BaseCommand):
         sweep = sub.add_parser("sweep", help="run one recovery sweep now")
         sweep.add_argument("--json", action="store_true")
 
+        check = sub.add_parser(
+            "downgrade-check",
+            help="print the plan of `migrate APP MIGRATION` and every downgrade refusal; "
+            "changes nothing (exit 0 allowed, 3 refused)",
+        )
+        check.add_argument("app_label", metavar="APP")
+        check.add_argument("migration", metavar="MIGRATION", help="a name, a unique prefix or zero")
+        check.add_argument("--database", default="default")
+        check.add_argument("--json", action="store_true")
+
         ev = sub.add_parser("eval", help="evaluate retrieval on a BEIR-format dataset")
         ev.add_argument("dataset_dir", metavar="DATASET_DIR")
         ev.add_argument("--split", default="test")
@@ -206,6 +218,7 @@ class Command(BaseCommand):
             "schedules": self.schedules,
             "sweep": self.sweep,
             "eval": self.eval,
+            "downgrade-check": self.downgrade_check,
         }[options["command"]]
         try:
             handler(options)
@@ -517,6 +530,23 @@ class Command(BaseCommand):
     def sweep(self, options: dict) -> None:
         report = compilation.recover_jobs().as_dict()
         self.emit(options, report, json.dumps(report, indent=2))
+
+    def downgrade_check(self, options: dict) -> None:
+        """The plan and the refusals (knowledgefs.downgrades); exit status 3 when refused."""
+        result = downgrades.check_downgrade(
+            connections[options["database"]], options["app_label"], options["migration"]
+        )
+        lines = [
+            f"plan for migrate {result.target[0]} {result.target[1]}: {len(result.plan)} step(s)"
+        ]
+        lines += [f"  {name}  {direction}" for name, direction in result.plan]
+        lines += [f"refused: {r.text()}" for r in result.refusals]
+        lines.append("allowed" if result.allowed else "refused: nothing was changed")
+        self.emit(options, result.as_dict(), "\n".join(lines))
+        if not result.allowed:
+            raise downgrades.DowngradeRefused(
+                f"{len(result.refusals)} refusal(s) for migrate {' '.join(result.target)}"
+            )
 
     def eval(self, options: dict) -> None:
         legs = LEGS if options["legs"] == "hybrid" else (options["legs"],)
