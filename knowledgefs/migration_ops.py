@@ -76,3 +76,38 @@ class GuardedReversal(Operation):
 
     def describe(self):
         return f"Refuse reversing {self.guard} while its downgrade guard holds"
+
+
+def uuid_column_type(connection) -> str:
+    """The column type Django gives a ``UUIDField`` on ``connection``: ``uuid`` on PostgreSQL and
+    MariaDB ≥ 10.7, ``char(32)`` (hex, no dashes) on MySQL and SQLite. Raw SQL that stores UUIDs
+    beside Django's columns must use the same type (a dashed MariaDB uuid is 36 characters)."""
+    from django.db import models
+
+    return models.UUIDField().db_type(connection)
+
+
+class MySQLRunSQL(migrations.RunPython):
+    """Statements run on MySQL/MariaDB only, forwards and backwards, built at run time by
+    ``build(connection) -> (forward statements, backward statements)`` so that they can use the
+    engine's own column types (:func:`uuid_column_type`). Not wrapped in a transaction: MySQL DDL
+    cannot be rolled back, and Django refuses DDL inside an atomic block there."""
+
+    def __init__(self, build):
+        self.build = build
+        super().__init__(self._forwards, self._backwards, atomic=False)
+
+    def _run(self, schema_editor, index: int) -> None:
+        if schema_editor.connection.vendor != "mysql":
+            return
+        for statement in self.build(schema_editor.connection)[index]:
+            schema_editor.execute(statement)
+
+    def _forwards(self, apps, schema_editor) -> None:
+        self._run(schema_editor, 0)
+
+    def _backwards(self, apps, schema_editor) -> None:
+        self._run(schema_editor, 1)
+
+    def describe(self):
+        return "SQL on MySQL/MariaDB only"

@@ -37,3 +37,39 @@ def install_driver() -> str:
         )
     pymysql.install_as_MySQLdb()
     return "pymysql"
+
+
+# Each conditional unique constraint of the models (a partial unique index on SQLite and
+# PostgreSQL, which Django skips on MySQL/MariaDB) → (table, the unique index over a stored
+# generated column that enforces the same rule on MySQL/MariaDB, and the migration adding it).
+# tests/test_migrations_engines.py checks that every conditional unique constraint is listed and,
+# on MySQL/MariaDB, that each index exists.
+MYSQL_UNIQUE_COUNTERPARTS = {
+    "upgrade_job_active_dataset_uq": (
+        "upgrade_job",
+        "upgrade_job_active_dataset_gen_uq",
+        "upgrades.0001_upgrade_jobs",
+    ),
+    "one_live_job_per_document": (
+        "ingestion_compilationjob",
+        "one_live_job_per_document_gen",
+        "ingestion.0006_mysql_one_live_job_per_document",
+    ),
+    "one_active_index_version": (
+        "retrieval_indexversion",
+        "one_active_index_version_gen",
+        "retrieval.0004_mysql_one_index_version_per_state",
+    ),
+    "one_building_index_version": (
+        "retrieval_indexversion",
+        "one_building_index_version_gen",
+        "retrieval.0004_mysql_one_index_version_per_state",
+    ),
+}
+
+# System checks that only say "MySQL/MariaDB lacks this": conditional unique constraints
+# (models.W036; each has its counterpart above), conditional indexes (models.W037; performance
+# only: the index is skipped, queries stay correct) and unique CharFields over 255 characters
+# (mysql.W003; with utf8mb4 and InnoDB's DYNAMIC rows an index key holds 3,072 bytes, so the
+# 300-character ``storage_key`` fits).
+MYSQL_SILENCED_CHECKS = ["models.W036", "models.W037", "mysql.W003"]

@@ -598,9 +598,10 @@ if UNSTRUCTURED_API_URL:
 # the compare-and-set updates and SKIP LOCKED claims see committed rows; strict mode so an
 # over-long or invalid value is an error instead of a silent truncation.
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
-    from knowledgefs.mysql import install_driver  # noqa: E402 - only with a MySQL URL
+    from knowledgefs.mysql import MYSQL_SILENCED_CHECKS, install_driver  # noqa: E402
 
     install_driver()
+    SILENCED_SYSTEM_CHECKS = MYSQL_SILENCED_CHECKS
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             "charset": "utf8mb4",

@@ -604,3 +604,113 @@ def test_a_failing_migration_exits_non_zero_advances_no_history_and_keeps_the_ap
     ), readiness
     again = manage("migrate", "--noinput")
     assert again.returncode != 0  # still failing, still not recorded
+
+
+# --- every partial unique index has its MySQL/MariaDB counterpart ------------------------------
+
+
+def test_every_conditional_unique_constraint_has_a_mysql_counterpart():
+    from django.apps import apps
+    from django.db.models import UniqueConstraint
+
+    from knowledgefs.mysql import MYSQL_UNIQUE_COUNTERPARTS
+
+    conditional = {
+        c.name: model._meta.db_table
+        for model in apps.get_models()
+        if model._meta.app_label in PROJECT_APPS
+        for c in model._meta.constraints
+        if isinstance(c, UniqueConstraint) and c.condition is not None
+    }
+    assert set(conditional) == set(MYSQL_UNIQUE_COUNTERPARTS)
+    graph = MigrationLoader(None, ignore_no_migrations=True).graph
+    for name, table in conditional.items():
+        counterpart_table, _, migration = MYSQL_UNIQUE_COUNTERPARTS[name]
+        assert counterpart_table == table
+        assert tuple(migration.split(".")) in graph.nodes
+
+
+@pytest.mark.django_db
+def test_the_counterparts_exist_on_mysql_and_the_partial_indexes_elsewhere():
+    from knowledgefs.mysql import MYSQL_UNIQUE_COUNTERPARTS
+
+    with connection.cursor() as cursor:
+        for name, (table, counterpart, _) in MYSQL_UNIQUE_COUNTERPARTS.items():
+            constraints = connection.introspection.get_constraints(cursor, table)
+            present = counterpart if connection.vendor == "mysql" else name
+            absent = name if connection.vendor == "mysql" else counterpart
+            assert constraints[present]["unique"], (table, present)
+            assert absent not in constraints, (table, absent)
+
+
+@pytest.mark.django_db
+def test_one_live_compilation_job_per_document_and_one_active_index_version_per_space():
+    from ingestion.models import CompilationJob, Document
+    from retrieval.models import IndexVersion
+    from spaces.services import Principal, create_space
+
+    space = create_space(Principal(tenant_id="uq"), name="Unique", slug="unique")
+    document = Document.objects.create(
+        space=space,
+        tenant_id="uq",
+        filename="a.txt",
+        mime_type="text/plain",
+        size_bytes=1,
+        sha256="b" * 64,
+        storage_key="uq/a",
+    )
+
+    def job(run_state: str):
+        return CompilationJob.objects.create(
+            space=space, document=document, tenant_id="uq", run_state=run_state
+        )
+
+    job("succeeded"), job("failed"), job("queued")
+    for live in ("queued", "running", "retry_wait", "dispatch_pending"):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            job(live)
+
+    def version(number: int, state: str):
+        return IndexVersion.objects.create(
+            space=space, number=number, model_id="m", dimension=4, state=state
+        )
+
+    version(1, "retired"), version(2, "retired"), version(3, "active"), version(4, "building")
+    for number, state in ((5, "active"), (6, "building")):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            version(number, state)
+    assert IndexVersion.objects.filter(space=space).count() == 4
+
+
+def test_a_mysql_database_url_configures_utf8mb4_read_committed_and_strict_mode(tmp_path):
+    env = dict(
+        os.environ,
+        DATABASE_URL="mysql://kfs:pw@127.0.0.1:3307/kfs",
+        KNOWLEDGE_VAR_DIR=str(tmp_path / "var"),
+    )
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, django; django.setup(); from django.conf import settings as s; "
+            "import MySQLdb; d = s.DATABASES['default']; "
+            "print(json.dumps([d['ENGINE'], d['NAME'], d['HOST'], d['PORT'], d['OPTIONS'], "
+            "d['TEST'], s.SILENCED_SYSTEM_CHECKS, MySQLdb.version_info[:3]]))",
+        ],
+        cwd=ROOT,
+        env=dict(env, DJANGO_SETTINGS_MODULE="knowledgefs.settings"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    engine, name, host, port, options, test, silenced, version = json.loads(run.stdout)
+    assert (engine, name, host, port) == ("django.db.backends.mysql", "kfs", "127.0.0.1", 3307)
+    assert options == {
+        "charset": "utf8mb4",
+        "isolation_level": "read committed",
+        "init_command": "SET sql_mode='STRICT_TRANS_TABLES'",
+    }
+    assert (test["CHARSET"], test["COLLATION"]) == ("utf8mb4", "utf8mb4_unicode_ci")
+    assert silenced == ["models.W036", "models.W037", "mysql.W003"]
+    assert version >= [1, 4, 3]  # Django 5.2's minimum MySQLdb version

@@ -7,7 +7,7 @@ with their nodes (no foreign key, so that the table stays out of the way of Djan
 flushes).
 """
 
-from django.db import migrations
+from django.db import migrations, models
 
 # node_id and space_id are indexed columns (one hex token each) so that deleting a node and
 # restricting a query to one space are index lookups, not scans of every tenant's rows.
@@ -25,12 +25,12 @@ POSTGRES_CREATE = [
     "CREATE INDEX retrieval_keyword_tsv_space ON retrieval_keyword_tsv (space_id)",
 ]
 
-# char(32): Django's UUID columns on MySQL/MariaDB (hex without dashes).
+# {uuid}: the type Django gives UUID columns there (uuid on MariaDB ≥ 10.7, char(32) on MySQL).
 MYSQL_CREATE = (
     "CREATE TABLE retrieval_keyword_ft ("
-    " node_id char(32) NOT NULL PRIMARY KEY,"
-    " space_id char(32) NOT NULL,"
-    " document_id char(32) NOT NULL,"
+    " node_id {uuid} NOT NULL PRIMARY KEY,"
+    " space_id {uuid} NOT NULL,"
+    " document_id {uuid} NOT NULL,"
     " text longtext NOT NULL,"
     " KEY retrieval_keyword_ft_space (space_id),"
     " FULLTEXT KEY retrieval_keyword_ft_text (text){parser}"
@@ -46,8 +46,13 @@ def create_keyword_index(apps, schema_editor):
         for statement in POSTGRES_CREATE:
             schema_editor.execute(statement)
     elif vendor == "mysql":
-        mariadb = schema_editor.connection.mysql_is_mariadb
-        schema_editor.execute(MYSQL_CREATE.format(parser="" if mariadb else " WITH PARSER ngram"))
+        connection = schema_editor.connection
+        schema_editor.execute(
+            MYSQL_CREATE.format(
+                uuid=models.UUIDField().db_type(connection),
+                parser="" if connection.mysql_is_mariadb else " WITH PARSER ngram",
+            )
+        )
     else:
         raise RuntimeError(f"KnowledgeFS has no keyword index for database vendor {vendor!r}")
 
