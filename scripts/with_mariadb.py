@@ -3,8 +3,9 @@
 Usage: ``python scripts/with_mariadb.py [--skip-if-missing] COMMAND [ARGS...]``.
 
 Initialises a fresh data folder ``var/mariadb-test-*`` (``mariadb-install-db``), starts
-``mariadbd`` on 127.0.0.1 on a free port with that folder and its own socket (never a system
-server or its configuration: ``--no-defaults``), creates the database ``kfs`` and a user with a
+``mariadbd`` on 127.0.0.1 on a free port with that folder and its own socket in a short
+``/tmp/kfs-mdb-*`` folder (a socket path has at most 107 bytes; never a system server or its
+configuration: ``--no-defaults``), creates the database ``kfs`` and a user with a
 random password, exports ``DATABASE_URL=mysql://…``, runs the command, stops the server, removes
 the folder and exits with the command's status.
 
@@ -58,13 +59,13 @@ def initialise(datadir: Path) -> None:
         raise SystemExit(f"mariadb-install-db failed ({run.returncode}):\n{run.stderr[-2000:]}")
 
 
-def start(datadir: Path, port: int) -> subprocess.Popen:
+def start(datadir: Path, socket_path: Path, port: int) -> subprocess.Popen:
     """Start mariadbd on 127.0.0.1:``port``; its log goes to ``datadir/error.log``."""
     command = [
         shutil.which("mariadbd") or "mariadbd",
         "--no-defaults",
         f"--datadir={datadir}",
-        f"--socket={datadir / 'mysqld.sock'}",
+        f"--socket={socket_path}",
         f"--pid-file={datadir / 'mysqld.pid'}",
         f"--log-error={datadir / 'error.log'}",
         "--bind-address=127.0.0.1",
@@ -80,7 +81,7 @@ def start(datadir: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def wait_ready(server: subprocess.Popen, datadir: Path):
+def wait_ready(server: subprocess.Popen, datadir: Path, socket_path: Path):
     """Connect as root over the socket once the server accepts; raises SystemExit if it died."""
     import pymysql
 
@@ -90,7 +91,7 @@ def wait_ready(server: subprocess.Popen, datadir: Path):
             log = (datadir / "error.log").read_text(errors="replace")[-2000:]
             raise SystemExit(f"mariadbd exited with {server.returncode}:\n{log}")
         try:
-            return pymysql.connect(unix_socket=str(datadir / "mysqld.sock"), user="root")
+            return pymysql.connect(unix_socket=str(socket_path), user="root")
         except pymysql.err.OperationalError as exc:
             if time.monotonic() > deadline:
                 raise SystemExit(
@@ -137,13 +138,15 @@ def main(argv: list[str]) -> int:
     root = Path(__file__).resolve().parent.parent
     (root / "var").mkdir(parents=True, exist_ok=True)
     datadir = Path(tempfile.mkdtemp(prefix="mariadb-test-", dir=root / "var"))
+    socket_dir = Path(tempfile.mkdtemp(prefix="kfs-mdb-", dir="/tmp"))
+    socket_path = socket_dir / "mysqld.sock"
     server = None
     try:
         initialise(datadir)
         port = free_port()
-        server = start(datadir, port)
+        server = start(datadir, socket_path, port)
         password = secrets.token_urlsafe(18)
-        create_database(wait_ready(server, datadir), password)
+        create_database(wait_ready(server, datadir, socket_path), password)
         url = f"mysql://kfs:{password}@127.0.0.1:{port}/kfs"
         print(f"MariaDB ready: mysql://kfs:***@127.0.0.1:{port}/kfs", flush=True)
         return subprocess.call(argv, env=dict(os.environ, DATABASE_URL=url))
@@ -151,6 +154,7 @@ def main(argv: list[str]) -> int:
         if server is not None:
             stop(server)
         shutil.rmtree(datadir, ignore_errors=True)
+        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
