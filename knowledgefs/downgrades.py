@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.core.management.base import CommandError
+from django.db.migrations.exceptions import AmbiguityError
 from django.db.migrations.executor import MigrationExecutor
 
 # How many key prefixes a refusal lists (the count is always exact).
@@ -216,8 +217,8 @@ def resolve_target(executor: MigrationExecutor, app_label: str, name: str) -> tu
         migration = loader.get_migration_by_prefix(app_label, name)
     except KeyError:
         raise CommandError(f"no migration of {app_label!r} matches {name!r}") from None
-    except Exception as exc:  # AmbiguityError
-        raise CommandError(f"{name!r} matches several migrations of {app_label!r}") from exc
+    except AmbiguityError:
+        raise CommandError(f"{name!r} matches several migrations of {app_label!r}") from None
     return (app_label, migration.name)
 
 
