@@ -67,6 +67,13 @@ MYSQL_UNIQUE_COUNTERPARTS = {
     ),
 }
 
+# The columns those counterparts add outside the model state (raw generated columns), by table;
+# the upgrade job's generated column is a model field (GeneratedField) and is not listed.
+MYSQL_EXTRA_COLUMNS = {
+    "ingestion_compilationjob": {"live_document_id"},
+    "retrieval_indexversion": {"active_space_id", "building_space_id"},
+}
+
 # System checks that only say "MySQL/MariaDB lacks this": conditional unique constraints
 # (models.W036; each has its counterpart above), conditional indexes (models.W037; performance
 # only: the index is skipped, queries stay correct) and unique CharFields over 255 characters

@@ -724,3 +724,32 @@ def test_a_mysql_database_url_configures_utf8mb4_read_committed_and_strict_mode(
     assert (test["CHARSET"], test["COLLATION"]) == ("utf8mb4", "utf8mb4_unicode_ci")
     assert silenced == ["models.W036", "models.W037", "mysql.W003"]
     assert version >= [1, 4, 3]  # Django 5.2's minimum MySQLdb version
+
+
+# --- spec §5.6 case 31: the tables are the models' columns; the downgrade leaves none ---------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_table_has_its_model_s_columns_and_the_upgrades_downgrade_leaves_no_table():
+    from django.apps import apps
+
+    from knowledgefs.mysql import MYSQL_EXTRA_COLUMNS
+
+    with connection.cursor() as cursor:
+        for model in apps.get_models():
+            if model._meta.app_label not in PROJECT_APPS:
+                continue
+            table = model._meta.db_table
+            expected = {f.column for f in model._meta.concrete_fields}
+            if connection.vendor == "mysql":
+                expected |= MYSQL_EXTRA_COLUMNS.get(table, set())
+            found = {c.name for c in connection.introspection.get_table_description(cursor, table)}
+            assert found == expected, table
+    upgrade_tables = {"upgrade_job", "upgrade_document", "upgrade_file_lease"}
+    assert upgrade_tables <= set(connection.introspection.table_names())
+    try:
+        migrate("upgrades", "zero")
+        assert not {t for t in connection.introspection.table_names() if t.startswith("upgrade_")}
+    finally:
+        migrate_to_latest()
+    assert upgrade_tables <= set(connection.introspection.table_names())
