@@ -753,3 +753,32 @@ def test_every_table_has_its_model_s_columns_and_the_upgrades_downgrade_leaves_n
     finally:
         migrate_to_latest()
     assert upgrade_tables <= set(connection.introspection.table_names())
+
+
+# --- the MariaDB runner without MariaDB ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("required", "status", "message"),
+    [
+        ("", 0, "skipping the MariaDB run"),
+        ("1", 1, "KFS_REQUIRE_MARIADB=1 makes this a failure"),
+    ],
+)
+def test_the_mariadb_runner_skips_without_mariadbd_unless_required(
+    tmp_path, required, status, message
+):
+    env = dict(os.environ, PATH=str(tmp_path), KFS_REQUIRE_MARIADB=required)
+    run = subprocess.run(
+        [sys.executable, "scripts/with_mariadb.py", "--skip-if-missing", "true"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == status, run.stderr
+    assert "MariaDB is not installed (mariadbd not on PATH; run `make mariadb`)" in (
+        run.stdout + run.stderr
+    )
+    assert message in run.stdout + run.stderr
