@@ -20,12 +20,13 @@ from retrieval.services import LEGS, retrieve
 from spaces import profiles
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
+from upgrades import cli as upgrades_cli
 
 
 class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, documents, jobs, "
-        "stats, retry, cancel, schedules, sweep, eval."
+        "stats, retry, cancel, schedules, sweep, eval, cutover."
     )
 
     def add_arguments(self, parser) -> None:
@@ -183,6 +184,8 @@ class Command(BaseCommand):
         sweep = sub.add_parser("sweep", help="run one recovery sweep now")
         sweep.add_argument("--json", action="store_true")
 
+        upgrades_cli.add_parser(sub)
+
         ev = sub.add_parser("eval", help="evaluate retrieval on a BEIR-format dataset")
         ev.add_argument("dataset_dir", metavar="DATASET_DIR")
         ev.add_argument("--split", default="test")
@@ -206,6 +209,7 @@ class Command(BaseCommand):
             "schedules": self.schedules,
             "sweep": self.sweep,
             "eval": self.eval,
+            "cutover": self.cutover,
         }[options["command"]]
         try:
             handler(options)
@@ -513,6 +517,9 @@ class Command(BaseCommand):
             f"{schedule.name}: {schedule.func} every {schedule.minutes} min "
             f"(next {payload['next_run']})",
         )
+
+    def cutover(self, options: dict) -> None:
+        self.stdout.write(json.dumps(upgrades_cli.run(options), indent=2))
 
     def sweep(self, options: dict) -> None:
         report = compilation.recover_jobs().as_dict()
