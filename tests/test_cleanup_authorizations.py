@@ -124,5 +124,7 @@ def test_requests_need_a_cut_over_ledger_and_one_open_authorization_at_a_time(te
                     "cleanup_already_open")  # fmt: skip
     assert str(first.id) in error.message
     refused(lambda: cleanup.request_cleanup(tenant, requested_by=" "), "invalid_operator")
+    refused(lambda: cleanup.request_cleanup(tenant, requested_by="bob", reason="x" * 2001),
+            "invalid_reason")  # fmt: skip
     refused(lambda: cleanup.approve("nope", expected_row_version=0, approved_by="bob"),
             "authorization_not_found")  # fmt: skip

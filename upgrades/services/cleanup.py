@@ -11,8 +11,8 @@ cleanup weeks later). A start needs an unexpired approval and a workspace in
 then on) and records the ledger version that write produced.
 
 Error codes: 404 ``authorization_not_found`` / ``ledger_not_found``; 400 ``invalid_evidence``,
-``invalid_operator``; 403 ``four_eyes_required``; 409 ``stale_version``, ``invalid_status``,
-``approval_expired``, ``ledger_not_ready``, ``cleanup_already_open``.
+``invalid_operator``, ``invalid_reason``; 403 ``four_eyes_required``; 409 ``stale_version``,
+``invalid_status``, ``approval_expired``, ``ledger_not_ready``, ``cleanup_already_open``.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ from django.utils import timezone
 from knowledgefs.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 from ..models import CleanupAuthorization, CleanupStatus, CutoverPhase, WorkspaceCutoverLedger
-from .cutover import StaleVersion, _cas, gate_state, get_ledger
+from .cutover import StaleVersion, gate_state, get_ledger, mark_irreversible_cleanup
 
 #: Evidence objects are at most this many bytes as JSON.
 MAX_EVIDENCE_BYTES = 16 * 1024
+#: A request's reason is at most this many characters.
+MAX_REASON_CHARS = 2000
 OPEN_STATUSES = (CleanupStatus.REQUESTED, CleanupStatus.APPROVED, CleanupStatus.STARTED)
 
 
@@ -54,6 +56,14 @@ def _evidence(value: Any, field: str) -> dict:
             f"{field} is {size} bytes; the limit is {MAX_EVIDENCE_BYTES}", code="invalid_evidence"
         )
     return value
+
+
+def _reason(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > MAX_REASON_CHARS:
+        raise InvalidInput(
+            f"reason must be text of at most {MAX_REASON_CHARS} characters", code="invalid_reason"
+        )
+    return value.strip()
 
 
 def get_authorization(authorization_id: Any) -> CleanupAuthorization:
@@ -108,9 +118,11 @@ def request_cleanup(
 ) -> CleanupAuthorization:
     """Ask for a cleanup of the tenant's legacy data. The ledger must be ``observing`` or
     ``ready_for_cleanup`` (409 ``ledger_not_ready``) and have no other open authorization (409
-    ``cleanup_already_open``; checked under the ledger's row lock)."""
+    ``cleanup_already_open``; checked under the ledger's row lock). ``reason``: at most 2,000
+    characters (400 ``invalid_reason``)."""
     now = now or timezone.now()
     requested_by = _operator(requested_by, "requested_by")
+    reason = _reason(reason)
     with transaction.atomic():
         ledger = get_ledger(tenant_id)
         ledger = WorkspaceCutoverLedger.objects.select_for_update().get(id=ledger.id)
@@ -130,7 +142,7 @@ def request_cleanup(
             ledger=ledger,
             requested_by=requested_by,
             requested_at=now,
-            reason=str(reason)[:2000],
+            reason=reason,
         )
 
 
@@ -187,8 +199,7 @@ def start(
                 "only in ready_for_cleanup with the gate open",
                 code="ledger_not_ready",
             )
-        marked = ledger.irreversible_cleanup_at or now
-        ledger = _cas(ledger, {"irreversible_cleanup_at": marked}, now=now)
+        ledger = mark_irreversible_cleanup(ledger, now=now)
         values = {
             "status": CleanupStatus.STARTED,
             "started_by": started_by,

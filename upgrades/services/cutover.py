@@ -410,6 +410,16 @@ def _ready(ledger, *, ack, smoke_results, now):
     return _cas(ledger, {"phase": CutoverPhase.READY_FOR_CLEANUP}, guard=guard, now=now)
 
 
+def mark_irreversible_cleanup(
+    ledger: WorkspaceCutoverLedger, *, now: dt.datetime
+) -> WorkspaceCutoverLedger:
+    """Record that a cleanup started (``irreversible_cleanup_at``, kept if already set) by one
+    compare-and-set at the row's phase and version: from then on :func:`rollback` refuses.
+    Raises :class:`StaleVersion` if the ledger moved since it was read."""
+    marked = ledger.irreversible_cleanup_at or now
+    return _cas(ledger, {"irreversible_cleanup_at": marked}, now=now)
+
+
 # --- rollback and re-cutover ------------------------------------------------------------------
 
 
