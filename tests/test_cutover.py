@@ -310,7 +310,10 @@ def test_recutover_needs_a_rollback_and_advance_from_frozen_also_clears_it(tenan
     )
     ledger = step(ledger, "cutover", ack=activation_ack(ledger))
     ledger = cutover.rollback(tenant, expected_phase="cutover", expected_cas_version=4)
-    again = step(ledger, "cutover", ack=activation_ack(ledger, revision=3))
+    with CaptureQueriesContext(connection) as queries:
+        again = step(ledger, "cutover", ack=activation_ack(ledger, revision=3))
+    updates = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len(updates) == 1 and "rolled_back_at" in updates[0]  # cleared in the same CAS
     assert again.rolled_back_at is None and cutover.workspace_gate(tenant).open
 
 
