@@ -586,7 +586,19 @@ if UNSTRUCTURED_API_URL:
 
 # ---------------------------------------------------------------------------------------------
 # Upgrade bridge: workspace cutover ledger, runtime gate and cleanup authorizations.
-# (settings of this area go here)
+# Windows start at the cutover (or the observing step); see docs/upgrades.md for what each fences.
+KNOWLEDGE_CUTOVER_ROLLBACK_WINDOW_SECONDS = bounded_int(
+    "KNOWLEDGE_CUTOVER_ROLLBACK_WINDOW_SECONDS", 14 * 86400, 3600, 90 * 86400
+)
+KNOWLEDGE_CUTOVER_OBSERVATION_SECONDS = bounded_int(
+    "KNOWLEDGE_CUTOVER_OBSERVATION_SECONDS", 86400, 60, 30 * 86400
+)
+KNOWLEDGE_CUTOVER_MAX_TASK_TTL_SECONDS = bounded_int(
+    "KNOWLEDGE_CUTOVER_MAX_TASK_TTL_SECONDS", 7 * 86400, 60, 30 * 86400
+)
+KNOWLEDGE_CLEANUP_APPROVAL_SECONDS = bounded_int(
+    "KNOWLEDGE_CLEANUP_APPROVAL_SECONDS", 86400, 300, 7 * 86400
+)
 
 
 # ---------------------------------------------------------------------------------------------

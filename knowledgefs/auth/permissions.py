@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import exceptions, permissions
 
+from ..errors import Conflict
 from . import grants
 from .authentication import refuse
 from .capability import CapabilityError
@@ -44,7 +45,24 @@ class OperationPermission(permissions.BasePermission):
             )
         if principal.kind == "capability":
             self._check_capability(operation, principal, request, view)
+        if not operation.internal:
+            self._check_workspace_gate(principal)
         return True
+
+    @staticmethod
+    def _check_workspace_gate(principal) -> None:
+        """A tenant moving off classic Datasets (it has a cutover ledger) reaches product routes
+        only while its runtime gate is open: 409 ``workspace_cutover_closed`` otherwise. Native
+        tenants (no ledger) are unaffected; the cost is one indexed lookup."""
+        from upgrades.services.cutover import GATE_CLOSED_CODE, product_route_refusal
+
+        closed = product_route_refusal(principal.tenant_id)
+        if closed is not None:
+            raise Conflict(
+                f"product routes of this workspace are closed by its cutover: {closed.reason}",
+                code=GATE_CLOSED_CODE,
+                details={"gate": closed.code},
+            )
 
     @staticmethod
     def _check_capability(operation, principal, request, view) -> None:

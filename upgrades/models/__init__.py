@@ -4,6 +4,14 @@
 alive. ``cutover``: the per-workspace cutover ledger and the cleanup authorizations.
 """
 
+from .cutover import (  # noqa: F401
+    CUT_OVER_PHASES,
+    SWITCHES,
+    CleanupAuthorization,
+    CleanupStatus,
+    CutoverPhase,
+    WorkspaceCutoverLedger,
+)
 from .jobs import (  # noqa: F401
     ACTIVE_JOB_STATUSES,
     DocumentStatus,

@@ -22,12 +22,13 @@ from retrieval.services import LEGS, retrieve
 from spaces import profiles
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
+from upgrades import cli as upgrades_cli
 
 
 class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, documents, jobs, "
-        "stats, retry, cancel, schedules, sweep, eval, downgrade-check."
+        "stats, retry, cancel, schedules, sweep, eval, downgrade-check, cutover."
     )
 
     def add_arguments(self, parser) -> None:
@@ -194,6 +195,7 @@ class Command(BaseCommand):
         check.add_argument("migration", metavar="MIGRATION", help="a name, a unique prefix or zero")
         check.add_argument("--database", default="default")
         check.add_argument("--json", action="store_true")
+        upgrades_cli.add_parser(sub)
 
         ev = sub.add_parser("eval", help="evaluate retrieval on a BEIR-format dataset")
         ev.add_argument("dataset_dir", metavar="DATASET_DIR")
@@ -219,6 +221,7 @@ class Command(BaseCommand):
             "sweep": self.sweep,
             "eval": self.eval,
             "downgrade-check": self.downgrade_check,
+            "cutover": self.cutover,
         }[options["command"]]
         try:
             handler(options)
@@ -526,6 +529,9 @@ class Command(BaseCommand):
             f"{schedule.name}: {schedule.func} every {schedule.minutes} min "
             f"(next {payload['next_run']})",
         )
+
+    def cutover(self, options: dict) -> None:
+        self.stdout.write(json.dumps(upgrades_cli.run(options), indent=2))
 
     def sweep(self, options: dict) -> None:
         report = compilation.recover_jobs().as_dict()
