@@ -33,9 +33,9 @@ class Legacy:
     handed_off: bool = True  # False: the hand-off failed (no new document)
 
 
-def admit(space, legacy: Legacy) -> Document:
+def admit(space, legacy: Legacy, enqueue: bool = False) -> Document:
     return admit_document(
-        space, filename=legacy.name, data=legacy.text.encode(), enqueue=False
+        space, filename=legacy.name, data=legacy.text.encode(), enqueue=enqueue
     ).document
 
 
@@ -46,12 +46,14 @@ def succeeded_job(
     lease: bool = True,
     now: datetime | None = None,
     status: str = JobStatus.SUCCEEDED,
+    enqueue: bool = False,
 ) -> tuple[UpgradeJob, uuid.UUID | None]:
     """A job whose documents were handed off into ``space``; returns ``(job, first token)``.
 
     With ``lease`` the job carries the first lease (token, expiry now + lease TTL, dispatched
     now, one attempt) written in the same transaction as the success, as the run writes it.
     ``status`` other than succeeded makes a job the run has not finished (no lease then).
+    ``enqueue`` queues the documents' compilation after the commit (for a running cluster).
     """
     now = now or timezone.now()
     token = uuid.uuid4() if lease and status == JobStatus.SUCCEEDED else None
@@ -90,7 +92,7 @@ def succeeded_job(
                 legacy_archived=False,
                 metadata_snapshot=item.metadata if item.metadata is not None else {},
                 status=DocumentStatus.SUCCEEDED if item.handed_off else DocumentStatus.FAILED,
-                document=admit(space, item) if item.handed_off else None,
+                document=admit(space, item, enqueue) if item.handed_off else None,
             )
     return job, token
 
