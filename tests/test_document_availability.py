@@ -99,3 +99,37 @@ def test_an_unknown_document_is_404(db):
     with pytest.raises(NotFound) as missing:
         set_document_availability(uuid.uuid4(), False, 1)
     assert missing.value.code == "document_not_found"
+
+
+def test_patch_route_applies_metadata_and_availability_with_if_match(client, space):
+    from tests.conftest import upload
+
+    created = upload(client, space, "lagoon.txt", TEXTS["lagoon.txt"].encode()).json()
+    url = f"/v1/knowledge-spaces/{space.id}/documents/{created['document']['id']}"
+    read = client.get(url)
+    assert (read.json()["enabled"], read.json()["row_version"], read["ETag"]) == (True, 1, '"1"')
+    changed = client.patch(
+        url,
+        {"enabled": False, "metadata": {"owner": "ops"}},
+        format="json",
+        HTTP_IF_MATCH='"1"',
+    )
+    assert changed.status_code == 200, changed.content
+    body = changed.json()
+    assert (body["enabled"], body["metadata"], body["row_version"]) == (False, {"owner": "ops"}, 3)
+    assert changed["ETag"] == '"3"'
+    stale = client.patch(url, {"enabled": True}, format="json", HTTP_IF_MATCH='"1"')
+    assert stale.status_code == 409
+    assert stale.json() == {
+        "code": "document_version_conflict",
+        "message": "the document is at row_version 3, not 1; read it again",
+        "details": {"expected": 1, "current": 3},
+    }
+    by_body = client.patch(url, {"enabled": True, "row_version": 3}, format="json")
+    assert (by_body.status_code, by_body.json()["enabled"]) == (200, True)
+    missing = client.patch(url, {"enabled": False}, format="json")
+    assert (missing.status_code, missing.json()["code"]) == (400, "invalid_row_version")
+    nothing = client.patch(url, {"row_version": 4}, format="json")
+    assert (nothing.status_code, nothing.json()["code"]) == (400, "invalid_request")
+    bad = client.patch(url, {"enabled": "no", "row_version": 4}, format="json")
+    assert (bad.status_code, bad.json()["code"]) == (400, "invalid_availability")

@@ -154,3 +154,35 @@ def patch_document_metadata(document_id, patch: dict, expected_row_version: int)
                 code="invalid_metadata",
             )
         return _write(doc_id, expected, metadata=merged)
+
+
+def update_document(
+    principal,
+    space_id,
+    document_id,
+    *,
+    expected_row_version,
+    enabled=None,
+    metadata: dict | None = None,
+) -> Document:
+    """The public document PATCH: metadata (merged, see :func:`patch_document_metadata`) then
+    availability, chaining the row version, both or neither in one transaction; returns the
+    document as stored.
+
+    Raises 404 ``document_not_found`` (also for a document outside the principal's reach), 400
+    ``invalid_request`` when neither field is given, ``invalid_row_version``,
+    ``invalid_metadata``, ``invalid_availability``, 409 ``document_version_conflict``.
+    """
+    from ingestion.services.documents import get_document
+
+    document = get_document(principal, space_id, document_id)
+    if enabled is None and metadata is None:
+        raise InvalidInput("give 'enabled' and/or 'metadata' to change", code="invalid_request")
+    version = _check_version(expected_row_version)
+    with transaction.atomic():
+        if metadata is not None:
+            version = patch_document_metadata(document.id, metadata, version)
+        if enabled is not None:
+            version = set_document_availability(document.id, enabled, version)
+    document.refresh_from_db()
+    return document
