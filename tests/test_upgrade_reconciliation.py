@@ -124,6 +124,24 @@ def test_a_batch_without_progress_releases_the_lease_for_recovery(space):
     assert row.reconcile_lease_token is None and row.reconcile_completed_at is None
 
 
+def test_a_failing_document_waits_its_retry_delay_across_continuations(
+    space, settings, django_capture_on_commit_callbacks
+):
+    settings.KNOWLEDGE_UPGRADE_RECONCILE_BATCH_SIZE = 2
+    job, token = succeeded_job(
+        space,
+        [Legacy("bad.txt", "Bad.", True, "oops"), Legacy("b.txt", "B."), Legacy("c.txt", "C.")],
+    )
+    seen = []
+    while token is not None:
+        with django_capture_on_commit_callbacks(execute=True):
+            outcome = rec.run_delivery(job.id, token)
+        seen.append((outcome.status, outcome.reconciled, outcome.failed, outcome.remaining))
+        token = outcome.next_token
+    assert seen == [("continued", 1, 1, 2), ("continued", 1, 0, 1), ("released", 0, 0, 1)]
+    assert _docs(job)[0].state_reconcile_attempt_count == 1  # one attempt, not three
+
+
 def test_a_stale_row_version_is_a_typed_conflict(space):
     from ingestion.services.availability import (
         StaleRowVersion,
@@ -439,7 +457,16 @@ def test_dead_letter_after_capped_attempts_then_rearm(
     with django_capture_on_commit_callbacks(execute=True):
         assert rec.run_delivery(job.id, token).status == "continued"  # ok reconciled
     ((_, t2),) = _published()
-    assert rec.run_delivery(job.id, t2).status == "dead_lettered"  # second failure: capped
+    # At once: the failed document is within its retry delay, so nothing is due and no attempt
+    # is spent; the lease goes back to recovery.
+    released = rec.run_delivery(job.id, t2)
+    assert (released.status, released.remaining, released.failed) == ("released", 1, 0)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert rec.recover_reconciliations().issued == [str(job.id)]
+    t3 = _published()[-1][1]
+    a_minute_on = timezone.now() + timedelta(seconds=61)
+    outcome = rec.run_delivery(job.id, t3, clock=lambda: a_minute_on)
+    assert outcome.status == "dead_lettered"  # second failure: capped
     doc = UpgradeDocument.objects.get(id=gone.id)
     assert doc.state_reconcile_attempt_count == 2 and doc.state_dead_lettered_at is not None
     row = _job(job)

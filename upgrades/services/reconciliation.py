@@ -11,7 +11,9 @@ Lifecycle of a job's reconciliation lease (columns ``reconcile_*`` on :class:`Up
   unexpired): zero rows means the lease is lost and the delivery stops without another write
   (I10). After one bounded batch it rotates T → T' (new expiry) and publishes a continuation with
   T'; when the batch made no progress it releases the lease instead, so the next recovery tick
-  (about a minute later) retries: that is the back-off of documents that keep failing.
+  (about a minute later) retries. A document whose attempt failed is not tried again for
+  ``KNOWLEDGE_UPGRADE_RECONCILE_RETRY_DELAY_SECONDS``: the back-off of documents that keep
+  failing, so the attempt cap measures time and not the speed of continuations.
 * ``owed``: succeeded, not done, no live lease (never published, publish failed, message lost,
   worker died, lease released or expired). :func:`recover_reconciliations`, run every minute by
   the django-q2 schedule ``knowledgefs.recover_reconciliations``, issues a fresh token by a
@@ -147,6 +149,16 @@ def owed_documents(job_id) -> QuerySet[UpgradeDocument]:
     )
 
 
+def due_documents(job_id, now: datetime) -> QuerySet[UpgradeDocument]:
+    """Owed documents a delivery may try now: never tried, or whose last failed attempt is at
+    least ``KNOWLEDGE_UPGRADE_RECONCILE_RETRY_DELAY_SECONDS`` old (``updated_at``), so one
+    failing document cannot spend its capped attempts on back-to-back continuations."""
+    delay = timedelta(seconds=settings.KNOWLEDGE_UPGRADE_RECONCILE_RETRY_DELAY_SECONDS)
+    return owed_documents(job_id).filter(
+        Q(state_reconcile_attempt_count=0) | Q(updated_at__lte=now - delay)
+    )
+
+
 def dead_lettered_documents(job_id) -> QuerySet[UpgradeDocument]:
     """The job's handed-off documents that exhausted their attempts and are not reconciled."""
     return UpgradeDocument.objects.filter(
@@ -238,7 +250,8 @@ def publish_on_commit(job_id, token: uuid.UUID) -> None:
 # --- one delivery -------------------------------------------------------------------------------
 def run_delivery(job_id, lease_token, *, clock: Clock = timezone.now) -> DeliveryOutcome:
     """Handle one delivery of ``(job_id, lease_token)``: at most
-    ``KNOWLEDGE_UPGRADE_RECONCILE_BATCH_SIZE`` owed documents, in id order, within
+    ``KNOWLEDGE_UPGRADE_RECONCILE_BATCH_SIZE`` due documents (owed, and not within the retry
+    delay of a failed attempt: :func:`due_documents`), in id order, within
     ``KNOWLEDGE_UPGRADE_RECONCILE_DELIVERY_BUDGET_SECONDS``; then rotate and publish a
     continuation, release, complete or dead-letter (see the module docstring).
 
@@ -249,11 +262,12 @@ def run_delivery(job_id, lease_token, *, clock: Clock = timezone.now) -> Deliver
     lease = _accept(job_id, lease_token, clock())
     if lease is None:
         return DeliveryOutcome("rejected")
-    deadline = clock() + timedelta(
+    started = clock()
+    deadline = started + timedelta(
         seconds=settings.KNOWLEDGE_UPGRADE_RECONCILE_DELIVERY_BUDGET_SECONDS
     )
     batch = list(
-        owed_documents(lease.job_id).order_by("id")[
+        due_documents(lease.job_id, started).order_by("id")[
             : settings.KNOWLEDGE_UPGRADE_RECONCILE_BATCH_SIZE
         ]
     )
