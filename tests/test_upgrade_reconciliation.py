@@ -584,3 +584,19 @@ def test_a_space_whose_upgrade_is_still_running_is_gated(space):
         f"retrieval on this space is paused: its upgrade (job {job.id}) is running; documents are "
         "reconciled once it succeeds"
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_schedule_migration_is_reversible():
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    try:
+        executor.migrate([("upgrades", "0001_upgrade_jobs")])
+        assert not Schedule.objects.filter(name=rec.RECOVERY_SCHEDULE).exists()
+        executor = MigrationExecutor(connection)
+        executor.migrate([("upgrades", "0020_reconciliation_recovery_schedule")])
+        assert Schedule.objects.get(name=rec.RECOVERY_SCHEDULE).func == rec.RECOVERY_FUNCTION
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
