@@ -16,7 +16,7 @@ from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
 from .serializers import DocumentSerializer, JobSerializer
-from .services import compilation, documents, reports
+from .services import availability, compilation, documents, reports
 
 
 class DocumentListView(BufferedUploadAdmissionMixin, APIView):
@@ -78,16 +78,49 @@ class DocumentListView(BufferedUploadAdmissionMixin, APIView):
 class DocumentDetailView(APIView):
     operations = {
         "GET": Operation("documents.read", child("document", "document_id")),
+        "PATCH": Operation("documents.update", child("document", "document_id"), WRITE_CALLERS),
         "DELETE": Operation("documents.delete", child("document", "document_id"), WRITE_CALLERS),
     }
 
     def get(self, request, space_id, document_id):
         document = documents.get_document(request.user, space_id, document_id)
-        return Response(DocumentSerializer(document).data)
+        return Response(DocumentSerializer(document).data, headers=_etag(document))
+
+    def patch(self, request, space_id, document_id):
+        """Body ``{"enabled"?: bool, "metadata"?: object}`` (metadata merges; ``null`` removes a
+        key). The expected ``row_version`` comes from ``If-Match`` (e.g. ``"3"``) or the body's
+        ``row_version``; 200 with the document and its new ``ETag``; 409
+        ``document_version_conflict`` when it moved on (see ingestion.services.availability)."""
+        body = request.data if hasattr(request.data, "get") else None
+        if body is None:
+            raise InvalidInput("the body must be a JSON object", code="invalid_request")
+        document = availability.update_document(
+            request.user,
+            space_id,
+            document_id,
+            expected_row_version=_expected_version(request, body),
+            enabled=body.get("enabled"),
+            metadata=body.get("metadata"),
+        )
+        return Response(DocumentSerializer(document).data, headers=_etag(document))
 
     def delete(self, request, space_id, document_id):
         documents.delete_document(request.user, space_id, document_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _etag(document) -> dict:
+    return {"ETag": f'"{document.row_version}"'}
+
+
+def _expected_version(request, body):
+    """``If-Match: "N"`` (or ``N``) wins over the body's ``row_version``; a missing or malformed
+    one is left to the service, which answers 400 ``invalid_row_version``."""
+    header = request.headers.get("If-Match", "").strip()
+    if header:
+        raw = header.removeprefix("W/").strip('"')
+        return int(raw) if raw.isascii() and raw.isdigit() else None
+    return body.get("row_version")
 
 
 class DocumentTextView(APIView):

@@ -25,6 +25,11 @@ class Document(models.Model):
     and never derives from it. ``sha256`` is unique per space (duplicate uploads are refused or
     replace the existing document). ``active_generation`` names the compilation job whose nodes
     are published; nodes of any other generation are invisible to queries.
+
+    ``enabled`` is the document's availability: retrieval never returns nodes of a disabled
+    document. ``row_version`` (starting at 1) moves forward by one on every change of ``enabled``
+    or ``metadata``; writers pass the version they read (compare-and-set, see
+    :mod:`ingestion.services.availability`).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -43,6 +48,8 @@ class Document(models.Model):
     active_generation = models.UUIDField(null=True, blank=True)
     node_count = models.PositiveIntegerField(default=0)
     metadata = models.JSONField(default=dict, blank=True)
+    enabled = models.BooleanField(default=True)
+    row_version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -50,7 +57,10 @@ class Document(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["space", "sha256"], name="document_sha256_unique_per_space"
-            )
+            ),
+            models.CheckConstraint(
+                condition=models.Q(row_version__gte=1), name="document_row_version_positive"
+            ),
         ]
         indexes = [models.Index(fields=["space", "-created_at"], name="document_space_created")]
 

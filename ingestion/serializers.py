@@ -85,6 +85,8 @@ class DocumentSerializer(serializers.ModelSerializer):
             "error_message",
             "nodes",
             "metadata",
+            "enabled",
+            "row_version",
             "created_at",
             "updated_at",
         ]

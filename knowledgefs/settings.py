@@ -581,7 +581,38 @@ if UNSTRUCTURED_API_URL:
 
 # ---------------------------------------------------------------------------------------------
 # Upgrade bridge: document reconciliation (lease, batches, recovery schedule, dead letter).
-# (settings of this area go here)
+# docs/configuration.md, "Upgrade document reconciliation". The lease TTL bounds how long a lost
+# delivery stalls a space (recovery re-issues after expiry); a delivery stops its batch once its
+# time budget is spent, and the budget must stay at most half the TTL so a live worker always
+# finishes before its lease can be re-issued (at most one effective worker per lease).
+KNOWLEDGE_UPGRADE_RECONCILE_LEASE_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_RECONCILE_LEASE_SECONDS", 300, 30, 3600
+)
+KNOWLEDGE_UPGRADE_RECONCILE_DELIVERY_BUDGET_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_RECONCILE_DELIVERY_BUDGET_SECONDS", 60, 5, 1800
+)
+if (
+    KNOWLEDGE_UPGRADE_RECONCILE_DELIVERY_BUDGET_SECONDS * 2
+    > KNOWLEDGE_UPGRADE_RECONCILE_LEASE_SECONDS
+):
+    raise ImproperlyConfigured(
+        "KNOWLEDGE_UPGRADE_RECONCILE_DELIVERY_BUDGET_SECONDS="
+        f"{KNOWLEDGE_UPGRADE_RECONCILE_DELIVERY_BUDGET_SECONDS} must be at most half of "
+        f"KNOWLEDGE_UPGRADE_RECONCILE_LEASE_SECONDS={KNOWLEDGE_UPGRADE_RECONCILE_LEASE_SECONDS}: "
+        "a delivery must end well before its lease can be re-issued"
+    )
+KNOWLEDGE_UPGRADE_RECONCILE_BATCH_SIZE = bounded_int(
+    "KNOWLEDGE_UPGRADE_RECONCILE_BATCH_SIZE", 50, 1, 1000
+)
+KNOWLEDGE_UPGRADE_RECONCILE_MAX_ATTEMPTS = bounded_int(
+    "KNOWLEDGE_UPGRADE_RECONCILE_MAX_ATTEMPTS", 20, 1, 1000
+)
+KNOWLEDGE_UPGRADE_RECONCILE_RETRY_DELAY_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_RECONCILE_RETRY_DELAY_SECONDS", 60, 0, 3600
+)
+KNOWLEDGE_UPGRADE_RECONCILE_RECOVERY_BATCH = bounded_int(
+    "KNOWLEDGE_UPGRADE_RECONCILE_RECOVERY_BATCH", 100, 1, 1000
+)
 
 
 # ---------------------------------------------------------------------------------------------

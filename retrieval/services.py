@@ -188,13 +188,17 @@ def retrieve(
     ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both; ``"minmax"`` or
     ``"rrf"``). Errors: 400 ``invalid_query``, ``invalid_top_k``, ``invalid_score_threshold``,
     ``invalid_mode``; 409 ``space_setup_required``, ``space_pending_validation``,
-    ``space_validation_failed`` (the space's profile is not ``ready``); 503
+    ``space_validation_failed`` (the space's profile is not ``ready``),
+    ``space_reconciliation_pending`` (the space is the target of an upgrade whose documents'
+    availability is not applied yet: :mod:`upgrades.services.reconciliation`); 503
     ``embedding_model_unavailable``, ``rerank_unavailable`` (the reranker failed or answered a
     score outside 0..1; nothing falls back silently).
     """
     from spaces.profiles import require_ready
+    from upgrades.services.reconciliation import require_reconciled
 
     profile = require_ready(space)
+    require_reconciled(space.id)
     if top_k is None:
         top_k = profile.retrieval_top_k
     if mode is None:
@@ -353,7 +357,7 @@ def _hydrate(
     items = []
     for node_id, score, per_leg in ranked:
         node = nodes.get(node_id)
-        if node is None:  # removed between the legs and now
+        if node is None or not node.document.enabled:  # removed or disabled since the legs
             continue
         items.append(
             RetrievalItem(

@@ -151,12 +151,15 @@ class SearchBackend:
     # --- reads ------------------------------------------------------------------------------
     @staticmethod
     def visible_node_ids(node_ids: list[uuid.UUID]) -> set[uuid.UUID]:
-        """The subset of ``node_ids`` whose generation is their document's active one."""
+        """The subset of ``node_ids`` whose generation is their document's active one and whose
+        document is enabled (a disabled document's nodes are never returned)."""
         if not node_ids:
             return set()
         return set(
             KnowledgeNode.objects.filter(
-                id__in=node_ids, generation=F("document__active_generation")
+                id__in=node_ids,
+                generation=F("document__active_generation"),
+                document__enabled=True,
             ).values_list("id", flat=True)
         )
 
@@ -219,6 +222,7 @@ class SearchBackend:
                 space_id=space_id,
                 index_version=index_version,
                 node__generation=F("node__document__active_generation"),
+                node__document__enabled=True,
             )
             .order_by("node_id")
             .values_list("node_id", "dimension", "vector")

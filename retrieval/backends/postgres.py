@@ -51,7 +51,7 @@ class PostgresSearchBackend(SearchBackend):
             "JOIN ingestion_knowledgenode n ON n.id = k.node_id "
             "JOIN ingestion_document d ON d.id = n.document_id "
             "WHERE q.query IS NOT NULL AND k.tsv @@ q.query AND k.space_id = %s "
-            "AND d.active_generation = n.generation "
+            "AND d.active_generation = n.generation AND d.enabled "
             "ORDER BY score DESC LIMIT %s"
         )
         with connection.cursor() as cursor:

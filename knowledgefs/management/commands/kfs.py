@@ -516,6 +516,8 @@ class Command(BaseCommand):
         self.emit(options, _job_row(job), f"canceled {job.id}")
 
     def schedules(self, options: dict) -> None:
+        from upgrades.services.reconciliation import ensure_recovery_schedule
+
         schedule = compilation.ensure_recovery_schedule()
         payload = {
             "name": schedule.name,
@@ -523,11 +525,15 @@ class Command(BaseCommand):
             "minutes": schedule.minutes,
             "next_run": schedule.next_run.isoformat() if schedule.next_run else None,
         }
+        # The upgrade reconciliation recovery tick (migration upgrades.0020) is repaired too.
+        upgrade = ensure_recovery_schedule()
+        payload["also"] = [{"name": upgrade.name, "func": upgrade.func, "minutes": upgrade.minutes}]
         self.emit(
             options,
             payload,
             f"{schedule.name}: {schedule.func} every {schedule.minutes} min "
-            f"(next {payload['next_run']})",
+            f"(next {payload['next_run']})\n"
+            f"{upgrade.name}: {upgrade.func} every {upgrade.minutes} min",
         )
 
     def cutover(self, options: dict) -> None:
