@@ -570,12 +570,38 @@ if UNSTRUCTURED_API_URL:
 
 # ---------------------------------------------------------------------------------------------
 # Upgrade bridge: staged run (snapshot, steps, claims, sweeps, file leases).
-# (settings of this area go here)
+# docs/upgrades.md "Staged run" and docs/configuration.md. G5 of the bridge specification: the
+# wait for a new space is bounded by time (the reference's 360 retries x 5 s = about 30 min).
+KNOWLEDGE_UPGRADE_SPACE_WAIT_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_SPACE_WAIT_SECONDS", 1800, 60, 86400
+)
+# A claimed step that was never delivered is claimed again after this many seconds (G1).
+KNOWLEDGE_UPGRADE_DISPATCH_GRACE_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_DISPATCH_GRACE_SECONDS", 120, 10, 3600
+)
+# A running step older than this is taken back by the sweep (G2). It must outlast the worker
+# timeout, so a live worker is always stopped by django-q2 before its step is taken back.
+KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS", Q_CLUSTER["timeout"] + 60, 70, 86400 + 3600
+)
+if KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS <= Q_CLUSTER["timeout"]:
+    raise ImproperlyConfigured(
+        f"KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS={KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS} must be "
+        f"greater than KNOWLEDGE_JOB_TIMEOUT_SECONDS={Q_CLUSTER['timeout']}"
+    )
+# Deliveries one step may start before the job is failed with attempts_exhausted.
+KNOWLEDGE_UPGRADE_STEP_MAX_ATTEMPTS = bounded_int("KNOWLEDGE_UPGRADE_STEP_MAX_ATTEMPTS", 5, 1, 50)
+# Not read from the environment: a dotted django-q2 broker class for the upgrade step messages
+# only ("" = the cluster's broker). Tests select a broker that refuses every message.
+KNOWLEDGE_UPGRADE_BROKER_CLASS = ""
 
 
 # ---------------------------------------------------------------------------------------------
 # Upgrade bridge: document reconciliation (lease, batches, recovery schedule, dead letter).
 # (settings of this area go here)
+KNOWLEDGE_UPGRADE_RECONCILE_LEASE_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_RECONCILE_LEASE_SECONDS", 300, 60, 3600
+)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -89,6 +89,7 @@ internal_routes = [
         internal.RevokeGrantView.as_view(),
         name="internal-grant-revoke",
     ),
+    path("", include("upgrades.urls")),
 ]
 
 urlpatterns = [
