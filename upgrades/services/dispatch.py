@@ -57,12 +57,13 @@ def _now():
 # --- claim and publish --------------------------------------------------------------------------
 
 
-def dispatch(job_id: uuid.UUID | str) -> str | None:
+def dispatch(job_id: uuid.UUID | str, *, now=None) -> str | None:
     """Claim the job for one delivery, commit, then publish it (I1-I3).
 
     Returns the delivery's ``task_id``, or ``None`` when there was nothing to claim (not
     ``queued``, already claimed, or ``next_step_at`` still in the future) or the publish failed
-    (the claim is then released, so the sweep can dispatch it again). Must run outside a
+    (the claim is then released, so the sweep can dispatch it again). ``now`` is the sweep's
+    clock (the due check of ``next_step_at``). Must run outside a
     transaction (use :func:`dispatch_on_commit` inside one): a claim that has not committed
     yet must never be visible to a worker as a message (with the ORM broker the message is a
     row of the same transaction, so it is allowed there).
@@ -71,7 +72,7 @@ def dispatch(job_id: uuid.UUID | str) -> str | None:
         # A message on another broker would be visible before the claim commits.
         raise RuntimeError("dispatch() must run after the commit: use dispatch_on_commit()")
     task_id = uuid.uuid4().hex
-    now = _now()
+    now = now or _now()
     claimed = (
         UpgradeJob.objects.filter(id=job_id, status=JobStatus.QUEUED, task_id__isnull=True)
         .filter(Q(next_step_at__isnull=True) | Q(next_step_at__lte=now))
@@ -294,7 +295,7 @@ def sweep(*, batch: int = 200, now=None) -> SweepReport:
         .values_list("id", flat=True)[:batch]
     )
     for job_id in dict.fromkeys(to_dispatch):
-        if dispatch(job_id):
+        if dispatch(job_id, now=now):
             report.dispatched += 1
     if any(report.as_dict().values()):
         logger.info("upgrade sweep: %s", report.as_dict())
