@@ -210,7 +210,7 @@ def test_an_ordinary_step_error_fails_the_job_with_its_code(settings):
     assert job.completed_at is not None and job.task_id is None
 
 
-# --- waiting for the space (cases 10, 16, G5) ------------------------------------------------------
+# --- waiting for the space (cases 10, 16, G5) -----------------------------------------------------
 
 
 def test_a_space_not_ready_waits_by_time_then_fails_with_a_clear_code(settings):
@@ -247,7 +247,7 @@ def test_a_missing_space_fails_the_wait():
     assert reload(job).last_error_code == "space_missing"
 
 
-# --- documents (case 12) ----------------------------------------------------------------------------
+# --- documents (case 12) --------------------------------------------------------------------------
 
 
 def test_document_failures_are_recorded_and_the_job_fails_documents_failed():
@@ -314,7 +314,7 @@ def test_a_processing_document_is_picked_again_after_a_crash():
     assert Document.objects.filter(space=reload(job).space).count() == 1
 
 
-# --- the sweep (G1, G2, attempts) -------------------------------------------------------------------
+# --- the sweep (G1, G2, attempts) -----------------------------------------------------------------
 
 
 def test_a_claim_never_delivered_is_recovered_and_the_late_original_is_refused(settings):
