@@ -20,12 +20,13 @@ from retrieval.services import LEGS, retrieve
 from spaces import profiles
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
+from upgrades import cli as upgrade_cli
 
 
 class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, documents, jobs, "
-        "stats, retry, cancel, schedules, sweep, eval."
+        "stats, retry, cancel, schedules, sweep, eval, upgrade."
     )
 
     def add_arguments(self, parser) -> None:
@@ -183,6 +184,8 @@ class Command(BaseCommand):
         sweep = sub.add_parser("sweep", help="run one recovery sweep now")
         sweep.add_argument("--json", action="store_true")
 
+        upgrade_cli.add_parser(sub)
+
         ev = sub.add_parser("eval", help="evaluate retrieval on a BEIR-format dataset")
         ev.add_argument("dataset_dir", metavar="DATASET_DIR")
         ev.add_argument("--split", default="test")
@@ -206,6 +209,7 @@ class Command(BaseCommand):
             "schedules": self.schedules,
             "sweep": self.sweep,
             "eval": self.eval,
+            "upgrade": lambda opts: upgrade_cli.handle(self, opts),
         }[options["command"]]
         try:
             handler(options)
