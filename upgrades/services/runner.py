@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from knowledgefs import storage
 from knowledgefs.auth.principal import Principal
+from knowledgefs.dify.errors import DifyError
 from knowledgefs.errors import Conflict, ServiceError
 from upgrades.models import DocumentStatus, JobStage, JobStatus, UpgradeDocument, UpgradeJob
 
@@ -268,8 +269,8 @@ def _admit(job: UpgradeJob, document: UpgradeDocument) -> Admitted:
 
     if not document.source_key:
         raise DocumentFailure("missing_file_reference", "the document has no storage key")
-    data = _read_legacy(document)
     try:
+        data = _read_legacy(document)
         admission = admit_document(
             job.space, filename=document.name, data=data, metadata=document.metadata_snapshot
         )
@@ -286,7 +287,18 @@ def _admit(job: UpgradeJob, document: UpgradeDocument) -> Admitted:
         return Admitted(existing, latest, True)
     except ServiceError as exc:  # the upload admission refused the file: this document fails
         raise DocumentFailure(exc.code, exc.message) from exc
+    except (DifyError, OSError) as exc:  # the storage failed: the job fails, retry repeats it
+        raise StepFailure(*_storage_failure(exc)) from exc
     return Admitted(admission.document.id, admission.job.id, False)
+
+
+def _storage_failure(exc: Exception) -> tuple[str, str]:
+    """``(code, message)`` of a failed storage call: ``storage_unavailable`` when a retry may
+    succeed (Dify's retryable answers), else ``storage_error``."""
+    retryable = bool(getattr(exc, "retryable", False))
+    code = "storage_unavailable" if retryable else "storage_error"
+    detail = getattr(exc, "code", None) or type(exc).__name__
+    return code, f"the object storage failed ({detail}); retry the upgrade when it is back"
 
 
 def _read_legacy(document: UpgradeDocument) -> bytes:
