@@ -385,3 +385,19 @@ def test_three_real_documents_upgrade_compile_and_publish_in_the_new_space():
         assert CompilationJob.objects.get(id=row.compilation_job_id).document_id == row.document_id
         assert row.document.metadata == {"author": "Ada"}
     assert not UpgradeFileLease.objects.filter(job_id=job_id, status="active").exists()
+
+
+def test_an_upgraded_space_can_be_deleted_but_not_during_its_upgrade(principal):
+    from knowledgefs.errors import Conflict
+    from spaces.services import delete_space
+
+    job = start([legacy_file("a.txt", TEXT_A)])
+    step()  # validating: the space exists, the upgrade is still queued
+    with pytest.raises(Conflict) as refused:
+        delete_space(principal, reload(job).space_id)
+    assert refused.value.code == "space_upgrade_in_progress"
+    deliver_all()
+    delete_space(principal, reload(job).space_id)
+    job = reload(job)
+    assert job.status == "succeeded" and job.space_id is None
+    assert job.resolved_configuration["space_slug"] == f"upgrade-{job.id.hex}"

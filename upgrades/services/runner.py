@@ -74,6 +74,10 @@ def run_step(job_id, task_id: str) -> str:
         logger.info("upgrade %s: delivery %s is stale or a duplicate; ignored", job_id, task_id)
         return "stale"
     try:
+        if job.stage != JobStage.VALIDATING and (job.space is None or job.space.deleting_at):
+            raise StepFailure(
+                "space_missing", "the upgrade's knowledge space is missing or deleted"
+            )
         outcome = STEPS[job.stage](job, task_id)
     except ClaimLost:
         logger.warning("upgrade %s: delivery %s lost its claim during the step", job_id, task_id)
