@@ -579,15 +579,21 @@ KNOWLEDGE_UPGRADE_SPACE_WAIT_SECONDS = bounded_int(
 KNOWLEDGE_UPGRADE_DISPATCH_GRACE_SECONDS = bounded_int(
     "KNOWLEDGE_UPGRADE_DISPATCH_GRACE_SECONDS", 120, 10, 3600
 )
-# A running step older than this is taken back by the sweep (G2). It must outlast the worker
-# timeout, so a live worker is always stopped by django-q2 before its step is taken back.
-KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS = bounded_int(
-    "KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS", Q_CLUSTER["timeout"] + 60, 70, 86400 + 3600
+# One step's django-q2 timeout (a step is one storage read and one admission, or one space
+# call): the worker is killed past it. A running step older than the stale limit is taken back
+# by the sweep (G2); the limit must outlast the step timeout, so django-q2 has stopped a live
+# worker before its step is handed to another.
+KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS", 300, 30, 3600
 )
-if KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS <= Q_CLUSTER["timeout"]:
+KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS", KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS + 60, 60, 7200
+)
+if KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS <= KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS:
     raise ImproperlyConfigured(
         f"KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS={KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS} must be "
-        f"greater than KNOWLEDGE_JOB_TIMEOUT_SECONDS={Q_CLUSTER['timeout']}"
+        f"greater than KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS="
+        f"{KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS}"
     )
 # Deliveries one step may start before the job is failed with attempts_exhausted.
 KNOWLEDGE_UPGRADE_STEP_MAX_ATTEMPTS = bounded_int("KNOWLEDGE_UPGRADE_STEP_MAX_ATTEMPTS", 5, 1, 50)

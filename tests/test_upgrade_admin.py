@@ -4,7 +4,11 @@ retry action through the service) and ``kfs upgrade list|show|retry|sweep``."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -91,3 +95,29 @@ def test_kfs_upgrade_list_show_and_retry(failed_job):
     out = StringIO()
     call_command("kfs", "upgrade", "sweep", "--json", stdout=out)
     assert "dispatched" in json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {
+                "KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS": "600",
+                "KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS": "300",
+            },
+            "KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS=300 must be greater than "
+            "KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS=600",
+        ),
+        ({"KNOWLEDGE_UPGRADE_SPACE_WAIT_SECONDS": "5"}, "KNOWLEDGE_UPGRADE_SPACE_WAIT_SECONDS"),
+    ],
+)
+def test_startup_refuses_inconsistent_upgrade_settings(tmp_path, env, message):
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=root,
+        env={**os.environ, "KNOWLEDGE_VAR_DIR": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode != 0 and message in run.stderr, run.stderr[-500:]

@@ -101,7 +101,11 @@ def _publish(job_id, task_id: str) -> bool:
     from django_q.tasks import async_task
 
     try:
-        options = {"task_name": f"upgrade:{task_id}", "group": "upgrade"}
+        options = {
+            "task_name": f"upgrade:{task_id}",
+            "group": "upgrade",
+            "timeout": settings.KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS,
+        }
         broker = _broker()
         if broker is not None:
             options["broker"] = broker
