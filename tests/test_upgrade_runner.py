@@ -401,3 +401,15 @@ def test_an_upgraded_space_can_be_deleted_but_not_during_its_upgrade(principal):
     job = reload(job)
     assert job.status == "succeeded" and job.space_id is None
     assert job.resolved_configuration["space_slug"] == f"upgrade-{job.id.hex}"
+
+
+def test_a_failed_publish_after_a_checkpoint_leaves_it_to_the_sweep(settings):
+    job = start([legacy_file("a.txt", TEXT_A)])
+    settings.KNOWLEDGE_UPGRADE_BROKER_CLASS = "tests.test_upgrade_snapshot.RefusingBroker"
+    assert step() == "space_created"
+    job = reload(job)
+    assert (job.status, job.stage, job.task_id) == ("queued", "waiting_for_space", None)
+    assert messages() == []
+    settings.KNOWLEDGE_UPGRADE_BROKER_CLASS = ""
+    assert dispatch.sweep(now=timezone.now() + timedelta(seconds=10)).dispatched == 1
+    assert deliver_all()[-1] == "succeeded"

@@ -83,16 +83,22 @@ def run_step(job_id, task_id: str) -> str:
         logger.warning("upgrade %s: delivery %s lost its claim during the step", job_id, task_id)
         return "lost"
     except StepFailure as failure:
-        dispatch.fail(job.id, task_id, failure.code, failure.message)
-        return "failed"
+        return _failed(job, task_id, failure.code, failure.message)
     except Exception as exc:  # noqa: BLE001 - every other error fails the job (fenced), retryable
         logger.exception("upgrade %s: step %s failed", job_id, job.stage)
         code = getattr(exc, "code", None) if isinstance(exc, ServiceError) else None
-        dispatch.fail(job.id, task_id, code or "internal_error", f"{type(exc).__name__}: {exc}")
-        return "failed"
+        return _failed(job, task_id, code or "internal_error", f"{type(exc).__name__}: {exc}")
     if outcome.dispatch_next:
         dispatch.dispatch(job.id)
     return outcome.result
+
+
+def _failed(job: UpgradeJob, task_id: str, code: str, message: str) -> str:
+    """Fail the job (fenced); ``failed``, or ``lost`` when the delivery no longer owned it."""
+    if dispatch.fail(job.id, task_id, code, message):
+        logger.warning("upgrade %s failed at %s: %s", job.id, job.stage, code)
+        return "failed"
+    return "lost"
 
 
 # --- validating -------------------------------------------------------------------------------
