@@ -413,3 +413,33 @@ def test_a_failed_publish_after_a_checkpoint_leaves_it_to_the_sweep(settings):
     settings.KNOWLEDGE_UPGRADE_BROKER_CLASS = ""
     assert dispatch.sweep(now=timezone.now() + timedelta(seconds=10)).dispatched == 1
     assert deliver_all()[-1] == "succeeded"
+
+
+def test_two_concurrent_sweeps_dispatch_a_lost_claim_exactly_once(settings):
+    import threading
+
+    from django.db import connections
+
+    job = start([legacy_file("a.txt", TEXT_A)])
+    OrmQ.objects.all().delete()  # the message was lost
+    far = timezone.now() + timedelta(days=1)
+    reports, errors = [], []
+    barrier = threading.Barrier(2)
+
+    def sweep() -> None:
+        try:
+            barrier.wait()
+            reports.append(dispatch.sweep(now=far))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=sweep) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sum(r.dispatched for r in reports) == 1
+    assert [args for _, args in messages()] == [(str(job.id), reload(job).task_id)]
