@@ -576,7 +576,36 @@ if UNSTRUCTURED_API_URL:
 
 # ---------------------------------------------------------------------------------------------
 # Upgrade bridge: staged run (snapshot, steps, claims, sweeps, file leases).
-# (settings of this area go here)
+# docs/upgrades.md "Staged run" and docs/configuration.md. G5 of the bridge specification: the
+# wait for a new space is bounded by time (the reference's 360 retries x 5 s = about 30 min).
+KNOWLEDGE_UPGRADE_SPACE_WAIT_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_SPACE_WAIT_SECONDS", 1800, 60, 86400
+)
+# A claimed step that was never delivered is claimed again after this many seconds (G1).
+KNOWLEDGE_UPGRADE_DISPATCH_GRACE_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_DISPATCH_GRACE_SECONDS", 120, 10, 3600
+)
+# One step's django-q2 timeout (a step is one storage read and one admission, or one space
+# call): the worker is killed past it. A running step older than the stale limit is taken back
+# by the sweep (G2); the limit must outlast the step timeout, so django-q2 has stopped a live
+# worker before its step is handed to another.
+KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS", 300, 30, 3600
+)
+KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS = bounded_int(
+    "KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS", KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS + 60, 60, 7200
+)
+if KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS <= KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS:
+    raise ImproperlyConfigured(
+        f"KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS={KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS} must be "
+        f"greater than KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS="
+        f"{KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS}"
+    )
+# Deliveries one step may start before the job is failed with attempts_exhausted.
+KNOWLEDGE_UPGRADE_STEP_MAX_ATTEMPTS = bounded_int("KNOWLEDGE_UPGRADE_STEP_MAX_ATTEMPTS", 5, 1, 50)
+# Not read from the environment: a dotted django-q2 broker class for the upgrade step messages
+# only ("" = the cluster's broker). Tests select a broker that refuses every message.
+KNOWLEDGE_UPGRADE_BROKER_CLASS = ""
 
 
 # ---------------------------------------------------------------------------------------------

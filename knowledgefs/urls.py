@@ -111,6 +111,7 @@ internal_routes = [
         cutover_api.RecutoverView.as_view(),
         name="internal-cutover-recutover",
     ),
+    path("", include("upgrades.urls")),
 ]
 
 urlpatterns = [

@@ -276,7 +276,9 @@ def delete_space(principal: Principal, space_id: uuid.UUID | str) -> None:
     bound only to it (:func:`delete_keys_scoped_only_to`; keys bound elsewhere too only lose
     this binding).
 
-    The space is first marked ``deleting_at`` (it can no longer be bound to a key). Documents
+    Refused with 409 ``space_upgrade_in_progress`` while a Dataset upgrade into the space is
+    queued or running; a finished upgrade keeps its record with no space. The space is first
+    marked ``deleting_at`` (it can no longer be bound to a key). Documents
     are purged one by one (each in its own transaction, so a long purge does not hold the
     database); the space row then goes in one transaction that first purges anything admitted
     meanwhile.
@@ -284,6 +286,13 @@ def delete_space(principal: Principal, space_id: uuid.UUID | str) -> None:
     from ingestion.services.documents import purge_documents
 
     space = get_space(principal, space_id)
+    # A classic Dataset upgrade still running into this space would lose its target.
+    if space.upgrade_jobs.filter(status__in=["queued", "running"]).exists():
+        raise Conflict(
+            "a Dataset upgrade into this knowledge space is in progress; delete it once the "
+            "upgrade has finished",
+            code="space_upgrade_in_progress",
+        )
     # From here on the space cannot be bound to an API key (bind_api_key checks under the
     # space's row lock).
     KnowledgeSpace.objects.filter(id=space.id, deleting_at__isnull=True).update(
@@ -294,6 +303,7 @@ def delete_space(principal: Principal, space_id: uuid.UUID | str) -> None:
         KnowledgeSpace.objects.select_for_update().filter(id=space.id).first()
         purge_documents(space.documents.all())  # admitted while the first purge ran
         delete_keys_scoped_only_to(space)
+        space.upgrade_jobs.update(space=None)  # finished upgrades keep their record
         space.delete()
 
 

@@ -22,13 +22,14 @@ from retrieval.services import LEGS, retrieve
 from spaces import profiles
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
-from upgrades import cli as upgrades_cli
+from upgrades import cli as upgrade_cli
+from upgrades import cutover_cli
 
 
 class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, documents, jobs, "
-        "stats, retry, cancel, schedules, sweep, eval, downgrade-check, cutover."
+        "stats, retry, cancel, schedules, sweep, eval, downgrade-check, cutover, upgrade."
     )
 
     def add_arguments(self, parser) -> None:
@@ -195,7 +196,8 @@ class Command(BaseCommand):
         check.add_argument("migration", metavar="MIGRATION", help="a name, a unique prefix or zero")
         check.add_argument("--database", default="default")
         check.add_argument("--json", action="store_true")
-        upgrades_cli.add_parser(sub)
+        cutover_cli.add_parser(sub)
+        upgrade_cli.add_parser(sub)
 
         ev = sub.add_parser("eval", help="evaluate retrieval on a BEIR-format dataset")
         ev.add_argument("dataset_dir", metavar="DATASET_DIR")
@@ -222,6 +224,7 @@ class Command(BaseCommand):
             "eval": self.eval,
             "downgrade-check": self.downgrade_check,
             "cutover": self.cutover,
+            "upgrade": lambda opts: upgrade_cli.handle(self, opts),
         }[options["command"]]
         try:
             handler(options)
@@ -537,7 +540,7 @@ class Command(BaseCommand):
         )
 
     def cutover(self, options: dict) -> None:
-        self.stdout.write(json.dumps(upgrades_cli.run(options), indent=2))
+        self.stdout.write(json.dumps(cutover_cli.run(options), indent=2))
 
     def sweep(self, options: dict) -> None:
         report = compilation.recover_jobs().as_dict()

@@ -1,0 +1,123 @@
+"""Operator screens and commands of the staged run: the upgrade admin (read-only, not deletable,
+retry action through the service) and ``kfs upgrade list|show|retry|sweep``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+
+from tests.upgrade_support import INNER_KEY, deliver_all, inner, legacy_file, snapshot_body
+from upgrades.models import DocumentStatus, JobStatus, UpgradeDocument, UpgradeJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHANGELIST = "admin:upgrades_upgradejob_changelist"
+
+
+@pytest.fixture(autouse=True)
+def inner_key(settings):
+    settings.DIFY_INNER_API_KEY = INNER_KEY
+
+
+@pytest.fixture
+def failed_job() -> UpgradeJob:
+    """An upgrade whose one document was missing from the storage."""
+    docs = [
+        legacy_file("ok.txt", b"Leave is 25 days.\n", doc_id="ok"),
+        legacy_file("gone.txt", None, doc_id="gone"),
+    ]
+    response = inner().post("/internal/dataset-upgrades", snapshot_body(docs), format="json")
+    deliver_all()
+    job = UpgradeJob.objects.get(id=response.json()["id"])
+    assert (job.status, job.last_error_code) == ("failed", "documents_failed")
+    return job
+
+
+def test_the_job_list_and_page_show_stage_claim_checkpoints_and_leases(admin_client, failed_job):
+    page = admin_client.get(reverse(CHANGELIST) + "?status__exact=failed")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "documents_failed" in text and "1/1/2" in text and "ds-1" in text
+    assert "Retry failed upgrades" in text
+    detail = admin_client.get(reverse("admin:upgrades_upgradejob_change", args=[failed_job.pk]))
+    assert detail.status_code == 200
+    text = detail.content.decode()
+    assert "legacy_file_missing" in text and "gone.txt" in text  # documents inline
+    assert "uf-" in text  # file leases inline
+    assert 'name="_save"' not in text  # read-only
+    delete = admin_client.get(reverse("admin:upgrades_upgradejob_delete", args=[failed_job.pk]))
+    assert delete.status_code == 403
+    assert admin_client.get(reverse("admin:upgrades_upgradejob_add")).status_code == 403
+
+
+def test_the_retry_action_goes_through_the_service(admin_client, failed_job):
+    response = admin_client.post(
+        reverse(CHANGELIST),
+        {"action": "retry_failed_upgrades", "_selected_action": [str(failed_job.pk)]},
+        follow=True,
+    )
+    assert "Queued 1 upgrade again." in response.content.decode()
+    job = UpgradeJob.objects.get(id=failed_job.id)
+    assert job.status == JobStatus.QUEUED and job.task_id  # dispatched through the claim
+    assert UpgradeDocument.objects.get(job=job, legacy_document_id="gone").status == "pending"
+    # Again: the job is active now and left unchanged.
+    response = admin_client.post(
+        reverse(CHANGELIST),
+        {"action": "retry_failed_upgrades", "_selected_action": [str(failed_job.pk)]},
+        follow=True,
+    )
+    assert "is queued: left unchanged" in response.content.decode()
+
+
+def test_kfs_upgrade_list_show_and_retry(failed_job):
+    out = StringIO()
+    call_command("kfs", "upgrade", "list", "--tenant", "tenant-a", "--json", stdout=out)
+    listed = json.loads(out.getvalue())
+    assert [(j["id"], j["status"]) for j in listed] == [(str(failed_job.id), "failed")]
+    out = StringIO()
+    call_command("kfs", "upgrade", "show", str(failed_job.id), stdout=out)
+    text = out.getvalue()
+    assert "failed" in text and "documents_failed" in text and "gone: legacy_file_missing" in text
+    out = StringIO()
+    call_command("kfs", "upgrade", "retry", str(failed_job.id), stdout=out)
+    assert "queued again" in out.getvalue()
+    assert UpgradeDocument.objects.get(job=failed_job, legacy_document_id="gone").status == (
+        DocumentStatus.PENDING
+    )
+    out = StringIO()
+    call_command("kfs", "upgrade", "sweep", "--json", stdout=out)
+    assert "dispatched" in json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {
+                "KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS": "600",
+                "KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS": "300",
+            },
+            "KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS=300 must be greater than "
+            "KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS=600",
+        ),
+        ({"KNOWLEDGE_UPGRADE_SPACE_WAIT_SECONDS": "5"}, "KNOWLEDGE_UPGRADE_SPACE_WAIT_SECONDS"),
+    ],
+)
+def test_startup_refuses_inconsistent_upgrade_settings(tmp_path, env, message):
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=root,
+        env={**os.environ, "KNOWLEDGE_VAR_DIR": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode != 0 and message in run.stderr, run.stderr[-500:]

@@ -1,0 +1,309 @@
+"""The snapshot of a classic Dataset, and the job-level services Dify and operators call:
+read, list (discovery), retry.
+
+Product rules (docs/upgrades.md, "Staged run"):
+
+* the idempotency key is per tenant: a replay returns the same job unchanged (the snapshot is
+  never rewritten), the same key for another Dataset is 409 ``idempotency_key_reused``;
+* one upgrade per Dataset: a new key while an upgrade of the Dataset is queued or running is
+  409 ``upgrade_in_progress`` (the partial unique index is the last line: its
+  ``IntegrityError`` is the same 409); after a failed upgrade it is 409 ``retry_required``
+  (retry that job); after a succeeded one 409 ``already_upgraded`` (gap G6 decided: no second
+  upgrade of a Dataset);
+* only ``upload_file`` documents are supported: any other source type refuses the whole
+  snapshot with 422 ``unsupported_data_source`` naming the documents. The stage
+  ``creating_sources`` therefore never has work and is skipped.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from knowledgefs.errors import Conflict, InvalidInput, NotFound, ServiceError
+from spaces.services import validate_tenant_id
+from upgrades.models import (
+    ACTIVE_JOB_STATUSES,
+    DocumentStatus,
+    FileLeaseStatus,
+    JobStage,
+    JobStatus,
+    UpgradeDocument,
+    UpgradeFileLease,
+    UpgradeJob,
+)
+
+from .dispatch import dispatch_on_commit
+from .leases import FILE_LEASE_TTL
+
+SUPPORTED_SOURCE_TYPES = ("upload_file",)
+MAX_NAMED_DOCUMENTS = 100
+"""Errors naming documents list at most this many ids (the count is always given)."""
+
+
+class Unprocessable(ServiceError):
+    """422: the request is well-formed but describes something this service cannot do."""
+
+    status = 422
+    code = "unprocessable"
+
+
+def _conflict(code: str, message: str, job: UpgradeJob) -> Conflict:
+    return Conflict(message, code=code, details={"upgrade_id": str(job.id), "status": job.status})
+
+
+def _check_sources(documents: list[dict]) -> None:
+    unsupported = [d for d in documents if d["data_source_type"] not in SUPPORTED_SOURCE_TYPES]
+    if unsupported:
+        types = sorted({d["data_source_type"] for d in unsupported})
+        raise Unprocessable(
+            f"{len(unsupported)} documents have a source type this upgrade does not support "
+            f"({', '.join(types)}); only upload_file documents can be upgraded",
+            code="unsupported_data_source",
+            details={
+                "documents": [d["id"] for d in unsupported[:MAX_NAMED_DOCUMENTS]],
+                "data_source_types": types,
+            },
+        )
+    missing = [
+        d["id"] for d in documents if not d.get("storage_key") or not d.get("upload_file_id")
+    ]
+    if missing:
+        raise InvalidInput(
+            f"{len(missing)} upload_file documents lack storage_key or upload_file_id",
+            code="missing_file_reference",
+            details={"documents": missing[:MAX_NAMED_DOCUMENTS]},
+        )
+
+
+def _existing_for_dataset(tenant: str, dataset_id: str) -> None:
+    """Refuse a new upgrade of a Dataset that already has one (see the module's rules)."""
+    jobs = UpgradeJob.objects.filter(tenant_id=tenant, dataset_id=dataset_id)
+    active = jobs.filter(status__in=ACTIVE_JOB_STATUSES).first()
+    if active is not None:
+        raise _conflict(
+            "upgrade_in_progress", "an upgrade of this dataset is already in progress", active
+        )
+    done = jobs.filter(status=JobStatus.SUCCEEDED).first()
+    if done is not None:
+        raise _conflict("already_upgraded", "this dataset was already upgraded", done)
+    failed = jobs.filter(status=JobStatus.FAILED).order_by("-created_at").first()
+    if failed is not None:
+        raise _conflict(
+            "retry_required", "an upgrade of this dataset failed; retry that upgrade", failed
+        )
+
+
+def create_upgrade(data: dict) -> tuple[UpgradeJob, bool]:
+    """Snapshot a Dataset and queue its upgrade; returns ``(job, created)``.
+
+    ``data`` is :class:`upgrades.serializers.SnapshotSerializer`'s validated data. In one
+    transaction: the job, one row per document (``desired_enabled`` stored as "enabled and not
+    archived"), one file lease per distinct ``upload_file_id`` (expiring in 7 days); the first
+    step is dispatched after the commit. Errors: 400 ``invalid_tenant``,
+    ``missing_file_reference``; 422 ``unsupported_data_source``; 409 ``idempotency_key_reused``,
+    ``upgrade_in_progress``, ``retry_required``, ``already_upgraded``.
+    """
+    tenant = validate_tenant_id(data["namespace_id"])
+    replay = UpgradeJob.objects.filter(
+        tenant_id=tenant, idempotency_key=data["idempotency_key"]
+    ).first()
+    if replay is not None:
+        return _replayed(replay, data), False
+    _check_sources(data["documents"])
+    _existing_for_dataset(tenant, data["dataset_id"])
+    try:
+        with transaction.atomic():
+            job = _insert(tenant, data)
+            dispatch_on_commit(job.id)
+    except IntegrityError:
+        replay = UpgradeJob.objects.filter(
+            tenant_id=tenant, idempotency_key=data["idempotency_key"]
+        ).first()
+        if replay is not None:  # a concurrent replay of the same key won
+            return _replayed(replay, data), False
+        active = UpgradeJob.objects.filter(
+            tenant_id=tenant, dataset_id=data["dataset_id"], status__in=ACTIVE_JOB_STATUSES
+        ).first()
+        raise Conflict(
+            "an upgrade of this dataset is already in progress",
+            code="upgrade_in_progress",
+            details={"upgrade_id": str(active.id) if active else None},
+        ) from None
+    return job, True
+
+
+def _replayed(job: UpgradeJob, data: dict) -> UpgradeJob:
+    if job.dataset_id != data["dataset_id"]:
+        raise Conflict(
+            "this idempotency key was used for another dataset's upgrade",
+            code="idempotency_key_reused",
+            details={"upgrade_id": str(job.id)},
+        )
+    return job
+
+
+def _insert(tenant: str, data: dict) -> UpgradeJob:
+    now = timezone.now()
+    documents = data["documents"]
+    job = UpgradeJob.objects.create(
+        tenant_id=tenant,
+        dataset_id=data["dataset_id"],
+        idempotency_key=data["idempotency_key"],
+        requested_by=data["requested_by"],
+        owner=data["owner"],
+        snapshot_at=now,
+        config_snapshot=data["config"],
+        permission_snapshot=data.get("permission") or {},
+        app_binding_snapshot=[dict(b) for b in data.get("app_bindings") or []],
+        tag_ids_snapshot=list(data.get("tag_ids") or []),
+        total_documents=len(documents),
+    )
+    UpgradeDocument.objects.bulk_create(
+        [
+            UpgradeDocument(
+                job=job,
+                tenant_id=tenant,
+                legacy_document_id=d["id"],
+                name=d["name"],
+                data_source_type=d["data_source_type"],
+                upload_file_id=d["upload_file_id"],
+                source_key=d["storage_key"],
+                desired_enabled=d["desired_enabled"] and not d["archived"],
+                legacy_archived=d["archived"],
+                legacy_indexing_status=d["indexing_status"],
+                metadata_snapshot=d["metadata"],
+            )
+            for d in documents
+        ],
+        batch_size=500,
+    )
+    files = {d["upload_file_id"]: d["storage_key"] for d in documents}
+    UpgradeFileLease.objects.bulk_create(
+        [
+            UpgradeFileLease(
+                job=job, upload_file_id=file_id, source_key=key, expires_at=now + FILE_LEASE_TTL
+            )
+            for file_id, key in files.items()
+        ],
+        batch_size=500,
+    )
+    return job
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def get_upgrade(tenant_id: str, upgrade_id) -> UpgradeJob:
+    """The tenant's upgrade job, else 404 ``upgrade_not_found`` (also for another tenant's)."""
+    tenant = validate_tenant_id(tenant_id)
+    try:
+        job_uuid = uuid.UUID(str(upgrade_id))
+    except ValueError:
+        raise NotFound("upgrade not found", code="upgrade_not_found") from None
+    job = UpgradeJob.objects.filter(id=job_uuid, tenant_id=tenant).select_related("space").first()
+    if job is None:
+        raise NotFound("upgrade not found", code="upgrade_not_found")
+    return job
+
+
+def list_upgrades(
+    tenant_id: str, *, dataset_id: str | None = None, status: str | None = None
+) -> QuerySet[UpgradeJob]:
+    """The tenant's upgrade jobs, newest first, optionally of one Dataset and/or one status."""
+    jobs = UpgradeJob.objects.filter(tenant_id=validate_tenant_id(tenant_id))
+    if dataset_id:
+        jobs = jobs.filter(dataset_id=dataset_id)
+    if status:
+        jobs = jobs.filter(status=status)
+    return jobs.order_by("-created_at", "-id")
+
+
+def discovery(tenant_id: str, dataset_id: str) -> dict:
+    """What Dify may offer for a Dataset (bridge specification §2.8): ``{"state", "upgrade_id"}``
+    with state ``can_upgrade`` (no job), ``upgrade_in_progress`` (queued or running),
+    ``retry_required`` (failed) or ``already_upgraded`` (succeeded)."""
+    latest = list_upgrades(tenant_id, dataset_id=dataset_id).first()
+    if latest is None:
+        return {"state": "can_upgrade", "upgrade_id": None}
+    state = {
+        JobStatus.QUEUED: "upgrade_in_progress",
+        JobStatus.RUNNING: "upgrade_in_progress",
+        JobStatus.FAILED: "retry_required",
+        JobStatus.SUCCEEDED: "already_upgraded",
+    }[latest.status]
+    return {"state": state, "upgrade_id": str(latest.id)}
+
+
+# --- retry --------------------------------------------------------------------------------------
+
+
+def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJob, bool]:
+    """Retry a failed upgrade; returns ``(job, retried)``.
+
+    Only ``failed`` jobs are retried: failed documents go back to ``pending`` (documents left
+    ``processing`` are picked again anyway), errors, ``completed_at`` and the claim are cleared,
+    step attempts reset, every unreleased file lease becomes ``active`` until now + 7 days, and
+    the job is dispatched through the claim after the commit. A job that failed after its
+    documents were submitted goes back to ``submitting_documents`` when it had failed
+    documents. ``queued``/``running`` jobs are returned unchanged (``retried`` false); 409
+    ``upgrade_already_succeeded`` for a succeeded job, 409 ``upgrade_in_progress`` when another
+    upgrade of the Dataset became active meanwhile; 404 ``upgrade_not_found``.
+    """
+    if tenant_id is not None:
+        job = get_upgrade(tenant_id, upgrade_id)
+    else:
+        job = UpgradeJob.objects.filter(id=upgrade_id).first()
+        if job is None:
+            raise NotFound("upgrade not found", code="upgrade_not_found")
+    if job.status == JobStatus.SUCCEEDED:
+        raise _conflict("upgrade_already_succeeded", "a succeeded upgrade cannot be retried", job)
+    if job.status != JobStatus.FAILED:
+        return job, False
+    try:
+        with transaction.atomic():
+            retried = _rearm(job)
+            if retried:
+                dispatch_on_commit(job.id)
+    except IntegrityError:
+        raise _conflict(
+            "upgrade_in_progress", "another upgrade of this dataset is in progress", job
+        ) from None
+    job.refresh_from_db()
+    return job, retried
+
+
+def _rearm(job: UpgradeJob) -> bool:
+    now = timezone.now()
+    failed_docs = UpgradeDocument.objects.filter(job=job, status=DocumentStatus.FAILED)
+    had_failed = failed_docs.update(
+        status=DocumentStatus.PENDING, last_error_code=None, last_error_message=None, updated_at=now
+    )
+    stage = job.stage
+    if had_failed and stage in (JobStage.MIGRATING_ACCESS, JobStage.FINALIZING):
+        stage = JobStage.SUBMITTING_DOCUMENTS
+    updated = UpgradeJob.objects.filter(id=job.id, status=JobStatus.FAILED).update(
+        status=JobStatus.QUEUED,
+        stage=stage,
+        failed_documents=0,
+        attempt_count=0,
+        task_id=None,
+        claimed_at=None,
+        step_started_at=None,
+        next_step_at=None,
+        not_ready_since=None,
+        last_error_code=None,
+        last_error_message=None,
+        completed_at=None,
+        updated_at=now,
+    )
+    if not updated:
+        transaction.set_rollback(True)
+        return False
+    UpgradeFileLease.objects.filter(job=job).exclude(status=FileLeaseStatus.RELEASED).update(
+        status=FileLeaseStatus.ACTIVE, expires_at=now + FILE_LEASE_TTL, updated_at=now
+    )
+    return True
