@@ -15,6 +15,8 @@ from knowledgefs.errors import ServiceError
 from upgrades.models import UpgradeDocument, UpgradeFileLease, UpgradeJob
 from upgrades.services import snapshot
 
+from .reconcile_actions import rearm_dead_lettered_reconciliation, reconciliation_state
+
 
 class ReadOnlyInline(admin.TabularInline):
     extra = 0
@@ -74,6 +76,7 @@ class UpgradeJobAdmin(admin.ModelAdmin):
         "task_id",
         "claimed_at",
         "reconcile_lease_expires_at",
+        reconciliation_state,
         "last_error_code",
         "updated_at",
     )
@@ -81,7 +84,7 @@ class UpgradeJobAdmin(admin.ModelAdmin):
     search_fields = ("=id", "=tenant_id", "=dataset_id", "=idempotency_key")
     readonly_fields = [f.name for f in UpgradeJob._meta.fields]
     inlines = [UpgradeDocumentInline, UpgradeFileLeaseInline]
-    actions = ["retry_failed_upgrades"]
+    actions = ["retry_failed_upgrades", rearm_dead_lettered_reconciliation]
     show_full_result_count = False
     ordering = ("-created_at",)
 

@@ -24,7 +24,7 @@ from django.utils import timezone
 from upgrades.services import reconciliation
 
 
-@admin.action(description="Re-arm dead-lettered reconciliation")
+@admin.action(description="Re-arm dead-lettered reconciliation", permissions=["change"])
 def rearm_dead_lettered_reconciliation(modeladmin, request, queryset):
     """Clear the dead letter of the selected upgrade jobs and their documents (fresh attempts);
     the recovery schedule re-issues their leases within a minute."""

@@ -227,6 +227,12 @@ def publish(job_id, token: uuid.UUID) -> bool:
     refused it: the lease then simply expires and recovery re-issues (nothing to undo)."""
     from django_q.tasks import async_task
 
+    from upgrades.services import dispatch
+
+    options = {}
+    broker = dispatch._broker()  # the staged run's broker seam (KNOWLEDGE_UPGRADE_BROKER_CLASS)
+    if broker is not None:
+        options["broker"] = broker
     try:
         async_task(
             TASK_FUNCTION,
@@ -235,6 +241,7 @@ def publish(job_id, token: uuid.UUID) -> bool:
             task_name=f"reconcile:{token}",
             group="upgrade-reconcile",
             timeout=hard_timeout_seconds(),
+            **options,
         )
     except Exception:  # noqa: BLE001 - a broker failure is healed by expiry plus recovery
         logger.exception("could not publish reconciliation of job %s; recovery re-issues", job_id)

@@ -38,7 +38,6 @@ logger = logging.getLogger("knowledgefs.upgrades")
 SPACE_POLL_SECONDS = 30
 """A space that is not usable yet is looked at again after this many seconds (the sweep runs
 every minute, so in practice at the next sweep after this)."""
-RECONCILE_TASK = "upgrades.reconciliation_tasks.reconcile_documents"
 SPACE_SLUG_PREFIX = "upgrade-"
 #: Space profile states that let documents be admitted (a pending space validates itself at its
 #: first compilation).
@@ -488,21 +487,13 @@ def _succeed(job: UpgradeJob, task_id: str, counts: dict) -> None:
 
 
 def publish_reconcile(job_id, token) -> bool:
-    """Publish the reconciliation delivery carrying its lease token (by dotted path
-    ``upgrades.reconciliation_tasks.reconcile_documents``); a failure is logged and swallowed:
-    the lease expires and the reconciliation recovery schedule re-issues it."""
-    from django_q.tasks import async_task
+    """Publish the first reconciliation delivery carrying its lease token
+    (:func:`upgrades.services.reconciliation.publish`, with the delivery's hard timeout); a
+    failure is logged and swallowed: the lease expires and the reconciliation recovery schedule
+    re-issues it."""
+    from upgrades.services import reconciliation
 
-    try:
-        options = {"task_name": f"reconcile:{token}", "group": "upgrade-reconcile"}
-        broker = dispatch._broker()
-        if broker is not None:
-            options["broker"] = broker
-        async_task(RECONCILE_TASK, str(job_id), str(token), **options)
-    except Exception:  # noqa: BLE001 - the recovery schedule re-issues the expired lease
-        logger.exception("could not publish the reconciliation of upgrade %s", job_id)
-        return False
-    return True
+    return reconciliation.publish(job_id, token)
 
 
 def _completed(job: UpgradeJob, task_id: str) -> Outcome:
