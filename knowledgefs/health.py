@@ -12,6 +12,7 @@ components (docs/operations.md, "Readiness"):
 | ``model_runtime`` | the local ONNX model files are installed | one model-catalog page |
 | ``datasource_runtime`` | ``disabled`` (ready) | the client is configured; ``not_probed`` |
 | ``object_storage`` | write, read back and delete a 2-byte object | Dify's storage health |
+| ``search`` | the engine has a search backend (SQLite, PostgreSQL; not MySQL/MariaDB) | same |
 
 Bounds: a call to Dify gives up after :data:`PROBE_TIMEOUT_MS` (2 s, inline retries included);
 the checks run concurrently on a small pool and ``/ready`` waits at most
@@ -73,7 +74,14 @@ DETAIL_MAX_CHARS = 240
 
 logger = logging.getLogger("knowledgefs.health")
 
-COMPONENTS = ("auth", "database", "model_runtime", "datasource_runtime", "object_storage")
+COMPONENTS = (
+    "auth",
+    "database",
+    "model_runtime",
+    "datasource_runtime",
+    "object_storage",
+    "search",
+)
 
 
 @dataclass(frozen=True)
@@ -199,12 +207,26 @@ def check_object_storage() -> Check:
     return False, "failing", f"{type(store).__name__}: write, read back or delete failed"
 
 
+def check_search() -> Check:
+    """The default database's engine has a search backend (``retrieval.backends``): SQLite
+    (FTS5) or PostgreSQL (tsvector). MySQL/MariaDB fails: schema and migrations only."""
+    from retrieval.backends import unsupported_reason
+
+    vendor = connections[DEFAULT_DB_ALIAS].vendor
+    reason = unsupported_reason(vendor)
+    if reason is not None:
+        return False, "failing", _short(reason)
+    index = "FTS5" if vendor == "sqlite" else "tsvector"
+    return True, "ok", f"{vendor}: {index} keyword index and dense search"
+
+
 CHECKS: dict[str, Callable[[], Check]] = {
     "auth": check_auth,
     "database": check_database,
     "model_runtime": check_model_runtime,
     "datasource_runtime": check_datasource_runtime,
     "object_storage": check_object_storage,
+    "search": check_search,
 }
 
 

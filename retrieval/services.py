@@ -192,11 +192,13 @@ def retrieve(
     ``space_reconciliation_pending`` (the space is the target of an upgrade whose documents'
     availability is not applied yet: :mod:`upgrades.services.reconciliation`); 503
     ``embedding_model_unavailable``, ``rerank_unavailable`` (the reranker failed or answered a
-    score outside 0..1; nothing falls back silently).
+    score outside 0..1; nothing falls back silently), ``search_backend_unavailable`` (checked
+    first: the database engine has no search backend, i.e. MySQL/MariaDB).
     """
     from spaces.profiles import require_ready
     from upgrades.services.reconciliation import require_reconciled
 
+    backend = get_search_backend()
     profile = require_ready(space)
     require_reconciled(space.id)
     if top_k is None:
@@ -210,7 +212,6 @@ def retrieve(
     depth = min(
         max(top_k * RECALL_MULTIPLIER[mode], MIN_LEG_CANDIDATES), settings.RETRIEVAL_MAX_TOP_K
     )
-    backend = get_search_backend()
     # One read resolves the snapshot: the publication head and the space's active index version
     # (its number, model and dimension). A cutover changes both in one commit.
     head_revision, version = _snapshot(space.id)

@@ -115,5 +115,6 @@ def test_probes(client):
         "model_runtime",
         "datasource_runtime",
         "object_storage",
+        "search",
     }
     assert client.get("/v1/nope").json()["code"] == "not_found"

@@ -782,3 +782,31 @@ def test_the_mariadb_runner_skips_without_mariadbd_unless_required(
         run.stdout + run.stderr
     )
     assert message in run.stdout + run.stderr
+
+
+@pytest.mark.django_db
+def test_a_query_on_mysql_is_a_typed_503_and_ready_reports_search_failing(client, settings):
+    """Retrieval has search backends for SQLite and PostgreSQL only: on MySQL/MariaDB a query
+    is 503 ``search_backend_unavailable`` (never a 500) and ``/ready`` names ``search``; on the
+    other engines the same query runs and ``search`` is ok."""
+    from knowledgefs import health
+
+    health.reset()
+    space = client.post("/v1/knowledge-spaces", {"name": "Engines"}, format="json").json()
+    url = f"/v1/knowledge-spaces/{space['id']}/retrieval-tests"
+    answer = client.post(url, {"query": "coral reef"}, format="json")
+    search = client.get("/ready").json()["checks"]["search"]
+    if connection.vendor == "mysql":
+        assert answer.status_code == 503, answer.json()
+        assert answer.json()["code"] == "search_backend_unavailable"
+        assert answer.json()["details"] == {"vendor": "mysql"}
+        assert (
+            "MySQL/MariaDB is supported for the schema, migrations and downgrades only"
+            in (answer.json()["message"])
+        )
+        assert (search["ok"], search["state"]) == (False, "failing")
+        assert search["detail"].startswith("no search backend for the database engine MySQL")
+    else:
+        assert answer.status_code != 503 and answer.status_code < 500, answer.json()
+        assert (search["ok"], search["state"]) == (True, "ok")
+        assert search["detail"].startswith(connection.vendor)

@@ -4,25 +4,63 @@ from __future__ import annotations
 
 from django.db import connection
 
+from knowledgefs.errors import Unavailable
+
 from .base import IndexedNode, ScoredNode, SearchBackend
 
-__all__ = ["IndexedNode", "ScoredNode", "SearchBackend", "get_search_backend"]
+__all__ = [
+    "SUPPORTED_VENDORS",
+    "IndexedNode",
+    "ScoredNode",
+    "SearchBackend",
+    "SearchBackendUnavailable",
+    "get_search_backend",
+    "unsupported_reason",
+]
+
+#: Database vendors (Django's ``connection.vendor``) that have a search backend.
+SUPPORTED_VENDORS = ("sqlite", "postgresql")
 
 _backends: dict[str, SearchBackend] = {}
 
 
+class SearchBackendUnavailable(Unavailable):
+    """503 ``search_backend_unavailable``: the database engine has no search backend (MySQL and
+    MariaDB are supported for the schema, migrations and downgrades only)."""
+
+    code = "search_backend_unavailable"
+
+
+def unsupported_reason(vendor: str) -> str | None:
+    """``None`` when ``vendor`` has a search backend, else the operator-facing reason (one
+    line naming the engine; used by queries, indexing and the ``search`` readiness check)."""
+    if vendor in SUPPORTED_VENDORS:
+        return None
+    engine = "MySQL/MariaDB" if vendor == "mysql" else repr(vendor)
+    return (
+        f"no search backend for the database engine {engine} (vendor {vendor!r}): "
+        "MySQL/MariaDB is supported for the schema, migrations and downgrades only; "
+        "retrieval and indexing need SQLite or PostgreSQL"
+    )
+
+
 def get_search_backend() -> SearchBackend:
-    """The backend for the default database: ``sqlite`` → FTS5, ``postgresql`` → tsvector."""
+    """The backend for the default database: ``sqlite`` → FTS5, ``postgresql`` → tsvector.
+
+    Raises :class:`SearchBackendUnavailable` (503 ``search_backend_unavailable``, details
+    ``{"vendor"}``) on any other engine (MySQL/MariaDB), so a query there is never a 500.
+    """
     vendor = connection.vendor
     if vendor not in _backends:
+        reason = unsupported_reason(vendor)
+        if reason is not None:
+            raise SearchBackendUnavailable(reason, details={"vendor": vendor})
         if vendor == "sqlite":
             from .sqlite import SQLiteSearchBackend
 
             _backends[vendor] = SQLiteSearchBackend()
-        elif vendor == "postgresql":
+        else:
             from .postgres import PostgresSearchBackend
 
             _backends[vendor] = PostgresSearchBackend()
-        else:
-            raise RuntimeError(f"no search backend for database vendor {vendor!r}")
     return _backends[vendor]
