@@ -26,17 +26,18 @@ Lifecycle of a job's reconciliation lease (columns ``reconcile_*`` on :class:`Up
   (:func:`rearm_dead_lettered`).
 
 Owed documents are the job's ``succeeded`` hand-offs with ``state_reconciled_at`` and
-``state_dead_lettered_at`` NULL. A succeeded hand-off whose new document is gone (the tenant deleted it: the link is NULL or the
-row is missing) owes nothing either: nothing of it can be served, so it is reconciled with the
-note ``document_deleted: …`` in ``state_reconcile_error`` instead of failing until the dead
-letter. Legacy documents with the same bytes are deduplicated onto ONE new document at hand-off;
-they are reconciled as one group with one merged state (enabled when any of them is desired
-enabled; metadata merged in legacy-document order, the first value of a key wins) and
-checkpointed together with the note ``document_merged: …`` naming every overridden value.
+``state_dead_lettered_at`` NULL. A succeeded hand-off whose new document is gone (the tenant
+deleted it: the link is NULL or the row is missing) owes nothing either: nothing of it can be
+served, so it is reconciled with the note ``document_deleted: …`` in ``state_reconcile_error``
+instead of failing until the dead letter. Legacy documents with the same bytes are deduplicated
+onto ONE new document at hand-off; they are reconciled as one group with one merged state
+(enabled when any of them is desired enabled; metadata merged in legacy-document order, the
+first value of a key wins) and checkpointed together with the note ``document_merged: …``
+naming every overridden value.
 
-A hand-off that **failed** owes nothing: the run links a new
-document only when the hand-off succeeds, so there is nothing that could be served with the wrong
-availability; it shows in the job's ``failed_documents`` and does not hold the gate.
+A hand-off that **failed** owes nothing: the run links a new document only when the hand-off
+succeeds, so there is nothing that could be served with the wrong availability; it shows in the
+job's ``failed_documents`` and does not hold the gate.
 
 Retrieval on a space is refused (409 ``space_reconciliation_pending``) while any upgrade job whose
 target is that space has no ``reconcile_completed_at``: before success nothing is reconciled yet,
