@@ -686,3 +686,17 @@ def test_shared_document_stays_disabled_when_no_legacy_document_is_enabled(space
     assert _docs(job)[1].state_reconcile_error.endswith(
         "metadata merged in legacy order, the first value wins"
     )
+
+
+def test_a_document_deleted_between_lookup_and_write_is_reconciled_as_deleted(space):
+    job, token = succeeded_job(space, [Legacy("late.txt", "Narwhal ledger.", False, {"a": 1})])
+    document_id = _docs(job)[0].document_id
+    clock = SteppingClock(timezone.now())
+    # Calls: accept, batch start, deadline check, then the checkpoint: delete just before it.
+    clock.hooks[4] = lambda: (Document.objects.filter(id=document_id).delete(), clock.now)[1]
+    assert rec.run_delivery(job.id, token, clock=clock).status == "completed"
+    item = _docs(job)[0]
+    assert item.state_reconciled_at is not None and item.state_reconcile_attempt_count == 0
+    assert item.state_reconcile_error.startswith(
+        f"document_deleted: the new document {document_id} was deleted"
+    )
