@@ -133,3 +133,30 @@ def test_patch_route_applies_metadata_and_availability_with_if_match(client, spa
     assert (nothing.status_code, nothing.json()["code"]) == (400, "invalid_request")
     bad = client.patch(url, {"enabled": "no", "row_version": 4}, format="json")
     assert (bad.status_code, bad.json()["code"]) == (400, "invalid_availability")
+
+
+def test_the_text_of_a_disabled_document_is_refused_but_its_metadata_is_shown(client, space):
+    from tests.conftest import upload
+
+    created = upload(client, space, "lagoon.txt", TEXTS["lagoon.txt"].encode()).json()
+    doc = created["document"]["id"]
+    compile_all()
+    base = f"/v1/knowledge-spaces/{space.id}/documents"
+    text_url = f"{base}/{doc}/text"
+    served = client.get(text_url)
+    assert served.status_code == 200
+    assert served.json()["text"].startswith(TEXTS["lagoon.txt"][:20])
+    off = client.patch(f"{base}/{doc}", {"enabled": False, "row_version": 1}, format="json")
+    assert off.status_code == 200, off.content
+    refused = client.get(text_url)
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "document_disabled"
+    assert "enable it first" in refused.json()["message"]
+    assert TEXTS["lagoon.txt"][:20] not in refused.content.decode()
+    detail = client.get(f"{base}/{doc}")
+    assert (detail.status_code, detail.json()["enabled"]) == (200, False)
+    listed = {d["id"]: d["enabled"] for d in client.get(base).json()["results"]}
+    assert listed[doc] is False
+    on = client.patch(f"{base}/{doc}", {"enabled": True, "row_version": 2}, format="json")
+    assert on.status_code == 200, on.content
+    assert client.get(text_url).status_code == 200

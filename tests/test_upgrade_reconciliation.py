@@ -103,17 +103,17 @@ def test_not_visible_and_metadata_errors_count_an_attempt_and_keep_the_error(spa
         ],
     )
     missing = _docs(job)[2]
-    UpgradeDocument.objects.filter(id=missing.id).update(document=None)  # not visible yet
+    missing.document.delete()  # the link of a succeeded hand-off becomes NULL: deleted
     outcome = rec.run_delivery(job.id, token)
-    assert (outcome.reconciled, outcome.failed, outcome.remaining) == (1, 2, 2)
+    assert (outcome.reconciled, outcome.failed, outcome.remaining) == (2, 1, 1)
     assert outcome.status == "continued"  # progress was made: rotate and continue
     ok, bad, later = _docs(job)
     assert ok.state_reconciled_at is not None and ok.document.enabled is False
     assert bad.state_reconcile_attempt_count == 1
     assert bad.state_reconcile_error == "invalid_metadata: metadata must be a JSON object"
-    assert later.state_reconcile_attempt_count == 1
-    assert later.state_reconcile_error.startswith("document_missing: the handed-off document")
-    assert bad.state_reconciled_at is None and later.state_reconciled_at is None
+    assert bad.state_reconciled_at is None
+    assert later.state_reconciled_at is not None and later.state_reconcile_attempt_count == 0
+    assert later.state_reconcile_error.startswith("document_deleted: the new document was deleted")
 
 
 def test_a_batch_without_progress_releases_the_lease_for_recovery(space):
@@ -450,10 +450,10 @@ def test_dead_letter_after_capped_attempts_then_rearm(
 ):
     settings.KNOWLEDGE_UPGRADE_RECONCILE_MAX_ATTEMPTS = 2
     job, token = succeeded_job(
-        space, [Legacy("ok.txt", "Fine.", False), Legacy("gone.txt", "Vanished.", False)]
+        space,
+        [Legacy("ok.txt", "Fine.", False), Legacy("gone.txt", "Vanished.", False, "not an object")],
     )
     gone = _docs(job)[1]
-    UpgradeDocument.objects.filter(id=gone.id).update(document=None)
     with django_capture_on_commit_callbacks(execute=True):
         assert rec.run_delivery(job.id, token).status == "continued"  # ok reconciled
     ((_, t2),) = _published()
@@ -482,25 +482,16 @@ def test_dead_letter_after_capped_attempts_then_rearm(
     }
     assert "1 documents of upgrade job" in refused.value.message
     assert "re-arm dead-lettered reconciliation" in refused.value.message
-    # The operator restores the document and re-arms; recovery does the rest.
-    fresh = Document.objects.create(
-        tenant_id=space.tenant_id,
-        space=space,
-        filename="gone.txt",
-        mime_type="text/plain",
-        size_bytes=9,
-        sha256="f" * 64,
-        storage_key=f"test/{uuid.uuid4()}",
-    )
-    UpgradeDocument.objects.filter(id=gone.id).update(document=fresh)
+    # The operator repairs the snapshot and re-arms; recovery does the rest.
+    UpgradeDocument.objects.filter(id=gone.id).update(metadata_snapshot={"lang": "en"})
     assert rec.rearm_dead_lettered(job.id) == 1
     doc.refresh_from_db()
     assert (doc.state_dead_lettered_at, doc.state_reconcile_attempt_count) == (None, 0)
     with django_capture_on_commit_callbacks(execute=True):
         assert rec.recover_reconciliations().issued == [str(job.id)]
     assert rec.run_delivery(job.id, _published()[-1][1]).status == "completed"
-    fresh.refresh_from_db()
-    assert fresh.enabled is False
+    fresh = Document.objects.get(id=doc.document_id)
+    assert (fresh.enabled, fresh.metadata) == (False, {"lang": "en"})
     rec.require_reconciled(space.id)
 
 
@@ -600,3 +591,112 @@ def test_the_schedule_migration_is_reversible():
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+# Deleted documents and deduplicated hand-offs ---------------------------------------------------
+def test_a_document_deleted_by_the_tenant_owes_nothing_and_the_gate_opens(space, client):
+    from tests.conftest import compile_all
+
+    job, token = succeeded_job(
+        space, [Legacy("gone.txt", "Walrus tusk ledger.", False), Legacy("kept.txt", "Kelp bay.")]
+    )
+    gone = _docs(job)[0].document
+    deleted = client.delete(f"/v1/knowledge-spaces/{space.id}/documents/{gone.id}")
+    assert deleted.status_code == 204
+    assert rec.run_delivery(job.id, token).status == "completed"
+    first, second = _docs(job)
+    assert first.document is None and first.state_reconciled_at is not None
+    assert first.state_dead_lettered_at is None and first.state_reconcile_attempt_count == 0
+    assert first.state_reconcile_error == (
+        "document_deleted: the new document was deleted before its availability and metadata "
+        "were applied; nothing of it can be served, so nothing is owed"
+    )
+    assert second.state_reconciled_at is not None and second.state_reconcile_error is None
+    rec.require_reconciled(space.id)  # the gate is open
+    compile_all()
+    response = client.post(
+        f"/v1/knowledge-spaces/{space.id}/retrieval-tests", {"query": "kelp bay"}, format="json"
+    )
+    assert response.status_code == 200
+    assert [i["citation"]["filename"] for i in response.json()["items"]] == ["kept.txt"]
+
+
+def test_a_dead_lettered_document_deleted_later_completes_after_rearm(space, settings):
+    settings.KNOWLEDGE_UPGRADE_RECONCILE_MAX_ATTEMPTS = 1
+    job, token = succeeded_job(space, [Legacy("bad.txt", "Broken walrus.", True, "not an object")])
+    assert rec.run_delivery(job.id, token).status == "dead_lettered"
+    _docs(job)[0].document.delete()
+    assert rec.rearm_dead_lettered(job.id) == 1
+    report = rec.recover_reconciliations()
+    assert report.issued == [str(job.id)]
+    assert rec.run_delivery(job.id, _job(job).reconcile_lease_token).status == "completed"
+    item = _docs(job)[0]
+    assert item.state_reconciled_at is not None and item.state_dead_lettered_at is None
+    assert item.state_reconcile_error.startswith("document_deleted: ")
+
+
+@pytest.mark.parametrize("flags", [(True, False), (False, True)], ids=["ef", "fe"])
+@pytest.mark.parametrize("batch", [1, 10])
+def test_legacy_documents_sharing_bytes_get_one_merged_state(space, client, settings, flags, batch):
+    from tests.conftest import compile_all
+
+    settings.KNOWLEDGE_UPGRADE_RECONCILE_BATCH_SIZE = batch
+    text = "PINEAPPLE policies: the orchard ships on Tuesdays."
+    job, token = succeeded_job(
+        space,
+        [
+            Legacy("first.txt", text, flags[0], {"k": "first"}),
+            Legacy("second.txt", text, flags[1], {"k": "second", "only2": "x"}),
+        ],
+    )
+    first, second = _docs(job)
+    assert first.document_id == second.document_id  # deduplicated onto one document
+    outcome = rec.run_delivery(job.id, token)
+    assert (outcome.status, outcome.reconciled, outcome.failed) == ("completed", 2, 0)
+    document = Document.objects.get(id=first.document_id)
+    assert (document.enabled, document.metadata) == (True, {"k": "first", "only2": "x"})
+    assert document.row_version == 2  # metadata once; availability unchanged (already on)
+    note = (
+        f"document_merged: legacy documents legacy-0, legacy-1 share document {document.id}; "
+        "enabled=true (any of them enabled); metadata merged in legacy order, the first value "
+        "wins; conflicts: 'k': kept 'first' of legacy-0, dropped 'second' of legacy-1"
+    )
+    first, second = _docs(job)
+    assert first.state_reconciled_at == second.state_reconciled_at is not None
+    assert first.state_reconcile_error == second.state_reconcile_error == note
+    assert (first.state_reconcile_attempt_count, second.state_reconcile_attempt_count) == (0, 0)
+    compile_all()
+    response = client.post(
+        f"/v1/knowledge-spaces/{space.id}/retrieval-tests",
+        {"query": "PINEAPPLE policies"},
+        format="json",
+    )
+    assert response.status_code == 200
+    assert [i["citation"]["filename"] for i in response.json()["items"]] == ["first.txt"]
+
+
+def test_shared_document_stays_disabled_when_no_legacy_document_is_enabled(space):
+    text = "Quince archive, closed."
+    job, token = succeeded_job(
+        space, [Legacy("a.txt", text, False, {"k": 1}), Legacy("b.txt", text, False, {"k": 1})]
+    )
+    assert rec.run_delivery(job.id, token).status == "completed"
+    document = _docs(job)[0].document
+    assert (document.enabled, document.metadata) == (False, {"k": 1})
+    assert _docs(job)[1].state_reconcile_error.endswith(
+        "metadata merged in legacy order, the first value wins"
+    )
+
+
+def test_a_document_deleted_between_lookup_and_write_is_reconciled_as_deleted(space):
+    job, token = succeeded_job(space, [Legacy("late.txt", "Narwhal ledger.", False, {"a": 1})])
+    document_id = _docs(job)[0].document_id
+    clock = SteppingClock(timezone.now())
+    # Calls: accept, batch start, deadline check, then the checkpoint: delete just before it.
+    clock.hooks[4] = lambda: (Document.objects.filter(id=document_id).delete(), clock.now)[1]
+    assert rec.run_delivery(job.id, token, clock=clock).status == "completed"
+    item = _docs(job)[0]
+    assert item.state_reconciled_at is not None and item.state_reconcile_attempt_count == 0
+    assert item.state_reconcile_error.startswith(
+        f"document_deleted: the new document {document_id} was deleted"
+    )

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from ingestion.models import Document
 from ingestion.services.documents import admit_document
+from knowledgefs.errors import Conflict
 from upgrades.models import DocumentStatus, JobStage, JobStatus, UpgradeDocument, UpgradeJob
 
 
@@ -34,9 +35,16 @@ class Legacy:
 
 
 def admit(space, legacy: Legacy, enqueue: bool = False) -> Document:
-    return admit_document(
-        space, filename=legacy.name, data=legacy.text.encode(), enqueue=enqueue
-    ).document
+    """Admit the legacy bytes; the same bytes already in the space link to that document, as
+    the run's hand-off does (``duplicate_document`` → the existing document)."""
+    try:
+        return admit_document(
+            space, filename=legacy.name, data=legacy.text.encode(), enqueue=enqueue
+        ).document
+    except Conflict as exc:
+        if exc.code != "duplicate_document":
+            raise
+        return Document.objects.get(id=exc.details["existing_document_id"])
 
 
 def succeeded_job(

@@ -289,12 +289,20 @@ def published_text(
 
     Citation offsets are half-open code-point offsets into this text. Returns ``{"document_id",
     "length", "start", "end", "text"}``; at most 1,000,000 characters per call. Raises 409
+    ``document_disabled`` for a disabled document (a disabled document is never served: enable
+    it first; its metadata stays readable on the document routes), 409
     ``document_not_published`` before the first publication and 400 ``invalid_range``.
     """
     from ingestion.chunking import canonical_text
     from ingestion.parsing import Element
 
     document = get_document(principal, space_id, document_id)
+    if not document.enabled:
+        raise Conflict(
+            "the document is disabled and its content is not served; enable it first "
+            "(PATCH the document with enabled: true)",
+            code="document_disabled",
+        )
     if document.active_generation is None:
         raise Conflict("the document has no published version yet", code="document_not_published")
     artifact = ParseArtifact.objects.get(job_id=document.active_generation)

@@ -185,7 +185,10 @@ class UpgradeDocument(models.Model):
     ``desired_enabled`` is the legacy "enabled and not archived"; ``metadata_snapshot`` the legacy
     metadata values. ``document`` is the new document once handed off. The checkpoint is
     ``state_reconciled_at`` (NULL = still owed); attempts are counted and capped, after which the
-    document is dead-lettered (``state_dead_lettered_at``).
+    document is dead-lettered (``state_dead_lettered_at``). ``state_reconcile_error`` holds the
+    last failed attempt (``<code>: <message>``) while owed, and on a reconciled row the note of
+    how it was reconciled without its own write (``document_deleted: …``,
+    ``document_merged: …``), else NULL.
     """
 
     id = models.BigAutoField(primary_key=True)

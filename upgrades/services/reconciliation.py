@@ -26,9 +26,18 @@ Lifecycle of a job's reconciliation lease (columns ``reconcile_*`` on :class:`Up
   (:func:`rearm_dead_lettered`).
 
 Owed documents are the job's ``succeeded`` hand-offs with ``state_reconciled_at`` and
-``state_dead_lettered_at`` NULL. A hand-off that **failed** owes nothing: the run links a new
-document only when the hand-off succeeds, so there is nothing that could be served with the wrong
-availability; it shows in the job's ``failed_documents`` and does not hold the gate.
+``state_dead_lettered_at`` NULL. A succeeded hand-off whose new document is gone (the tenant
+deleted it: the link is NULL or the row is missing) owes nothing either: nothing of it can be
+served, so it is reconciled with the note ``document_deleted: …`` in ``state_reconcile_error``
+instead of failing until the dead letter. Legacy documents with the same bytes are deduplicated
+onto ONE new document at hand-off; they are reconciled as one group with one merged state
+(enabled when any of them is desired enabled; metadata merged in legacy-document order, the
+first value of a key wins) and checkpointed together with the note ``document_merged: …``
+naming every overridden value.
+
+A hand-off that **failed** owes nothing: the run links a new document only when the hand-off
+succeeds, so there is nothing that could be served with the wrong availability; it shows in the
+job's ``failed_documents`` and does not hold the gate.
 
 Retrieval on a space is refused (409 ``space_reconciliation_pending``) while any upgrade job whose
 target is that space has no ``reconcile_completed_at``: before success nothing is reconciled yet,
@@ -49,7 +58,11 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from ingestion.models import Document
-from ingestion.services.availability import patch_document_metadata, set_document_availability
+from ingestion.services.availability import (
+    patch_document_metadata,
+    set_document_availability,
+    validate_metadata_patch,
+)
 from knowledgefs.errors import Conflict, NotFound, ServiceError
 from upgrades.models import DocumentStatus, JobStatus, UpgradeDocument, UpgradeJob
 
@@ -278,19 +291,20 @@ def run_delivery(job_id, lease_token, *, clock: Clock = timezone.now) -> Deliver
             : settings.KNOWLEDGE_UPGRADE_RECONCILE_BATCH_SIZE
         ]
     )
+    groups = _groups(lease.job_id, batch)
     # Only this batch's documents are looked up (never the whole space).
-    documents = Document.objects.in_bulk([d.document_id for d in batch if d.document_id])
+    documents = Document.objects.in_bulk([g.document_id for g in groups if g.document_id])
     space_id = UpgradeJob.objects.filter(id=lease.job_id).values_list("space_id", flat=True)[0]
     outcome = DeliveryOutcome("continued")
-    for item in batch:
+    for group in groups:
         if clock() >= deadline:
             outcome.stopped_early = True
             break
         try:
-            if _checkpoint(lease, item, documents.get(item.document_id), space_id, clock):
-                outcome.reconciled += 1
+            if _checkpoint(lease, group, documents.get(group.document_id), space_id, clock):
+                outcome.reconciled += len(group.owed)
             else:
-                outcome.failed += 1
+                outcome.failed += len(group.owed)
         except _LeaseLost:
             outcome.status = "lease_lost"
             return outcome
@@ -325,45 +339,142 @@ def _fence(lease: Lease, now: datetime) -> None:
         raise _LeaseLost
 
 
+@dataclass
+class _Group:
+    """The hand-offs of one job that share one new document, in legacy-document order (the
+    snapshot's order: ``UpgradeDocument.id``). ``members`` are all of them (their desired states
+    are merged); ``owed`` those this checkpoint marks reconciled. A hand-off whose document link
+    is NULL forms a group of its own."""
+
+    document_id: uuid.UUID | None
+    members: list[UpgradeDocument]
+    owed: list[UpgradeDocument]
+
+
+def _groups(job_id, batch: list[UpgradeDocument]) -> list[_Group]:
+    """The batch as groups by new document: two legacy documents with the same bytes are
+    deduplicated onto one document at hand-off, so every succeeded hand-off of the job linking
+    it (also outside the batch, and already reconciled ones) takes part in its merged state,
+    and all of them that are owed are checkpointed together. One query."""
+    linked = {item.document_id for item in batch if item.document_id}
+    siblings: dict = {}
+    rows = UpgradeDocument.objects.filter(
+        job_id=job_id, status=DocumentStatus.SUCCEEDED, document_id__in=linked
+    ).order_by("id")
+    for row in rows:
+        siblings.setdefault(row.document_id, []).append(row)
+    groups: list[_Group] = []
+    seen: set = set()
+    for item in batch:
+        if item.document_id is None:
+            groups.append(_Group(None, [item], [item]))
+            continue
+        if item.document_id in seen:
+            continue
+        seen.add(item.document_id)
+        members = siblings.get(item.document_id) or [item]
+        owed = [
+            m for m in members if m.state_reconciled_at is None and m.state_dead_lettered_at is None
+        ]
+        groups.append(_Group(item.document_id, members, owed or [item]))
+    return groups
+
+
 def _checkpoint(
-    lease: Lease, item: UpgradeDocument, document: Document | None, space_id, clock: Clock
+    lease: Lease, group: _Group, document: Document | None, space_id, clock: Clock
 ) -> bool:
-    """Apply one document under the lease; ``True`` when reconciled, ``False`` when the attempt
-    failed and was recorded. Raises :class:`_LeaseLost` with nothing written."""
+    """Apply one document's merged state under the lease and checkpoint every owed hand-off of
+    it together; ``True`` when reconciled, ``False`` when the attempt failed and was recorded on
+    each of them. Raises :class:`_LeaseLost` with nothing written."""
+    ids = [m.id for m in group.owed]
     with transaction.atomic():
         now = clock()
         _fence(lease, now)
         try:
             with transaction.atomic():
-                _apply(item, document, space_id)
-                UpgradeDocument.objects.filter(id=item.id, state_reconciled_at__isnull=True).update(
-                    state_reconciled_at=now, state_reconcile_error=None, updated_at=now
+                note = _apply(group, document, space_id)
+                UpgradeDocument.objects.filter(id__in=ids, state_reconciled_at__isnull=True).update(
+                    state_reconciled_at=now,
+                    state_reconcile_error=note[:MAX_ERROR_CHARS] if note else None,
+                    updated_at=now,
                 )
             return True
         except Exception as exc:  # noqa: BLE001 - every failure counts one attempt
-            _record_attempt(item, exc, now)
+            for item in group.owed:
+                _record_attempt(item, exc, now)
             return False
 
 
-def _apply(item: UpgradeDocument, document: Document | None, space_id) -> int:
-    """Metadata first, then availability when it differs, chaining the row versions; returns
-    the final row version."""
+def _deleted_note(group: _Group) -> str:
+    which = f"document {group.document_id}" if group.document_id else "document"
+    return (
+        f"document_deleted: the new {which} was deleted before its availability and metadata "
+        "were applied; nothing of it can be served, so nothing is owed"
+    )
+
+
+def _apply(group: _Group, document: Document | None, space_id) -> str | None:
+    """Metadata first, then availability when it differs, chaining the row versions; returns the
+    note recorded with the checkpoint (``None``, or why it was reconciled without a write).
+
+    A hand-off is ``succeeded`` only together with its document link, so a missing document
+    (the link set NULL, or the row gone) was deleted by the tenant: it is reconciled with a
+    ``document_deleted`` note instead of failing for ever. Raises ``_DocumentNotReady``
+    (``document_outside_space``) and the write errors of :mod:`ingestion.services.availability`.
+    """
     if document is None:
-        raise _DocumentNotReady(
-            "document_missing",
-            "the handed-off document is not visible (not linked yet, or deleted)",
-        )
+        return _deleted_note(group)
     if document.space_id != space_id:
         raise _DocumentNotReady(
             "document_outside_space", "the linked document is not in the upgrade's space"
         )
+    enabled, patch, note = _merged_state(group)
     version = document.row_version
-    patch = _metadata_patch(item.metadata_snapshot)
-    if patch:
-        version = patch_document_metadata(document.id, patch, version)
-    if document.enabled != item.desired_enabled:
-        version = set_document_availability(document.id, item.desired_enabled, version)
-    return version
+    try:
+        if patch:
+            version = patch_document_metadata(document.id, patch, version)
+        if document.enabled != enabled:
+            set_document_availability(document.id, enabled, version)
+    except NotFound as exc:
+        if exc.code != "document_not_found":
+            raise
+        return _deleted_note(group)
+    return note
+
+
+def _merged_state(group: _Group) -> tuple[bool, object, str | None]:
+    """``(enabled, metadata patch, note)`` of a group. One hand-off: its own desired state.
+    Several (legacy documents deduplicated onto one document): enabled when ANY of them is
+    desired enabled (the shared content is served if one legacy document served it); metadata is
+    the merge of their snapshots in legacy-document order where the first legacy document
+    holding a key wins, and every overridden value is named in the note. Raises 400
+    ``invalid_metadata`` for a snapshot that is not an object."""
+    if len(group.members) == 1:
+        only = group.members[0]
+        return only.desired_enabled, _metadata_patch(only.metadata_snapshot), None
+    enabled = any(m.desired_enabled for m in group.members)
+    merged: dict = {}
+    source: dict = {}
+    conflicts: list[str] = []
+    for member in group.members:
+        patch = validate_metadata_patch(_metadata_patch(member.metadata_snapshot))
+        for key, value in patch.items():
+            if key not in merged:
+                merged[key], source[key] = value, member.legacy_document_id
+            elif merged[key] != value:
+                conflicts.append(
+                    f"{key!r}: kept {merged[key]!r} of {source[key]}, "
+                    f"dropped {value!r} of {member.legacy_document_id}"
+                )
+    legacy = ", ".join(m.legacy_document_id for m in group.members)
+    note = (
+        f"document_merged: legacy documents {legacy} share document {group.document_id}; "
+        f"enabled={str(enabled).lower()} (any of them enabled); metadata merged in legacy order, "
+        "the first value wins"
+    )
+    if conflicts:
+        note += "; conflicts: " + "; ".join(conflicts)
+    return enabled, merged, note
 
 
 def _metadata_patch(snapshot) -> dict:
