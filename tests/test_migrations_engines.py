@@ -180,6 +180,7 @@ def populate() -> dict:
         snapshot_at=now,
         status="succeeded",
         space=space,
+        reconcile_completed_at=now,  # finished: an unfinished job blocks upgrades.0001's reversal
     )
     UpgradeJob.objects.create(
         tenant_id=tenant,
@@ -188,6 +189,7 @@ def populate() -> dict:
         requested_by="u1",
         owner="u1",
         snapshot_at=now,
+        status="failed",
     )
     UpgradeDocument.objects.create(
         job=job,
