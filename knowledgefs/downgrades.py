@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from django.core.management.base import CommandError
 from django.db.migrations.exceptions import AmbiguityError
 from django.db.migrations.executor import MigrationExecutor
+from django.db.models import Q
 
 # How many key prefixes a refusal lists (the count is always exact).
 LISTED_PREFIXES = 20
@@ -148,6 +149,133 @@ register(
             "only to knowledge spaces, which SQL printed by sqlmigrate cannot make; run "
             "`manage.py kfs downgrade-check spaces 0002` and then `manage.py migrate spaces 0002` "
             "against the database instead"
+        ),
+    )
+)
+
+
+def disabled_documents(apps, alias: str) -> list[str]:
+    """Ids of documents whose availability is off. Reversing ``ingestion.0007`` drops
+    ``Document.enabled``; applied again, it comes back ``True``, so these documents would be
+    retrievable after a downgrade and upgrade."""
+    Document = apps.get_model("ingestion", "Document")
+    return [
+        str(pk)
+        for pk in Document.objects.using(alias).filter(enabled=False).values_list("id", flat=True)
+    ]
+
+
+CUT_OVER = ("cutover", "observing", "ready_for_cleanup")
+SWITCH_FIELDS = (
+    "product_routes_enabled",
+    "capability_v2_enabled",
+    "integrated_mode_enabled",
+    "legacy_acl_read_only",
+)
+
+
+def closed_or_cleaning_ledgers(apps, alias: str) -> list[str]:
+    """Tenant ids of cutover ledgers whose runtime gate is closed (not cut over, rolled back or
+    a switch off; the rule of ``upgrades.services.cutover.gate_state``) or whose irreversible
+    cleanup started. Reversing ``upgrades.0002`` drops the ledgers, which reopens the product
+    routes of the first kind and forgets that the second kind's legacy data is going."""
+    Ledger = apps.get_model("upgrades", "WorkspaceCutoverLedger")
+    closed = Q(rolled_back_at__isnull=False) | Q(cutover_at__isnull=True)
+    closed |= ~Q(phase__in=CUT_OVER)
+    for name in SWITCH_FIELDS:
+        closed |= Q(**{name: False})
+    closed |= Q(irreversible_cleanup_at__isnull=False)
+    return list(Ledger.objects.using(alias).filter(closed).values_list("tenant_id", flat=True))
+
+
+def unfinished_upgrade_jobs(apps, alias: str) -> list[str]:
+    """Ids of upgrade jobs queued or running, or succeeded with their reconciliation not done.
+    Reversing ``upgrades.0001`` drops the jobs; the spaces of such jobs would keep a retrieval
+    gate nothing can open any more (and running work would be lost)."""
+    Job = apps.get_model("upgrades", "UpgradeJob")
+    unfinished = Q(status__in=["queued", "running"])
+    unfinished |= Q(status="succeeded", reconcile_completed_at__isnull=True)
+    return [
+        str(pk) for pk in Job.objects.using(alias).filter(unfinished).values_list("id", flat=True)
+    ]
+
+
+def nothing_blocks_live(apps, alias: str) -> list[str]:
+    """No live condition: the migration reverses itself correctly through ``migrate``; only its
+    printed SQL (``sqlmigrate --backwards``) is refused."""
+    return []
+
+
+def _sql_only(label: str, target: str, why: str) -> str:
+    return (
+        f"refused: reversing {label} needs {why}, which SQL printed by sqlmigrate cannot do; run "
+        f"`manage.py kfs downgrade-check {target}` and then `manage.py migrate {target}` against "
+        "the database instead"
+    )
+
+
+register(
+    Guard(
+        app_label="ingestion",
+        migration="0007_document_availability",
+        code="disabled_documents",
+        message=(
+            "documents are disabled; reversing this migration drops their availability and "
+            "applying it again would make them retrievable. Enable or delete those documents "
+            "first (PATCH /v1/knowledge-spaces/{space}/documents/{id} with enabled true, or "
+            "DELETE it)"
+        ),
+        blockers=disabled_documents,
+        sql_only_message=_sql_only(
+            "document availability", "ingestion 0006", "a live check of disabled documents"
+        ),
+    )
+)
+register(
+    Guard(
+        app_label="upgrades",
+        migration="0002_cutover_ledger",
+        code="cutover_ledgers_in_use",
+        message=(
+            "cutover ledgers have a closed gate or a started cleanup; reversing this migration "
+            "drops them and would reopen those tenants' product routes. Finish the cutover "
+            "(`manage.py kfs cutover`), or delete the ledgers of tenants that are done with it, "
+            "first"
+        ),
+        blockers=closed_or_cleaning_ledgers,
+        sql_only_message=_sql_only(
+            "the cutover ledgers", "upgrades 0001", "a live check of the ledgers' gates"
+        ),
+    )
+)
+register(
+    Guard(
+        app_label="upgrades",
+        migration="0001_upgrade_jobs",
+        code="upgrade_jobs_unfinished",
+        message=(
+            "upgrade jobs are queued, running, or succeeded with reconciliation not done; "
+            "reversing this migration drops them and their spaces would keep a retrieval gate "
+            "nothing opens. Let them finish and reconcile (`manage.py kfs upgrade`), or delete "
+            "them through the admin, first"
+        ),
+        blockers=unfinished_upgrade_jobs,
+        sql_only_message=_sql_only(
+            "the upgrade jobs", "upgrades zero", "a live check of unfinished upgrade jobs"
+        ),
+    )
+)
+register(
+    Guard(
+        app_label="upgrades",
+        migration="0004_cleanup_completion",
+        code="sql_only",
+        message="",
+        blockers=nothing_blocks_live,
+        sql_only_message=_sql_only(
+            "the cleanup completion",
+            "upgrades 0003",
+            "completed authorizations demoted to started before the three-status checks return",
         ),
     )
 )

@@ -60,6 +60,7 @@ def test_request_form_approve_four_eyes_start_complete(client, django_user_model
 
     page = act(client, "approve_authorizations", authorization)
     assert "four_eyes_required" in page and "another operator must approve it" in page
+    assert f"Cleanup of {tenant} refused: four_eyes_required" in page  # tenant id as stored
     assert CleanupAuthorization.objects.get().status == "requested"
 
     client.logout()

@@ -151,6 +151,9 @@ def test_a_stale_version_or_phase_changes_nothing(tenant):
         ({"activation_id": ""}, "invalid_ack"),
         ({"activation_id": "a\nb"}, "invalid_ack"),
         ({"ledger_cas_version": -1}, "invalid_ack"),
+        ({"ledger_cas_version": 10**40}, "invalid_ack"),
+        ({"activation_revision": 10**40}, "invalid_ack"),
+        ({"activation_revision": 2**63}, "invalid_ack"),
         ({"tenant_id": "tenant-b"}, "ack_mismatch"),
         ({"ledger_cas_version": 2}, "ack_mismatch"),
         ({"ledger_cas_version": 4}, "ack_mismatch"),
@@ -300,6 +303,49 @@ def test_cutover_rollback_cutover_on_a_real_product_route(client, tenant, space)
     assert cutover.workspace_gate(tenant) == (True, "open", "cut over (phase cutover)")
     assert client.get(SPACES).status_code == 200
     assert client.get(f"{SPACES}/{space.id}").status_code == 200
+
+
+def test_integers_beyond_the_bigint_columns_are_400_and_change_nothing(tenant):
+    ledger = step(step(cutover.create_ledger(tenant)[0], "backfill"), "shadow")
+    before = snapshot(tenant)
+    huge = freeze_ack(ledger, freeze_revision=10**40)
+    assert (
+        "9223372036854775807"
+        in refused(lambda: step(ledger, "frozen", ack=huge), "invalid_ack").message
+    )
+    for version in (10**40, -1):
+        error = refused(
+            lambda v=version: cutover.advance(
+                tenant, expected_phase="shadow", expected_cas_version=v, to_phase="frozen"
+            ),
+            "invalid_version",
+        )
+        assert error.status == 400
+    refused(lambda: cutover.recutover(tenant, expected_cas_version=10**30, ack={}),
+            "invalid_version")  # fmt: skip
+    assert snapshot(tenant) == before
+    ledger = step(ledger, "frozen", ack=freeze_ack(ledger, freeze_revision=2**63 - 1))
+    assert ledger.remote_freeze_revision == 2**63 - 1
+
+
+def test_steps_that_take_nothing_name_the_field_they_were_given(tenant):
+    ledger = step(cutover.create_ledger(tenant)[0], "backfill")
+    smoke = {"checks": [{"name": "q", "passed": True}]}
+    error = refused(lambda: step(ledger, "shadow", smoke_results=smoke), "invalid_smoke_results")
+    assert error.message == "the step to shadow takes no smoke_results"
+    error = refused(lambda: step(ledger, "shadow", ack=freeze_ack(ledger)), "invalid_ack")
+    assert error.message == "the step to shadow takes no ack"
+
+
+def test_recutover_of_a_workspace_never_rolled_back_is_not_rolled_back_in_any_phase(tenant):
+    ledger = cut_over(tenant)
+    error = refused(
+        lambda: cutover.recutover(
+            tenant, expected_cas_version=ledger.cas_version, ack=activation_ack(ledger)
+        ),
+        "not_rolled_back",
+    )
+    assert error.status == 409
 
 
 def test_recutover_needs_a_rollback_and_advance_from_frozen_also_clears_it(tenant):

@@ -180,6 +180,7 @@ def populate() -> dict:
         snapshot_at=now,
         status="succeeded",
         space=space,
+        reconcile_completed_at=now,  # finished: an unfinished job blocks upgrades.0001's reversal
     )
     UpgradeJob.objects.create(
         tenant_id=tenant,
@@ -188,6 +189,7 @@ def populate() -> dict:
         requested_by="u1",
         owner="u1",
         snapshot_at=now,
+        status="failed",
     )
     UpgradeDocument.objects.create(
         job=job,
@@ -529,6 +531,32 @@ def test_models_and_migrations_agree():
     out = StringIO()
     call_command("makemigrations", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+GENERATED_FROM = {"status", "dataset_id"}  # the inputs of upgrade_job.active_dataset_id
+
+
+def test_a_later_migration_altering_the_generated_column_s_inputs_drops_it_first():
+    """PostgreSQL refuses ALTER TYPE of a column a generated column uses: a migration that alters
+    UpgradeJob.status or dataset_id must remove active_dataset_id before, in that migration."""
+    from django.db.migrations.operations import AlterField, RemoveField, RenameField
+
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    for (app, name), migration in loader.disk_migrations.items():
+        if (app, name) == ("upgrades", "0001_upgrade_jobs"):
+            continue
+        removed = False
+        for operation in migration.operations:
+            if getattr(operation, "model_name", "").lower() != "upgradejob":
+                continue
+            if isinstance(operation, RemoveField) and operation.name == "active_dataset_id":
+                removed = True
+            touched = {getattr(operation, "name", None), getattr(operation, "old_name", None)}
+            if isinstance(operation, AlterField | RenameField) and touched & GENERATED_FROM:
+                assert removed, (
+                    f"{app}.{name} alters UpgradeJob.{touched & GENERATED_FROM} without removing "
+                    "active_dataset_id first (PostgreSQL refuses it; see upgrades/models/jobs.py)"
+                )
 
 
 def test_one_leaf_per_app_and_the_upgrade_migrations_descend_from_what_they_need():

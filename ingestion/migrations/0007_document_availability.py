@@ -3,6 +3,8 @@ starting at 1) for compare-and-set writes of availability and metadata."""
 
 from django.db import migrations, models
 
+from knowledgefs.migration_ops import GuardedReversal
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -26,4 +28,6 @@ class Migration(migrations.Migration):
                 condition=models.Q(("row_version__gte", 1)), name="document_row_version_positive"
             ),
         ),
+        # Last, so that it runs first when reversed: knowledgefs.downgrades.
+        GuardedReversal(guard="ingestion.0007_document_availability"),
     ]

@@ -91,7 +91,7 @@ def _report(admin_view, request, queryset, verb: str, call) -> None:
         except ServiceError as exc:
             admin_view.message_user(
                 request,
-                f"{authorization.tenant_id}: {exc.code}: {exc.message}",
+                f"Cleanup of {authorization.tenant_id} refused: {exc.code}: {exc.message}",
                 messages.ERROR,
             )
             continue

@@ -8,6 +8,8 @@ from knowledgefs.migration_ops import VendorRunSQL
 import uuid
 from django.db import migrations, models
 
+from knowledgefs.migration_ops import GuardedReversal
+
 
 class Migration(migrations.Migration):
 
@@ -175,4 +177,6 @@ class Migration(migrations.Migration):
             ),
             reverse_sql="DROP INDEX upgrade_job_active_dataset_gen_uq ON upgrade_job",
         ),
+        # Last, so that it runs first when reversed: knowledgefs.downgrades.
+        GuardedReversal(guard="upgrades.0001_upgrade_jobs"),
     ]

@@ -3,6 +3,8 @@ switches and the remote freeze / activation evidence, with their check constrain
 
 from django.db import migrations, models
 
+from knowledgefs.migration_ops import GuardedReversal
+
 
 class Migration(migrations.Migration):
 
@@ -47,4 +49,6 @@ class Migration(migrations.Migration):
                 'constraints': [models.CheckConstraint(condition=models.Q(('phase__in', ['inventory', 'backfill', 'shadow', 'frozen', 'cutover', 'observing', 'ready_for_cleanup'])), name='upgrade_ledger_phase_ck'), models.CheckConstraint(condition=models.Q(('cas_version__gte', 0)), name='upgrade_ledger_cas_version_ck'), models.CheckConstraint(condition=models.Q(models.Q(('remote_freeze_acked_at__isnull', True), ('remote_freeze_id__isnull', True), ('remote_freeze_revision__isnull', True)), models.Q(('remote_freeze_acked_at__isnull', False), ('remote_freeze_id__isnull', False), ('remote_freeze_revision__isnull', False)), _connector='OR'), name='upgrade_ledger_freeze_evidence_ck'), models.CheckConstraint(condition=models.Q(models.Q(('activation_acked_at__isnull', True), ('activation_id__isnull', True), ('activation_ledger_cas_version__isnull', True), ('activation_revision__isnull', True)), models.Q(('activation_acked_at__isnull', False), ('activation_id__isnull', False), ('activation_ledger_cas_version__isnull', False), ('activation_revision__isnull', False)), _connector='OR'), name='upgrade_ledger_activation_evidence_ck'), models.CheckConstraint(condition=models.Q(models.Q(('smoke_passed_at__isnull', True), ('smoke_results__isnull', True)), models.Q(('smoke_passed_at__isnull', False), ('smoke_results__isnull', False)), _connector='OR'), name='upgrade_ledger_smoke_ck'), models.CheckConstraint(condition=models.Q(('cutover_at__isnull', True), ('freeze_at__isnull', False), _connector='OR'), name='upgrade_ledger_cutover_needs_freeze_ck'), models.CheckConstraint(condition=models.Q(('rollback_cutoff_at__isnull', True), ('cutover_at__isnull', False), _connector='OR'), name='upgrade_ledger_cutoff_needs_cutover_ck'), models.CheckConstraint(condition=models.Q(models.Q(('observation_ends_at__isnull', True), ('observation_started_at__isnull', True)), models.Q(('observation_ends_at__isnull', False), ('observation_started_at__isnull', False)), _connector='OR'), name='upgrade_ledger_observation_ck'), models.CheckConstraint(condition=models.Q(models.Q(('phase__in', ['frozen', 'cutover', 'observing', 'ready_for_cleanup']), _negated=True), models.Q(('freeze_at__isnull', False), ('remote_freeze_id__isnull', False)), _connector='OR'), name='upgrade_ledger_frozen_evidence_ck'), models.CheckConstraint(condition=models.Q(models.Q(('phase__in', ['cutover', 'observing', 'ready_for_cleanup']), _negated=True), models.Q(('activation_id__isnull', False), ('cutover_at__isnull', False)), _connector='OR'), name='upgrade_ledger_cutover_evidence_ck')],
             },
         ),
+        # Last, so that it runs first when reversed: knowledgefs.downgrades.
+        GuardedReversal(guard="upgrades.0002_cutover_ledger"),
     ]

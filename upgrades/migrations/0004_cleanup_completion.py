@@ -9,6 +9,8 @@ Restoring the old checks first would fail on any completed row.
 
 from django.db import migrations, models
 
+from knowledgefs.migration_ops import GuardedReversal
+
 
 def completion_needs_no_backfill(apps, schema_editor):
     """Forwards: nothing to change; no row can be ``completed`` before this status exists."""
@@ -94,4 +96,6 @@ class Migration(migrations.Migration):
         ),
         # (1) reversed first: completed rows back to started.
         migrations.RunPython(completion_needs_no_backfill, demote_completed_to_started),
+        # Last, so that it runs first when reversed: knowledgefs.downgrades.
+        GuardedReversal(guard="upgrades.0004_cleanup_completion"),
     ]

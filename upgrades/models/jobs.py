@@ -17,6 +17,14 @@ Uniqueness "one active upgrade per Dataset": a partial unique index on (``tenant
 no partial indexes, so there the stored generated column ``active_dataset_id`` (the dataset id
 while queued or running, else NULL) carries a unique index, added by a MySQL-only migration
 operation. NULLs never collide, so finished jobs for one Dataset are allowed everywhere.
+
+Changing ``status`` or ``dataset_id`` later: ``active_dataset_id`` is computed from both, and
+PostgreSQL refuses ``ALTER COLUMN … TYPE`` on a column a generated column uses. A migration that
+alters either field must remove ``active_dataset_id`` first (on MySQL/MariaDB after dropping its
+unique index ``upgrade_job_active_dataset_gen_uq``), alter the field, then add both back, all in
+one migration; ``tests/test_migrations_engines.py`` fails otherwise. On MySQL/MariaDB text
+comparison follows the ``_ci`` collation, so the uniqueness is case-insensitive there (Dify ids
+are lowercase UUIDs; see docs/upgrades.md, "Engine differences").
 """
 
 from __future__ import annotations

@@ -54,6 +54,9 @@ ACTIVATION_ACK_KEYS = frozenset(
 )
 #: Smoke results: at most this many checks, each name at most 128 characters.
 MAX_SMOKE_CHECKS = 100
+# Largest value of the ledger's BigInteger columns (versions, revisions): 2**63 - 1, the signed
+# 64-bit range every supported engine stores; a larger integer from input is 400, never 500.
+BIGINT_MAX = 2**63 - 1
 
 GATE_CLOSED_CODE = "workspace_cutover_closed"
 
@@ -198,6 +201,20 @@ def _stale(current: WorkspaceCutoverLedger) -> StaleVersion:
     )
 
 
+def _check_version(expected_version: Any) -> None:
+    """400 ``invalid_version`` unless ``expected_version`` is an integer in the column's range
+    (0 to :data:`BIGINT_MAX`)."""
+    if (
+        isinstance(expected_version, bool)
+        or not isinstance(expected_version, int)
+        or not 0 <= expected_version <= BIGINT_MAX
+    ):
+        raise InvalidInput(
+            f"expected_cas_version must be an integer from 0 to {BIGINT_MAX}",
+            code="invalid_version",
+        )
+
+
 def _expect(tenant_id: str, expected_phase: str, expected_version: Any) -> WorkspaceCutoverLedger:
     """Read the ledger and check the caller's expectation (400 for malformed ones)."""
     if expected_phase not in CutoverPhase.values:
@@ -205,8 +222,7 @@ def _expect(tenant_id: str, expected_phase: str, expected_version: Any) -> Works
             f"expected_phase must be one of {', '.join(CutoverPhase.values)}",
             code="invalid_phase",
         )
-    if isinstance(expected_version, bool) or not isinstance(expected_version, int):
-        raise InvalidInput("expected_cas_version must be an integer", code="invalid_version")
+    _check_version(expected_version)
     ledger = get_ledger(tenant_id)
     if ledger.phase != expected_phase or ledger.cas_version != expected_version:
         raise _stale(ledger)
@@ -227,8 +243,10 @@ def _ack_text(ack: dict, key: str) -> str:
 
 def _ack_int(ack: dict, key: str, low: int) -> int:
     value = ack[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidInput(f"ack.{key} must be an integer ≥ {low}", code="invalid_ack")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= BIGINT_MAX:
+        raise InvalidInput(
+            f"ack.{key} must be an integer from {low} to {BIGINT_MAX}", code="invalid_ack"
+        )
     return value
 
 
@@ -284,7 +302,11 @@ def advance(
         )
     if to_phase in (CutoverPhase.BACKFILL, CutoverPhase.SHADOW):
         if ack is not None or smoke_results is not None:
-            raise InvalidInput(f"the step to {to_phase} takes no ack", code="invalid_ack")
+            field = "ack" if ack is not None else "smoke_results"
+            raise InvalidInput(
+                f"the step to {to_phase} takes no {field}",
+                code="invalid_smoke_results" if field == "smoke_results" else "invalid_ack",
+            )
         return _cas(ledger, {"phase": to_phase}, now=now)
     step = {
         CutoverPhase.FROZEN: _freeze,
@@ -475,10 +497,11 @@ def recutover(
     and turns the four switches on, so the runtime gate admits traffic again. 409
     ``not_rolled_back`` if the workspace was never rolled back; otherwise as :func:`advance`."""
     now = _now(now)
-    ledger = _expect(tenant_id, CutoverPhase.FROZEN, expected_cas_version)
-    if ledger.rolled_back_at is None:
+    _check_version(expected_cas_version)
+    if get_ledger(tenant_id).rolled_back_at is None:
         raise Conflict(
             "the workspace was not rolled back; advance it from frozen instead",
             code="not_rolled_back",
         )
+    ledger = _expect(tenant_id, CutoverPhase.FROZEN, expected_cas_version)
     return _cut_over(ledger, ack=ack, smoke_results=None, now=now)

@@ -548,8 +548,13 @@ class Command(BaseCommand):
 
     def downgrade_check(self, options: dict) -> None:
         """The plan and the refusals (knowledgefs.downgrades); exit status 3 when refused."""
+        alias = options["database"]
+        if alias not in connections:
+            raise CommandError(
+                f"--database {alias!r} is not configured (known: {', '.join(connections)})"
+            )
         result = downgrades.check_downgrade(
-            connections[options["database"]], options["app_label"], options["migration"]
+            connections[alias], options["app_label"], options["migration"]
         )
         lines = [
             f"plan for migrate {result.target[0]} {result.target[1]}: {len(result.plan)} step(s)"
