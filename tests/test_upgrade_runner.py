@@ -443,3 +443,48 @@ def test_two_concurrent_sweeps_dispatch_a_lost_claim_exactly_once(settings):
     assert errors == []
     assert sum(r.dispatched for r in reports) == 1
     assert [args for _, args in messages()] == [(str(job.id), reload(job).task_id)]
+
+
+# --- one unreadable legacy file fails only its document (per-object storage failures) -----------
+
+
+def test_a_directory_at_a_storage_key_fails_only_that_document(object_storage):
+    docs = [
+        legacy_file("good.txt", TEXT_A, doc_id="good"),
+        legacy_file("adir.txt", None, doc_id="adir", storage_key="upload_files/tenant-a/adir"),
+        legacy_file("after.md", TEXT_B, doc_id="after"),
+    ]
+    (object_storage / "upload_files/tenant-a/adir").mkdir(parents=True)
+    job = start(docs)
+    results = deliver_all()
+    assert results.count("document_failed") == 1 and results[-1] == "documents_failed"
+    rows = {d.legacy_document_id: d for d in UpgradeDocument.objects.filter(job=job)}
+    assert rows["adir"].status == "failed"
+    assert rows["adir"].last_error_code == "legacy_file_unreadable"
+    assert "document adir" in rows["adir"].last_error_message
+    assert "IsADirectoryError" in rows["adir"].last_error_message
+    assert rows["good"].status == rows["after"].status == "succeeded"  # the run went on
+    assert reload(job).last_error_code == "documents_failed"
+
+
+def test_a_key_the_storage_refuses_as_suspicious_fails_only_that_document():
+    job = start([legacy_file("good.txt", TEXT_A, doc_id="good")])
+    # A row written before keys were checked at snapshot time: the storage refuses the path.
+    UpgradeDocument.objects.create(
+        job=job,
+        tenant_id=job.tenant_id,
+        legacy_document_id="escape",
+        name="escape.txt",
+        data_source_type="upload_file",
+        upload_file_id="uf-escape",
+        source_key="../../../../etc/hostname",
+        desired_enabled=True,
+        metadata_snapshot={},
+    )
+    UpgradeJob.objects.filter(id=job.id).update(total_documents=2)
+    results = deliver_all()
+    assert results[-1] == "documents_failed"
+    rows = {d.legacy_document_id: d for d in UpgradeDocument.objects.filter(job=job)}
+    assert rows["escape"].last_error_code == "legacy_file_unreadable"
+    assert "SuspiciousFileOperation" in rows["escape"].last_error_message
+    assert rows["good"].status == "succeeded"

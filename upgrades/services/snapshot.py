@@ -40,6 +40,8 @@ from .dispatch import dispatch_on_commit
 from .leases import FILE_LEASE_TTL
 
 SUPPORTED_SOURCE_TYPES = ("upload_file",)
+DIFY_UPLOAD_PREFIX = "upload_files"
+"""Dify stores uploads under ``upload_files/<tenant id>/<uuid>.<ext>`` (its file service)."""
 MAX_NAMED_DOCUMENTS = 100
 """Errors naming documents list at most this many ids (the count is always given)."""
 
@@ -55,7 +57,9 @@ def _conflict(code: str, message: str, job: UpgradeJob) -> Conflict:
     return Conflict(message, code=code, details={"upgrade_id": str(job.id), "status": job.status})
 
 
-def _check_sources(documents: list[dict]) -> None:
+def _check_documents(documents: list[dict], tenant: str) -> None:
+    """Refuse the whole snapshot when a document cannot be upgraded as given (source type,
+    file reference, storage key, metadata); every error names the documents."""
     unsupported = [d for d in documents if d["data_source_type"] not in SUPPORTED_SOURCE_TYPES]
     if unsupported:
         types = sorted({d["data_source_type"] for d in unsupported})
@@ -77,24 +81,108 @@ def _check_sources(documents: list[dict]) -> None:
             code="missing_file_reference",
             details={"documents": missing[:MAX_NAMED_DOCUMENTS]},
         )
+    for index, document in enumerate(documents):
+        _check_storage_key(index, document, tenant)
+        _check_metadata(index, document)
 
 
-def _existing_for_dataset(tenant: str, dataset_id: str) -> None:
-    """Refuse a new upgrade of a Dataset that already has one (see the module's rules)."""
-    jobs = UpgradeJob.objects.filter(tenant_id=tenant, dataset_id=dataset_id)
+def _refuse_document(index: int, document: dict, field: str, code: str, reason: str):
+    return InvalidInput(
+        f"documents.{index}.{field} of document {document['id']} {reason}",
+        code=code,
+        details={"document": document["id"], "field": f"documents.{index}.{field}"},
+    )
+
+
+def _check_storage_key(index: int, document: dict, tenant: str) -> None:
+    """Refuse a storage key that could leave the upload area (400 ``invalid_storage_key``):
+    absolute, with a ``..`` or empty segment, a backslash or a control character; and a key under
+    Dify's upload layout ``upload_files/<tenant id>/…`` that names another tenant."""
+    key = document["storage_key"]
+    segments = key.split("/")
+    reason = None
+    if key.startswith("/") or "\\" in key or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        reason = "must be a relative key without backslashes or control characters"
+    elif any(segment in ("", ".", "..") for segment in segments):
+        reason = "must not contain empty, '.' or '..' segments"
+    elif segments[0] == DIFY_UPLOAD_PREFIX and (len(segments) < 3 or segments[1] != tenant):
+        reason = f"must be under {DIFY_UPLOAD_PREFIX}/{tenant}/ (the snapshot's namespace)"
+    if reason:
+        raise _refuse_document(index, document, "storage_key", "invalid_storage_key", reason)
+
+
+def _check_metadata(index: int, document: dict) -> None:
+    """Refuse metadata reconciliation would refuse (400 ``invalid_metadata``): the same
+    :func:`ingestion.services.availability.validate_metadata_patch` rules, per key so the
+    error names it."""
+    from ingestion.services.availability import validate_metadata_patch
+
+    for key, value in document["metadata"].items():
+        try:
+            validate_metadata_patch({key: value})
+        except InvalidInput as exc:
+            raise InvalidInput(
+                f"documents.{index}.metadata of document {document['id']}, key {key!r}: "
+                f"{exc.message}",
+                code="invalid_metadata",
+                details={
+                    "document": document["id"],
+                    "field": f"documents.{index}.metadata",
+                    "key": key,
+                },
+            ) from None
+
+
+def _existing_for_dataset(tenant: str, data: dict) -> None:
+    """Refuse a new upgrade of a Dataset that already has one (see the module's rules).
+
+    Before any 409 the idempotency key is looked up again: a concurrent replay of the same key
+    may have committed its job between the first look-up and this one, and must get that job
+    (raised as :class:`_Replay`)."""
+    jobs = UpgradeJob.objects.filter(tenant_id=tenant, dataset_id=data["dataset_id"])
     active = jobs.filter(status__in=ACTIVE_JOB_STATUSES).first()
     if active is not None:
-        raise _conflict(
-            "upgrade_in_progress", "an upgrade of this dataset is already in progress", active
+        raise _conflict_or_replay(
+            tenant, data, "upgrade_in_progress", "an upgrade of this dataset is already in progress"
         )
     done = jobs.filter(status=JobStatus.SUCCEEDED).first()
     if done is not None:
-        raise _conflict("already_upgraded", "this dataset was already upgraded", done)
-    failed = jobs.filter(status=JobStatus.FAILED).order_by("-created_at").first()
-    if failed is not None:
-        raise _conflict(
-            "retry_required", "an upgrade of this dataset failed; retry that upgrade", failed
+        raise _conflict_or_replay(
+            tenant, data, "already_upgraded", "this dataset was already upgraded", done
         )
+    failed = jobs.filter(status=JobStatus.FAILED).first()
+    if failed is not None:
+        raise _conflict_or_replay(
+            tenant, data, "retry_required", "an upgrade of this dataset failed; retry that upgrade"
+        )
+
+
+class _Replay(Exception):
+    """The request is a replay of a job committed meanwhile (carries it)."""
+
+    def __init__(self, job: UpgradeJob) -> None:
+        super().__init__(str(job.id))
+        self.job = job
+
+
+def _conflict_or_replay(
+    tenant: str, data: dict, code: str, message: str, job: UpgradeJob | None = None
+) -> Exception:
+    replay = UpgradeJob.objects.filter(
+        tenant_id=tenant, idempotency_key=data["idempotency_key"]
+    ).first()
+    if replay is not None:
+        return _Replay(replay)
+    if job is None:
+        job = (
+            UpgradeJob.objects.filter(tenant_id=tenant, dataset_id=data["dataset_id"])
+            .exclude(status=JobStatus.SUCCEEDED)
+            .order_by("-created_at")
+            .first()
+        )
+    if job is None:
+        return Conflict(message, code=code, details={"upgrade_id": None})
+    return _conflict(code, message, job)
 
 
 def create_upgrade(data: dict) -> tuple[UpgradeJob, bool]:
@@ -113,26 +201,19 @@ def create_upgrade(data: dict) -> tuple[UpgradeJob, bool]:
     ).first()
     if replay is not None:
         return _replayed(replay, data), False
-    _check_sources(data["documents"])
-    _existing_for_dataset(tenant, data["dataset_id"])
+    _check_documents(data["documents"], tenant)
     try:
-        with transaction.atomic():
-            job = _insert(tenant, data)
-            dispatch_on_commit(job.id)
-    except IntegrityError:
-        replay = UpgradeJob.objects.filter(
-            tenant_id=tenant, idempotency_key=data["idempotency_key"]
-        ).first()
-        if replay is not None:  # a concurrent replay of the same key won
-            return _replayed(replay, data), False
-        active = UpgradeJob.objects.filter(
-            tenant_id=tenant, dataset_id=data["dataset_id"], status__in=ACTIVE_JOB_STATUSES
-        ).first()
-        raise Conflict(
-            "an upgrade of this dataset is already in progress",
-            code="upgrade_in_progress",
-            details={"upgrade_id": str(active.id) if active else None},
-        ) from None
+        _existing_for_dataset(tenant, data)
+        try:
+            with transaction.atomic():
+                job = _insert(tenant, data)
+                dispatch_on_commit(job.id)
+        except IntegrityError:
+            raise _conflict_or_replay(
+                tenant, data, "upgrade_in_progress", "an upgrade of this dataset is in progress"
+            ) from None
+    except _Replay as replay:  # a concurrent replay of the same key won
+        return _replayed(replay.job, data), False
     return job, True
 
 
