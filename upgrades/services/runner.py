@@ -105,24 +105,45 @@ def _failed(job: UpgradeJob, task_id: str, code: str, message: str) -> str:
 # --- validating -------------------------------------------------------------------------------
 
 
-def space_slug(job: UpgradeJob) -> str:
-    """The new space's slug, fixed by the job id (the idempotency key of the space creation)."""
-    return f"{SPACE_SLUG_PREFIX}{job.id.hex}"
+MAX_SPACE_GENERATIONS = 20
+"""How many replacement spaces one job may create after its space was deleted (slugs
+``upgrade-<job>-2`` … ``-20``); beyond it the step fails ``space_missing``."""
 
 
-def _validate(job: UpgradeJob, task_id: str) -> Outcome:
+def space_slug(job: UpgradeJob, generation: int = 1) -> str:
+    """The new space's slug, fixed by the job id (the idempotency key of the space creation);
+    a replacement for a deleted space (retry after ``space_missing``) adds ``-<generation>``."""
+    base = f"{SPACE_SLUG_PREFIX}{job.id.hex}"
+    return base if generation == 1 else f"{base}-{generation}"
+
+
+def _provision(job: UpgradeJob):
+    """The job's space: the first slug of :func:`space_slug`'s sequence whose space is not being
+    deleted (created when missing, so a repeat of the step finds the same one)."""
     from spaces.services import provision_space
 
     config = job.config_snapshot or {}
-    try:
-        space, _ = provision_space(
-            job.tenant_id,
-            name=str(config.get("name") or job.dataset_id),
-            slug=space_slug(job),
-            description=str(config.get("description") or "")[:2000],
-        )
-    except ServiceError as exc:
-        raise StepFailure(exc.code, f"the knowledge space could not be created: {exc}") from exc
+    for generation in range(1, MAX_SPACE_GENERATIONS + 1):
+        try:
+            space, _ = provision_space(
+                job.tenant_id,
+                name=str(config.get("name") or job.dataset_id),
+                slug=space_slug(job, generation),
+                description=str(config.get("description") or "")[:2000],
+            )
+        except ServiceError as exc:
+            raise StepFailure(exc.code, f"the knowledge space could not be created: {exc}") from exc
+        if space.deleting_at is None:
+            return space
+    raise StepFailure(
+        "space_missing",
+        f"the upgrade's knowledge space was deleted {MAX_SPACE_GENERATIONS} times",
+    )
+
+
+def _validate(job: UpgradeJob, task_id: str) -> Outcome:
+    config = job.config_snapshot or {}
+    space = _provision(job)
     resolved = {
         "space_slug": space.slug,
         "owner": job.owner,

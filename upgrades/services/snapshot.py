@@ -330,7 +330,11 @@ def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJ
     step attempts reset, every unreleased file lease becomes ``active`` until now + 7 days, and
     the job is dispatched through the claim after the commit. A job that failed after its
     documents were submitted goes back to ``submitting_documents`` when it had failed
-    documents. ``queued``/``running`` jobs are returned unchanged (``retried`` false); 409
+    documents. A job whose space was deleted (or is missing) after ``validating`` restarts
+    from ``validating``: every document back to ``pending``, a replacement space is created
+    (:func:`upgrades.services.runner.space_slug`) and every file lease is active again (a
+    released legacy file that Dify already deleted fails its document ``legacy_file_missing``).
+    ``queued``/``running`` jobs are returned unchanged (``retried`` false); 409
     ``upgrade_already_succeeded`` for a succeeded job, 409 ``upgrade_in_progress`` when another
     upgrade of the Dataset became active meanwhile; 404 ``upgrade_not_found``.
     """
@@ -357,16 +361,40 @@ def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJ
     return job, retried
 
 
+def _space_gone(job: UpgradeJob) -> bool:
+    """Whether the job's space is missing or being deleted after the job had created it."""
+    if job.stage == JobStage.VALIDATING:
+        return False
+    return job.space_id is None or job.space.deleting_at is not None
+
+
 def _rearm(job: UpgradeJob) -> bool:
     now = timezone.now()
-    failed_docs = UpgradeDocument.objects.filter(job=job, status=DocumentStatus.FAILED)
-    had_failed = failed_docs.update(
-        status=DocumentStatus.PENDING, last_error_code=None, last_error_message=None, updated_at=now
-    )
-    stage = job.stage
+    restart = _space_gone(job)
+    if restart:  # every document goes again into the replacement space
+        UpgradeDocument.objects.filter(job=job).update(
+            status=DocumentStatus.PENDING,
+            document=None,
+            compilation_job_id=None,
+            last_error_code=None,
+            last_error_message=None,
+            updated_at=now,
+        )
+        had_failed = 0
+    else:
+        failed_docs = UpgradeDocument.objects.filter(job=job, status=DocumentStatus.FAILED)
+        had_failed = failed_docs.update(
+            status=DocumentStatus.PENDING,
+            last_error_code=None,
+            last_error_message=None,
+            updated_at=now,
+        )
+    stage = JobStage.VALIDATING if restart else job.stage
     if had_failed and stage in (JobStage.MIGRATING_ACCESS, JobStage.FINALIZING):
         stage = JobStage.SUBMITTING_DOCUMENTS
+    extra = {"space": None, "resolved_configuration": None, "completed_documents": 0}
     updated = UpgradeJob.objects.filter(id=job.id, status=JobStatus.FAILED).update(
+        **(extra if restart else {}),
         status=JobStatus.QUEUED,
         stage=stage,
         failed_documents=0,
@@ -384,7 +412,13 @@ def _rearm(job: UpgradeJob) -> bool:
     if not updated:
         transaction.set_rollback(True)
         return False
-    UpgradeFileLease.objects.filter(job=job).exclude(status=FileLeaseStatus.RELEASED).update(
-        status=FileLeaseStatus.ACTIVE, expires_at=now + FILE_LEASE_TTL, updated_at=now
+    leases = UpgradeFileLease.objects.filter(job=job)
+    if not restart:
+        leases = leases.exclude(status=FileLeaseStatus.RELEASED)
+    leases.update(
+        status=FileLeaseStatus.ACTIVE,
+        expires_at=now + FILE_LEASE_TTL,
+        released_at=None,
+        updated_at=now,
     )
     return True
