@@ -121,3 +121,46 @@ def test_startup_refuses_inconsistent_upgrade_settings(tmp_path, env, message):
         text=True,
     )
     assert run.returncode != 0 and message in run.stderr, run.stderr[-500:]
+
+
+def test_the_job_page_inlines_at_most_100_documents_those_needing_a_look_first(
+    admin_client, failed_job
+):
+    from django.utils import timezone
+
+    from upgrades.admin.jobs import INLINE_ROW_CAP
+
+    now = timezone.now()
+    UpgradeDocument.objects.bulk_create(
+        [
+            UpgradeDocument(
+                job=failed_job,
+                tenant_id="tenant-a",
+                legacy_document_id=f"bulk-{n:03d}",
+                name=f"bulk-{n:03d}.txt",
+                data_source_type="upload_file",
+                status=DocumentStatus.SUCCEEDED,
+                state_reconciled_at=now,
+            )
+            for n in range(150)
+        ]
+    )
+    UpgradeDocument.objects.filter(legacy_document_id="bulk-149").update(
+        state_dead_lettered_at=now, state_reconcile_error="invalid_metadata: keys"
+    )
+    assert INLINE_ROW_CAP == 100
+    detail = admin_client.get(reverse("admin:upgrades_upgradejob_change", args=[failed_job.pk]))
+    assert detail.status_code == 200
+    text = detail.content.decode()
+    assert 'name="documents-TOTAL_FORMS" value="100"' in text
+    assert text.count('class="form-row') <= 2 * INLINE_ROW_CAP  # documents + leases
+    # The failed and the dead-lettered documents come first, ahead of 150 reconciled ones.
+    assert "gone.txt" in text and "bulk-149.txt" in text and "bulk-148.txt" not in text
+    link = reverse("admin:upgrades_upgradedocument_changelist") + f"?job={failed_job.pk}"
+    assert f'href="{link}"' in text and "All 2 documents of this upgrade" in text
+    listing = admin_client.get(link + "&status__exact=failed")
+    assert listing.status_code == 200
+    listed = listing.content.decode()
+    assert "gone.txt" in listed and "bulk-001.txt" not in listed
+    dead = admin_client.get(link + "&dead_lettered=yes").content.decode()
+    assert "bulk-149.txt" in dead and "gone.txt" not in dead
