@@ -129,7 +129,11 @@ class UpgradeJobAdmin(admin.ModelAdmin):
     search_fields = ("=id", "=tenant_id", "=dataset_id", "=idempotency_key")
     readonly_fields = [f.name for f in UpgradeJob._meta.fields] + ["document_list"]
     inlines = [UpgradeDocumentInline, UpgradeFileLeaseInline]
-    actions = ["retry_failed_upgrades", rearm_dead_lettered_reconciliation]
+    actions = [
+        "retry_failed_upgrades",
+        "abandon_failed_upgrades",
+        rearm_dead_lettered_reconciliation,
+    ]
     show_full_result_count = False
     ordering = ("-created_at",)
 
@@ -177,6 +181,19 @@ class UpgradeJobAdmin(admin.ModelAdmin):
                 f"Queued {retried} upgrade{'s' if retried != 1 else ''} again.",
                 messages.SUCCESS,
             )
+
+    @admin.action(description="Abandon failed upgrades (allow a new one)", permissions=["change"])
+    def abandon_failed_upgrades(self, request, queryset) -> None:
+        abandoned = 0
+        for job_id in queryset.values_list("id", flat=True):
+            try:
+                _, done = snapshot.abandon_upgrade(job_id)
+            except ServiceError as exc:
+                self.message_user(request, f"Upgrade {job_id}: {exc.message}", messages.WARNING)
+                continue
+            abandoned += done
+        if abandoned:
+            self.message_user(request, f"Abandoned {abandoned} upgrade(s).", messages.SUCCESS)
 
 
 class DeadLetteredFilter(admin.SimpleListFilter):

@@ -40,6 +40,9 @@ from .dispatch import dispatch_on_commit
 from .leases import FILE_LEASE_TTL
 
 SUPPORTED_SOURCE_TYPES = ("upload_file",)
+ABANDONED = "upgrade_abandoned"
+"""``last_error_code`` of a failed job an operator or Dify abandoned: it no longer blocks a new
+snapshot of its Dataset and cannot be retried."""
 DIFY_UPLOAD_PREFIX = "upload_files"
 """Dify stores uploads under ``upload_files/<tenant id>/<uuid>.<ext>`` (its file service)."""
 MAX_NAMED_DOCUMENTS = 100
@@ -150,7 +153,7 @@ def _existing_for_dataset(tenant: str, data: dict) -> None:
         raise _conflict_or_replay(
             tenant, data, "already_upgraded", "this dataset was already upgraded", done
         )
-    failed = jobs.filter(status=JobStatus.FAILED).first()
+    failed = jobs.filter(status=JobStatus.FAILED).exclude(last_error_code=ABANDONED).first()
     if failed is not None:
         raise _conflict_or_replay(
             tenant, data, "retry_required", "an upgrade of this dataset failed; retry that upgrade"
@@ -308,7 +311,7 @@ def discovery(tenant_id: str, dataset_id: str) -> dict:
     with state ``can_upgrade`` (no job), ``upgrade_in_progress`` (queued or running),
     ``retry_required`` (failed) or ``already_upgraded`` (succeeded)."""
     latest = list_upgrades(tenant_id, dataset_id=dataset_id).first()
-    if latest is None:
+    if latest is None or latest.last_error_code == ABANDONED:
         return {"state": "can_upgrade", "upgrade_id": None}
     state = {
         JobStatus.QUEUED: "upgrade_in_progress",
@@ -348,6 +351,8 @@ def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJ
         raise _conflict("upgrade_already_succeeded", "a succeeded upgrade cannot be retried", job)
     if job.status != JobStatus.FAILED:
         return job, False
+    if job.last_error_code == ABANDONED:
+        raise _conflict("upgrade_abandoned", "an abandoned upgrade cannot be retried", job)
     try:
         with transaction.atomic():
             retried = _rearm(job)
@@ -422,3 +427,54 @@ def _rearm(job: UpgradeJob) -> bool:
         updated_at=now,
     )
     return True
+
+
+# --- abandon ------------------------------------------------------------------------------------
+
+
+def abandon_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJob, bool]:
+    """Abandon a failed upgrade so its Dataset can be upgraded again; returns ``(job, changed)``.
+
+    The job stays ``failed`` with ``last_error_code`` :data:`ABANDONED`; its file leases are
+    released (the job never reads them again). A new snapshot of the Dataset is then accepted
+    (G6 as decided here: one upgrade per Dataset, except after a failed and abandoned one), and
+    discovery answers ``can_upgrade``. Repeating it changes nothing (``changed`` false). 409
+    ``upgrade_in_progress`` for a queued or running job, ``upgrade_already_succeeded`` for a
+    succeeded one; 404 ``upgrade_not_found``.
+    """
+    job = _find(upgrade_id, tenant_id)
+    if job.status == JobStatus.SUCCEEDED:
+        raise _conflict("upgrade_already_succeeded", "a succeeded upgrade cannot be abandoned", job)
+    if job.status != JobStatus.FAILED:
+        raise _conflict("upgrade_in_progress", "only a failed upgrade can be abandoned", job)
+    if job.last_error_code == ABANDONED:
+        return job, False
+    now = timezone.now()
+    with transaction.atomic():
+        changed = (
+            UpgradeJob.objects.filter(id=job.id, status=JobStatus.FAILED)
+            .exclude(last_error_code=ABANDONED)
+            .update(
+                last_error_code=ABANDONED,
+                last_error_message=(
+                    f"abandoned at {now.isoformat()} after failing with "
+                    f"{job.last_error_code or 'an error'}: {job.last_error_message or ''}"
+                )[:2000],
+                updated_at=now,
+            )
+        )
+        if changed:
+            UpgradeFileLease.objects.filter(job=job).exclude(
+                status=FileLeaseStatus.RELEASED
+            ).update(status=FileLeaseStatus.RELEASED, released_at=now, updated_at=now)
+    job.refresh_from_db()
+    return job, bool(changed)
+
+
+def _find(upgrade_id, tenant_id: str | None) -> UpgradeJob:
+    if tenant_id is not None:
+        return get_upgrade(tenant_id, upgrade_id)
+    job = UpgradeJob.objects.filter(id=upgrade_id).first()
+    if job is None:
+        raise NotFound("upgrade not found", code="upgrade_not_found")
+    return job
