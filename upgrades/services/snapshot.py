@@ -309,7 +309,8 @@ def list_upgrades(
 def discovery(tenant_id: str, dataset_id: str) -> dict:
     """What Dify may offer for a Dataset (bridge specification §2.8): ``{"state", "upgrade_id"}``
     with state ``can_upgrade`` (no job), ``upgrade_in_progress`` (queued or running),
-    ``retry_required`` (failed) or ``already_upgraded`` (succeeded)."""
+    ``retry_required`` (failed) or ``already_upgraded`` (succeeded); a failed and abandoned
+    latest job answers ``can_upgrade``."""
     latest = list_upgrades(tenant_id, dataset_id=dataset_id).first()
     if latest is None or latest.last_error_code == ABANDONED:
         return {"state": "can_upgrade", "upgrade_id": None}
@@ -339,7 +340,8 @@ def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJ
     released legacy file that Dify already deleted fails its document ``legacy_file_missing``).
     ``queued``/``running`` jobs are returned unchanged (``retried`` false); 409
     ``upgrade_already_succeeded`` for a succeeded job, 409 ``upgrade_in_progress`` when another
-    upgrade of the Dataset became active meanwhile; 404 ``upgrade_not_found``.
+    upgrade of the Dataset became active meanwhile, ``upgrade_abandoned`` for an abandoned job;
+    404 ``upgrade_not_found``.
     """
     if tenant_id is not None:
         job = get_upgrade(tenant_id, upgrade_id)
