@@ -121,3 +121,99 @@ def test_startup_refuses_inconsistent_upgrade_settings(tmp_path, env, message):
         text=True,
     )
     assert run.returncode != 0 and message in run.stderr, run.stderr[-500:]
+
+
+def test_the_job_page_inlines_at_most_100_documents_those_needing_a_look_first(
+    admin_client, failed_job
+):
+    from django.utils import timezone
+
+    from upgrades.admin.jobs import INLINE_ROW_CAP
+
+    now = timezone.now()
+    UpgradeDocument.objects.bulk_create(
+        [
+            UpgradeDocument(
+                job=failed_job,
+                tenant_id="tenant-a",
+                legacy_document_id=f"bulk-{n:03d}",
+                name=f"bulk-{n:03d}.txt",
+                data_source_type="upload_file",
+                status=DocumentStatus.SUCCEEDED,
+                state_reconciled_at=now,
+            )
+            for n in range(150)
+        ]
+    )
+    UpgradeDocument.objects.filter(legacy_document_id="bulk-149").update(
+        state_dead_lettered_at=now, state_reconcile_error="invalid_metadata: keys"
+    )
+    assert INLINE_ROW_CAP == 100
+    detail = admin_client.get(reverse("admin:upgrades_upgradejob_change", args=[failed_job.pk]))
+    assert detail.status_code == 200
+    text = detail.content.decode()
+    assert 'name="documents-TOTAL_FORMS" value="100"' in text
+    assert text.count('class="form-row') <= 2 * INLINE_ROW_CAP  # documents + leases
+    # The failed and the dead-lettered documents come first, ahead of 150 reconciled ones.
+    assert "gone.txt" in text and "bulk-149.txt" in text and "bulk-148.txt" not in text
+    link = reverse("admin:upgrades_upgradedocument_changelist") + f"?job={failed_job.pk}"
+    assert f'href="{link}"' in text and "All 2 documents of this upgrade" in text
+    listing = admin_client.get(link + "&status__exact=failed")
+    assert listing.status_code == 200
+    listed = listing.content.decode()
+    assert "gone.txt" in listed and "bulk-001.txt" not in listed
+    dead = admin_client.get(link + "&dead_lettered=yes").content.decode()
+    assert "bulk-149.txt" in dead and "gone.txt" not in dead
+
+
+def test_abandoning_a_failed_upgrade_lets_the_dataset_be_upgraded_again(admin_client, failed_job):
+    url = f"/internal/dataset-upgrades/{failed_job.id}"
+    again = inner().post(
+        "/internal/dataset-upgrades", snapshot_body([], idempotency_key="k2"), format="json"
+    )
+    assert again.status_code == 409 and again.json()["code"] == "retry_required"
+    response = inner().post(f"{url}/abandon", {"namespace_id": "tenant-a"}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["status"], body["last_error_code"]) == ("failed", "upgrade_abandoned")
+    assert "after failing with documents_failed" in body["last_error_message"]
+    assert set(failed_job.file_leases.values_list("status", flat=True)) == {"released"}
+    retry = inner().post(f"{url}/retry", {"namespace_id": "tenant-a"}, format="json")
+    assert retry.status_code == 409 and retry.json()["code"] == "upgrade_abandoned"
+    listing = inner().get("/internal/dataset-upgrades?namespace_id=tenant-a&dataset_id=ds-1")
+    assert listing.json()["discovery"] == {"state": "can_upgrade", "upgrade_id": None}
+    # The CLI and the admin action on an abandoned job change nothing more.
+    out = StringIO()
+    call_command("kfs", "upgrade", "abandon", str(failed_job.id), stdout=out)
+    assert "already abandoned" in out.getvalue()
+    admin_client.post(
+        reverse(CHANGELIST),
+        {"action": "abandon_failed_upgrades", "_selected_action": [str(failed_job.pk)]},
+    )
+    new = inner().post(
+        "/internal/dataset-upgrades", snapshot_body([], idempotency_key="k2"), format="json"
+    )
+    assert new.status_code == 201 and new.json()["id"] != str(failed_job.id)
+    # An active job cannot be abandoned; the admin action says so.
+    page = admin_client.post(
+        reverse(CHANGELIST),
+        {"action": "abandon_failed_upgrades", "_selected_action": [new.json()["id"]]},
+        follow=True,
+    )
+    assert "only a failed upgrade can be abandoned" in page.content.decode()
+    cli = inner().post(
+        f"/internal/dataset-upgrades/{new.json()['id']}/abandon",
+        {"namespace_id": "tenant-a"},
+        format="json",
+    )
+    assert cli.status_code == 409 and cli.json()["code"] == "upgrade_in_progress"
+
+
+def test_the_admin_abandon_action_abandons_a_failed_upgrade(admin_client, failed_job):
+    page = admin_client.post(
+        reverse(CHANGELIST),
+        {"action": "abandon_failed_upgrades", "_selected_action": [str(failed_job.pk)]},
+        follow=True,
+    )
+    assert "Abandoned 1 upgrade(s)." in page.content.decode()
+    assert UpgradeJob.objects.get(id=failed_job.id).last_error_code == "upgrade_abandoned"

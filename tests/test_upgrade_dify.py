@@ -92,3 +92,17 @@ def test_a_storage_outage_fails_the_step_and_a_retry_completes(dify):
     )
     assert retry.status_code == 202
     assert deliver_all()[-1] == "succeeded"
+
+
+def test_a_non_retryable_answer_about_one_object_fails_only_that_document(dify):
+    job = _start([legacy_file("leave.md", LEAVE), legacy_file("receipts.md", RECEIPTS)])
+    first = job.documents.order_by("id").first()
+    # Dify answers 422 (checksum mismatch) for the first legacy read only: not retryable, and
+    # about that object alone.
+    dify.add_fault("status", OBJECT, times=1, status=422)
+    results = deliver_all()
+    assert results[-1] == "documents_failed"
+    rows = {d.id: d for d in job.documents.all()}
+    assert rows[first.id].last_error_code == "legacy_file_unreadable"
+    assert "STORAGE_CHECKSUM_MISMATCH" in rows[first.id].last_error_message
+    assert [d.status for d in rows.values()].count("succeeded") == 1

@@ -443,3 +443,96 @@ def test_two_concurrent_sweeps_dispatch_a_lost_claim_exactly_once(settings):
     assert errors == []
     assert sum(r.dispatched for r in reports) == 1
     assert [args for _, args in messages()] == [(str(job.id), reload(job).task_id)]
+
+
+# --- one unreadable legacy file fails only its document (per-object storage failures) -----------
+
+
+def test_a_directory_at_a_storage_key_fails_only_that_document(object_storage):
+    docs = [
+        legacy_file("good.txt", TEXT_A, doc_id="good"),
+        legacy_file("adir.txt", None, doc_id="adir", storage_key="upload_files/tenant-a/adir"),
+        legacy_file("after.md", TEXT_B, doc_id="after"),
+    ]
+    (object_storage / "upload_files/tenant-a/adir").mkdir(parents=True)
+    job = start(docs)
+    results = deliver_all()
+    assert results.count("document_failed") == 1 and results[-1] == "documents_failed"
+    rows = {d.legacy_document_id: d for d in UpgradeDocument.objects.filter(job=job)}
+    assert rows["adir"].status == "failed"
+    assert rows["adir"].last_error_code == "legacy_file_unreadable"
+    assert "document adir" in rows["adir"].last_error_message
+    assert "IsADirectoryError" in rows["adir"].last_error_message
+    assert rows["good"].status == rows["after"].status == "succeeded"  # the run went on
+    assert reload(job).last_error_code == "documents_failed"
+
+
+def test_a_key_the_storage_refuses_as_suspicious_fails_only_that_document():
+    job = start([legacy_file("good.txt", TEXT_A, doc_id="good")])
+    # A row written before keys were checked at snapshot time: the storage refuses the path.
+    UpgradeDocument.objects.create(
+        job=job,
+        tenant_id=job.tenant_id,
+        legacy_document_id="escape",
+        name="escape.txt",
+        data_source_type="upload_file",
+        upload_file_id="uf-escape",
+        source_key="../../../../etc/hostname",
+        desired_enabled=True,
+        metadata_snapshot={},
+    )
+    UpgradeJob.objects.filter(id=job.id).update(total_documents=2)
+    results = deliver_all()
+    assert results[-1] == "documents_failed"
+    rows = {d.legacy_document_id: d for d in UpgradeDocument.objects.filter(job=job)}
+    assert rows["escape"].last_error_code == "legacy_file_unreadable"
+    assert "SuspiciousFileOperation" in rows["escape"].last_error_message
+    assert rows["good"].status == "succeeded"
+
+
+# --- a retry after the space was deleted restarts from validating --------------------------------
+
+
+def test_a_retry_after_the_space_was_deleted_restarts_into_a_replacement_space():
+    from knowledgefs.auth.principal import Principal
+    from spaces.services import delete_space
+
+    docs = [
+        legacy_file("good.txt", TEXT_A, doc_id="good"),
+        legacy_file("gone.txt", None, doc_id="gone"),
+    ]
+    job = start(docs)
+    assert deliver_all()[-1] == "documents_failed"
+    first_space = reload(job).space_id
+    delete_space(Principal(tenant_id="tenant-a", kind="internal"), first_space)
+    from knowledgefs import storage
+
+    storage.put_object(docs[1]["storage_key"], TEXT_B)
+    retry = inner().post(f"{URL}/{job.id}/retry", {"namespace_id": "tenant-a"}, format="json")
+    assert retry.status_code == 202, retry.content
+    job = reload(job)
+    assert (job.status, job.stage, job.space_id) == ("queued", "validating", None)
+    assert set(job.documents.values_list("status", flat=True)) == {"pending"}
+    assert deliver_all()[-1] == "succeeded"
+    job = reload(job)
+    assert job.space_id != first_space
+    assert job.space.slug.startswith(f"upgrade-{job.id.hex}") and job.space.deleting_at is None
+    assert (job.completed_documents, job.failed_documents) == (2, 0)
+    names = Document.objects.filter(space_id=job.space_id).values_list("filename", flat=True)
+    assert sorted(names) == ["gone.txt", "good.txt"]
+
+
+def test_a_space_still_being_deleted_gets_a_replacement_with_the_next_slug():
+    from spaces.models import KnowledgeSpace
+
+    job = start([legacy_file("good.txt", TEXT_A, doc_id="good")])
+    step()  # validating: the space exists
+    first = reload(job).space_id
+    KnowledgeSpace.objects.filter(id=first).update(deleting_at=timezone.now())
+    assert step() == "failed" and reload(job).last_error_code == "space_missing"
+    retry = inner().post(f"{URL}/{job.id}/retry", {"namespace_id": "tenant-a"}, format="json")
+    assert retry.status_code == 202
+    assert deliver_all()[-1] == "succeeded"
+    job = reload(job)
+    assert job.space_id != first and job.space.slug == f"upgrade-{job.id.hex}-2"
+    assert job.documents.get().status == "succeeded"

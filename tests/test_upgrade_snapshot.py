@@ -91,7 +91,7 @@ def test_a_second_active_upgrade_of_the_dataset_is_refused():
 def test_the_partial_unique_index_is_the_last_line(monkeypatch):
     """Two racing snapshots pass the check; the index refuses the second with the same 409."""
     inner().post(URL, snapshot_body([]), format="json")
-    monkeypatch.setattr(snapshot, "_existing_for_dataset", lambda tenant, dataset: None)
+    monkeypatch.setattr(snapshot, "_existing_for_dataset", lambda tenant, data: None)
     response = inner().post(URL, snapshot_body([], idempotency_key="click-2"), format="json")
     assert response.status_code == 409 and response.json()["code"] == "upgrade_in_progress"
     with pytest.raises(IntegrityError), transaction.atomic():
@@ -103,6 +103,29 @@ def test_the_partial_unique_index_is_the_last_line(monkeypatch):
             owner="a",
             snapshot_at=timezone.now(),
         )
+
+
+@pytest.mark.parametrize("then", [JobStatus.QUEUED, JobStatus.FAILED, JobStatus.SUCCEEDED])
+def test_a_replay_racing_its_original_gets_the_same_job_not_a_conflict(monkeypatch, then):
+    """The replay misses the key, then the original commits before the Dataset check: the
+    Dataset check finds the original's job (active, failed or succeeded), whose key is this
+    request's, so 200 with it instead of 409."""
+    check = snapshot._check_documents
+    original = []
+
+    def original_commits_meanwhile(documents, tenant):
+        check(documents, tenant)
+        if not original:
+            original.append(None)  # the nested request (the original) passes straight on
+            original[0] = inner().post(URL, snapshot_body([]), format="json")
+            UpgradeJob.objects.update(status=then, task_id=None)
+
+    monkeypatch.setattr(snapshot, "_check_documents", original_commits_meanwhile)
+    replay = inner().post(URL, snapshot_body([]), format="json")
+    assert original[0].status_code == 201
+    assert replay.status_code == 200, replay.content
+    assert replay.json()["id"] == original[0].json()["id"]
+    assert UpgradeJob.objects.count() == 1
 
 
 def test_a_failed_or_succeeded_dataset_is_not_upgraded_again():
@@ -281,3 +304,48 @@ def test_dify_asks_before_deleting_legacy_bytes():
     UpgradeFileLease.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
     expired = inner().get("/internal/upgrade-file-leases/uf-shared?namespace_id=tenant-a").json()
     assert expired["leased"] is False
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "/etc/passwd",
+        "../../../../etc/hostname",
+        "upload_files/tenant-a/../../x",
+        "upload_files/tenant-a//x",
+        "upload_files\\tenant-a\\x",
+        "upload_files/tenant-a/x\nrm",
+        "upload_files/tenant-b/secret-b",
+        "upload_files/tenant-a",
+    ],
+)
+def test_storage_keys_that_leave_the_tenants_uploads_are_refused(key):
+    docs = [legacy_file("ok.txt", b"fine\n", doc_id="ok"), legacy_file("x.txt", None, doc_id="bad")]
+    docs[1]["storage_key"] = key
+    response = inner().post(URL, snapshot_body(docs), format="json")
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["code"] == "invalid_storage_key"
+    assert body["details"] == {"document": "bad", "field": "documents.1.storage_key"}
+    assert "document bad" in body["message"]
+    assert not UpgradeJob.objects.exists()
+
+
+def test_keys_outside_difys_upload_layout_are_accepted():
+    doc = legacy_file("ok.txt", b"fine\n", storage_key="other-area/tenant-a/f.txt")
+    assert inner().post(URL, snapshot_body([doc]), format="json").status_code == 201
+
+
+@pytest.mark.parametrize("key", ["", "k" * 256])
+def test_metadata_reconciliation_would_refuse_is_refused_at_snapshot(key):
+    docs = [
+        legacy_file("ok.txt", b"fine\n", doc_id="ok"),
+        legacy_file("m.txt", b"meta\n", doc_id="meta", metadata={"author": "Ada", key: "v"}),
+    ]
+    response = inner().post(URL, snapshot_body(docs), format="json")
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["code"] == "invalid_metadata"
+    assert body["details"] == {"document": "meta", "field": "documents.1.metadata", "key": key}
+    assert "non-empty strings of at most 255 characters" in body["message"]
+    assert not UpgradeJob.objects.exists()

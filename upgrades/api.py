@@ -79,6 +79,18 @@ class UpgradeRetryView(InternalView):
         )
 
 
+class UpgradeAbandonView(InternalView):
+    operations = {"POST": internal("internal.dataset_upgrades.abandon")}
+
+    def post(self, request, upgrade_id):
+        """Abandon a failed upgrade (200 with the job, ``last_error_code`` ``upgrade_abandoned``)
+        so the Dataset can be snapshotted again; 409 ``upgrade_in_progress`` /
+        ``upgrade_already_succeeded``."""
+        body = _valid(NamespaceQuerySerializer, request.data)
+        job, _ = snapshot.abandon_upgrade(upgrade_id, tenant_id=body["namespace_id"])
+        return Response(UpgradeJobSerializer(job).data)
+
+
 class FileLeaseView(InternalView):
     operations = {"GET": internal("internal.upgrade_file_leases.read")}
 

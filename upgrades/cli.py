@@ -1,4 +1,4 @@
-"""``kfs upgrade list|show|retry|sweep|schedules``: the staged run on the command line (each
+"""``kfs upgrade list|show|retry|abandon|sweep|schedules``: the staged run on the command line (each
 calls a service; wired into ``knowledgefs/management/commands/kfs.py``)."""
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ def add_parser(sub) -> None:
     retry = actions.add_parser("retry", help="retry a failed upgrade (failed documents again)")
     retry.add_argument("job_id", metavar="JOB_ID")
     retry.add_argument("--json", action="store_true")
+    abandon = actions.add_parser(
+        "abandon", help="abandon a failed upgrade so its Dataset can be upgraded again"
+    )
+    abandon.add_argument("job_id", metavar="JOB_ID")
+    abandon.add_argument("--json", action="store_true")
     sweep = actions.add_parser("sweep", help="run one sweep of the staged run now")
     sweep.add_argument("--json", action="store_true")
     schedules = actions.add_parser("schedules", help="create or repair the sweep schedule")
@@ -76,6 +81,10 @@ def handle(command, options: dict) -> None:
         row = UpgradeJobSerializer(job).data
         text = f"{job.id} queued again" if retried else f"{job.id} is {job.status}: unchanged"
         command.emit(options, row, text)
+    elif action == "abandon":
+        job, changed = snapshot.abandon_upgrade(_job(options["job_id"]).id)
+        row = UpgradeJobSerializer(job).data
+        command.emit(options, row, f"{job.id} {'abandoned' if changed else 'already abandoned'}")
     elif action == "sweep":
         report = dispatch.sweep().as_dict()
         command.emit(options, report, json.dumps(report, indent=2))

@@ -17,6 +17,11 @@ urlpatterns = [
         name="internal-upgrade-retry",
     ),
     path(
+        "dataset-upgrades/<str:upgrade_id>/abandon",
+        api.UpgradeAbandonView.as_view(),
+        name="internal-upgrade-abandon",
+    ),
+    path(
         "upgrade-file-leases/<str:upload_file_id>",
         api.FileLeaseView.as_view(),
         name="internal-upgrade-file-lease",

@@ -14,18 +14,20 @@ the next step is dispatched through the claim after the commit.
 
 from __future__ import annotations
 
+import errno
 import logging
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import SuspiciousOperation
 from django.db import connection, transaction
 from django.utils import timezone
 
 from knowledgefs import storage
 from knowledgefs.auth.principal import Principal
-from knowledgefs.dify.errors import DifyError
+from knowledgefs.dify.errors import DifyError, ObjectStorageError
 from knowledgefs.errors import Conflict, ServiceError
 from upgrades.models import DocumentStatus, JobStage, JobStatus, UpgradeDocument, UpgradeJob
 
@@ -103,24 +105,45 @@ def _failed(job: UpgradeJob, task_id: str, code: str, message: str) -> str:
 # --- validating -------------------------------------------------------------------------------
 
 
-def space_slug(job: UpgradeJob) -> str:
-    """The new space's slug, fixed by the job id (the idempotency key of the space creation)."""
-    return f"{SPACE_SLUG_PREFIX}{job.id.hex}"
+MAX_SPACE_GENERATIONS = 20
+"""How many replacement spaces one job may create after its space was deleted (slugs
+``upgrade-<job>-2`` … ``-20``); beyond it the step fails ``space_missing``."""
 
 
-def _validate(job: UpgradeJob, task_id: str) -> Outcome:
+def space_slug(job: UpgradeJob, generation: int = 1) -> str:
+    """The new space's slug, fixed by the job id (the idempotency key of the space creation);
+    a replacement for a deleted space (retry after ``space_missing``) adds ``-<generation>``."""
+    base = f"{SPACE_SLUG_PREFIX}{job.id.hex}"
+    return base if generation == 1 else f"{base}-{generation}"
+
+
+def _provision(job: UpgradeJob):
+    """The job's space: the first slug of :func:`space_slug`'s sequence whose space is not being
+    deleted (created when missing, so a repeat of the step finds the same one)."""
     from spaces.services import provision_space
 
     config = job.config_snapshot or {}
-    try:
-        space, _ = provision_space(
-            job.tenant_id,
-            name=str(config.get("name") or job.dataset_id),
-            slug=space_slug(job),
-            description=str(config.get("description") or "")[:2000],
-        )
-    except ServiceError as exc:
-        raise StepFailure(exc.code, f"the knowledge space could not be created: {exc}") from exc
+    for generation in range(1, MAX_SPACE_GENERATIONS + 1):
+        try:
+            space, _ = provision_space(
+                job.tenant_id,
+                name=str(config.get("name") or job.dataset_id),
+                slug=space_slug(job, generation),
+                description=str(config.get("description") or "")[:2000],
+            )
+        except ServiceError as exc:
+            raise StepFailure(exc.code, f"the knowledge space could not be created: {exc}") from exc
+        if space.deleting_at is None:
+            return space
+    raise StepFailure(
+        "space_missing",
+        f"the upgrade's knowledge space was deleted {MAX_SPACE_GENERATIONS} times",
+    )
+
+
+def _validate(job: UpgradeJob, task_id: str) -> Outcome:
+    config = job.config_snapshot or {}
+    space = _provision(job)
     resolved = {
         "space_slug": space.slug,
         "owner": job.owner,
@@ -296,21 +319,56 @@ def _admit(job: UpgradeJob, document: UpgradeDocument) -> Admitted:
         return Admitted(existing, latest, True)
     except ServiceError as exc:  # the upload admission refused the file: this document fails
         raise DocumentFailure(exc.code, exc.message) from exc
-    except (DifyError, OSError) as exc:  # the storage failed: the job fails, retry repeats it
+    except (DifyError, OSError) as exc:  # writing the new document failed: the job fails
         raise StepFailure(*_storage_failure(exc)) from exc
     return Admitted(admission.document.id, admission.job.id, False)
 
 
 def _storage_failure(exc: Exception) -> tuple[str, str]:
-    """``(code, message)`` of a failed storage call: ``storage_unavailable`` when a retry may
-    succeed (Dify's retryable answers), else ``storage_error``."""
-    retryable = bool(getattr(exc, "retryable", False))
+    """``(code, message)`` of a storage call that failed for the whole job: ``storage_unavailable``
+    when a retry may succeed (Dify's retryable answers, an I/O error of the file system),
+    else ``storage_error`` (Dify refused every call, e.g. its credentials)."""
+    retryable = bool(getattr(exc, "retryable", False)) or not isinstance(exc, DifyError)
     code = "storage_unavailable" if retryable else "storage_error"
     detail = getattr(exc, "code", None) or type(exc).__name__
     return code, f"the object storage failed ({detail}); retry the upgrade when it is back"
 
 
+#: File system errors that concern one object only (its key names a directory, a forbidden or
+#: unreachable path, …): the document fails, the run goes on.
+PER_OBJECT_ERRNOS = frozenset(
+    {
+        errno.EISDIR,
+        errno.ENOTDIR,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENAMETOOLONG,
+        errno.ELOOP,
+        errno.EINVAL,
+        errno.ENXIO,
+    }
+)
+
+
+def _unreadable(document: UpgradeDocument, exc: Exception) -> DocumentFailure:
+    detail = getattr(exc, "code", None) or type(exc).__name__
+    return DocumentFailure(
+        "legacy_file_unreadable",
+        f"the uploaded file {document.upload_file_id} of document {document.legacy_document_id} "
+        f"cannot be read from the storage ({detail})",
+    )
+
+
 def _read_legacy(document: UpgradeDocument) -> bytes:
+    """The legacy bytes under the document's storage key.
+
+    Per-object failures raise :class:`DocumentFailure` (``legacy_file_missing``,
+    ``file_too_large`` over ``KNOWLEDGE_UPLOAD_MAX_BYTES``, ``legacy_file_unreadable`` for a key
+    the storage refuses or cannot read as a file: a suspicious path, a directory, a permission,
+    a non-retryable answer of Dify's storage about this object). A retryable outage raises
+    :class:`StepFailure` ``storage_unavailable`` (the job fails; retry it when the storage is
+    back); Dify refusing the call itself (not the object) ``storage_error``.
+    """
     limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
     try:
         return storage.read_object(document.source_key, max_bytes=limit)
@@ -324,6 +382,18 @@ def _read_legacy(document: UpgradeDocument) -> bytes:
             "file_too_large",
             f"the uploaded file is larger than KNOWLEDGE_UPLOAD_MAX_BYTES={limit} bytes",
         ) from exc
+    except SuspiciousOperation as exc:
+        raise _unreadable(document, exc) from exc
+    except (DifyError, OSError) as exc:
+        if _per_object(exc):
+            raise _unreadable(document, exc) from exc
+        raise StepFailure(*_storage_failure(exc)) from exc
+
+
+def _per_object(exc: Exception) -> bool:
+    if isinstance(exc, DifyError):
+        return isinstance(exc, ObjectStorageError) and not exc.retryable
+    return exc.errno in PER_OBJECT_ERRNOS
 
 
 def _counts(job: UpgradeJob) -> dict:

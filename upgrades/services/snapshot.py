@@ -40,6 +40,11 @@ from .dispatch import dispatch_on_commit
 from .leases import FILE_LEASE_TTL
 
 SUPPORTED_SOURCE_TYPES = ("upload_file",)
+ABANDONED = "upgrade_abandoned"
+"""``last_error_code`` of a failed job an operator or Dify abandoned: it no longer blocks a new
+snapshot of its Dataset and cannot be retried."""
+DIFY_UPLOAD_PREFIX = "upload_files"
+"""Dify stores uploads under ``upload_files/<tenant id>/<uuid>.<ext>`` (its file service)."""
 MAX_NAMED_DOCUMENTS = 100
 """Errors naming documents list at most this many ids (the count is always given)."""
 
@@ -55,7 +60,9 @@ def _conflict(code: str, message: str, job: UpgradeJob) -> Conflict:
     return Conflict(message, code=code, details={"upgrade_id": str(job.id), "status": job.status})
 
 
-def _check_sources(documents: list[dict]) -> None:
+def _check_documents(documents: list[dict], tenant: str) -> None:
+    """Refuse the whole snapshot when a document cannot be upgraded as given (source type,
+    file reference, storage key, metadata); every error names the documents."""
     unsupported = [d for d in documents if d["data_source_type"] not in SUPPORTED_SOURCE_TYPES]
     if unsupported:
         types = sorted({d["data_source_type"] for d in unsupported})
@@ -77,24 +84,108 @@ def _check_sources(documents: list[dict]) -> None:
             code="missing_file_reference",
             details={"documents": missing[:MAX_NAMED_DOCUMENTS]},
         )
+    for index, document in enumerate(documents):
+        _check_storage_key(index, document, tenant)
+        _check_metadata(index, document)
 
 
-def _existing_for_dataset(tenant: str, dataset_id: str) -> None:
-    """Refuse a new upgrade of a Dataset that already has one (see the module's rules)."""
-    jobs = UpgradeJob.objects.filter(tenant_id=tenant, dataset_id=dataset_id)
+def _refuse_document(index: int, document: dict, field: str, code: str, reason: str):
+    return InvalidInput(
+        f"documents.{index}.{field} of document {document['id']} {reason}",
+        code=code,
+        details={"document": document["id"], "field": f"documents.{index}.{field}"},
+    )
+
+
+def _check_storage_key(index: int, document: dict, tenant: str) -> None:
+    """Refuse a storage key that could leave the upload area (400 ``invalid_storage_key``):
+    absolute, with a ``..`` or empty segment, a backslash or a control character; and a key under
+    Dify's upload layout ``upload_files/<tenant id>/…`` that names another tenant."""
+    key = document["storage_key"]
+    segments = key.split("/")
+    reason = None
+    if key.startswith("/") or "\\" in key or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        reason = "must be a relative key without backslashes or control characters"
+    elif any(segment in ("", ".", "..") for segment in segments):
+        reason = "must not contain empty, '.' or '..' segments"
+    elif segments[0] == DIFY_UPLOAD_PREFIX and (len(segments) < 3 or segments[1] != tenant):
+        reason = f"must be under {DIFY_UPLOAD_PREFIX}/{tenant}/ (the snapshot's namespace)"
+    if reason:
+        raise _refuse_document(index, document, "storage_key", "invalid_storage_key", reason)
+
+
+def _check_metadata(index: int, document: dict) -> None:
+    """Refuse metadata reconciliation would refuse (400 ``invalid_metadata``): the same
+    :func:`ingestion.services.availability.validate_metadata_patch` rules, per key so the
+    error names it."""
+    from ingestion.services.availability import validate_metadata_patch
+
+    for key, value in document["metadata"].items():
+        try:
+            validate_metadata_patch({key: value})
+        except InvalidInput as exc:
+            raise InvalidInput(
+                f"documents.{index}.metadata of document {document['id']}, key {key!r}: "
+                f"{exc.message}",
+                code="invalid_metadata",
+                details={
+                    "document": document["id"],
+                    "field": f"documents.{index}.metadata",
+                    "key": key,
+                },
+            ) from None
+
+
+def _existing_for_dataset(tenant: str, data: dict) -> None:
+    """Refuse a new upgrade of a Dataset that already has one (see the module's rules).
+
+    Before any 409 the idempotency key is looked up again: a concurrent replay of the same key
+    may have committed its job between the first look-up and this one, and must get that job
+    (raised as :class:`_Replay`)."""
+    jobs = UpgradeJob.objects.filter(tenant_id=tenant, dataset_id=data["dataset_id"])
     active = jobs.filter(status__in=ACTIVE_JOB_STATUSES).first()
     if active is not None:
-        raise _conflict(
-            "upgrade_in_progress", "an upgrade of this dataset is already in progress", active
+        raise _conflict_or_replay(
+            tenant, data, "upgrade_in_progress", "an upgrade of this dataset is already in progress"
         )
     done = jobs.filter(status=JobStatus.SUCCEEDED).first()
     if done is not None:
-        raise _conflict("already_upgraded", "this dataset was already upgraded", done)
-    failed = jobs.filter(status=JobStatus.FAILED).order_by("-created_at").first()
-    if failed is not None:
-        raise _conflict(
-            "retry_required", "an upgrade of this dataset failed; retry that upgrade", failed
+        raise _conflict_or_replay(
+            tenant, data, "already_upgraded", "this dataset was already upgraded", done
         )
+    failed = jobs.filter(status=JobStatus.FAILED).exclude(last_error_code=ABANDONED).first()
+    if failed is not None:
+        raise _conflict_or_replay(
+            tenant, data, "retry_required", "an upgrade of this dataset failed; retry that upgrade"
+        )
+
+
+class _Replay(Exception):
+    """The request is a replay of a job committed meanwhile (carries it)."""
+
+    def __init__(self, job: UpgradeJob) -> None:
+        super().__init__(str(job.id))
+        self.job = job
+
+
+def _conflict_or_replay(
+    tenant: str, data: dict, code: str, message: str, job: UpgradeJob | None = None
+) -> Exception:
+    replay = UpgradeJob.objects.filter(
+        tenant_id=tenant, idempotency_key=data["idempotency_key"]
+    ).first()
+    if replay is not None:
+        return _Replay(replay)
+    if job is None:
+        job = (
+            UpgradeJob.objects.filter(tenant_id=tenant, dataset_id=data["dataset_id"])
+            .exclude(status=JobStatus.SUCCEEDED)
+            .order_by("-created_at")
+            .first()
+        )
+    if job is None:
+        return Conflict(message, code=code, details={"upgrade_id": None})
+    return _conflict(code, message, job)
 
 
 def create_upgrade(data: dict) -> tuple[UpgradeJob, bool]:
@@ -113,26 +204,19 @@ def create_upgrade(data: dict) -> tuple[UpgradeJob, bool]:
     ).first()
     if replay is not None:
         return _replayed(replay, data), False
-    _check_sources(data["documents"])
-    _existing_for_dataset(tenant, data["dataset_id"])
+    _check_documents(data["documents"], tenant)
     try:
-        with transaction.atomic():
-            job = _insert(tenant, data)
-            dispatch_on_commit(job.id)
-    except IntegrityError:
-        replay = UpgradeJob.objects.filter(
-            tenant_id=tenant, idempotency_key=data["idempotency_key"]
-        ).first()
-        if replay is not None:  # a concurrent replay of the same key won
-            return _replayed(replay, data), False
-        active = UpgradeJob.objects.filter(
-            tenant_id=tenant, dataset_id=data["dataset_id"], status__in=ACTIVE_JOB_STATUSES
-        ).first()
-        raise Conflict(
-            "an upgrade of this dataset is already in progress",
-            code="upgrade_in_progress",
-            details={"upgrade_id": str(active.id) if active else None},
-        ) from None
+        _existing_for_dataset(tenant, data)
+        try:
+            with transaction.atomic():
+                job = _insert(tenant, data)
+                dispatch_on_commit(job.id)
+        except IntegrityError:
+            raise _conflict_or_replay(
+                tenant, data, "upgrade_in_progress", "an upgrade of this dataset is in progress"
+            ) from None
+    except _Replay as replay:  # a concurrent replay of the same key won
+        return _replayed(replay.job, data), False
     return job, True
 
 
@@ -225,9 +309,10 @@ def list_upgrades(
 def discovery(tenant_id: str, dataset_id: str) -> dict:
     """What Dify may offer for a Dataset (bridge specification §2.8): ``{"state", "upgrade_id"}``
     with state ``can_upgrade`` (no job), ``upgrade_in_progress`` (queued or running),
-    ``retry_required`` (failed) or ``already_upgraded`` (succeeded)."""
+    ``retry_required`` (failed) or ``already_upgraded`` (succeeded); a failed and abandoned
+    latest job answers ``can_upgrade``."""
     latest = list_upgrades(tenant_id, dataset_id=dataset_id).first()
-    if latest is None:
+    if latest is None or latest.last_error_code == ABANDONED:
         return {"state": "can_upgrade", "upgrade_id": None}
     state = {
         JobStatus.QUEUED: "upgrade_in_progress",
@@ -249,9 +334,14 @@ def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJ
     step attempts reset, every unreleased file lease becomes ``active`` until now + 7 days, and
     the job is dispatched through the claim after the commit. A job that failed after its
     documents were submitted goes back to ``submitting_documents`` when it had failed
-    documents. ``queued``/``running`` jobs are returned unchanged (``retried`` false); 409
+    documents. A job whose space was deleted (or is missing) after ``validating`` restarts
+    from ``validating``: every document back to ``pending``, a replacement space is created
+    (:func:`upgrades.services.runner.space_slug`) and every file lease is active again (a
+    released legacy file that Dify already deleted fails its document ``legacy_file_missing``).
+    ``queued``/``running`` jobs are returned unchanged (``retried`` false); 409
     ``upgrade_already_succeeded`` for a succeeded job, 409 ``upgrade_in_progress`` when another
-    upgrade of the Dataset became active meanwhile; 404 ``upgrade_not_found``.
+    upgrade of the Dataset became active meanwhile, ``upgrade_abandoned`` for an abandoned job;
+    404 ``upgrade_not_found``.
     """
     if tenant_id is not None:
         job = get_upgrade(tenant_id, upgrade_id)
@@ -263,6 +353,8 @@ def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJ
         raise _conflict("upgrade_already_succeeded", "a succeeded upgrade cannot be retried", job)
     if job.status != JobStatus.FAILED:
         return job, False
+    if job.last_error_code == ABANDONED:
+        raise _conflict("upgrade_abandoned", "an abandoned upgrade cannot be retried", job)
     try:
         with transaction.atomic():
             retried = _rearm(job)
@@ -276,16 +368,40 @@ def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJ
     return job, retried
 
 
+def _space_gone(job: UpgradeJob) -> bool:
+    """Whether the job's space is missing or being deleted after the job had created it."""
+    if job.stage == JobStage.VALIDATING:
+        return False
+    return job.space_id is None or job.space.deleting_at is not None
+
+
 def _rearm(job: UpgradeJob) -> bool:
     now = timezone.now()
-    failed_docs = UpgradeDocument.objects.filter(job=job, status=DocumentStatus.FAILED)
-    had_failed = failed_docs.update(
-        status=DocumentStatus.PENDING, last_error_code=None, last_error_message=None, updated_at=now
-    )
-    stage = job.stage
+    restart = _space_gone(job)
+    if restart:  # every document goes again into the replacement space
+        UpgradeDocument.objects.filter(job=job).update(
+            status=DocumentStatus.PENDING,
+            document=None,
+            compilation_job_id=None,
+            last_error_code=None,
+            last_error_message=None,
+            updated_at=now,
+        )
+        had_failed = 0
+    else:
+        failed_docs = UpgradeDocument.objects.filter(job=job, status=DocumentStatus.FAILED)
+        had_failed = failed_docs.update(
+            status=DocumentStatus.PENDING,
+            last_error_code=None,
+            last_error_message=None,
+            updated_at=now,
+        )
+    stage = JobStage.VALIDATING if restart else job.stage
     if had_failed and stage in (JobStage.MIGRATING_ACCESS, JobStage.FINALIZING):
         stage = JobStage.SUBMITTING_DOCUMENTS
+    extra = {"space": None, "resolved_configuration": None, "completed_documents": 0}
     updated = UpgradeJob.objects.filter(id=job.id, status=JobStatus.FAILED).update(
+        **(extra if restart else {}),
         status=JobStatus.QUEUED,
         stage=stage,
         failed_documents=0,
@@ -303,7 +419,64 @@ def _rearm(job: UpgradeJob) -> bool:
     if not updated:
         transaction.set_rollback(True)
         return False
-    UpgradeFileLease.objects.filter(job=job).exclude(status=FileLeaseStatus.RELEASED).update(
-        status=FileLeaseStatus.ACTIVE, expires_at=now + FILE_LEASE_TTL, updated_at=now
+    leases = UpgradeFileLease.objects.filter(job=job)
+    if not restart:
+        leases = leases.exclude(status=FileLeaseStatus.RELEASED)
+    leases.update(
+        status=FileLeaseStatus.ACTIVE,
+        expires_at=now + FILE_LEASE_TTL,
+        released_at=None,
+        updated_at=now,
     )
     return True
+
+
+# --- abandon ------------------------------------------------------------------------------------
+
+
+def abandon_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJob, bool]:
+    """Abandon a failed upgrade so its Dataset can be upgraded again; returns ``(job, changed)``.
+
+    The job stays ``failed`` with ``last_error_code`` :data:`ABANDONED`; its file leases are
+    released (the job never reads them again). A new snapshot of the Dataset is then accepted
+    (G6 as decided here: one upgrade per Dataset, except after a failed and abandoned one), and
+    discovery answers ``can_upgrade``. Repeating it changes nothing (``changed`` false). 409
+    ``upgrade_in_progress`` for a queued or running job, ``upgrade_already_succeeded`` for a
+    succeeded one; 404 ``upgrade_not_found``.
+    """
+    job = _find(upgrade_id, tenant_id)
+    if job.status == JobStatus.SUCCEEDED:
+        raise _conflict("upgrade_already_succeeded", "a succeeded upgrade cannot be abandoned", job)
+    if job.status != JobStatus.FAILED:
+        raise _conflict("upgrade_in_progress", "only a failed upgrade can be abandoned", job)
+    if job.last_error_code == ABANDONED:
+        return job, False
+    now = timezone.now()
+    with transaction.atomic():
+        changed = (
+            UpgradeJob.objects.filter(id=job.id, status=JobStatus.FAILED)
+            .exclude(last_error_code=ABANDONED)
+            .update(
+                last_error_code=ABANDONED,
+                last_error_message=(
+                    f"abandoned at {now.isoformat()} after failing with "
+                    f"{job.last_error_code or 'an error'}: {job.last_error_message or ''}"
+                )[:2000],
+                updated_at=now,
+            )
+        )
+        if changed:
+            UpgradeFileLease.objects.filter(job=job).exclude(
+                status=FileLeaseStatus.RELEASED
+            ).update(status=FileLeaseStatus.RELEASED, released_at=now, updated_at=now)
+    job.refresh_from_db()
+    return job, bool(changed)
+
+
+def _find(upgrade_id, tenant_id: str | None) -> UpgradeJob:
+    if tenant_id is not None:
+        return get_upgrade(tenant_id, upgrade_id)
+    job = UpgradeJob.objects.filter(id=upgrade_id).first()
+    if job is None:
+        raise NotFound("upgrade not found", code="upgrade_not_found")
+    return job
