@@ -99,11 +99,11 @@ test-postgres: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
 	$(BIN)/python scripts/with_postgres.py $(BIN)/python -m pytest -q
 
-# The migration suite (every tests/test_migrations*.py) on a throw-away MariaDB; skipped with a
-# message when mariadbd is missing (`make mariadb`), a failure under KFS_REQUIRE_MARIADB=1 (CI).
+# The migration suite (every tests/test_migrations*.py, and the downgrade guards) on a throw-away
+# MariaDB; skipped with a message when mariadbd is missing (`make mariadb`), a failure under KFS_REQUIRE_MARIADB=1 (CI).
 test-mariadb: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
-	$(BIN)/python scripts/with_mariadb.py --skip-if-missing $(BIN)/python -m pytest -q $(sort $(wildcard tests/test_migrations*.py))
+	$(BIN)/python scripts/with_mariadb.py --skip-if-missing $(BIN)/python -m pytest -q $(sort $(wildcard tests/test_migrations*.py)) tests/test_downgrade_guards.py
 
 test: lint test-sqlite test-postgres test-mariadb
 
