@@ -111,3 +111,21 @@ class MySQLRunSQL(migrations.RunPython):
 
     def describe(self):
         return "SQL on MySQL/MariaDB only"
+
+
+def every_minute_schedule(name: str, func: str) -> migrations.RunPython:
+    """A reversible ``RunPython`` that owns one django-q2 schedule: forwards it creates (or
+    resets) the schedule ``name`` calling the dotted ``func`` every minute, for ever (the unit of
+    django-q2 interval schedules is the minute); backwards it deletes it. The migration must
+    depend on django_q's migrations."""
+
+    def create(apps, schema_editor):
+        apps.get_model("django_q", "Schedule").objects.update_or_create(
+            name=name,
+            defaults={"func": func, "schedule_type": "I", "minutes": 1, "repeats": -1},
+        )
+
+    def delete(apps, schema_editor):
+        apps.get_model("django_q", "Schedule").objects.filter(name=name).delete()
+
+    return migrations.RunPython(create, delete)

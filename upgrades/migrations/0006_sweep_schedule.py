@@ -6,20 +6,10 @@ operator deleted it by hand.
 
 from django.db import migrations
 
+from knowledgefs.migration_ops import every_minute_schedule
+
 NAME = "knowledgefs.upgrades.sweep"
 FUNC = "upgrades.tasks.sweep_upgrades"
-
-
-def create_schedule(apps, schema_editor):
-    Schedule = apps.get_model("django_q", "Schedule")
-    Schedule.objects.update_or_create(
-        name=NAME,
-        defaults={"func": FUNC, "schedule_type": "I", "minutes": 1, "repeats": -1},
-    )
-
-
-def delete_schedule(apps, schema_editor):
-    apps.get_model("django_q", "Schedule").objects.filter(name=NAME).delete()
 
 
 class Migration(migrations.Migration):
@@ -28,4 +18,4 @@ class Migration(migrations.Migration):
         ("django_q", "0019_alter_task_options_alter_ormq_key_alter_ormq_lock_and_more"),
     ]
 
-    operations = [migrations.RunPython(create_schedule, delete_schedule)]
+    operations = [every_minute_schedule(NAME, FUNC)]
