@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
-from django.db.migrations.recorder import MigrationRecorder
 from django.utils import timezone
 
 from knowledgefs.downgrades import REFUSED_EXIT_STATUS, DowngradeRefused
+from tests.migration_support import applied, kfs_check, migrate, migrate_to_latest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,29 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(autouse=True)
 def own_epoch_file(settings, tmp_path):
     settings.KNOWLEDGE_AUTH_EPOCH_FILE = tmp_path / "var" / "auth" / "revocation-epoch"
-
-
-def migrate(*args: str) -> str:
-    out = StringIO()
-    call_command("migrate", *args, "--noinput", stdout=out, verbosity=1)
-    return out.getvalue()
-
-
-def migrate_to_latest() -> None:
-    call_command("migrate", "--noinput", verbosity=0)
-
-
-def applied() -> set[tuple[str, str]]:
-    return set(MigrationRecorder(connection).applied_migrations())
-
-
-def kfs_check(*args: str) -> tuple[int, str]:
-    out = StringIO()
-    try:
-        call_command("kfs", "downgrade-check", *args, stdout=out)
-    except DowngradeRefused as exc:
-        return exc.returncode, out.getvalue()
-    return 0, out.getvalue()
 
 
 def refused_migrate(*args: str) -> str:

@@ -22,12 +22,12 @@ from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.loader import MigrationLoader
-from django.db.migrations.recorder import MigrationRecorder
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from knowledgefs.downgrades import REFUSED_EXIT_STATUS, DowngradeRefused
+from tests.migration_support import applied, kfs_check, migrate, migrate_to_latest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT_APPS = ("knowledgefs", "spaces", "ingestion", "retrieval", "upgrades")
@@ -42,20 +42,6 @@ GUARDED = ("spaces", "0003_bindings_from_scoped_keys")
 def own_epoch_file(settings, tmp_path):
     """This test's API-key revocation epoch (KNOWLEDGE_VAR_DIR may be shared by other runs)."""
     settings.KNOWLEDGE_AUTH_EPOCH_FILE = tmp_path / "var" / "auth" / "revocation-epoch"
-
-
-def migrate(*args: str) -> str:
-    out = StringIO()
-    call_command("migrate", *args, "--noinput", stdout=out, verbosity=1)
-    return out.getvalue()
-
-
-def migrate_to_latest() -> None:
-    call_command("migrate", "--noinput", verbosity=0)
-
-
-def applied() -> set[tuple[str, str]]:
-    return set(MigrationRecorder(connection).applied_migrations())
 
 
 def schema() -> dict:
@@ -392,15 +378,6 @@ def test_sqlmigrate_backwards_exits_non_zero_in_a_real_process(tmp_path):
     assert run.returncode == REFUSED_EXIT_STATUS, run.stderr
     assert "DowngradeRefused: spaces.0003_bindings_from_scoped_keys: refused" in run.stderr
     assert "BEGIN" not in run.stdout and "DELETE" not in run.stdout
-
-
-def kfs_check(*args: str) -> tuple[int, str]:
-    out = StringIO()
-    try:
-        call_command("kfs", "downgrade-check", *args, stdout=out)
-    except DowngradeRefused as exc:
-        return exc.returncode, out.getvalue()
-    return 0, out.getvalue()
 
 
 @pytest.mark.django_db
