@@ -684,3 +684,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("TEST", {}).update(
         {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrieval: planner, Deep mode, filters and retrieval tests (docs/retrieval.md, "Modes").
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrieval: Research and Auto (reasoning-model budgets; docs/retrieval.md, "Research and Auto").
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrieval: durable research tasks (docs/retrieval.md, "Research tasks").
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrieval: cited answers over SSE and answer traces (docs/retrieval.md, "Answers").
+
+
+# ---------------------------------------------------------------------------------------------
+# Retrieval: golden questions and the evaluation gate (docs/retrieval.md, "Evaluation").

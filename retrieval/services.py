@@ -34,10 +34,12 @@ from spaces.models import KnowledgeSpace, PublicationHead
 from .backends import ScoredNode, get_search_backend
 from .models import IndexState, IndexVersion
 
-MODES = ("fast",)
+MODES = ("fast", "deep", "research", "auto")
+CONCRETE_MODES = ("fast", "deep", "research")
 LEGS = ("dense", "keyword")
-RECALL_MULTIPLIER = {"fast": 1}
-FUSION_MULTIPLIER = {"fast": 1}  # rerank candidates: min(top_k × this, RETRIEVAL_MAX_TOP_K)
+RECALL_MULTIPLIER = {"fast": 1, "deep": 5, "research": 10}
+# Rerank candidates: min(top_k × FUSION_MULTIPLIER, RETRIEVAL_MAX_TOP_K).
+FUSION_MULTIPLIER = {"fast": 1, "deep": 3, "research": 5}
 PROFILE = object()  # a ``score_threshold`` left to the space's retrieval profile
 # Each leg fetches at least this many candidates (capped at 100): min-max normalisation over a
 # handful of hits is unstable, and an exact keyword match missing from a short dense list would
@@ -59,6 +61,12 @@ class RetrievalResult:
     mode: str
     items: list[RetrievalItem]
     metrics: dict = field(default_factory=dict)
+    # The planner's figures (dense/fts top_k, fusion/rerank limits, query language).
+    plan: dict = field(default_factory=dict)
+    # Per stage: {name, status executed|skipped, candidate_count, filtered_count, duration_ms}.
+    stages: list[dict] = field(default_factory=list)
+    # Auto mode's routing record: {requested_mode, resolved_mode, resolver, degraded, error}.
+    route: dict | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -74,6 +82,9 @@ class RetrievalResult:
                 for i in self.items
             ],
             "metrics": self.metrics,
+            "plan": self.plan,
+            "stages": self.stages,
+            **({"route": self.route} if self.route is not None else {}),
         }
 
 
@@ -180,6 +191,7 @@ def retrieve(
     mode: str | None = None,
     legs: tuple[str, ...] = LEGS,
     fusion: str = "minmax",
+    filters=None,
 ) -> RetrievalResult:
     """Run a retrieval over the space's published nodes; items carry citations.
 
@@ -198,7 +210,7 @@ def retrieve(
     from spaces.profiles import require_ready
     from upgrades.services.reconciliation import require_reconciled
 
-    backend = get_search_backend()
+    get_search_backend()  # 503 search_backend_unavailable first (MySQL/MariaDB)
     profile = require_ready(space)
     require_reconciled(space.id)
     if top_k is None:
@@ -209,53 +221,25 @@ def retrieve(
         score_threshold = profile.retrieval_score_threshold
     query, top_k, score_threshold, mode = validate_request(query, top_k, score_threshold, mode)
     started = time.perf_counter()
+    route = None
+    if mode == "auto":
+        from .auto import resolve_mode
+
+        mode, route = resolve_mode(space, profile, query)
+    if mode == "research":
+        from .research import run_research
+
+        result = run_research(
+            space, query, top_k=top_k, score_threshold=score_threshold, filters=filters
+        )
+        if route is not None:
+            result.route = route
+        return result
     depth = min(
         max(top_k * RECALL_MULTIPLIER[mode], MIN_LEG_CANDIDATES), settings.RETRIEVAL_MAX_TOP_K
     )
-    # One read resolves the snapshot: the publication head and the space's active index version
-    # (its number, model and dimension). A cutover changes both in one commit.
-    head_revision, version = _snapshot(space.id)
-    results: dict[str, list[ScoredNode]] = {}
-    timings: dict[str, float] = {}
-    if "dense" in legs and version is not None:
-        number, model_id, dimension = version
-        t0 = time.perf_counter()
-        try:
-            model = get_embedding_model(model_id, space=space)
-        except UnknownEmbeddingModel as exc:
-            raise Unavailable(
-                f"this space is indexed with {model_id!r}, which this server does not serve "
-                f"({exc})",
-                code="embedding_model_unavailable",
-            ) from None
-        if model.dimension != dimension:
-            raise Unavailable(
-                f"this space's index holds {dimension}-d vectors but {model_id!r} now makes "
-                f"{model.dimension}-d ones",
-                code="embedding_model_unavailable",
-            )
-        try:
-            vector = model.embed_query(query)
-        except DifyError as exc:
-            raise Unavailable(
-                f"the query could not be embedded ({exc.code}): {exc.message}",
-                code="embedding_model_unavailable",
-            ) from None
-        timings["embed_ms"] = (time.perf_counter() - t0) * 1000
-        t0 = time.perf_counter()
-        results["dense"] = backend.dense_search(
-            space.id,
-            vector,
-            index_version=number,
-            head_revision=head_revision,
-            limit=depth,
-            dimension=dimension,
-        )
-        timings["dense_ms"] = (time.perf_counter() - t0) * 1000
-    if "keyword" in legs:
-        t0 = time.perf_counter()
-        results["keyword"] = backend.keyword_search(space.id, query, depth)
-        timings["keyword_ms"] = (time.perf_counter() - t0) * 1000
+    snapshot = resolve_snapshot(space)
+    results, timings = recall(space, snapshot, query, depth=depth, legs=legs, filters=filters)
     candidates = FUSIONS[fusion](results)
     fused = candidates
     nodes = None
@@ -275,12 +259,101 @@ def retrieve(
         "keyword_candidates": len(results.get("keyword", [])),
         "fused_candidates": len(candidates),
         **({"rerank_candidates": len(pool)} if rerank is not None and candidates else {}),
-        "publication_revision": head_revision,
-        "index_version": version[0] if version is not None else None,
+        "publication_revision": snapshot.head_revision,
+        "index_version": snapshot.version[0] if snapshot.version is not None else None,
         **{k: round(v, 2) for k, v in timings.items()},
         "total_ms": round((time.perf_counter() - started) * 1000, 2),
     }
-    return RetrievalResult(mode=mode, items=items, metrics=metrics)
+    return RetrievalResult(mode=mode, items=items, metrics=metrics, route=route)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one retrieval reads, resolved once: the publication head revision and the active
+    index version ``(number, model_id, dimension)`` (``None``: the space has no dense index)."""
+
+    head_revision: int
+    version: tuple[int, str, int] | None
+
+
+def resolve_snapshot(space: KnowledgeSpace) -> Snapshot:
+    """One read resolves the snapshot; a cutover changes both parts in one commit."""
+    head_revision, version = _snapshot(space.id)
+    return Snapshot(head_revision, version)
+
+
+def embed_queries(space: KnowledgeSpace, snapshot: Snapshot, texts: list[str]) -> np.ndarray:
+    """Embed ``texts`` (one batch) with the model of the snapshot's index version.
+
+    Returns a ``(len(texts), dimension)`` float32 array of unit vectors. Raises 503
+    ``embedding_model_unavailable`` when the model is not served, makes vectors of another
+    dimension, or Dify refuses the call. ``snapshot.version`` must not be ``None``.
+    """
+    number, model_id, dimension = snapshot.version
+    try:
+        model = get_embedding_model(model_id, space=space)
+    except UnknownEmbeddingModel as exc:
+        raise Unavailable(
+            f"this space is indexed with {model_id!r}, which this server does not serve ({exc})",
+            code="embedding_model_unavailable",
+        ) from None
+    if model.dimension != dimension:
+        raise Unavailable(
+            f"this space's index holds {dimension}-d vectors but {model_id!r} now makes "
+            f"{model.dimension}-d ones",
+            code="embedding_model_unavailable",
+        )
+    try:
+        if len(texts) == 1:
+            return np.asarray(model.embed_query(texts[0]), dtype=np.float32).reshape(1, -1)
+        return np.asarray(np.stack([model.embed_query(t) for t in texts]), dtype=np.float32)
+    except DifyError as exc:
+        raise Unavailable(
+            f"the query could not be embedded ({exc.code}): {exc.message}",
+            code="embedding_model_unavailable",
+        ) from None
+
+
+def recall(
+    space: KnowledgeSpace,
+    snapshot: Snapshot,
+    query: str,
+    *,
+    depth: int,
+    legs: tuple[str, ...] = LEGS,
+    filters=None,
+    vector: np.ndarray | None = None,
+) -> tuple[dict[str, list[ScoredNode]], dict[str, float]]:
+    """Run the enabled legs for one query; returns ``({leg: hits}, {"<leg>_ms": ms})``.
+
+    ``depth`` candidates per leg (best first); ``vector`` is the query's embedding when the
+    caller already has it (a batched embedding), else the query is embedded here. ``filters``
+    (``None`` = none) restrict both legs before their limit. Only visible nodes are returned.
+    """
+    backend = get_search_backend()
+    results: dict[str, list[ScoredNode]] = {}
+    timings: dict[str, float] = {}
+    if "dense" in legs and snapshot.version is not None:
+        number, _, dimension = snapshot.version
+        if vector is None:
+            t0 = time.perf_counter()
+            vector = embed_queries(space, snapshot, [query])[0]
+            timings["embed_ms"] = (time.perf_counter() - t0) * 1000
+        t0 = time.perf_counter()
+        results["dense"] = backend.dense_search(
+            space.id,
+            vector,
+            index_version=number,
+            head_revision=snapshot.head_revision,
+            limit=depth,
+            dimension=dimension,
+        )
+        timings["dense_ms"] = (time.perf_counter() - t0) * 1000
+    if "keyword" in legs:
+        t0 = time.perf_counter()
+        results["keyword"] = backend.keyword_search(space.id, query, depth)
+        timings["keyword_ms"] = (time.perf_counter() - t0) * 1000
+    return results, timings
 
 
 def _snapshot(space_id: uuid.UUID) -> tuple[int, tuple[int, str, int] | None]:

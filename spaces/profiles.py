@@ -409,8 +409,8 @@ def parse_retrieval_profile(body: Any) -> dict:
     """Check a retrieval profile and return the model fields to store.
 
     Members (each optional, a missing one takes its default — ``PUT`` replaces the profile):
-    ``default_mode`` (``fast``; ``deep``, ``research`` and ``auto`` are refused with
-    ``mode_unavailable`` until retrieval serves them), ``reasoning_model`` (selection or null),
+    ``default_mode`` (``fast``, ``deep`` or ``research``; ``auto`` is refused with
+    ``mode_unavailable``: it resolves to the default), ``reasoning_model`` (selection or null),
     ``rerank`` (``{enabled: false, model: null}``), ``score_threshold`` (null = off, else 0..1),
     ``top_k`` (10; 1..100). Rules, each a 400 naming the field: ``invalid_mode``,
     ``mode_unavailable``, ``invalid_top_k``, ``invalid_score_threshold``, ``invalid_rerank``,
@@ -419,7 +419,7 @@ def parse_retrieval_profile(body: Any) -> dict:
     the threshold applies to the rerank score), ``invalid_model_selection``,
     ``capability_unavailable`` (a rerank or reasoning model under the local runtime).
     """
-    from retrieval.services import MODES
+    from retrieval.services import CONCRETE_MODES as MODES
 
     if not isinstance(body, dict):
         raise InvalidInput("the body must be a JSON object", code="invalid_request")
@@ -440,8 +440,8 @@ def parse_retrieval_profile(body: Any) -> dict:
         )
     if mode not in MODES:
         raise InvalidInput(
-            f"default_mode: {mode!r} retrieval is not served by this version; supported: "
-            f"{', '.join(MODES)}",
+            f"default_mode: {mode!r} cannot be a default (auto resolves to the default); "
+            f"supported: {', '.join(MODES)}",
             code="mode_unavailable",
             details={"field": "default_mode", "supported": list(MODES)},
         )

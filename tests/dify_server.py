@@ -11,7 +11,8 @@ request must carry ``X-Inner-Api-Key`` (401 otherwise).
   with under ``KNOWLEDGE_MODEL_RUNTIME=local`` (384 dimensions), so a run through this server can
   be compared with a local run;
 - ``…/rerank``: the share of the query's words found in each document;
-- ``…/llm``: a fixed answer in three length-prefixed frames;
+- ``…/llm``: a fixed answer in three length-prefixed frames, or the text a test's
+  :attr:`DifyTestServer.llm_responder` returns for the request body (a scripted model);
 - ``…/model-catalog``: a fixed catalog, paged by ``limit``/``offset``;
 - ``/inner/api/knowledge-fs/storage/…``: objects in memory, SHA-256 checked (422), size-limited
   (413), listed in key order with a cursor;
@@ -191,6 +192,9 @@ class DifyTestServer(LoopbackServerMixin):
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self._faults: list[Fault] = []
+        # A scripted LLM: called with each /llm request body (dict), returns the answer text
+        # (streamed in three frames) or None for the fixed answer. Raising fails the request 500.
+        self.llm_responder: Any = None
         self._in_flight: dict[str, int] = defaultdict(int)
         self._connections: set[socket.socket] = set()
         self._peak: dict[str, int] = defaultdict(int)
@@ -552,15 +556,24 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if body.get("stream") is not True or body.get("mode") != "chat":
             return self._json(400, {"code": "invalid_request", "message": "stream/mode"})
+        answer = LLM_ANSWER
+        if self.dify.llm_responder is not None:
+            try:
+                text = self.dify.llm_responder(body)
+            except Exception as exc:  # noqa: BLE001 - a scripted failure
+                return self._json(500, {"code": "scripted_failure", "message": str(exc)})
+            if text is not None:
+                third = max(len(text) // 3, 1)
+                answer = [text[:third], text[third : 2 * third], text[2 * third :]]
         frames = [
             envelope_frame({"delta": {"index": i, "message": {"content": text}}})
-            for i, text in enumerate(LLM_ANSWER)
+            for i, text in enumerate(answer)
         ]
         frames[-1] = envelope_frame(
             {
                 "delta": {
-                    "index": len(LLM_ANSWER) - 1,
-                    "message": {"content": LLM_ANSWER[-1]},
+                    "index": len(answer) - 1,
+                    "message": {"content": answer[-1]},
                     "finish_reason": "stop",
                     "usage": {"prompt_tokens": 12, "completion_tokens": 9},
                 }

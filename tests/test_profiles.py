@@ -272,8 +272,6 @@ def test_a_selection_is_pending_validation_compare_and_set_and_frozen_by_the_fir
 
 
 RULES = [
-    ({"default_mode": "deep"}, "mode_unavailable", "default_mode"),
-    ({"default_mode": "research"}, "mode_unavailable", "default_mode"),
     ({"default_mode": "auto"}, "mode_unavailable", "default_mode"),
     ({"default_mode": "hybrid"}, "invalid_mode", "default_mode"),
     ({"default_mode": 1}, "invalid_mode", "default_mode"),
