@@ -147,9 +147,7 @@ def test_deterministic_path_finds_evidence_for_both_parts(space):
     assert stage["plan"]["candidate_count"] == 3 and stage["embed"]["candidate_count"] == 3
     assert stage["rerank"]["status"] == "skipped" and stage["judge"]["status"] == "skipped"
     # Fast on the same question ranks one part only in its top 2.
-    fast = retrieve(
-        space, "How many days of annual leave? When are travel receipts due?", top_k=2
-    )
+    fast = retrieve(space, "How many days of annual leave? When are travel receipts due?", top_k=2)
     assert len(fast.items) == 2
 
 
