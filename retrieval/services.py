@@ -285,6 +285,9 @@ def resolve_snapshot(space: KnowledgeSpace) -> Snapshot:
 def embed_queries(space: KnowledgeSpace, snapshot: Snapshot, texts: list[str]) -> np.ndarray:
     """Embed ``texts`` (one batch) with the model of the snapshot's index version.
 
+    Several texts go to the model in one call when it has the optional ``embed_queries(texts)``
+    (the local ONNX model, Dify models: one request of up to 16 texts); else one by one.
+
     Returns a ``(len(texts), dimension)`` float32 array of unit vectors. Raises 503
     ``embedding_model_unavailable`` when the model is not served, makes vectors of another
     dimension, or Dify refuses the call. ``snapshot.version`` must not be ``None``.
@@ -306,6 +309,9 @@ def embed_queries(space: KnowledgeSpace, snapshot: Snapshot, texts: list[str]) -
     try:
         if len(texts) == 1:
             return np.asarray(model.embed_query(texts[0]), dtype=np.float32).reshape(1, -1)
+        batch = getattr(model, "embed_queries", None)  # optional: one model call for all
+        if batch is not None:
+            return np.asarray(batch(list(texts)), dtype=np.float32)
         return np.asarray(np.stack([model.embed_query(t) for t in texts]), dtype=np.float32)
     except DifyError as exc:
         raise Unavailable(
