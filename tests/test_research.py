@@ -574,3 +574,28 @@ def test_the_shared_pool_is_capped_and_fair_across_intents(dify, client, princip
     dify.reset_observations()
     result = retrieve(space, "rocket engines", top_k=4, score_threshold=None, mode="research")
     assert len(dify.calls(RERANK)[0].body["docs"]) == result.metrics["rerank_pool"] == len(CORPUS)
+
+
+# --- settings (seed deployment guide) ---------------------------------------------------------
+
+RESEARCH_SETTINGS = {
+    # name: (default, low, high)
+    "KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS": (60000, 100, 600000),
+    "KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS": (8192, 256, 65536),
+    "KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES": (200, 1, 200),
+}
+
+
+def test_research_settings_defaults_and_ranges():
+    from tests.test_checks import setup_django
+
+    names = list(RESEARCH_SETTINGS)
+    result = setup_django(
+        f"from django.conf import settings; print(*[getattr(settings, n) for n in {names!r}])"
+    )
+    assert result.returncode == 0, result.stderr
+    assert [int(v) for v in result.stdout.split()] == [d for d, _, _ in RESEARCH_SETTINGS.values()]
+    for name, (_, low, high) in RESEARCH_SETTINGS.items():
+        result = setup_django(**{name: str(high + 1)})
+        assert result.returncode != 0
+        assert f"{name}={high + 1} is outside the accepted range {low}..{high}" in result.stderr
