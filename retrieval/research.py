@@ -517,11 +517,14 @@ class _Retrieval:
         self.nodes.update(_nodes(missing))
         texts = [self.nodes[n].text[:JUDGE_MAX_ITEM_CHARS] for n, _, _ in top if n in self.nodes]
         output = run.call("judge", self.selection, _judge_prompt(self.query, self.plan, texts))
+        failed = run.checkpoint.get("judge", {}).get("status") == "failed"
         if output is not None:
             output = _checked_judgement(output, self.plan.dimensions)
-            if output is None:
+            failed = output is None
+            if failed:
                 run._degrade(reasoning.ReasoningInvalidOutput.code)
-        run.stage("judge", "executed" if output is not None else "degraded", len(texts), t0)
+        status = "executed" if output is not None else "degraded" if failed else "skipped"
+        run.stage("judge", status, len(texts), t0)
         if output is None:
             run.stage("supplemental", "skipped", 0, time.perf_counter())
             return final, filtered

@@ -392,6 +392,40 @@ def test_a_resumed_run_repeats_no_finished_model_call(dify, client, principal):
 
 
 @pytest.mark.django_db
+def test_a_spent_budget_stops_model_calls_and_keeps_the_evidence(
+    dify, client, principal, monkeypatch
+):
+    from retrieval import research
+
+    space = reasoned_space(client, principal, dify)
+    model = dify.llm_responder = ScriptedModel(
+        planner=PLAN, judge=JUDGEMENT, supplemental=SUPPLEMENT
+    )
+    # A durable policy of two calls: the supplemental planning is never started.
+    monkeypatch.setattr(research, "DURABLE", research.Policy("durable", 2, 180.0, 1, True))
+    result = run_research(space, QUESTION, top_k=3, score_threshold=None, durable=True)
+    assert model.steps() == ["planner", "judge"]
+    metrics = result.metrics
+    assert (metrics["budget_exhausted"], metrics["degraded"]) == ("model_calls", False)
+    assert metrics["research_model_calls"] == 2 and metrics["research_supplemental_searches"] == 0
+    assert metrics["research_coverage"]["missing"] == ["train booking"]
+    assert len(result.items) == 3
+    # A wall clock of 2 s: the planner answers after 1.2 s, leaving less than the 1 s a call
+    # needs, so no judge is asked.
+    monkeypatch.setattr(research, "DURABLE", research.Policy("durable", 3, 2.0, 1, True))
+    dify.reset_observations()
+    model.prompts.clear()
+    dify.delay(1.2, route=LLM)
+    result = run_research(space, QUESTION, top_k=3, score_threshold=None, durable=True)
+    assert model.steps() == ["planner"]
+    metrics = result.metrics
+    assert (metrics["budget_exhausted"], metrics["degraded"]) == ("wall_clock", False)
+    assert metrics["research_path"] == "reasoning" and metrics["research_model_calls"] == 1
+    assert {s["name"]: s["status"] for s in result.stages}["judge"] == "skipped"
+    assert len(result.items) == 3
+
+
+@pytest.mark.django_db
 def test_interactive_research_plans_once_without_judge_or_supplement(dify, client, principal):
     space = reasoned_space(client, principal, dify)
     model = dify.llm_responder = ScriptedModel(planner=PLAN)
@@ -530,6 +564,8 @@ def test_a_prompt_injection_document_cannot_change_the_allowed_actions(
     assert metrics["degradation_reason"] == "reasoning_invalid_output"
     assert metrics["research_supplemental_searches"] == 0 and metrics["research_coverage"] is None
     assert [q["text"] for q in result.plan["queries"]] == [QUESTION, *PLAN["sub_queries"]]
+    stages = {s["name"]: s["status"] for s in result.stages}
+    assert (stages["judge"], stages["supplemental"]) == ("degraded", "skipped")
 
 
 @pytest.mark.django_db
