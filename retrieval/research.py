@@ -52,6 +52,7 @@ deadline is ``min(KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS, time left)``.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -265,8 +266,11 @@ class _Run:
             self.calls += 1
             self.calls_reused += 1
             if saved["status"] == "ok":
-                return saved["output"]
-            self._degrade(saved.get("error") or "reasoning_error")
+                try:  # checked again: a stored checkpoint is data like any other
+                    return prompt.schema.parse(json.dumps(saved.get("output")))
+                except reasoning.ReasoningInvalidOutput:
+                    saved = {"status": "failed", "error": reasoning.ReasoningInvalidOutput.code}
+            self._degrade(str(saved.get("error") or "reasoning_error")[:64])
             return None
         if self.calls >= self.policy.max_model_calls:
             self.budget_exhausted = self.budget_exhausted or "model_calls"

@@ -389,6 +389,15 @@ def test_a_resumed_run_repeats_no_finished_model_call(dify, client, principal):
     )
     assert dify.count(LLM) == 0 and again.metrics["research_model_calls_reused"] == 3
     assert [i.node_id for i in again.items] == [i.node_id for i in result.items]
+    # A stored outcome is checked again: one outside the schema counts as a failed call.
+    tampered = {"planner": {"status": "ok", "output": {**PLAN, "sub_queries": ["a1"] * 5}}}
+    dify.reset_observations()
+    degraded = run_research(
+        space, QUESTION, top_k=3, score_threshold=None, durable=True, checkpoint=tampered
+    )
+    assert dify.count(LLM) == 0
+    assert degraded.metrics["research_path"] == "deterministic"
+    assert degraded.metrics["degradation_reason"] == "reasoning_invalid_output"
 
 
 @pytest.mark.django_db
