@@ -391,7 +391,12 @@ def _final_order(space, profile, query: str, pool, nodes, contexts):
     Returns ``(ranked, rerank stage)``."""
     rerank = _rerank_selection(profile)
     if rerank is None or not pool:
-        ranked = sorted(pool, key=lambda r: (-r[1], r[0] in contexts, str(r[0])))
+        # Ties: base hits first (by id, like Fast), then expansions in the order they were made.
+        order = {r[0]: n for n, r in enumerate(pool)}
+        ranked = sorted(
+            pool,
+            key=lambda r: (-r[1], r[0] in contexts, order[r[0]] if r[0] in contexts else str(r[0])),
+        )
         return ranked, _stage("rerank", False)
     t0 = time.perf_counter()
     present = [r for r in pool if r[0] in nodes]
