@@ -323,13 +323,7 @@ def _fast_or_deep(space, profile, request: _Request, started: float, route_ms: f
         filters=allowed,
         language=plan.query_language,
     )
-    stages.append(_stage("embed", "embed_ms" in timings, int("embed_ms" in timings), 0,
-                         timings.get("embed_ms", 0.0)))  # fmt: skip
-    for leg in LEGS:
-        hits = results.get(leg)
-        stages.append(
-            _stage(leg, hits is not None, len(hits or []), 0, timings.get(f"{leg}_ms", 0.0))
-        )
+    stages.extend(_leg_stages(results, timings))
     t0 = time.perf_counter()
     candidates = FUSIONS[request.fusion](results) if results else []
     base = candidates[: plan.fusion_limit]
@@ -351,38 +345,46 @@ def _fast_or_deep(space, profile, request: _Request, started: float, route_ms: f
     items = _hydrate(kept[: request.top_k], nodes)
     for item in items:
         item.context = contexts.get(item.node_id)
-    metrics = {
+    counts = {
         "dense_candidates": len(results.get("dense", [])),
         "keyword_candidates": len(results.get("keyword", [])),
         "fused_candidates": len(candidates),
         "expansion_candidates": len(expanded),
-        **(
-            {"rerank_candidates": rerank_stage["candidate_count"]}
-            if rerank_stage["status"] == "executed"
-            else {}
-        ),  # fmt: skip
-        **(
-            {
-                "filter_allowed_documents": len(allowed.document_ids),
-                "metadata_filtered_documents": allowed.filtered,
-            }  # fmt: skip
-            if allowed is not None
-            else {}
-        ),
         "threshold_filtered_candidates": len(ranked) - len(kept),
-        "publication_revision": snapshot.head_revision,
-        "index_version": snapshot.version[0] if snapshot.version is not None else None,
-        **{k: round(v, 2) for k, v in timings.items()},
-        **(
-            {"rerank_ms": rerank_stage["duration_ms"]}
-            if rerank_stage["status"] == "executed"
-            else {}
-        ),  # fmt: skip
-        "total_ms": _ms(started),
     }
+    metrics = _metrics(counts, rerank_stage, allowed, snapshot, timings, started)
     return RetrievalResult(
         mode=request.mode, items=items, metrics=metrics, plan=plan.as_dict(), stages=stages
     )
+
+
+def _leg_stages(results: dict, timings: dict) -> list[dict]:
+    """The ``embed``, ``dense`` and ``keyword`` stages of one :func:`recall`."""
+    embedded = "embed_ms" in timings
+    stages = [_stage("embed", embedded, int(embedded), 0, timings.get("embed_ms", 0.0))]
+    for leg in LEGS:
+        hits = results.get(leg)
+        ms = timings.get(f"{leg}_ms", 0.0)
+        stages.append(_stage(leg, hits is not None, len(hits or []), 0, ms))
+    return stages
+
+
+def _metrics(counts: dict, rerank_stage: dict, allowed, snapshot, timings: dict, started):
+    """``metrics`` of a Fast or Deep result: candidate counts, filter and rerank figures,
+    the snapshot read, per-leg timings (ms) and ``total_ms``."""
+    metrics = dict(counts)
+    if rerank_stage["status"] == "executed":
+        metrics["rerank_candidates"] = rerank_stage["candidate_count"]
+    if allowed is not None:
+        metrics["filter_allowed_documents"] = len(allowed.document_ids)
+        metrics["metadata_filtered_documents"] = allowed.filtered
+    metrics["publication_revision"] = snapshot.head_revision
+    metrics["index_version"] = snapshot.version[0] if snapshot.version is not None else None
+    metrics.update({k: round(v, 2) for k, v in timings.items()})
+    if rerank_stage["status"] == "executed":
+        metrics["rerank_ms"] = rerank_stage["duration_ms"]
+    metrics["total_ms"] = _ms(started)
+    return metrics
 
 
 def _final_order(space, profile, query: str, pool, nodes, contexts):
