@@ -179,7 +179,8 @@ def parse(raw) -> Filters | None:
 
 
 def resolve(space, filters) -> Allowed | None:
-    """The documents of ``space`` that ``filters`` allow, with one ORM query.
+    """The documents of ``space`` that ``filters`` allow, with one ORM query (plus one count of
+    the documents considered when ids, types or dates narrowed the rows in SQL).
 
     ``filters`` is raw (checked here), :class:`Filters`, an :class:`Allowed` (returned as is)
     or ``None`` (returns ``None``: no restriction). Only enabled documents with a published

@@ -412,3 +412,13 @@ def test_kfs_query_mode_deep_with_filters(tmp_path, settings):
         kfs(*common, "--filters", "{nope")
     with pytest.raises(CommandError, match=r"invalid_filter: filters.conditions\[0\].field_type"):
         kfs(*common, "--filters", '{"conditions": [{"name": "a", "field_type": "text"}]}')
+
+
+@pytest.mark.django_db
+def test_auto_records_its_route_stage(guide):
+    space, _ = guide
+    result = retrieve(space, "zebras stripes", top_k=2, mode="auto")
+    assert result.mode in ("fast", "deep") and result.route["requested_mode"] == "auto"
+    route = result.stages[0]
+    assert route["name"] == "route" and route["status"] == "executed"
+    assert [s["name"] for s in result.stages] == STAGES
