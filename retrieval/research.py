@@ -64,6 +64,7 @@ from django.conf import settings
 from . import reasoning
 
 STEPS = ("planner", "judge", "supplemental")
+PLANNER_VERSION = "retrieval-planner-v2"  # v1's figures plus Research's queries (inventory §5.2)
 RRF_K = 60  # Cormack, Clarke & Büttcher, SIGIR 2009
 ORIGINAL_WEIGHT = 1.0
 PLANNED_WEIGHT = 0.5
@@ -329,9 +330,11 @@ def run_research(
     """
     from spaces.profiles import require_ready
 
+    from . import filters as filtering
     from .services import validate_request
 
     query, top_k, score_threshold, _ = validate_request(query, top_k, score_threshold, "research")
+    filters = filtering.parse(filters)  # 400 before any model call
     total = time.perf_counter()
     run = _Run(
         space=space,
@@ -383,7 +386,7 @@ class _Retrieval:
     """Recall, fusion, pool, rerank, threshold, judge and supplemental round of one run."""
 
     def __init__(self, run, selection, query, top_k, threshold, filters, plan, started):
-        from .services import FUSION_MULTIPLIER, MIN_LEG_CANDIDATES, RECALL_MULTIPLIER
+        from .planner import plan as make_plan
 
         self.run_ = run
         self.selection = selection
@@ -393,13 +396,11 @@ class _Retrieval:
         self.filters = filters
         self.plan = plan
         self.started = started
-        self.depth = min(
-            max(top_k * RECALL_MULTIPLIER["research"], MIN_LEG_CANDIDATES),
-            settings.RETRIEVAL_MAX_TOP_K,
-        )
-        self.supplement_limit = min(
-            top_k * FUSION_MULTIPLIER["research"], settings.RETRIEVAL_MAX_TOP_K
-        )
+        # retrieval-planner-v1's Research figures: legs read min(max(top_k × 10, 50), 100);
+        # fusion_limit min(top_k × 5, 100) bounds the supplemental list.
+        self.figures = make_plan("research", top_k, query)
+        self.depth = self.figures.dense_top_k
+        self.supplement_limit = self.figures.fusion_limit
         self.cap = min(settings.KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES, MAX_POOL)
         self.queries = [_Query(query, "original", ORIGINAL_WEIGHT)] + [
             _Query(q, "planned", PLANNED_WEIGHT) for q in plan.sub_queries
@@ -407,19 +408,35 @@ class _Retrieval:
         self.rounds = 1
         self.coverage = None
         self.reranked: dict[uuid.UUID, float] = {}
+        self.rerank_calls = 0
         self.nodes: dict = {}
 
     def run(self):
+        from . import filters as filtering
         from .services import _rerank_selection, resolve_snapshot
 
         run = self.run_
         self.snapshot = resolve_snapshot(run.space)
         self.rerank = _rerank_selection(run.profile)
+        self.allowed = filtering.resolve(run.space, self.filters)
+        allowed = self.allowed
+        t0 = time.perf_counter()
+        if allowed is not None:
+            run.stages.append(
+                {"name": "filter", "status": "executed", "candidate_count": allowed.considered,
+                 "filtered_count": allowed.filtered, "duration_ms": allowed.duration_ms}
+            )  # fmt: skip
+        else:
+            run.stage("filter", "skipped", 0, t0)
         self._recall(self.queries)
         run.poll()
+        t0 = time.perf_counter()
         pool, counts = shared_pool([q.ranked for q in self.queries], self.cap)
         self.pool = pool
         self.counts = counts
+        candidates = len({n for q in self.queries for n, _, _ in q.ranked})
+        run.stage("fusion", "executed" if candidates else "skipped", candidates, t0,
+                  filtered=candidates - len(pool))  # fmt: skip
         self._rerank_new(pool)
         run.poll()
         final, filtered = self._rank()
@@ -433,19 +450,23 @@ class _Retrieval:
 
     # -- recall ----------------------------------------------------------------------------------
 
-    def _recall(self, queries: list[_Query]) -> None:
+    def _recall(self, queries: list[_Query], *, record: bool = True) -> None:
+        """Embed ``queries`` in one batch, run both legs for each at Research depth within the
+        resolved filter, and fuse each query's legs (Fast's min-max fusion). ``record`` adds the
+        ``embed``, ``dense`` and ``keyword`` stages (counts and times summed over queries)."""
         from .services import LEGS, embed_queries, fuse, recall
 
         run = self.run_
+        nothing_allowed = self.allowed is not None and not self.allowed.document_ids
         vectors = None
         t0 = time.perf_counter()
-        if self.snapshot.version is not None:
+        if self.snapshot.version is not None and not nothing_allowed:
             vectors = embed_queries(run.space, self.snapshot, [q.text for q in queries])
-            run.stage("embed", "executed", len(queries), t0)
-        else:
-            run.stage("embed", "skipped", 0, t0)
-        self._add_timing("embed_ms", t0)
-        t0 = time.perf_counter()
+            self._add_timing("embed_ms", t0)
+        if record:
+            run.stage("embed", "executed" if vectors is not None else "skipped",
+                      len(queries) if vectors is not None else 0, t0)  # fmt: skip
+        ran: dict[str, float] = {}
         for index, q in enumerate(queries):
             legs, timings = recall(
                 run.space,
@@ -453,15 +474,24 @@ class _Retrieval:
                 q.text,
                 depth=self.depth,
                 legs=LEGS,
-                filters=self.filters,
+                filters=self.allowed,
                 vector=vectors[index] if vectors is not None else None,
             )
             for name, ms in timings.items():
                 run.timings[name] = run.timings.get(name, 0.0) + ms
+                ran[name] = ran.get(name, 0.0) + ms
             q.dense = len(legs.get("dense", []))
             q.keyword = len(legs.get("keyword", []))
-            q.ranked = fuse(legs)
-        run.stage("recall", "executed", sum(q.dense + q.keyword for q in queries), t0)
+            q.ranked = fuse(legs) if legs else []
+        if record:
+            for leg in LEGS:
+                count = sum(q.dense if leg == "dense" else q.keyword for q in queries)
+                ms = ran.get(f"{leg}_ms")
+                run.stages.append(
+                    {"name": leg, "status": "executed" if ms is not None else "skipped",
+                     "candidate_count": count, "filtered_count": 0,
+                     "duration_ms": round(ms or 0.0, 2)}
+                )  # fmt: skip
 
     def _add_timing(self, name: str, t0: float) -> None:
         timings = self.run_.timings
@@ -469,22 +499,25 @@ class _Retrieval:
 
     # -- ranking ---------------------------------------------------------------------------------
 
-    def _rerank_new(self, ids: list[uuid.UUID]) -> None:
+    def _rerank_new(self, ids: list[uuid.UUID], *, record: bool = True) -> None:
         """Rerank the candidates of ``ids`` not reranked yet, in one call (none without a
-        reranker); their scores join :attr:`reranked`."""
+        reranker); their scores join :attr:`reranked`. ``record`` adds the ``rerank`` stage."""
         from .services import _nodes, _rerank
 
         t0 = time.perf_counter()
         new = [i for i in ids if i not in self.reranked]
         if self.rerank is None or not new:
-            self.run_.stage("rerank", "skipped", 0, t0)
+            if record:
+                self.run_.stage("rerank", "skipped", 0, t0)
             return
         self.nodes.update(_nodes([i for i in new if i not in self.nodes]))
         pool = [(i, 0.0, {}) for i in new if i in self.nodes]
         ranked = _rerank(self.run_.space, self.rerank, self.query, pool, self.nodes)
         for node_id, score, _ in ranked:
             self.reranked[node_id] = score
-        self.run_.stage("rerank", "executed", len(pool), t0)
+        self.rerank_calls += 1
+        if record:
+            self.run_.stage("rerank", "executed", len(pool), t0)
         self._add_timing("rerank_ms", t0)
 
     def _rank(self) -> tuple[Ranked, int]:
@@ -505,7 +538,13 @@ class _Retrieval:
         before = len(ranked)
         if self.threshold is not None:
             ranked = [r for r in ranked if r[1] >= self.threshold]
-        self.run_.stage("threshold", "executed", len(ranked), t0, filtered=before - len(ranked))
+        # One threshold stage, the latest ranking's (a supplemental round ranks again).
+        stages = self.run_.stages
+        earlier = next((i for i, s in enumerate(stages) if s["name"] == "threshold"), None)
+        status = "executed" if self.threshold is not None else "skipped"
+        self.run_.stage("threshold", status, before, t0, filtered=before - len(ranked))
+        if earlier is not None:
+            stages[earlier] = stages.pop()
         return ranked[: self.top_k], before - len(ranked)
 
     # -- judge and supplemental round ------------------------------------------------------------
@@ -548,15 +587,15 @@ class _Retrieval:
             run.stage("supplemental", "skipped", 0, t0)
             return final, filtered
         extra = _Query(planned["query"], "supplemental", PLANNED_WEIGHT)
-        self._recall([extra])
+        self._recall([extra], record=False)
         self.queries.append(extra)
-        added = [n for n, _, _ in extra.ranked if n not in set(self.pool)]
-        added = added[: self.supplement_limit]
+        taken = set(self.pool)
+        added = [n for n, _, _ in extra.ranked if n not in taken][: self.supplement_limit]
         self.pool.extend(added)
         self.counts.append(len(added))
         self.rounds = 2
+        self._rerank_new(added, record=False)
         run.stage("supplemental", "executed", len(added), t0)
-        self._rerank_new(added)
         run.poll()
         return self._rank()
 
@@ -597,21 +636,33 @@ class _Retrieval:
             "dense_candidates": sum(q.dense for q in self.queries),
             "keyword_candidates": sum(q.keyword for q in self.queries),
             "fused_candidates": self.fused_count,
-            "threshold_filtered": filtered,
-            **({"rerank_candidates": len(self.reranked)} if self.rerank is not None else {}),
+            "threshold_filtered_candidates": filtered,
+            **(
+                {"rerank_candidates": len(self.reranked), "rerank_calls": self.rerank_calls}
+                if self.rerank is not None
+                else {}
+            ),
+            **(
+                {
+                    "filter_allowed_documents": len(self.allowed.document_ids),
+                    "metadata_filtered_documents": self.allowed.filtered,
+                }
+                if self.allowed is not None
+                else {}
+            ),
             "publication_revision": snapshot.head_revision,
             "index_version": snapshot.version[0] if snapshot.version is not None else None,
             **{k: round(v, 2) for k, v in run.timings.items()},
             "total_ms": round((time.perf_counter() - self.started) * 1000, 2),
         }
         plan = {
-            "strategy": "research-v1",
-            "prompt_version": reasoning.PROMPT_VERSION if self.plan.path == "reasoning" else None,
-            "dense_top_k": self.depth,
-            "fts_top_k": self.depth,
+            **self.figures.as_dict(),
+            "version": PLANNER_VERSION,
             "rerank_limit": self.cap,
             "supplemental_limit": self.supplement_limit,
             "rrf_k": RRF_K,
+            "research_path": self.plan.path,
+            "prompt_version": reasoning.PROMPT_VERSION if self.plan.path == "reasoning" else None,
             "intent": self.plan.intent,
             "evidence_dimensions": self.plan.dimensions,
             "queries": [{"text": q.text, "role": q.role, "weight": q.weight} for q in self.queries],

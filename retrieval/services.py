@@ -251,8 +251,8 @@ def retrieve(
         result = run_research(
             space, query, top_k=top_k, score_threshold=score_threshold, filters=filters
         )
-        if route is not None:
-            result.route = route
+        result.stages.insert(0, _stage("route", route_ms is not None, 0, 0, route_ms or 0.0))
+        result.route = route
         return result
     request = _Request(query, top_k, score_threshold, mode, legs, fusion, filters)
     result = _fast_or_deep(space, profile, request, started, route_ms=route_ms)

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from retrieval.auto import resolve_mode
+from retrieval.services import retrieve
 from spaces.profiles import profile_of
 from tests import dify_fixtures
 from tests.dify_server import LLM
@@ -31,11 +32,10 @@ dify_server = dify_fixtures.dify_server
 QUESTION = "How many days of annual leave do employees get?"
 
 
-def ask(client, space, query=QUESTION, **body):
-    url = f"{SPACES}/{space.id}/retrieval-tests"
-    response = client.post(url, {"query": query, "mode": "auto", **body}, format="json")
-    assert response.status_code == 200, response.json()
-    return response.json()
+def ask(client, space, query=QUESTION, **options):
+    """``retrieve(mode="auto")`` as JSON (a retrieval test runs one concrete mode, so Auto is
+    reached through the service every query route shares)."""
+    return json.loads(json.dumps(retrieve(space, query, mode="auto", **options).as_dict()))
 
 
 def set_default_mode(client, space, mode: str) -> None:
@@ -68,6 +68,8 @@ def test_auto_runs_the_mode_the_model_picks(dify, client, principal, mode):  # n
     assert user == f"Question:\n{QUESTION}"
     assert '"mode": "fast" or "deep" or "research"' in system
     assert {i["citation"]["filename"] for i in body["items"]} >= {"leave.md"}
+    route_stage = body["stages"][0]
+    assert (route_stage["name"], route_stage["status"]) == ("route", "executed")
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from ingestion.services.documents import admit_document
+from knowledgefs.errors import InvalidInput
 from retrieval import reasoning
 from retrieval.research import (
     ResearchCanceled,
@@ -47,6 +48,12 @@ def load(space, corpus=CORPUS) -> None:
     for name, text in corpus.items():
         admit_document(space, filename=name, data=text.encode(), enqueue=False)
     compile_all()
+
+
+STAGES = [
+    "route", "plan", "filter", "embed", "dense", "keyword", "fusion", "rerank", "threshold",
+    "judge", "supplemental",
+]  # fmt: skip
 
 
 def names(result) -> list[str]:
@@ -146,12 +153,15 @@ def test_deterministic_path_finds_evidence_for_both_parts(space):
     assert [q["role"] for q in result.plan["queries"]] == ["original", "planned", "planned"]
     assert [lst["weight"] for lst in metrics["research_lists"]] == [1.0, 0.5, 0.5]
     assert metrics["rerank_pool"] == len(CORPUS)  # every node, taken fairly
-    assert [s["name"] for s in result.stages] == [
-        "plan", "embed", "recall", "rerank", "threshold", "judge", "supplemental",
-    ]  # fmt: skip
+    assert [s["name"] for s in result.stages] == STAGES
     stage = {s["name"]: s for s in result.stages}
+    assert stage["route"]["status"] == stage["filter"]["status"] == "skipped"
     assert stage["plan"]["candidate_count"] == 3 and stage["embed"]["candidate_count"] == 3
+    assert stage["dense"]["candidate_count"] == metrics["dense_candidates"] == 3 * len(CORPUS)
+    assert stage["fusion"] == {**stage["fusion"], "candidate_count": len(CORPUS),
+                               "filtered_count": 0}  # fmt: skip
     assert stage["rerank"]["status"] == "skipped" and stage["judge"]["status"] == "skipped"
+    assert stage["threshold"]["status"] == "skipped"
     # Fast on the same question ranks one part only in its top 2.
     fast = retrieve(space, "How many days of annual leave? When are travel receipts due?", top_k=2)
     assert len(fast.items) == 2
@@ -171,7 +181,11 @@ def test_one_query_research_keeps_fasts_order_and_scores_as_rrf(space):
     # The threshold applies to the final (RRF) score before top_k.
     kept = retrieve(space, "yeast", top_k=6, score_threshold=0.99, mode="research")
     assert names(kept) == ["bread.txt"]
-    assert kept.metrics["threshold_filtered"] == len(CORPUS) - 1
+    assert kept.metrics["threshold_filtered_candidates"] == len(CORPUS) - 1
+    assert {s["name"]: s for s in kept.stages}["threshold"]["filtered_count"] == len(CORPUS) - 1
+    assert kept.plan["version"] == "retrieval-planner-v2"
+    assert (kept.plan["dense_top_k"], kept.plan["fusion_limit"]) == (60, 30)
+    assert kept.plan["query_language"] == "latin" and kept.plan["rerank_limit"] == 200
 
 
 @pytest.mark.django_db
@@ -187,7 +201,43 @@ def test_research_through_the_retrieval_tests_api(client, space):
     assert {i["citation"]["filename"] for i in body["items"]} == {"rockets.txt", "bread.txt"}
     assert body["metrics"]["research_path"] == "deterministic"
     assert [q["text"] for q in body["plan"]["queries"]] == ["rockets vs bread", "rockets", "bread"]
-    assert {s["name"] for s in body["stages"]} >= {"plan", "recall", "threshold"}
+    assert [s["name"] for s in body["stages"]] == STAGES
+
+
+@pytest.mark.django_db
+def test_filters_restrict_every_query_of_a_research_run(space):
+    from ingestion.models import Document
+
+    load(space)
+    allowed = Document.objects.get(filename="bread.txt").id
+    result = retrieve(
+        space,
+        "rockets vs bread",
+        top_k=5,
+        score_threshold=None,
+        mode="research",
+        filters={"document_ids": [str(allowed)]},
+    )
+    assert names(result) == ["bread.txt"]
+    assert [lst["candidates"] for lst in result.metrics["research_lists"]] == [1, 1, 1]
+    assert result.metrics["filter_allowed_documents"] == 1
+    assert result.metrics["metadata_filtered_documents"] == len(CORPUS) - 1
+    stage = {s["name"]: s for s in result.stages}["filter"]
+    assert (stage["status"], stage["filtered_count"]) == ("executed", len(CORPUS) - 1)
+    # A filter that matches nothing returns nothing, without embedding or searching.
+    nothing = retrieve(
+        space,
+        "rockets vs bread",
+        mode="research",
+        filters={"conditions": [{"name": "team", "field_type": "string",
+                                 "comparison_operator": "is", "value": "nobody"}]},
+    )  # fmt: skip
+    assert nothing.items == [] and nothing.metrics["rerank_pool"] == 0
+    statuses = {s["name"]: s["status"] for s in nothing.stages}
+    assert statuses["embed"] == statuses["dense"] == statuses["keyword"] == "skipped"
+    with pytest.raises(InvalidInput) as error:
+        run_research(space, "q", top_k=2, score_threshold=None, filters={"colour": "red"})
+    assert error.value.code == "invalid_filter"
 
 
 @pytest.mark.django_db
@@ -338,8 +388,8 @@ def test_durable_run_plans_judges_and_searches_once_more_within_budget(
     assert len(first) == 3 and second and not first & second
     assert [lst["pool"] for lst in metrics["research_lists"]] == [1, 1, 1, len(second)]
     assert metrics["rerank_pool"] == 3 + len(second) == len(result.items)
-    # The supplemental search brought the train rule in; the reranker owns the final order.
-    assert any("Book trains" in text for text in second)
+    # The train rule is in the pool (first round or supplemental); the reranker owns the order.
+    assert any("Book trains" in text for text in first | second)
     assert "travel.md" in names(result)
     assert all("rerank" in i.scores and i.score == i.scores["rerank"] for i in result.items)
     assert [i.score for i in result.items] == sorted((i.score for i in result.items), reverse=True)
