@@ -135,3 +135,24 @@ def test_a_default_mode_of_auto_falls_back_to_fast(space):
     profile.retrieval_default_mode = "auto"  # not accepted by the API; older rows may hold it
     mode, route = resolve_mode(space, profile, QUESTION)
     assert (mode, route["resolved_mode"], route["resolver"]) == ("fast", "fast", "fallback")
+
+
+def test_kfs_query_runs_research_and_auto(space, tenant):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    load(space)
+
+    def kfs(*args: str) -> dict:
+        out = StringIO()
+        call_command("kfs", "query", *args, "--space", space.slug, "--tenant", tenant, "--json",
+                     stdout=out)  # fmt: skip
+        return json.loads(out.getvalue())
+
+    research = kfs("rockets vs bread", "--mode", "research", "--top-k", "2")
+    assert research["mode"] == "research"
+    assert research["metrics"]["research_path"] == "deterministic"
+    assert {i["citation"]["filename"] for i in research["items"]} == {"rockets.txt", "bread.txt"}
+    auto = kfs(QUESTION, "--mode", "auto")
+    assert auto["mode"] == "fast" and auto["route"]["error"] == "no_reasoning_model"
