@@ -51,7 +51,6 @@ from knowledgefs.errors import InvalidInput, ServiceError
 from . import evidence as ev
 from .models import AnswerTrace
 from .services import MODES, PROFILE, retrieve
-from .text import keyword_terms, keyword_text
 
 logger = logging.getLogger("knowledgefs.answers")
 
@@ -74,7 +73,6 @@ SYSTEM_PROMPT = (
 SOURCES = ("service_api", "cli", "retrieval_test")
 _MARKER = re.compile(r"\[E(\d{1,6})\]")
 _PARTIAL_MARKER = re.compile(r"\[(?:E\d{0,6})?$")
-_WORD = re.compile(r"\w+", re.UNICODE)
 
 
 # --- the request -----------------------------------------------------------------------------
@@ -226,7 +224,7 @@ def start(
     win = _window(space, generator, query)
     items = ev.from_retrieval(result.items, query)
     filtered = ev.permission_filtered(result)
-    bundle = ev.assess(ev.pack(items, win), filtered=filtered)
+    bundle = ev.assess(ev.pack(items, win), query=query, filtered=filtered)
     steps.append(step("query.answer", "ok", answered, _now(), **bundle.summary()))
     trace = AnswerTrace.objects.create(
         id=run_id,
@@ -484,11 +482,6 @@ class CitationNormaliser:
 # --- generation --------------------------------------------------------------------------------
 
 
-def _terms(text: str) -> set[str]:
-    words = _WORD.findall(keyword_text(text).lower())
-    return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words}
-
-
 def extract(bundle: ev.Bundle, query: str, limit: int) -> list[tuple[str, str]]:
     """The extractive answer: up to ``limit`` ``(sentence, marker)`` pairs, best first.
 
@@ -498,7 +491,7 @@ def extract(bundle: ev.Bundle, query: str, limit: int) -> list[tuple[str, str]]:
     evidence order, each distinct sentence once. When no sentence shares a term with the query
     (a paraphrase found by the dense leg), the first sentence of the best item is the answer.
     """
-    wanted = _terms(" ".join(keyword_terms(query)))
+    wanted = ev.query_terms(query)
     scored = []
     first = None
     for rank, item in enumerate(bundle.items):
@@ -507,7 +500,7 @@ def extract(bundle: ev.Bundle, query: str, limit: int) -> list[tuple[str, str]]:
                 continue
             if first is None:
                 first = (sentence, item.label)
-            share = len(wanted & _terms(sentence)) / len(wanted) if wanted else 0.0
+            share = len(wanted & ev.terms_of(sentence)) / len(wanted) if wanted else 0.0
             if share > 0:
                 scored.append((share, rank, position, sentence, item.label))
     if not scored:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from sentencex import segment
 
-from .text import keyword_terms
+from .text import keyword_terms, keyword_text
 
 MAX_ITEMS = 128  # inventory §5.7: at most 128 packed evidence items
 MAX_CHARS = 200_000  # inventory §5.7: at most 200,000 characters of evidence
@@ -52,7 +52,7 @@ PERMISSION_LIMITED = "permission-limited"
 STATES = (ANSWERABLE, PARTIAL, NOT_ENOUGH, CONFLICT, PERMISSION_LIMITED)
 
 _LATIN_RUN = re.compile(r"[0-9A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]+")
-_SPACE = re.compile(r"\s+")
+_WORD = re.compile(r"\w+", re.UNICODE)
 _JOINERS = {"\u200d"}
 
 
@@ -275,17 +275,20 @@ _QUANTITY = re.compile(
 )
 
 
+def _normal(term: str) -> str:
+    return term[:-1] if len(term) > 3 and term.endswith("s") else term
+
+
 def _quantities(text: str, query_terms: set[str]) -> list[tuple[frozenset, str, str]]:
     """``(subject, unit, number)`` of each quantity in each sentence; the subject is the set of
-    the query's terms the sentence contains (the unit word excluded)."""
+    the query's terms the sentence contains (the unit word excluded, a final ``s`` ignored)."""
     found = []
     for sentence in split_sentences(text):
-        terms = set(keyword_terms(sentence)) & query_terms
+        terms = {_normal(t) for t in keyword_terms(sentence)} & query_terms
         for match in _QUANTITY.finditer(sentence):
             number = match.group(1).replace(",", "")
-            unit = match.group(2).lower()
-            unit = unit[:-1] if len(unit) > 3 and unit.endswith("s") else unit
-            subject = frozenset(t for t in terms if t.rstrip("s") != unit and not t.isdigit())
+            unit = _normal(match.group(2).lower())
+            subject = frozenset(t for t in terms if t != unit)
             found.append((subject, unit, number))
     return found
 
@@ -293,40 +296,40 @@ def _quantities(text: str, query_terms: set[str]) -> list[tuple[frozenset, str, 
 def find_conflicts(evidence: list[EvidenceItem], query: str) -> None:
     """Record same-subject numeric disagreements between items on both of them.
 
-    The rule is conservative: two sentences of two different items conflict when they give a
-    different number for the same unit ("25 days" / "20 days") and contain exactly the same
-    query terms, at least two of them (one when the query has one term). Reason
-    ``numeric_disagreement``, severity ``warning``. Nothing else is detected (negations,
-    dates written differently, paraphrased subjects are not).
+    The rule is conservative: a sentence of one item and a sentence of another conflict when
+    they give a different number for the same unit ("25 days" / "20 days") and share at least
+    two of the query's terms besides the unit (one when the query has only one other term).
+    Terms are :func:`retrieval.text.keyword_terms` with a final ``s`` ignored. Reason
+    ``numeric_disagreement``, severity ``warning``. Nothing else is detected (negations, dates
+    written differently, numbers in words, paraphrased subjects are not).
     """
-    query_terms = {t for t in keyword_terms(query) if not t.isdigit()}
-    needed = 1 if len(query_terms) == 1 else 2
+    query_terms = {_normal(t) for t in keyword_terms(query) if not t.isdigit()}
     facts = [_quantities(item.text, query_terms) for item in evidence]
     for i, left in enumerate(evidence):
         for j in range(i + 1, len(evidence)):
-            right = evidence[j]
-            clash = next(
-                (
-                    (a, b)
-                    for a in facts[i]
-                    for b in facts[j]
-                    if a[0] == b[0] and len(a[0]) >= needed and a[1] == b[1] and a[2] != b[2]
-                ),
-                None,
-            )
+            clash = _clash(facts[i], facts[j], query_terms)
             if clash is None:
                 continue
-            (subject, unit, one), (_, _, other) = clash
-            detail = f"{one} vs {other} {unit} ({', '.join(sorted(subject))})"
+            right = evidence[j]
             for item, peer in ((left, right), (right, left)):
                 item.conflicts.append(
                     {
                         "reason": "numeric_disagreement",
                         "severity": "warning",
                         "with_node_id": peer.node_id,
-                        "detail": detail,
+                        "detail": clash,
                     }
                 )
+
+
+def _clash(left: list, right: list, query_terms: set[str]) -> str | None:
+    for subject_a, unit_a, number_a in left:
+        needed = 1 if len(query_terms - {unit_a}) <= 1 else 2
+        for subject_b, unit_b, number_b in right:
+            shared = subject_a & subject_b
+            if unit_a == unit_b and number_a != number_b and len(shared) >= needed:
+                return f"{number_a} vs {number_b} {unit_a} ({', '.join(sorted(shared))})"
+    return None
 
 
 # --- answerability -----------------------------------------------------------------------------
@@ -352,7 +355,19 @@ def permission_filtered(result) -> int:
     )
 
 
-def assess(bundle: Bundle, *, filtered: int = 0) -> Bundle:
+def terms_of(text: str) -> set[str]:
+    """The lower-case words of ``text`` (CJK runs as bigrams, a final ``s`` ignored): what
+    sentence selection and the answerability rule compare with the query's terms."""
+    return {_normal(w) for w in _WORD.findall(keyword_text(text).lower())}
+
+
+def query_terms(query: str) -> set[str]:
+    """The query's terms: :func:`retrieval.text.keyword_terms` (stop words dropped, CJK
+    bigrams), normalised like :func:`terms_of`."""
+    return {_normal(t) for t in keyword_terms(query)}
+
+
+def assess(bundle: Bundle, *, query: str | None = None, filtered: int = 0) -> Bundle:
     """Set ``bundle.answerability`` (and ``reasons``) by these rules, first match wins:
 
     1. nothing packed and ``filtered`` > 0 (the retrieval removed candidates by permission or
@@ -360,11 +375,16 @@ def assess(bundle: Bundle, *, filtered: int = 0) -> Bundle:
     2. nothing packed → ``not-enough-evidence``;
     3. two packed items disagree (:func:`find_conflicts`) → ``conflict``;
     4. at least ``KNOWLEDGE_ANSWER_MIN_ITEMS`` packed items score at least
-       ``KNOWLEDGE_ANSWER_MIN_FINAL_SCORE`` → ``answerable``;
-    5. otherwise → ``partial`` (some evidence, none strong enough).
+       ``KNOWLEDGE_ANSWER_MIN_FINAL_SCORE`` and (with ``query``) at least one of them shares a
+       query term → ``answerable``;
+    5. otherwise → ``partial``: some evidence, but none strong enough, or only evidence found
+       by meaning with no word of the question (scores are relative to the query's candidates,
+       so the best candidate of an unrelated corpus still scores high).
     """
     minimum = settings.KNOWLEDGE_ANSWER_MIN_FINAL_SCORE
     strong = [i for i in bundle.items if i.score >= minimum]
+    wanted = query_terms(query) if query is not None else set()
+    lexical = not wanted or any(wanted & terms_of(i.text) for i in strong)
     packed = {i.node_id for i in bundle.items}
     conflicts = sorted(
         {c["detail"] for i in bundle.items for c in i.conflicts if c["with_node_id"] in packed}
@@ -378,9 +398,12 @@ def assess(bundle: Bundle, *, filtered: int = 0) -> Bundle:
     elif conflicts:
         bundle.answerability = CONFLICT
         bundle.reasons = conflicts
-    elif len(strong) >= settings.KNOWLEDGE_ANSWER_MIN_ITEMS:
+    elif len(strong) >= settings.KNOWLEDGE_ANSWER_MIN_ITEMS and lexical:
         bundle.answerability = ANSWERABLE
         bundle.reasons = [f"{len(strong)} items score at least {minimum}"]
+    elif len(strong) >= settings.KNOWLEDGE_ANSWER_MIN_ITEMS:
+        bundle.answerability = PARTIAL
+        bundle.reasons = ["no strong item contains a word of the question"]
     else:
         bundle.answerability = PARTIAL
         bundle.reasons = [
