@@ -21,7 +21,7 @@ from . import answers
 
 
 class QueryView(APIView):
-    operations = {"POST": Operation("queries.create", space_from("body"))}
+    operations = {"POST": Operation("queries.answer", space_from("body"))}
 
     def post(self, request):
         """Body ``{space_id, query (1–16,000 chars), mode?, top_k?, filters?,

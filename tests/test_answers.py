@@ -10,6 +10,7 @@ contract server (``tests/dify_server.py``) whose scripted LLM answers what a tes
 from __future__ import annotations
 
 import json
+import uuid
 from io import StringIO
 from types import SimpleNamespace
 
@@ -484,3 +485,45 @@ def test_kfs_answer_json(corpus):
     assert AnswerTrace.objects.get(id=payload["trace_id"]).source == "cli"
     with pytest.raises(CommandError, match="space_not_found"):
         call_command("kfs", "answer", "q", "--space", "nope", "--tenant", "tenant-a")
+
+
+@pytest.mark.django_db
+def test_capability_tokens_answer_and_read_only_their_own_traces(settings, corpus):
+    from tests import capability as cap
+
+    settings.KNOWLEDGE_FS_CAPABILITY_V2_ENABLED = True
+    settings.KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS = cap.jwks_text("current")
+    subject = "dify-service-api:caller-1"
+
+    def bearer(token: str) -> APIClient:
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        return api
+
+    ask = cap.token(
+        action="queries.answer", resource=cap.space_resource(corpus.id), sub=subject, actor=subject
+    )
+    response = post(bearer(ask), {"space_id": str(corpus.id), "query": QUESTION})
+    assert response.status_code == 200, response.content
+    b"".join(response.streaming_content)
+    run_id = response["X-Query-Run-Id"]
+    trace = AnswerTrace.objects.get(id=run_id)
+    assert trace.requester_kind == "capability"
+    assert trace.requester.startswith("cap:") and subject not in trace.requester  # a digest
+    assert trace.grant_id.startswith("grant-")
+
+    def read(sub: str):
+        token = cap.token(
+            action="queries.read",
+            resource=cap.child_resource("query", run_id, corpus.id),
+            sub=sub,
+            actor=sub,
+        )
+        return bearer(token).get(f"/v1/queries/{run_id}")
+
+    assert read(subject).status_code == 200
+    assert read("dify-service-api:caller-2").json()["code"] == "trace_not_found"
+    # A token for another space's answers cannot name this space in its body.
+    other = cap.token(action="queries.answer", resource=cap.space_resource(uuid.uuid4()))
+    refused = post(bearer(other), {"space_id": str(corpus.id), "query": QUESTION})
+    assert refused.json()["code"] == "resource_not_permitted"
