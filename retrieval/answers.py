@@ -734,9 +734,13 @@ def _complete(run: AnswerRun, generate: dict, *, finish_reason: str = "", error:
 
 def sse(run: AnswerRun) -> Iterator[bytes]:
     """:func:`events` as ``text/event-stream`` bytes (``event:`` and one ``data:`` JSON line)."""
-    for name, payload in events(run):
-        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-        yield f"event: {name}\ndata: {data}\n\n".encode()
+    stream = events(run)
+    try:
+        for name, payload in stream:
+            data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+            yield f"event: {name}\ndata: {data}\n\n".encode()
+    finally:
+        stream.close()  # a client that went away completes the trace now
 
 
 def answer(run: AnswerRun) -> tuple[str, dict]:

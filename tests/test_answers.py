@@ -338,6 +338,17 @@ def test_the_trace_keeps_steps_and_evidence_ids_but_no_text(corpus):
     assert answer_step["window"]["context_tokens"] == 8192
 
 
+@pytest.mark.django_db
+def test_a_client_that_goes_away_completes_the_trace(corpus):
+    run = answers.start(requester(), corpus, QUESTION, top_k=3)
+    stream = answers.sse(run)
+    assert next(stream).startswith(b"event: answer.delta\ndata: ")
+    stream.close()  # what the WSGI server does when the client disconnects
+    trace = AnswerTrace.objects.get(id=run.trace.id)
+    assert trace.completed and trace.error_code == "client_disconnected"
+    assert trace.steps[-1]["name"] == "query.generate" and trace.steps[-1]["status"] == "error"
+
+
 # --- the API (in process) ----------------------------------------------------------------------
 
 
@@ -527,3 +538,15 @@ def test_capability_tokens_answer_and_read_only_their_own_traces(settings, corpu
     other = cap.token(action="queries.answer", resource=cap.space_resource(uuid.uuid4()))
     refused = post(bearer(other), {"space_id": str(corpus.id), "query": QUESTION})
     assert refused.json()["code"] == "resource_not_permitted"
+
+
+@pytest.mark.django_db
+def test_a_retrieval_failure_is_json_and_traced(llm_space, settings, client):
+    settings.KNOWLEDGE_MODEL_RUNTIME = "local"  # the space's Dify embedding model is not served
+    response = post(client, {"space_id": str(llm_space.id), "query": QUESTION})
+    assert response.status_code == 503
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["code"] == "embedding_model_unavailable"
+    trace = AnswerTrace.objects.get(id=response["X-Query-Run-Id"])
+    assert trace.completed and trace.error_code == "embedding_model_unavailable"
+    assert [(s["name"], s["status"]) for s in trace.steps] == [("query.retrieve", "error")]
