@@ -50,7 +50,7 @@ from knowledgefs.errors import InvalidInput, ServiceError
 
 from . import evidence as ev
 from .models import AnswerTrace
-from .services import MODES, PROFILE, retrieve
+from .services import CONCRETE_MODES, MODES, PROFILE, retrieve
 
 logger = logging.getLogger("knowledgefs.answers")
 
@@ -227,18 +227,8 @@ def start(
     bundle = ev.assess(ev.pack(items, win), query=query, filtered=filtered)
     steps.append(step("query.answer", "ok", answered, _now(), **bundle.summary()))
     trace = AnswerTrace.objects.create(
-        id=run_id,
-        tenant_id=requester.tenant_id,
-        space=space,
-        requester_kind=requester.kind,
-        requester=requester.owner[:300],
-        api_key_id=requester.api_key_id,
-        grant_id=requester.grant_id,
-        source=source,
-        requested_mode=mode or "",
+        **_trace_fields(run_id, requester, space, query, mode, source),
         mode=result.mode,
-        query_sha256=hashlib.sha256(query.encode()).hexdigest(),
-        query_chars=len(query),
         steps=steps,
         evidence_node_ids=[item.node_id for item in bundle.items],
         answerability=bundle.answerability,
@@ -246,25 +236,54 @@ def start(
     return AnswerRun(space, query, result, bundle, generator, trace, steps, filtered)
 
 
+def _trace_fields(run_id, requester: Requester, space, query: str, mode, source: str) -> dict:
+    return {
+        "id": run_id,
+        "tenant_id": requester.tenant_id,
+        "space": space,
+        "requester_kind": requester.kind,
+        "requester": requester.owner[:300],
+        "api_key_id": requester.api_key_id,
+        "grant_id": requester.grant_id,
+        "source": source,
+        "requested_mode": mode or "",
+        "query_sha256": hashlib.sha256(query.encode()).hexdigest(),
+        "query_chars": len(query),
+    }
+
+
 def _failed_trace(run_id, requester, space, query, mode, source, began, exc) -> None:
     AnswerTrace.objects.create(
-        id=run_id,
-        tenant_id=requester.tenant_id,
-        space=space,
-        requester_kind=requester.kind,
-        requester=requester.owner[:300],
-        api_key_id=requester.api_key_id,
-        grant_id=requester.grant_id,
-        source=source,
-        requested_mode=mode or "",
-        mode=mode if mode in ("fast", "deep", "research") else "",
-        query_sha256=hashlib.sha256(query.encode()).hexdigest(),
-        query_chars=len(query),
+        **_trace_fields(run_id, requester, space, query, mode, source),
+        mode=mode if mode in CONCRETE_MODES else "",
         steps=[step("query.retrieve", "error", began, _now(), error_code=exc.code)],
         error_code=exc.code,
         completed=True,
         completed_at=timezone.now(),
     )
+
+
+# Text values a trace may copy from the retrieval's metrics and plan: labels, never query text.
+_SAFE_TEXT_KEYS = frozenset({"query_language", "research_path", "budget_exhausted", "fusion"})
+
+
+def _figures(values) -> dict:
+    """The numbers, flags and known labels of a retrieval's ``metrics`` or ``plan``: planned
+    sub-queries or any other text derived from the query never reach the trace."""
+    if not isinstance(values, dict):
+        return {}
+    return {
+        key: value
+        for key, value in values.items()
+        if value is None
+        or isinstance(value, bool | int | float)
+        or (key in _SAFE_TEXT_KEYS and isinstance(value, str) and len(value) <= 80)
+    }
+
+
+def _stages(stages) -> list[dict]:
+    return [_figures(stage) | {"name": stage.get("name"), "status": stage.get("status")}
+            for stage in stages or [] if isinstance(stage, dict)]  # fmt: skip
 
 
 def _route_step(requested: str | None, result, began: str) -> dict:
@@ -301,9 +320,9 @@ def _retrieve_steps(result, began: str, ended: str, t0: float) -> list[dict]:
     retrieve_meta = {
         "items": len(result.items),
         "duration_ms": round((time.perf_counter() - t0) * 1000, 2),
-        "metrics": metrics,
-        "plan": result.plan,
-        "stages": result.stages,
+        "metrics": _figures(metrics),
+        "plan": _figures(result.plan),
+        "stages": _stages(result.stages),
     }
     return [embed, step("query.retrieve", "ok", began, ended, **retrieve_meta)]
 

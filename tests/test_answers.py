@@ -550,3 +550,12 @@ def test_a_retrieval_failure_is_json_and_traced(llm_space, settings, client):
     trace = AnswerTrace.objects.get(id=response["X-Query-Run-Id"])
     assert trace.completed and trace.error_code == "embedding_model_unavailable"
     assert [(s["name"], s["status"]) for s in trace.steps] == [("query.retrieve", "error")]
+
+
+def test_only_figures_and_labels_of_a_retrieval_plan_reach_the_trace():
+    plan = {"dense_top_k": 50, "query_language": "latin", "sub_queries": ["annual leave days"]}
+    assert answers._figures(plan) == {"dense_top_k": 50, "query_language": "latin"}
+    stages = [{"name": "rerank", "status": "executed", "candidate_count": 9, "note": "leave"}]
+    assert answers._stages(stages) == [
+        {"name": "rerank", "status": "executed", "candidate_count": 9}
+    ]
