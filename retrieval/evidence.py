@@ -304,9 +304,14 @@ def find_conflicts(evidence: list[EvidenceItem], query: str) -> None:
     written differently, numbers in words, paraphrased subjects are not).
     """
     query_terms = {_normal(t) for t in keyword_terms(query) if not t.isdigit()}
-    facts = [_quantities(item.text, query_terms) for item in evidence]
+    # A quantity in a sentence without a query term can never conflict: dropped at once.
+    facts = [[f for f in _quantities(item.text, query_terms) if f[0]] for item in evidence]
     for i, left in enumerate(evidence):
+        if not facts[i]:
+            continue
         for j in range(i + 1, len(evidence)):
+            if not facts[j]:
+                continue
             clash = _clash(facts[i], facts[j], query_terms)
             if clash is None:
                 continue
