@@ -713,6 +713,31 @@ KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES = bounded_int(
 
 # ---------------------------------------------------------------------------------------------
 # Retrieval: cited answers over SSE and answer traces (docs/retrieval.md, "Answers").
+# The evidence window: the reasoning model's context size comes from the Dify model catalog;
+# this is the size used when the catalog gives none (and for extractive answers).
+KNOWLEDGE_ANSWER_CONTEXT_TOKENS = bounded_int(
+    "KNOWLEDGE_ANSWER_CONTEXT_TOKENS", 8192, 1024, 2000000
+)
+# Output reservation of the window (at most a quarter of it); also the LLM's max_tokens.
+KNOWLEDGE_ANSWER_MAX_OUTPUT_TOKENS = bounded_int(
+    "KNOWLEDGE_ANSWER_MAX_OUTPUT_TOKENS", 1024, 64, 32768
+)
+# Answerability: items needed at or above the score for "answerable" (else "partial").
+KNOWLEDGE_ANSWER_MIN_ITEMS = bounded_int("KNOWLEDGE_ANSWER_MIN_ITEMS", 1, 1, 20)
+KNOWLEDGE_ANSWER_MIN_FINAL_SCORE_PERCENT = bounded_int(
+    "KNOWLEDGE_ANSWER_MIN_FINAL_SCORE_PERCENT", 30, 0, 100
+)
+KNOWLEDGE_ANSWER_MIN_FINAL_SCORE = KNOWLEDGE_ANSWER_MIN_FINAL_SCORE_PERCENT / 100
+# Extractive answers (no reasoning model): at most this many sentences.
+KNOWLEDGE_ANSWER_EXTRACTIVE_SENTENCES = bounded_int(
+    "KNOWLEDGE_ANSWER_EXTRACTIVE_SENTENCES", 3, 1, 20
+)
+# Longest answer, in UTF-8 bytes; a longer one is cut at a character boundary (truncated: true).
+KNOWLEDGE_ANSWER_MAX_BYTES = bounded_int("KNOWLEDGE_ANSWER_MAX_BYTES", 65536, 1024, 1048576)
+# How long a catalog lookup of a reasoning model's context size is reused by this process.
+KNOWLEDGE_ANSWER_CATALOG_CACHE_SECONDS = bounded_int(
+    "KNOWLEDGE_ANSWER_CATALOG_CACHE_SECONDS", 300, 0, 86400
+)
 
 
 # ---------------------------------------------------------------------------------------------

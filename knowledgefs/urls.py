@@ -12,6 +12,7 @@ from ingestion.api import (
     JobListView,
     JobRetryView,
 )
+from retrieval.answer_api import QueryTraceView, QueryView
 from retrieval.api import RetrievalTestView
 from spaces.api import (
     EmbeddingProfileView,
@@ -70,6 +71,9 @@ v1 = [
         RetrievalTestView.as_view(),
         name="retrieval-test",
     ),
+    # Answers: cited answers over SSE and their traces (docs/retrieval.md, "Answers").
+    path("queries", QueryView.as_view(), name="query-create"),
+    path("queries/<str:trace_id>", QueryTraceView.as_view(), name="query-trace"),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),
     path("jobs/<str:job_id>/retry", JobRetryView.as_view(), name="job-retry"),
 ]

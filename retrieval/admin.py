@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from .models import IndexVersion
+from .models import AnswerTrace, IndexVersion
 
 
 @admin.register(IndexVersion)
@@ -22,6 +22,38 @@ class IndexVersionAdmin(admin.ModelAdmin):
     list_select_related = ("space",)
     search_fields = ("=id", "space__slug", "model_id")
     readonly_fields = [f.name for f in IndexVersion._meta.fields]
+    show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(AnswerTrace)
+class AnswerTraceAdmin(admin.ModelAdmin):
+    """Answer runs, newest first (read-only: traces are written by the answer service only)."""
+
+    list_display = (
+        "id",
+        "space",
+        "source",
+        "mode",
+        "answerability",
+        "finish_reason",
+        "error_code",
+        "completed",
+        "created_at",
+    )
+    list_filter = ("source", "mode", "answerability", "completed")
+    list_select_related = ("space",)
+    search_fields = ("=id", "=tenant_id", "space__slug")
+    ordering = ("-created_at",)
+    readonly_fields = [f.name for f in AnswerTrace._meta.fields]
     show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:

@@ -92,3 +92,73 @@ class DenseVector(models.Model):
         indexes = [
             models.Index(fields=["space", "index_version"], name="dense_space_version"),
         ]
+
+
+class AnswerTrace(models.Model):
+    """The record of one answer run (``POST /v1/queries``, ``kfs answer``); ``id`` is the query
+    run id sent as ``X-Query-Run-Id``.
+
+    ``steps`` is ``[{name, status ok|error|skipped, started_at, ended_at, metadata}]`` with the
+    names ``query.route``, ``query.embed``, ``query.retrieve``, ``query.answer``,
+    ``query.generate`` (docs/retrieval.md, "Answers"). Who asked: ``requester_kind``
+    (``api_key``, ``capability``, ``operator``), ``requester`` (the principal's owner label:
+    ``key:<id>``, the token subject, or ``operator:<tenant>``), ``api_key_id``, ``grant_id``.
+    ``mode`` is the concrete mode run, ``requested_mode`` what the caller asked (``""``: the
+    profile's default). The query is kept only as its SHA-256 and length: the trace never holds
+    prompt text, the answer, the query text or its vector. ``completed`` turns true when the run
+    ended (done, error, or the client went away); ``created_at`` is when the row was written
+    (evidence ready), ``completed_at`` when it ended.
+    """
+
+    SOURCES = (("service_api", "Service API"), ("cli", "Command line"), ("retrieval_test", "Test"))
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant_id = models.CharField(max_length=64)
+    space = models.ForeignKey(KnowledgeSpace, on_delete=models.CASCADE, related_name="+")
+    requester_kind = models.CharField(max_length=16)
+    requester = models.CharField(max_length=300)
+    api_key_id = models.UUIDField(null=True, blank=True)
+    grant_id = models.CharField(max_length=128, blank=True, default="")
+    source = models.CharField(max_length=16, choices=SOURCES)
+    requested_mode = models.CharField(max_length=16, blank=True, default="")
+    mode = models.CharField(max_length=16)
+    query_sha256 = models.CharField(max_length=64)
+    query_chars = models.PositiveIntegerField()
+    steps = models.JSONField(default=list, blank=True)
+    evidence_node_ids = models.JSONField(default=list, blank=True)
+    answerability = models.CharField(max_length=24, blank=True, default="")
+    finish_reason = models.CharField(max_length=32, blank=True, default="")
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    completed = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant_id", "-created_at"], name="answer_trace_tenant"),
+            models.Index(fields=["space", "-created_at"], name="answer_trace_space"),
+        ]
+
+    def __str__(self) -> str:
+        return f"answer trace {self.id} ({self.mode}, {self.answerability or 'running'})"
+
+    def as_dict(self) -> dict:
+        return {
+            "id": str(self.id),
+            "tenant_id": self.tenant_id,
+            "space_id": str(self.space_id),
+            "requester_kind": self.requester_kind,
+            "source": self.source,
+            "requested_mode": self.requested_mode or None,
+            "mode": self.mode,
+            "query_sha256": self.query_sha256,
+            "query_chars": self.query_chars,
+            "steps": self.steps,
+            "evidence_node_ids": self.evidence_node_ids,
+            "answerability": self.answerability or None,
+            "finish_reason": self.finish_reason or None,
+            "error_code": self.error_code or None,
+            "completed": self.completed,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+            "completed_at": self.completed_at.isoformat() if self.completed_at else None,
+        }

@@ -17,7 +17,7 @@ from ingestion.services import compilation, documents, reports
 from knowledgefs import downgrades
 from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
-from retrieval import evaluation, indexing
+from retrieval import answer_cli, evaluation, indexing
 from retrieval.services import LEGS, retrieve
 from spaces import profiles
 from spaces import services as spaces
@@ -206,6 +206,7 @@ class Command(BaseCommand):
         check.add_argument("--json", action="store_true")
         cutover_cli.add_parser(sub)
         upgrade_cli.add_parser(sub)
+        answer_cli.add_parser(sub)
 
         ev = sub.add_parser("eval", help="evaluate retrieval on a BEIR-format dataset")
         ev.add_argument("dataset_dir", metavar="DATASET_DIR")
@@ -233,6 +234,7 @@ class Command(BaseCommand):
             "downgrade-check": self.downgrade_check,
             "cutover": self.cutover,
             "upgrade": lambda opts: upgrade_cli.handle(self, opts),
+            "answer": lambda opts: answer_cli.handle(self, opts),
         }[options["command"]]
         try:
             handler(options)

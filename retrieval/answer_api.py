@@ -1,0 +1,63 @@
+"""REST views for answers: ``POST /v1/queries`` (SSE) and ``GET /v1/queries/{trace_id}``.
+
+Thin wrappers over :mod:`retrieval.answers`. Authentication, permission and throttling run in
+DRF's ``initial()`` before the view; every refusal before the stream (bad body, unknown space,
+a space not ready, an embedding model down) is an ordinary JSON error. The stream itself is a
+:class:`~django.http.StreamingHttpResponse`, so it works under gunicorn's sync workers (the
+worker writes each event as the generator yields it).
+"""
+
+from __future__ import annotations
+
+from django.http import StreamingHttpResponse
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from knowledgefs.auth.operations import Operation, child, space_from
+from knowledgefs.errors import ServiceError
+from spaces.services import get_space
+
+from . import answers
+
+
+class QueryView(APIView):
+    operations = {"POST": Operation("queries.answer", space_from("body"))}
+
+    def post(self, request):
+        """Body ``{space_id, query (1–16,000 chars), mode?, top_k?, filters?,
+        score_threshold?}`` → ``text/event-stream`` of ``answer.delta``… ``answer.done`` |
+        ``answer.error``; header ``X-Query-Run-Id`` (the answer trace id)."""
+        params = answers.parse_body(request.data)
+        space = get_space(request.user, params["space_id"])
+        try:
+            run = answers.start(
+                answers.Requester.of(request.user),
+                space,
+                params["query"],
+                mode=params["mode"],
+                top_k=params["top_k"],
+                score_threshold=params["score_threshold"],
+                filters=params["filters"],
+                source="service_api",
+            )
+        except ServiceError as exc:
+            trace_id = getattr(exc, "trace_id", None)
+            headers = {**getattr(exc, "headers", {})}
+            if trace_id:
+                headers["X-Query-Run-Id"] = trace_id
+            return Response(exc.as_dict(), status=exc.status, headers=headers)
+        response = StreamingHttpResponse(answers.sse(run), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # a proxy in front must not buffer the events
+        response["X-Query-Run-Id"] = run.trace_id
+        return response
+
+
+class QueryTraceView(APIView):
+    # /v1/queries/{trace_id} does not name the space: the token's parent_id scopes nothing here;
+    # the trace's tenant, the caller's spaces and (for tokens) its subject do.
+    operations = {"GET": Operation("queries.read", child("query", "trace_id", parent_field=None))}
+
+    def get(self, request, trace_id):
+        """The answer trace: steps, evidence ids, answerability; never prompt or answer text."""
+        return Response(answers.get_trace(request.user, trace_id).as_dict())

@@ -1,0 +1,418 @@
+"""Evidence bundles: retrieval items packed into a model's window, with markers and answerability.
+
+A retrieval result becomes :class:`EvidenceItem` values (node id, text, scores, citation and the
+conflicts found among the items). :func:`pack` fits them into the evidence part of the model's
+context window, in score order, giving markers ``[E1]``, ``[E2]``… in packing order, and lists
+every omitted item with its reason. :func:`assess` sets the bundle's answerability state.
+
+**The window** (docs/retrieval.md, "Answers"): ``context_tokens`` is the reasoning model's
+context size from the Dify model catalog (``capabilities.model_properties.context_size`` or
+``token_limits.context_size``), else ``KNOWLEDGE_ANSWER_CONTEXT_TOKENS`` (8,192). It is split into
+
+- the system prompt and question: their approximate token count as sent;
+- the output reservation: ``min(KNOWLEDGE_ANSWER_MAX_OUTPUT_TOKENS (1,024), context / 4)``;
+- the safety margin: ``max(context / 20, 64)`` tokens (5 %: the token count is approximate);
+- the evidence budget: what remains.
+
+Evidence is packed best score first: at most :data:`MAX_ITEMS` (128) items and
+:data:`MAX_CHARS` (200,000) characters of evidence text (reference inventory §5.7). An item that
+does not fit is omitted with reason ``over_budget`` (tokens or characters, named in ``budget``)
+and packing goes on with the next, smaller items; items past the 128th are ``item_limit``.
+
+**Token approximation** (inventory §5.7): whitespace is free; a run of Latin letters and digits
+of at most 8 characters is 1 token, a longer run ``ceil(n / 4)``; every other grapheme (CJK,
+kana, Hangul, other scripts, punctuation, symbols) is 1. A grapheme is approximated as a code
+point with the combining marks, variation selectors and zero-width-joined code points that follow
+it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from sentencex import segment
+
+from .text import keyword_terms, keyword_text
+
+MAX_ITEMS = 128  # inventory §5.7: at most 128 packed evidence items
+MAX_CHARS = 200_000  # inventory §5.7: at most 200,000 characters of evidence
+SAFETY_SHARE = 0.05  # 5 % of the window: the token count is an approximation
+MIN_SAFETY_TOKENS = 64
+OUTPUT_SHARE = 0.25  # the output reservation never takes more than a quarter of the window
+
+ANSWERABLE = "answerable"
+PARTIAL = "partial"
+NOT_ENOUGH = "not-enough-evidence"
+CONFLICT = "conflict"
+PERMISSION_LIMITED = "permission-limited"
+STATES = (ANSWERABLE, PARTIAL, NOT_ENOUGH, CONFLICT, PERMISSION_LIMITED)
+
+_LATIN_RUN = re.compile(r"[0-9A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]+")
+_WORD = re.compile(r"\w+", re.UNICODE)
+_JOINERS = {"\u200d"}
+
+
+def approx_tokens(text: str) -> int:
+    """Approximate token count of ``text`` (rules in the module docstring); ``0`` for ``""``."""
+    total = 0
+    position = 0
+    length = len(text)
+    joined = False
+    while position < length:
+        match = _LATIN_RUN.match(text, position)
+        if match is not None:
+            n = match.end() - position
+            total += 1 if n <= 8 else math.ceil(n / 4)
+            position = match.end()
+            joined = False
+            continue
+        char = text[position]
+        position += 1
+        if char.isspace():
+            joined = False
+            continue
+        if char in _JOINERS:
+            joined = True
+            continue
+        if joined or unicodedata.combining(char) or "\ufe00" <= char <= "\ufe0f":
+            joined = False  # part of the previous grapheme
+            continue
+        total += 1
+    return total
+
+
+@dataclass
+class EvidenceItem:
+    """One piece of evidence: a retrieval item with its conflicts and, once packed, its marker.
+
+    ``score`` is the retrieval's final score (0..1), ``scores`` its per-stage scores,
+    ``citation`` ``{document_id, filename, page_number, section_path, start_offset,
+    end_offset}``, ``conflicts`` ``[{reason, severity info|warning|blocking, with_node_id,
+    detail}]``; ``marker`` is ``"E1"``… (``None`` while unpacked).
+    """
+
+    node_id: str
+    text: str
+    score: float
+    scores: dict
+    citation: dict
+    conflicts: list[dict] = field(default_factory=list)
+    marker: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``[E1]``: how the answer cites this item."""
+        return f"[{self.marker}]"
+
+    def as_dict(self) -> dict:
+        return {
+            "marker": self.label if self.marker else None,
+            "node_id": self.node_id,
+            "text": self.text,
+            "citation": self.citation,
+            "score": round(self.score, 6),
+            "scores": {k: round(v, 6) for k, v in self.scores.items()},
+            "conflicts": self.conflicts,
+        }
+
+
+@dataclass
+class Window:
+    """The split of one model window, in approximate tokens (see the module docstring).
+
+    ``source`` says where ``context_tokens`` came from: ``catalog`` or ``setting``.
+    """
+
+    context_tokens: int
+    source: str
+    prompt_tokens: int
+    output_tokens: int
+    safety_tokens: int
+
+    @property
+    def evidence_tokens(self) -> int:
+        return max(
+            self.context_tokens - self.prompt_tokens - self.output_tokens - self.safety_tokens, 0
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "context_tokens": self.context_tokens,
+            "context_source": self.source,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "safety_tokens": self.safety_tokens,
+            "evidence_tokens": self.evidence_tokens,
+        }
+
+
+def window(context_tokens: int, prompt: str, *, source: str = "setting") -> Window:
+    """Split a ``context_tokens`` window for a prompt (system prompt + question) of ``prompt``."""
+    output = min(settings.KNOWLEDGE_ANSWER_MAX_OUTPUT_TOKENS, int(context_tokens * OUTPUT_SHARE))
+    safety = max(int(context_tokens * SAFETY_SHARE), MIN_SAFETY_TOKENS)
+    return Window(context_tokens, source, approx_tokens(prompt), output, safety)
+
+
+@dataclass
+class Bundle:
+    """Packed evidence: ``items`` (with markers, packing order), ``omitted`` (``[{node_id,
+    score, reason over_budget|item_limit, budget?}]``), the ``window`` used, totals, and the
+    ``answerability`` state once :func:`assess` ran (``reasons`` say why)."""
+
+    items: list[EvidenceItem]
+    omitted: list[dict]
+    window: Window
+    used_tokens: int = 0
+    used_chars: int = 0
+    answerability: str = NOT_ENOUGH
+    reasons: list[str] = field(default_factory=list)
+
+    def by_marker(self) -> dict[str, EvidenceItem]:
+        return {item.label: item for item in self.items}
+
+    def summary(self) -> dict:
+        """What an answer trace keeps: counts, budgets and state, never evidence text."""
+        return {
+            "packed": len(self.items),
+            "omitted": [{k: v for k, v in o.items()} for o in self.omitted],
+            "used_tokens": self.used_tokens,
+            "used_chars": self.used_chars,
+            "window": self.window.as_dict(),
+            "answerability": self.answerability,
+            "reasons": self.reasons,
+        }
+
+
+def from_retrieval(items, query: str) -> list[EvidenceItem]:
+    """Turn retrieval items (``node_id, score, text, citation, scores``) into evidence items,
+    best score first, each with the conflicts :func:`find_conflicts` detects for ``query``."""
+    evidence = [
+        EvidenceItem(
+            node_id=str(item.node_id),
+            text=item.text,
+            score=float(item.score),
+            scores=dict(item.scores),
+            citation=dict(item.citation),
+        )
+        for item in items
+    ]
+    evidence.sort(key=lambda e: -e.score)  # stable: retrieval order breaks ties
+    find_conflicts(evidence, query)
+    return evidence
+
+
+def entry_text(item: EvidenceItem) -> str:
+    """How one item appears in the prompt: ``[E1] (filename, p. 3, Section › Sub)`` then text."""
+    c = item.citation
+    where = [c.get("filename") or "document"]
+    if c.get("page_number"):
+        where.append(f"p. {c['page_number']}")
+    if c.get("section_path"):
+        where.append(" › ".join(c["section_path"]))
+    return f"{item.label} ({', '.join(where)})\n{item.text}\n"
+
+
+def pack(evidence: list[EvidenceItem], win: Window) -> Bundle:
+    """Pack ``evidence`` (best first) into ``win``'s evidence budget; see the module docstring.
+
+    Markers are assigned in packing order; an omitted item keeps ``marker=None``.
+    """
+    packed: list[EvidenceItem] = []
+    omitted: list[dict] = []
+    tokens = chars = 0
+    for item in evidence:
+        if len(packed) >= MAX_ITEMS:
+            omitted.append(_omission(item, "item_limit"))
+            continue
+        item.marker = f"E{len(packed) + 1}"
+        cost = approx_tokens(entry_text(item))
+        if chars + len(item.text) > MAX_CHARS:
+            item.marker = None
+            omitted.append(_omission(item, "over_budget", "characters"))
+            continue
+        if tokens + cost > win.evidence_tokens:
+            item.marker = None
+            omitted.append(_omission(item, "over_budget", "tokens"))
+            continue
+        packed.append(item)
+        tokens += cost
+        chars += len(item.text)
+    return Bundle(items=packed, omitted=omitted, window=win, used_tokens=tokens, used_chars=chars)
+
+
+def _omission(item: EvidenceItem, reason: str, budget: str | None = None) -> dict:
+    entry = {"node_id": item.node_id, "score": round(item.score, 6), "reason": reason}
+    if budget is not None:
+        entry["budget"] = budget
+    return entry
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of ``text``: each line on its own, split by ``sentencex`` (MIT; its rules end
+    sentences at ``. ! ?`` and at the CJK ``。！？``, and know abbreviations such as "Dr.");
+    whitespace inside a sentence is collapsed to one space."""
+    sentences = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        for sentence in segment("en", line):
+            cleaned = " ".join(sentence.split())
+            if cleaned:
+                sentences.append(cleaned)
+    return sentences
+
+
+# --- conflicts ---------------------------------------------------------------------------------
+
+# A number followed by its unit: "25 days", "3.5 %", "20天". The unit is a word (letters) or one
+# CJK character; thousands separators are dropped.
+_QUANTITY = re.compile(
+    r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?(%|[A-Za-z]{2,}|[\u3400-\u9fff\u3040-\u30ff])"
+)
+
+
+def _normal(term: str) -> str:
+    return term[:-1] if len(term) > 3 and term.endswith("s") else term
+
+
+def _quantities(text: str, query_terms: set[str]) -> list[tuple[frozenset, str, str]]:
+    """``(subject, unit, number)`` of each quantity in each sentence; the subject is the set of
+    the query's terms the sentence contains (the unit word excluded, a final ``s`` ignored)."""
+    found = []
+    for sentence in split_sentences(text):
+        terms = {_normal(t) for t in keyword_terms(sentence)} & query_terms
+        for match in _QUANTITY.finditer(sentence):
+            number = match.group(1).replace(",", "")
+            unit = _normal(match.group(2).lower())
+            subject = frozenset(t for t in terms if t != unit)
+            found.append((subject, unit, number))
+    return found
+
+
+def find_conflicts(evidence: list[EvidenceItem], query: str) -> None:
+    """Record same-subject numeric disagreements between items on both of them.
+
+    The rule is conservative: a sentence of one item and a sentence of another conflict when
+    they give a different number for the same unit ("25 days" / "20 days") and share at least
+    two of the query's terms besides the unit (one when the query has only one other term).
+    Terms are :func:`retrieval.text.keyword_terms` with a final ``s`` ignored. Reason
+    ``numeric_disagreement``, severity ``warning``. Nothing else is detected (negations, dates
+    written differently, numbers in words, paraphrased subjects are not).
+    """
+    query_terms = {_normal(t) for t in keyword_terms(query) if not t.isdigit()}
+    # A quantity in a sentence without a query term can never conflict: dropped at once.
+    facts = [[f for f in _quantities(item.text, query_terms) if f[0]] for item in evidence]
+    for i, left in enumerate(evidence):
+        if not facts[i]:
+            continue
+        for j in range(i + 1, len(evidence)):
+            if not facts[j]:
+                continue
+            clash = _clash(facts[i], facts[j], query_terms)
+            if clash is None:
+                continue
+            right = evidence[j]
+            for item, peer in ((left, right), (right, left)):
+                item.conflicts.append(
+                    {
+                        "reason": "numeric_disagreement",
+                        "severity": "warning",
+                        "with_node_id": peer.node_id,
+                        "detail": clash,
+                    }
+                )
+
+
+def _clash(left: list, right: list, query_terms: set[str]) -> str | None:
+    for subject_a, unit_a, number_a in left:
+        needed = 1 if len(query_terms - {unit_a}) <= 1 else 2
+        for subject_b, unit_b, number_b in right:
+            shared = subject_a & subject_b
+            if unit_a == unit_b and number_a != number_b and len(shared) >= needed:
+                return f"{number_a} vs {number_b} {unit_a} ({', '.join(sorted(shared))})"
+    return None
+
+
+# --- answerability -----------------------------------------------------------------------------
+
+
+def permission_filtered(result) -> int:
+    """Candidates the retrieval reports as removed by permissions or filters (``0`` when it
+    reports none): ``metrics.permission_filtered_candidates`` plus
+    ``metrics.metadata_filtered_candidates``, else the ``filtered_count`` of the stages named
+    ``permission`` or ``filter``/``filters``."""
+    metrics = getattr(result, "metrics", None) or {}
+    counted = sum(
+        int(metrics.get(key) or 0)
+        for key in ("permission_filtered_candidates", "metadata_filtered_candidates")
+    )
+    if counted:
+        return counted
+    stages = getattr(result, "stages", None) or []
+    return sum(
+        int(stage.get("filtered_count") or 0)
+        for stage in stages
+        if stage.get("name") in ("permission", "filter", "filters")
+    )
+
+
+def terms_of(text: str) -> set[str]:
+    """The lower-case words of ``text`` (CJK runs as bigrams, a final ``s`` ignored): what
+    sentence selection and the answerability rule compare with the query's terms."""
+    return {_normal(w) for w in _WORD.findall(keyword_text(text).lower())}
+
+
+def query_terms(query: str) -> set[str]:
+    """The query's terms: :func:`retrieval.text.keyword_terms` (stop words dropped, CJK
+    bigrams), normalised like :func:`terms_of`."""
+    return {_normal(t) for t in keyword_terms(query)}
+
+
+def assess(bundle: Bundle, *, query: str | None = None, filtered: int = 0) -> Bundle:
+    """Set ``bundle.answerability`` (and ``reasons``) by these rules, first match wins:
+
+    1. nothing packed and ``filtered`` > 0 (the retrieval removed candidates by permission or
+       filter) → ``permission-limited``;
+    2. nothing packed → ``not-enough-evidence``;
+    3. two packed items disagree (:func:`find_conflicts`) → ``conflict``;
+    4. at least ``KNOWLEDGE_ANSWER_MIN_ITEMS`` packed items score at least
+       ``KNOWLEDGE_ANSWER_MIN_FINAL_SCORE`` and (with ``query``) at least one of them shares a
+       query term → ``answerable``;
+    5. otherwise → ``partial``: some evidence, but none strong enough, or only evidence found
+       by meaning with no word of the question (scores are relative to the query's candidates,
+       so the best candidate of an unrelated corpus still scores high).
+    """
+    minimum = settings.KNOWLEDGE_ANSWER_MIN_FINAL_SCORE
+    strong = [i for i in bundle.items if i.score >= minimum]
+    wanted = query_terms(query) if query is not None else set()
+    lexical = not wanted or any(wanted & terms_of(i.text) for i in strong)
+    packed = {i.node_id for i in bundle.items}
+    conflicts = sorted(
+        {c["detail"] for i in bundle.items for c in i.conflicts if c["with_node_id"] in packed}
+    )
+    if not bundle.items and filtered > 0:
+        bundle.answerability = PERMISSION_LIMITED
+        bundle.reasons = [f"{filtered} candidates were removed by permissions or filters"]
+    elif not bundle.items:
+        bundle.answerability = NOT_ENOUGH
+        bundle.reasons = ["no evidence passed retrieval, its threshold and the window"]
+    elif conflicts:
+        bundle.answerability = CONFLICT
+        bundle.reasons = conflicts
+    elif len(strong) >= settings.KNOWLEDGE_ANSWER_MIN_ITEMS and lexical:
+        bundle.answerability = ANSWERABLE
+        bundle.reasons = [f"{len(strong)} items score at least {minimum}"]
+    elif len(strong) >= settings.KNOWLEDGE_ANSWER_MIN_ITEMS:
+        bundle.answerability = PARTIAL
+        bundle.reasons = ["no strong item contains a word of the question"]
+    else:
+        bundle.answerability = PARTIAL
+        bundle.reasons = [
+            f"{len(strong)} of {len(bundle.items)} items score at least {minimum}; "
+            f"{settings.KNOWLEDGE_ANSWER_MIN_ITEMS} needed"
+        ]
+    return bundle

@@ -1,0 +1,561 @@
+"""Cited answers: token approximation, packing, conflicts, answerability, citation normalisation,
+extractive answers on the embedded default, LLM answers through the Dify contract server, answer
+traces, the JSON errors before a stream, and ``kfs answer``.
+
+Everything is real: the database, the local embedding model, the services, the API (in process;
+tests/test_answer_sse.py speaks HTTP to gunicorn) and the Dify clients talking HTTP to the local
+contract server (``tests/dify_server.py``) whose scripted LLM answers what a test says.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from io import StringIO
+from types import SimpleNamespace
+
+import pytest
+from django.core.management import CommandError, call_command
+from rest_framework.test import APIClient
+
+from ingestion.services.documents import admit_document
+from retrieval import answers
+from retrieval import evidence as ev
+from retrieval.models import AnswerTrace
+from spaces.services import Principal, create_api_key, create_space
+from tests import dify_fixtures
+from tests.conftest import compile_all
+from tests.dify_server import LLM, MODEL_CATALOG, TEST_INNER_KEY
+
+dify_server = dify_fixtures.dify_server
+
+LEAVE = (
+    "# Leave\n\nEvery employee gets 25 days of annual leave per year. Unused leave days expire "
+    "at the end of March. Requests go to your manager two weeks ahead."
+)
+EXPENSES = (
+    "# Expenses\n\nSubmit travel receipts within thirty days of the trip. Hotels above 200 euros "
+    "a night need written approval."
+)
+ROCKETS = "Rocket engines burn liquid oxygen and kerosene to produce thrust."
+CJK = "年假为二十五天。员工须提前两周申请。报销须在三十天内提交。"
+EMBEDDER = {
+    "plugin_id": "langgenius/openai",
+    "provider": "openai",
+    "model": "text-embedding-3-small",
+}
+REASONER = {"plugin_id": "langgenius/openai", "provider": "openai", "model": "gpt-4.1-mini"}
+QUESTION = "How many days of annual leave does an employee get?"
+STEPS = ["query.route", "query.embed", "query.retrieve", "query.answer", "query.generate"]
+
+
+def item(node_id: str, text: str, score: float, filename: str = "f.txt"):
+    """A retrieval item as :func:`retrieval.services.retrieve` returns them."""
+    return SimpleNamespace(
+        node_id=node_id,
+        text=text,
+        score=score,
+        scores={"final": score},
+        citation={"document_id": f"doc-{node_id}", "filename": filename, "page_number": None,
+                  "section_path": [], "start_offset": 0, "end_offset": len(text)},
+    )  # fmt: skip
+
+
+def open_window(tokens: int) -> ev.Window:
+    return ev.Window(tokens, "setting", prompt_tokens=0, output_tokens=0, safety_tokens=0)
+
+
+# --- token approximation ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("", 0),
+        ("hello world", 2),  # two runs of at most 8 characters
+        ("abcdefgh", 1),  # 8 characters: still one token
+        ("abcdefghi", 3),  # 9 characters: ceil(9 / 4)
+        ("internationalization", 5),  # 20 characters: ceil(20 / 4)
+        ("café crème", 2),  # accented Latin letters stay in their run
+        ("Hello, 世界!", 5),  # Hello + "," + 世 + 界 + "!"
+        ("年假为二十五天。", 8),  # each CJK grapheme and the full stop count 1
+        ("ひらがな カタカナ 한국어", 11),
+        ("e\u0301", 1),  # a combining accent belongs to its letter
+        ("\U0001f468\u200d\U0001f469\u200d\U0001f467", 1),  # one ZWJ family emoji
+        ("25 days", 2),
+    ],
+)
+def test_token_approximation(text, tokens):
+    assert ev.approx_tokens(text) == tokens
+
+
+def test_the_window_is_split_into_prompt_output_safety_and_evidence(settings):
+    settings.KNOWLEDGE_ANSWER_MAX_OUTPUT_TOKENS = 1024
+    win = ev.window(8192, "Question: annual leave", source="catalog")
+    assert win.as_dict() == {
+        "context_tokens": 8192,
+        "context_source": "catalog",
+        "prompt_tokens": 4,  # Question + ":" + annual + leave
+        "output_tokens": 1024,
+        "safety_tokens": 409,  # 5 % of 8192
+        "evidence_tokens": 8192 - 4 - 1024 - 409,
+    }
+    small = ev.window(2048, "q")
+    assert small.output_tokens == 512  # never more than a quarter of the window
+    assert small.safety_tokens == 102
+
+
+# --- packing ---------------------------------------------------------------------------------
+
+
+def test_packing_follows_score_order_and_reports_what_did_not_fit():
+    items = [
+        item("low", "short low", 0.2),
+        item("best", "best item text", 0.9),
+        item("huge", "word " * 400, 0.8),  # 400 tokens: over the budget
+        item("mid", "middle item", 0.5),
+    ]
+    evidence = ev.from_retrieval(items, "item")
+    bundle = ev.pack(evidence, open_window(60))
+    assert [(i.node_id, i.label) for i in bundle.items] == [
+        ("best", "[E1]"),
+        ("mid", "[E2]"),
+        ("low", "[E3]"),
+    ]
+    assert bundle.omitted == [
+        {"node_id": "huge", "score": 0.8, "reason": "over_budget", "budget": "tokens"}
+    ]
+    assert bundle.used_tokens == sum(ev.approx_tokens(ev.entry_text(i)) for i in bundle.items)
+    assert bundle.used_tokens <= 60
+    assert ev.entry_text(bundle.items[0]) == "[E1] (f.txt)\nbest item text\n"
+
+
+def test_packing_stops_at_128_items_and_200000_characters():
+    many = [item(f"n{i:03d}", f"text {i}", 1 - i / 1000) for i in range(130)]
+    bundle = ev.pack(ev.from_retrieval(many, "text"), open_window(10**6))
+    assert len(bundle.items) == 128 and bundle.items[-1].label == "[E128]"
+    assert [(o["node_id"], o["reason"]) for o in bundle.omitted] == [
+        ("n128", "item_limit"),
+        ("n129", "item_limit"),
+    ]
+    big = [item(f"b{i}", "x" * 90_000, 1 - i / 10) for i in range(3)]
+    bundle = ev.pack(ev.from_retrieval(big, "x"), open_window(10**6))
+    assert [i.node_id for i in bundle.items] == ["b0", "b1"]
+    assert bundle.used_chars == 180_000
+    assert bundle.omitted == [
+        {"node_id": "b2", "score": 0.8, "reason": "over_budget", "budget": "characters"}
+    ]
+
+
+# --- conflicts and answerability --------------------------------------------------------------
+
+
+def test_same_subject_numeric_disagreement_is_a_conflict():
+    items = [
+        item("a", "Every employee gets 25 days of annual leave per year.", 0.9),
+        item("b", "Employees receive 20 days of annual leave each year.", 0.8),
+        item("c", "Submit travel receipts within 30 days of the trip.", 0.7),
+        item("d", "Every employee gets 25 days of annual leave, as agreed.", 0.6),
+    ]
+    evidence = ev.from_retrieval(items, QUESTION)
+    conflicts = {
+        e.node_id: [(c["with_node_id"], c["detail"]) for c in e.conflicts] for e in evidence
+    }
+    detail = "25 vs 20 day (annual, employee, leave)"
+    assert conflicts == {
+        "a": [("b", detail)],
+        "b": [("a", detail), ("d", "20 vs 25 day (annual, employee, leave)")],
+        "c": [],  # days of a trip, not of leave: shares no subject with the others
+        "d": [("b", "20 vs 25 day (annual, employee, leave)")],
+    }
+    bundle = ev.assess(ev.pack(evidence, open_window(10_000)))
+    assert bundle.answerability == "conflict"
+    assert bundle.reasons == ["20 vs 25 day (annual, employee, leave)", detail]
+    # Omitting the disagreeing item from the window removes the conflict from the answer.
+    only = ev.assess(
+        ev.pack(ev.from_retrieval(items[:1] + items[2:], QUESTION), open_window(10_000))
+    )
+    assert only.answerability == "answerable"
+
+
+def test_answerability_rules(settings):
+    settings.KNOWLEDGE_ANSWER_MIN_FINAL_SCORE = 0.5
+    settings.KNOWLEDGE_ANSWER_MIN_ITEMS = 2
+    win = open_window(10_000)
+    nothing = ev.assess(ev.pack([], win))
+    assert nothing.answerability == "not-enough-evidence"
+    filtered = SimpleNamespace(metrics={"permission_filtered_candidates": 3}, stages=[])
+    limited = ev.assess(ev.pack([], win), filtered=ev.permission_filtered(filtered))
+    assert limited.answerability == "permission-limited"
+    assert limited.reasons == ["3 candidates were removed by permissions or filters"]
+    staged = SimpleNamespace(metrics={}, stages=[{"name": "filters", "filtered_count": 2}])
+    assert ev.permission_filtered(staged) == 2
+    weak = ev.from_retrieval([item("a", "some text", 0.9), item("b", "more text", 0.3)], "text")
+    partial = ev.assess(ev.pack(weak, win))
+    assert partial.answerability == "partial"
+    assert partial.reasons == ["1 of 2 items score at least 0.5; 2 needed"]
+    strong = ev.from_retrieval([item("a", "some text", 0.9), item("b", "more text", 0.6)], "text")
+    assert ev.assess(ev.pack(strong, win)).answerability == "answerable"
+    # Evidence that exists but is filtered out with some left is not permission-limited.
+    assert ev.assess(ev.pack(strong, win), filtered=5).answerability == "answerable"
+
+
+# --- citation normalisation ------------------------------------------------------------------
+
+
+def test_markers_are_normalised_across_deltas():
+    normaliser = answers.CitationNormaliser({"[E1]", "[E2]"}, max_bytes=10_000)
+    pieces = ["Leave is 25 days [E", "1] [E9] per year [E1][E1", "]. Ask HR [E2] [E02] [E7]", "."]
+    out = "".join(normaliser.feed(p) for p in pieces) + normaliser.flush()
+    assert out == normaliser.answer == "Leave is 25 days [E1] per year [E1]. Ask HR [E2]."
+    assert normaliser.cited == ["[E1]", "[E2]"]
+    assert normaliser.orphans == ["[E9]", "[E7]"]
+    assert not normaliser.truncated
+
+
+def test_the_answer_is_bounded_in_bytes_without_cutting_a_character_or_a_marker():
+    normaliser = answers.CitationNormaliser({"[E1]"}, max_bytes=12)
+    out = normaliser.feed("年假二十五天 [E1]") + normaliser.flush()
+    assert out == "年假二十" and len(out.encode()) == 12 and normaliser.truncated
+    assert normaliser.cited == []
+    normaliser = answers.CitationNormaliser({"[E1]"}, max_bytes=12)
+    out = normaliser.feed("Leave 25 [E1] days") + normaliser.flush()
+    assert out == "Leave 25" and normaliser.truncated  # "[E1]" would not fit whole: dropped
+
+
+# --- extractive answers on the embedded default ---------------------------------------------
+
+
+@pytest.fixture
+def corpus(space):
+    for name, text in (
+        ("leave.md", LEAVE),
+        ("expenses.md", EXPENSES),
+        ("rockets.txt", ROCKETS),
+        ("nianjia.txt", CJK),
+    ):
+        admit_document(space, filename=name, data=text.encode(), enqueue=False)
+    compile_all()
+    return space
+
+
+def requester(tenant: str = "tenant-a") -> answers.Requester:
+    return answers.Requester.of(Principal(tenant_id=tenant))
+
+
+def run_events(space, query: str, **kwargs) -> list[tuple[str, dict]]:
+    run = answers.start(requester(space.tenant_id), space, query, **kwargs)
+    return list(answers.events(run))
+
+
+def done_of(events: list[tuple[str, dict]]) -> dict:
+    assert events[-1][0] == "answer.done", events[-1]
+    assert all(name == "answer.delta" for name, _ in events[:-1])
+    deltas = "".join(payload["delta"] for _, payload in events[:-1])
+    assert deltas == events[-1][1]["answer"]  # the stream adds up to the answer
+    return events[-1][1]
+
+
+@pytest.mark.django_db
+def test_extractive_answer_cites_the_supporting_sentences(corpus):
+    done = done_of(run_events(corpus, QUESTION, mode="fast", top_k=3))
+    assert done["answer"].startswith(
+        "Every employee gets 25 days of annual leave per year. [E1]"
+    ), done["answer"]
+    assert done["finish_reason"] == "retrieval-evidence"
+    assert done["generator"] == "extractive" and done["mode"] == "fast"
+    assert done["answerability"] == "answerable"
+    by_marker = {e["marker"]: e for e in done["evidence"]}
+    assert by_marker["[E1]"]["citation"]["filename"] == "leave.md"
+    assert "Every employee gets 25 days" in by_marker["[E1]"]["text"]
+    assert done["citations"][0] == {"marker": "[E1]", "citation": by_marker["[E1]"]["citation"]}
+    for entry in done["citations"]:  # every citation points at the evidence it marks
+        assert entry["citation"] == by_marker[entry["marker"]]["citation"]
+        assert entry["marker"] in done["answer"]
+    assert done["orphan_markers"] == []
+
+
+@pytest.mark.django_db
+def test_extractive_answer_splits_cjk_sentences(corpus):
+    done = done_of(run_events(corpus, "年假有多少天", top_k=3))
+    assert done["answer"].startswith("年假为二十五天。 [E1]"), done["answer"]
+    assert done["citations"][0]["citation"]["filename"] == "nianjia.txt"
+
+
+@pytest.mark.django_db
+def test_evidence_found_only_by_meaning_is_partial(corpus):
+    # Nothing about cats here: the dense leg still ranks something first (scores are relative).
+    done = done_of(run_events(corpus, "felines napping", top_k=3))
+    assert done["answerability"] == "partial"
+    assert done["answerability_reasons"] == ["no strong item contains a word of the question"]
+    # The extractive fallback: the first sentence of the best item, cited.
+    first = done["evidence"][0]
+    assert done["answer"] == f"{ev.split_sentences(first['text'])[0]} [E1]"
+
+
+@pytest.mark.django_db
+def test_no_evidence_is_an_explicit_answer_not_an_empty_one(space):
+    events = run_events(space, QUESTION)
+    done = done_of(events)
+    assert done["finish_reason"] == "no-retrieval-evidence"
+    assert done["answerability"] == "not-enough-evidence"
+    assert done["answer"] == answers.NO_EVIDENCE_MESSAGE
+    assert done["citations"] == [] and done["evidence"] == []
+    trace = AnswerTrace.objects.get(id=done["trace_id"])
+    assert trace.completed and trace.finish_reason == "no-retrieval-evidence"
+    assert [s["status"] for s in trace.steps][-1] == "skipped"
+
+
+@pytest.mark.django_db
+def test_the_trace_keeps_steps_and_evidence_ids_but_no_text(corpus):
+    run = answers.start(requester(), corpus, QUESTION, mode="deep", top_k=2)
+    assert AnswerTrace.objects.get(id=run.trace.id).completed is False  # written before the stream
+    name, done = answers.answer(run)
+    assert name == "answer.done"
+    trace = AnswerTrace.objects.get(id=run.trace.id)
+    assert [s["name"] for s in trace.steps] == STEPS
+    assert [s["status"] for s in trace.steps] == ["skipped", "ok", "ok", "ok", "ok"]
+    assert trace.steps[0]["metadata"]["resolver"] == "explicit"
+    assert trace.requested_mode == "deep" and trace.mode == "deep"
+    assert trace.evidence_node_ids == [e["node_id"] for e in done["evidence"]]
+    assert trace.answerability == "answerable" and trace.completed
+    assert trace.source == "service_api" and trace.finish_reason == "retrieval-evidence"
+    assert (trace.requester_kind, trace.requester) == ("operator", "operator:tenant-a")
+    stored = json.dumps(
+        {f.name: str(getattr(trace, f.attname)) for f in AnswerTrace._meta.fields},
+        ensure_ascii=False,
+    )
+    for text in (
+        QUESTION,
+        "Every employee gets 25 days",
+        answers.SYSTEM_PROMPT[:40],
+        done["answer"],
+    ):
+        assert text not in stored
+    answer_step = trace.steps[3]["metadata"]
+    assert answer_step["packed"] == len(done["evidence"])
+    assert answer_step["window"]["context_source"] == "setting"
+    assert answer_step["window"]["context_tokens"] == 8192
+
+
+@pytest.mark.django_db
+def test_a_client_that_goes_away_completes_the_trace(corpus):
+    run = answers.start(requester(), corpus, QUESTION, top_k=3)
+    stream = answers.sse(run)
+    assert next(stream).startswith(b"event: answer.delta\ndata: ")
+    stream.close()  # what the WSGI server does when the client disconnects
+    trace = AnswerTrace.objects.get(id=run.trace.id)
+    assert trace.completed and trace.error_code == "client_disconnected"
+    assert trace.steps[-1]["name"] == "query.generate" and trace.steps[-1]["status"] == "error"
+
+
+# --- the API (in process) ----------------------------------------------------------------------
+
+
+def post(client: APIClient, body):
+    return client.post("/v1/queries", body, format="json")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"query": "leave"}, 400, "invalid_space_id"),
+        ({"space_id": "SPACE", "query": ""}, 400, "invalid_query"),
+        ({"space_id": "SPACE", "query": "x" * 16001}, 400, "invalid_query"),
+        ({"space_id": "SPACE", "query": "leave", "mode": "warp"}, 400, "invalid_mode"),
+        ({"space_id": "SPACE", "query": "leave", "top_k": 0}, 400, "invalid_top_k"),
+        ({"space_id": "SPACE", "query": "leave", "score_threshold": 2}, 400,
+         "invalid_score_threshold"),
+        ({"space_id": "00000000-0000-0000-0000-000000000000", "query": "leave"}, 404,
+         "space_not_found"),
+    ],
+)  # fmt: skip
+def test_refusals_before_the_stream_are_json(client, space, body, status, code):
+    body = {k: (str(space.id) if v == "SPACE" else v) for k, v in body.items()}
+    response = post(client, body)
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["code"] == code
+    assert not AnswerTrace.objects.exists()  # a refused request is no run
+
+
+@pytest.mark.django_db
+def test_a_query_streams_events_and_its_trace_is_readable_in_the_tenant_only(client, corpus):
+    response = post(client, {"space_id": str(corpus.id), "query": QUESTION, "top_k": 3})
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    run_id = response["X-Query-Run-Id"]
+    body = b"".join(response.streaming_content).decode()
+    names = [line[len("event: ") :] for line in body.splitlines() if line.startswith("event: ")]
+    assert names[-1] == "answer.done" and set(names[:-1]) == {"answer.delta"}
+    done = json.loads(body.strip().splitlines()[-1][len("data: ") :])
+    assert done["trace_id"] == run_id
+    trace = client.get(f"/v1/queries/{run_id}").json()
+    assert trace["id"] == run_id and trace["completed"] is True
+    assert trace["source"] == "service_api" and trace["requester_kind"] == "api_key"
+    assert [s["name"] for s in trace["steps"]] == STEPS
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Bearer {create_api_key('tenant-b')[1]}")
+    assert other.get(f"/v1/queries/{run_id}").json()["code"] == "trace_not_found"
+    assert client.get("/v1/queries/not-a-uuid").status_code == 404
+
+
+# --- LLM answers through the Dify contract server ---------------------------------------------
+
+
+@pytest.fixture
+def llm_space(settings, dify_server, client, principal):
+    """A space on the contract server: its embedding model and a reasoning model."""
+    settings.KNOWLEDGE_MODEL_RUNTIME = "dify"
+    settings.DIFY_INNER_API_URL = dify_server.url
+    settings.DIFY_INNER_API_KEY = TEST_INNER_KEY
+    dify_server.dimension = 48
+    answers._catalog_sizes.clear()
+    space = create_space(principal, name="Reasoned")
+    base = f"/v1/knowledge-spaces/{space.id}"
+    for which, body in (("embedding", EMBEDDER), ("retrieval", {"reasoning_model": REASONER})):
+        put = client.put(f"{base}/{which}-profile", body, format="json")
+        assert put.status_code == 200, put.content
+    ready = client.post(f"/v1/knowledge-spaces/{space.id}/profile-validation").json()
+    assert ready.get("readiness", {}).get("state") == "ready", ready
+    for name, text in (("leave.md", LEAVE), ("expenses.md", EXPENSES)):
+        admit_document(space, filename=name, data=text.encode(), enqueue=False)
+    compile_all()
+    dify_server.reset_observations()
+    return space
+
+
+@pytest.mark.django_db
+def test_an_llm_answer_keeps_real_markers_and_reports_orphans(llm_space, dify_server):
+    dify_server.llm_responder = lambda body: "Employees get 25 days of leave [E1] [E9]. [E1]"
+    done = done_of(run_events(llm_space, QUESTION, top_k=2))
+    assert done["answer"] == "Employees get 25 days of leave [E1]. [E1]"
+    assert done["orphan_markers"] == ["[E9]"]
+    assert done["generator"] == "llm"
+    assert [c["marker"] for c in done["citations"]] == ["[E1]"]
+    assert done["citations"][0]["citation"]["filename"] == "leave.md"
+    call = dify_server.calls(LLM)[-1].body
+    assert call["tools"] == [] and call["model"] == "gpt-4.1-mini"
+    assert call["completion_params"] == {"max_tokens": 1024, "temperature": 0}
+    system, user = call["prompt_messages"]
+    assert system == {"role": "system", "content": answers.SYSTEM_PROMPT}
+    assert user["content"].startswith(f"Question:\n{QUESTION}\n\nEvidence:\n[E1] (leave.md")
+    assert len(dify_server.calls(MODEL_CATALOG)) == 1  # the context size, then cached
+    trace = AnswerTrace.objects.get(id=done["trace_id"])
+    window = trace.steps[3]["metadata"]["window"]
+    assert (window["context_source"], window["context_tokens"]) == ("catalog", 8192)
+    generate = trace.steps[4]["metadata"]
+    assert generate["orphan_markers"] == ["[E9]"] and generate["model"].endswith("gpt-4.1-mini")
+    run_events(llm_space, QUESTION, top_k=2)
+    assert len(dify_server.calls(MODEL_CATALOG)) == 1
+
+
+@pytest.mark.django_db
+def test_an_llm_failure_mid_stream_is_an_answer_error(llm_space, dify_server):
+    dify_server.llm_responder = lambda body: "Employees get 25 days of annual leave [E1]."
+    dify_server.add_fault("frame_error", LLM, message="model overloaded")
+    events = run_events(llm_space, QUESTION, top_k=2)
+    name, payload = events[-1]
+    assert name == "answer.error"
+    assert payload["error"]["code"] == "answer_generation_failed"
+    assert payload["error"]["cause"] == "MODEL_RUNTIME_ERROR"
+    assert all(n == "answer.delta" for n, _ in events[:-1])
+    trace = AnswerTrace.objects.get(id=payload["trace_id"])
+    assert trace.completed and trace.error_code == "answer_generation_failed"
+    assert trace.steps[-1]["status"] == "error"
+    assert trace.steps[-1]["metadata"]["error"]["cause"] == "MODEL_RUNTIME_ERROR"
+
+
+@pytest.mark.django_db
+def test_an_llm_answering_only_orphans_is_not_a_silent_empty_answer(llm_space, dify_server):
+    dify_server.llm_responder = lambda body: "[E9]"
+    name, payload = run_events(llm_space, QUESTION, top_k=2)[-1]
+    assert (name, payload["error"]["code"]) == ("answer.error", "answer_empty")
+
+
+# --- kfs answer --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_kfs_answer_json(corpus):
+    out = StringIO()
+    call_command(
+        "kfs", "answer", QUESTION, "--space", corpus.slug, "--tenant", "tenant-a", "--json",
+        stdout=out,
+    )  # fmt: skip
+    payload = json.loads(out.getvalue())
+    assert {"answer", "answerability", "evidence", "mode"} <= set(payload)
+    assert payload["mode"] == "fast" and payload["answerability"] == "answerable"
+    assert payload["answer"].startswith(
+        "Every employee gets 25 days of annual leave per year. [E1]"
+    )
+    assert set(payload["evidence"][0]) == {"marker", "text", "citation"}
+    assert payload["evidence"][0]["marker"] == "[E1]"
+    assert payload["evidence"][0]["citation"]["filename"] == "leave.md"
+    assert AnswerTrace.objects.get(id=payload["trace_id"]).source == "cli"
+    with pytest.raises(CommandError, match="space_not_found"):
+        call_command("kfs", "answer", "q", "--space", "nope", "--tenant", "tenant-a")
+
+
+@pytest.mark.django_db
+def test_capability_tokens_answer_and_read_only_their_own_traces(settings, corpus):
+    from tests import capability as cap
+
+    settings.KNOWLEDGE_FS_CAPABILITY_V2_ENABLED = True
+    settings.KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS = cap.jwks_text("current")
+    subject = "dify-service-api:caller-1"
+
+    def bearer(token: str) -> APIClient:
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        return api
+
+    ask = cap.token(
+        action="queries.answer", resource=cap.space_resource(corpus.id), sub=subject, actor=subject
+    )
+    response = post(bearer(ask), {"space_id": str(corpus.id), "query": QUESTION})
+    assert response.status_code == 200, response.content
+    b"".join(response.streaming_content)
+    run_id = response["X-Query-Run-Id"]
+    trace = AnswerTrace.objects.get(id=run_id)
+    assert trace.requester_kind == "capability"
+    assert trace.requester.startswith("cap:") and subject not in trace.requester  # a digest
+    assert trace.grant_id.startswith("grant-")
+
+    def read(sub: str):
+        token = cap.token(
+            action="queries.read",
+            resource=cap.child_resource("query", run_id, corpus.id),
+            sub=sub,
+            actor=sub,
+        )
+        return bearer(token).get(f"/v1/queries/{run_id}")
+
+    assert read(subject).status_code == 200
+    assert read("dify-service-api:caller-2").json()["code"] == "trace_not_found"
+    # A token for another space's answers cannot name this space in its body.
+    other = cap.token(action="queries.answer", resource=cap.space_resource(uuid.uuid4()))
+    refused = post(bearer(other), {"space_id": str(corpus.id), "query": QUESTION})
+    assert refused.json()["code"] == "resource_not_permitted"
+
+
+@pytest.mark.django_db
+def test_a_retrieval_failure_is_json_and_traced(llm_space, settings, client):
+    settings.KNOWLEDGE_MODEL_RUNTIME = "local"  # the space's Dify embedding model is not served
+    response = post(client, {"space_id": str(llm_space.id), "query": QUESTION})
+    assert response.status_code == 503
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["code"] == "embedding_model_unavailable"
+    trace = AnswerTrace.objects.get(id=response["X-Query-Run-Id"])
+    assert trace.completed and trace.error_code == "embedding_model_unavailable"
+    assert [(s["name"], s["status"]) for s in trace.steps] == [("query.retrieve", "error")]
+
+
+def test_only_figures_and_labels_of_a_retrieval_plan_reach_the_trace():
+    plan = {"dense_top_k": 50, "query_language": "latin", "sub_queries": ["annual leave days"]}
+    assert answers._figures(plan) == {"dense_top_k": 50, "query_language": "latin"}
+    stages = [{"name": "rerank", "status": "executed", "candidate_count": 9, "note": "leave"}]
+    assert answers._stages(stages) == [
+        {"name": "rerank", "status": "executed", "candidate_count": 9}
+    ]
