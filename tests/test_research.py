@@ -532,6 +532,26 @@ def test_a_slow_model_degrades_to_the_deterministic_path(dify, client, principal
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("fault", ["status-400", "frame-error", "truncated-stream"])
+def test_a_failing_provider_degrades_to_the_deterministic_path(dify, client, principal, fault):
+    space = reasoned_space(client, principal, dify)
+    dify.llm_responder = ScriptedModel(planner=PLAN)
+    if fault == "status-400":
+        dify.fail_next(1, status=400, route=LLM)
+    elif fault == "frame-error":
+        dify.add_fault("frame_error", LLM, message="the provider refused the request")
+    else:
+        dify.add_fault("truncate", LLM)
+    result = retrieve(space, "rockets vs bread", top_k=2, score_threshold=None, mode="research")
+    metrics = result.metrics
+    assert (metrics["research_path"], metrics["degraded"]) == ("deterministic", True)
+    # A broken stream is the provider's failure, not the model's output.
+    assert metrics["degradation_reason"] == "reasoning_provider_error"
+    assert set(names(result)) == {"rockets.txt", "bread.txt"}
+    assert dify.count(LLM) == 1
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     "answer",
     [
