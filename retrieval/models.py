@@ -92,3 +92,6 @@ class DenseVector(models.Model):
         indexes = [
             models.Index(fields=["space", "index_version"], name="dense_space_version"),
         ]
+
+
+from retrieval.research_tasks.models import ResearchTask, ResearchTaskPartial  # noqa: E402, F401
