@@ -692,6 +692,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
 
 # ---------------------------------------------------------------------------------------------
 # Retrieval: Research and Auto (reasoning-model budgets; docs/retrieval.md, "Research and Auto").
+# Seed deployment guide: per planner/judge call a 60 s deadline and an 8,192-token output ceiling
+# (so hidden reasoning tokens do not force a second call); the initial Research rerank pool,
+# shared fairly across the original query and up to three planned intents, defaults to and is
+# capped at 200 candidates.
+KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS = bounded_int(
+    "KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS", 60000, 100, 600000
+)
+KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS = bounded_int(
+    "KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS", 8192, 256, 65536
+)
+KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES = bounded_int(
+    "KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES", 200, 1, 200
+)
 
 
 # ---------------------------------------------------------------------------------------------
