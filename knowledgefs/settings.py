@@ -723,17 +723,7 @@ KNOWLEDGE_RESEARCH_TASK_STALE_SECONDS = bounded_int(
 KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS = bounded_int(
     "KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS", 120, 10, 3600
 )
-# The plan estimate reads the Research budgets; the Research section above defines them (same
-# names and defaults, seed deployment guide: 8192 output tokens and 60000 ms per call) and these
-# fallbacks apply only while it does not.
-if "KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS" not in globals():
-    KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS = bounded_int(
-        "KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS", 8192, 256, 65536
-    )
-if "KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS" not in globals():
-    KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS = bounded_int(
-        "KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS", 60000, 1000, 180000
-    )
+# The plan estimate reads the Research section's KNOWLEDGE_RESEARCH_REASONING_* budgets.
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,19 +4,23 @@
 its nodes (mean length, for the evidence budget) and its completed tasks (measured durations);
 it creates nothing. Figures and their sources:
 
-* **model calls**: the reasoning path makes the planner call and the evidence judge, plus at
-  most one more for the supplemental round: ``min`` 2, ``max`` 3 (issue: durable Research "≤ 3
-  model calls plus at most one supplemental round"); the deterministic path (no reasoning
-  model, the embedded default) makes none.
-* **tokens**: input per call = :data:`PROMPT_OVERHEAD_TOKENS` + the query's tokens, plus for each
-  judge call the evidence budget (``min(top_k, DURABLE_MAX_ITEMS)`` items × the space's mean node
-  length in tokens); output ≤ ``KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS`` (8192) per call.
-  Token counts use the packing approximation of the reference inventory §5.7 (a Latin run of
-  ≤ 8 characters is 1 token, longer runs ``ceil(n / 4)``, every other non-space character 1).
+* **model calls** (:mod:`retrieval.research`): the reasoning path makes the planner call, then
+  (when the plan succeeded with evidence dimensions) the evidence judge, then (when the judge
+  asks for it) the supplemental planning call: ``min`` 1, ``max`` the durable policy's 3; the
+  deterministic path (no reasoning model, the embedded default) makes none.
+* **tokens**: input per call = the fixed system prompt of its schema
+  (:func:`retrieval.reasoning.system_prompt`) + :data:`TASK_INSTRUCTION_TOKENS` + the query;
+  the judge adds the evidence budget (``min(top_k, JUDGE_MAX_ITEMS)`` items × the space's mean
+  node length, each cut at ``JUDGE_MAX_ITEM_CHARS``) and the judge and supplemental calls the
+  dimension labels (at most ``MAX_DIMENSIONS`` × 120 characters); output ≤
+  ``KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS`` (8192) per call. Token counts use the
+  packing approximation of the reference inventory §5.7 (a Latin run of ≤ 8 characters is 1
+  token, longer runs ``ceil(n / 4)``, every other non-space character 1); evidence text counts
+  ``ceil(characters / 4)``.
 * **latency**: ``measured`` when tasks of this space have completed (nearest-rank p50/p95 of
   their run time, at most the last :data:`LATENCY_SAMPLES`), else ``configured``: the per-call
   ``KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS`` (60000) × min and max model calls, capped at the
-  task's ``timeout_ms`` (upper bounds, not observations); unknown (``null``) for the
+  durable budget of 180 s (upper bounds, not observations); unknown (``null``) for the
   deterministic path before any task completed.
 
 :func:`violations` lists the limits the estimate cannot meet: ``max_model_calls`` below the
@@ -33,23 +37,24 @@ from django.db.models import Avg
 from django.db.models.functions import Length
 
 from knowledgefs.errors import InvalidInput
+from retrieval import reasoning
+from retrieval.research import DURABLE, JUDGE_MAX_ITEM_CHARS, JUDGE_MAX_ITEMS, MAX_POOL
+from retrieval.services import MIN_LEG_CANDIDATES, RECALL_MULTIPLIER
 
 from .models import ResearchTask, RunState
 
 MAX_TOP_K = 50
 """``top_k`` of a research task: 1..50 (reference inventory §3.4, ``topK`` 1–50)."""
-DURABLE_MAX_MODEL_CALLS = 3
+DURABLE_MAX_MODEL_CALLS = DURABLE.max_model_calls
 """Durable Research makes at most 3 model calls (issue; reference inventory §5.3)."""
-DURABLE_MAX_ITEMS = 40
 DURABLE_ROUNDS = 2
-DURABLE_SUPPLEMENTAL_QUERIES = 1
-MAX_PLANNED_QUERIES = 4
+DURABLE_SUPPLEMENTAL_QUERIES = DURABLE.max_supplements
+MAX_PLANNED_QUERIES = 1 + reasoning.MAX_SUB_QUERIES
 """The original query and at most 3 planned sub-queries (issue: "at most 3 sub-queries")."""
-RECALL_MULTIPLIER = 10
-PROMPT_OVERHEAD_TOKENS = 600
-"""Our estimate of a planner or judge prompt's fixed part (instructions and output schema)."""
+TASK_INSTRUCTION_TOKENS = 80
+"""Our allowance for the one-paragraph task instruction each prompt starts with."""
+DIMENSION_LABEL_CHARS = 120
 LATENCY_SAMPLES = 100
-DEFAULT_RERANK_POOL = 200
 LIMIT_KEYS = ("max_model_calls", "timeout_ms")
 MIN_TIMEOUT_MS = 1000
 
@@ -120,18 +125,18 @@ def estimate(space, query: str, *, top_k: int, limits: dict) -> dict:
     from spaces.profiles import profile_of
 
     profile = profile_of(space)
-    reasoning = bool(profile.retrieval_reasoning_model)
+    with_model = bool(profile.retrieval_reasoning_model)
     rerank = bool(profile.retrieval_rerank_enabled)
-    calls = (2, DURABLE_MAX_MODEL_CALLS) if reasoning else (0, 0)
+    calls = (1, DURABLE_MAX_MODEL_CALLS) if with_model else (0, 0)
     tokens = _tokens(space, query, top_k, calls)
-    latency = _latency(space, calls, limits["timeout_ms"])
+    latency = _latency(space, calls)
     plan = {
-        "path": "reasoning" if reasoning else "deterministic",
+        "path": "reasoning" if with_model else "deterministic",
         "model_calls": {"min": calls[0], "max": calls[1]},
         "tokens": tokens,
         "latency_ms": latency,
-        "steps": _steps(reasoning, rerank),
-        "work_bounds": _work_bounds(top_k, reasoning, rerank, limits),
+        "steps": _steps(with_model, rerank),
+        "work_bounds": _work_bounds(top_k, with_model, rerank, limits),
         "limits": limits,
     }
     plan["violations"] = violations(plan, limits)
@@ -169,22 +174,31 @@ def _mean_node_chars(space) -> int:
     return round(mean) if mean else settings.KNOWLEDGE_CHUNK_TARGET_CHARS
 
 
+def _prompt_tokens(schema, *parts: str) -> int:
+    fixed = approx_tokens(reasoning.system_prompt("", schema)) + TASK_INSTRUCTION_TOKENS
+    return fixed + sum(approx_tokens(p) for p in parts)
+
+
 def _tokens(space, query: str, top_k: int, calls: tuple[int, int]) -> dict:
     if calls[1] == 0:
         zero = {"min": 0, "max": 0}
         return {"input": zero, "output": dict(zero), "basis": "no model calls"}
-    query_tokens = approx_tokens(query)
-    node_chars = _mean_node_chars(space)
-    evidence = min(top_k, DURABLE_MAX_ITEMS) * math.ceil(node_chars / 4)
-    per_call = [PROMPT_OVERHEAD_TOKENS + query_tokens]  # the planner
-    per_call += [PROMPT_OVERHEAD_TOKENS + query_tokens + evidence] * (calls[1] - 1)  # judges
+    node_chars = min(_mean_node_chars(space), JUDGE_MAX_ITEM_CHARS)
+    items = min(top_k, JUDGE_MAX_ITEMS)
+    evidence = items * math.ceil(node_chars / 4)
+    labels = reasoning.MAX_DIMENSIONS * math.ceil(DIMENSION_LABEL_CHARS / 4)
+    per_call = [
+        _prompt_tokens(reasoning.PLAN, query),
+        _prompt_tokens(reasoning.JUDGE, query) + labels + evidence,
+        _prompt_tokens(reasoning.SUPPLEMENT, query) + labels,
+    ][: calls[1]]
     output = settings.KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS
     return {
         "input": {"min": sum(per_call[: calls[0]]), "max": sum(per_call)},
         "output": {"min": 0, "max": calls[1] * output},
         "basis": (
-            f"query {query_tokens} tokens; evidence budget {min(top_k, DURABLE_MAX_ITEMS)} items "
-            f"× {math.ceil(node_chars / 4)} tokens (mean node {node_chars} characters); "
+            f"query {approx_tokens(query)} tokens; judge evidence {items} items × "
+            f"{math.ceil(node_chars / 4)} tokens (mean node {node_chars} characters); "
             f"output ≤ {output} tokens per call"
         ),
     }
@@ -195,7 +209,7 @@ def _nearest_rank(values: list[int], percent: int) -> int:
     return ordered[max(0, math.ceil(percent / 100 * len(ordered)) - 1)]
 
 
-def _latency(space, calls: tuple[int, int], timeout_ms: int) -> dict:
+def _latency(space, calls: tuple[int, int]) -> dict:
     measured = list(
         ResearchTask.objects.filter(
             space_id=space.id, run_state=RunState.COMPLETED, elapsed_ms__gt=0
@@ -213,47 +227,58 @@ def _latency(space, calls: tuple[int, int], timeout_ms: int) -> dict:
     if calls[1] == 0:
         return {"p50": None, "p95": None, "basis": "unknown", "samples": 0}
     per_call = settings.KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS
+    budget = round(DURABLE.wall_clock_seconds * 1000)
     return {
-        "p50": min(calls[0] * per_call, timeout_ms),
-        "p95": min(calls[1] * per_call, timeout_ms),
+        "p50": min(calls[0] * per_call, budget),
+        "p95": min(calls[1] * per_call, budget),
         "basis": "configured",
         "samples": 0,
     }
 
 
-def _steps(reasoning: bool, rerank: bool) -> list[dict]:
-    def step(name, description, model_call=False):
-        return {"name": name, "model_call": model_call, "description": description}
+def _steps(with_model: bool, rerank: bool) -> list[dict]:
+    """The steps in the order Research reports them as ``stages``."""
 
-    steps = []
-    if reasoning:
-        steps.append(step("plan", "the reasoning model plans intent and sub-queries", True))
-    else:
-        steps.append(step("decompose", "local query decomposition (no model call)"))
-    steps += [
-        step("embed", "one batched embedding of all planned queries"),
-        step("recall", "dense and keyword recall per query"),
-        step("fuse", "weighted reciprocal rank fusion"),
+    def step(name, description, model_call=False, skipped=False):
+        return {
+            "name": name,
+            "model_call": model_call,
+            "status": "skipped" if skipped else "planned",
+            "description": description,
+        }
+
+    plan = (
+        step("plan", "the reasoning model plans intent, sub-queries and evidence dimensions", True)
+        if with_model
+        else step("plan", "local query decomposition (no model call)")
+    )
+    return [
+        plan,
+        step("embed", "one batched embedding of the original and planned queries"),
+        step("recall", "dense and keyword recall per query, weighted reciprocal rank fusion"),
+        step("rerank", "one rerank of the shared candidate pool", skipped=not rerank),
+        step("threshold", "the score threshold, then top_k"),
+        step("judge", "the reasoning model judges the evidence set", True, not with_model),
+        step(
+            "supplemental",
+            "at most one supplemental query (one model call), its recall and rerank",
+            True,
+            not with_model,
+        ),
     ]
-    if rerank:
-        steps.append(step("rerank", "one rerank of the shared candidate pool"))
-    if reasoning:
-        steps.append(step("judge", "the reasoning model judges the evidence set", True))
-        steps.append(
-            step("supplement", "at most one supplemental query, recall and judgement", True)
-        )
-    steps.append(step("assemble", "evidence with citations"))
-    return steps
 
 
-def _work_bounds(top_k: int, reasoning: bool, rerank: bool, limits: dict) -> dict:
-    pool = getattr(settings, "KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES", DEFAULT_RERANK_POOL)
-    rounds = DURABLE_ROUNDS if reasoning else 1
+def _work_bounds(top_k: int, with_model: bool, rerank: bool, limits: dict) -> dict:
+    pool = min(settings.KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES, MAX_POOL)
+    rounds = DURABLE_ROUNDS if with_model else 1
     return {
         "rounds": rounds,
-        "supplemental_queries": DURABLE_SUPPLEMENTAL_QUERIES if reasoning else 0,
+        "supplemental_queries": DURABLE_SUPPLEMENTAL_QUERIES if with_model else 0,
         "planned_queries": MAX_PLANNED_QUERIES,
-        "recall_per_query_and_leg": min(top_k * RECALL_MULTIPLIER, settings.RETRIEVAL_MAX_TOP_K),
+        "recall_per_query_and_leg": min(
+            max(top_k * RECALL_MULTIPLIER["research"], MIN_LEG_CANDIDATES),
+            settings.RETRIEVAL_MAX_TOP_K,
+        ),
         "rerank_candidates": pool if rerank else 0,
         "rerank_calls": rounds if rerank else 0,
         "max_items": top_k,
