@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -501,6 +502,11 @@ def test_the_sweep_schedule_exists_after_migrating():
     schedule = Schedule.objects.get(name=dispatch.SWEEP_SCHEDULE)
     assert (schedule.func, schedule.minutes, schedule.repeats) == (dispatch.SWEEP_TASK, 1, -1)
     assert dispatch.ensure_sweep_schedule().pk == schedule.pk
+    schedule.delete()
+    call_command("kfs", "schedules")
+    assert (
+        Schedule.objects.filter(name=dispatch.SWEEP_SCHEDULE, func=dispatch.SWEEP_TASK).count() == 1
+    )
 
 
 # --- isolation and pagination --------------------------------------------------------------------
