@@ -420,12 +420,23 @@ def test_canceled_after_the_planner_and_resumed_without_a_second_planner_call(
     assert sorted(task.checkpoint) == ["planner"]
     assert task.checkpoint["planner"] == {"status": "ok", "output": PLAN}
     assert model.steps == ["planner", "judge"]
-    model.answers["judge"] = JUDGEMENT
+
+    def judge_after_resume() -> dict:
+        from django.db import connection
+
+        try:  # the resumed delivery shows the progress it resumes from
+            holder["resumed_stage"] = ResearchTask.objects.get(id=holder["id"]).stage
+        finally:
+            connection.close()
+        return JUDGEMENT
+
+    model.answers["judge"] = judge_after_resume
     resumed = client.post(f"{TASKS}/{holder['id']}/resume")
     assert resumed.status_code == 202
     assert deliver(holder["id"]) == "completed"
     assert model.steps == ["planner", "judge", "judge", "supplemental"]  # one planner call
     assert dify.count(LLM) == 4
+    assert holder["resumed_stage"] == "retrieving"
     body = client.get(f"{TASKS}/{holder['id']}").json()
     metrics = body["result"]["metrics"]
     assert body["stage"] == "completed" and metrics["research_path"] == "reasoning"
@@ -576,6 +587,59 @@ def test_round_evidence_in_a_checkpoint_becomes_round_partials(
     assert list(stored.partials.values_list("sequence", "kind", "evidence")) == [
         (1, "round", round_one)
     ]
+
+
+def test_the_profile_threshold_and_top_k_are_frozen_at_creation(
+    client, corpus, django_capture_on_commit_callbacks
+):
+    url = f"{SPACES}/{corpus.id}/retrieval-profile"
+    profile = {"default_mode": "research", "score_threshold": 0.99, "top_k": 2}
+    response = client.put(url, profile, format="json")
+    assert response.status_code == 200, response.content
+    created = create(client, corpus, django_capture_on_commit_callbacks)
+    assert (created["top_k"], created["score_threshold"]) == (2, 0.99)
+    later = {"default_mode": "research", "score_threshold": None}
+    assert client.put(url, later, format="json").status_code == 200
+    assert deliver(created["id"]) == "completed"
+    result = client.get(f"{TASKS}/{created['id']}").json()["result"]
+    # Only the best-ranked candidate reaches the frozen 0.99 (scores are weighted RRF, ≤ 1);
+    # under the profile's threshold now (off) top_k 2 would return two.
+    assert len(result["items"]) == 1 and result["items"][0]["score"] >= 0.99
+    assert result["metrics"]["threshold_filtered"] >= 1
+
+
+def test_capability_tokens_reach_only_their_subjects_tasks(settings, corpus):
+    from tests import capability as cap
+
+    settings.KNOWLEDGE_FS_CAPABILITY_V2_ENABLED = True
+    settings.KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS = cap.jwks_text("current")
+
+    def caller(action: str, resource: dict, subject: str) -> APIClient:
+        api = APIClient()
+        token = cap.token(action=action, resource=resource, sub=subject, actor=subject)
+        api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        return api
+
+    alice, bob = "dify-service-api:alice", "dify-service-api:bob"
+    space_resource = cap.space_resource(corpus.id)
+    created = post(
+        caller("research_tasks.create", space_resource, alice),
+        {"space_id": str(corpus.id), "query": "bread"},
+    )
+    assert created.status_code == 202, created.content
+    task_id = created.json()["id"]
+    task = ResearchTask.objects.get(id=task_id)
+    assert task.owner.startswith("cap:") and task.caller_kind == "service"
+    resource = cap.child_resource("research_task", task_id, corpus.id)
+    mine = caller("research_tasks.read", resource, alice).get(f"{TASKS}/{task_id}")
+    assert mine.status_code == 200 and mine.json()["id"] == task_id
+    theirs = caller("research_tasks.read", resource, bob).get(f"{TASKS}/{task_id}")
+    assert theirs.status_code == 404 and theirs.json()["code"] == "research_task_not_found"
+    # The token's action must be the route's.
+    wrong = caller("research_tasks.read", resource, alice).delete(f"{TASKS}/{task_id}")
+    assert wrong.status_code == 403 and wrong.json()["code"] == "action_not_permitted"
+    cancel = caller("research_tasks.cancel", resource, alice).delete(f"{TASKS}/{task_id}")
+    assert cancel.status_code == 200 and cancel.json()["stage"] == "canceled"
 
 
 # --- admin ---------------------------------------------------------------------------------------

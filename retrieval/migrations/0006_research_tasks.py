@@ -31,6 +31,7 @@ class Migration(migrations.Migration):
                 ('request_fingerprint', models.CharField(blank=True, default='', max_length=64)),
                 ('query', models.TextField()),
                 ('top_k', models.PositiveSmallIntegerField()),
+                ('score_threshold', models.FloatField(blank=True, null=True)),
                 ('filters', models.JSONField(blank=True, null=True)),
                 ('limits', models.JSONField(default=dict)),
                 ('plan', models.JSONField(blank=True, default=dict)),

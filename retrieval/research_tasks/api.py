@@ -36,6 +36,7 @@ def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
         "space_id": str(task.space_id),
         "query": task.query,
         "top_k": task.top_k,
+        "score_threshold": task.score_threshold,
         "filters": task.filters,
         "limits": task.limits,
         "stage": task.stage,

@@ -12,7 +12,9 @@ a delivery starts only by a compare-and-set ``queued`` → ``running`` with that
 ``running`` with it. ``checkpoint`` holds the finished model calls' validated outputs as
 :func:`retrieval.research.run_research` hands them over, so a resumed run repeats none of them.
 
-``limits`` is ``{"max_model_calls", "timeout_ms"}``; ``plan`` the estimate the task was admitted
+``score_threshold`` is the space's retrieval-profile threshold frozen at creation (``None``:
+off), so a resume ranks as the first run did. ``limits`` is ``{"max_model_calls",
+"timeout_ms"}``; ``plan`` the estimate the task was admitted
 with; ``result`` (when ``completed``) ``{"items", "metrics", "plan", "stages"}`` as retrieval
 returns them; provenance (``owner``, ``api_key_id``, ``subject``, ``caller_kind``) records who
 created it; only that owner (or an operator) reads it. ``idempotency_key`` is unique per tenant.
@@ -70,6 +72,7 @@ class ResearchTask(models.Model):
 
     query = models.TextField()
     top_k = models.PositiveSmallIntegerField()
+    score_threshold = models.FloatField(null=True, blank=True)
     filters = models.JSONField(null=True, blank=True)
     limits = models.JSONField(default=dict)
     plan = models.JSONField(default=dict, blank=True)

@@ -107,9 +107,7 @@ def validate_limits(raw) -> dict:
 
 
 def validate_top_k(top_k) -> int:
-    """``top_k`` 1..50 (default 10); 400 ``invalid_top_k``."""
-    if top_k is None:
-        return 10
+    """``top_k`` 1..50; 400 ``invalid_top_k``."""
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
         raise InvalidInput(f"top_k must be an integer from 1 to {MAX_TOP_K}", code="invalid_top_k")
     return top_k

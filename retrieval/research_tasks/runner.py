@@ -116,6 +116,9 @@ def run_delivery(task_pk, delivery: str) -> str:
         logger.info("research task %s: delivery %s is stale or a duplicate", task_pk, delivery)
         return "stale"
     run = _Delivery(task, delivery)
+    resumed_stage = stage_for(task.checkpoint or {})
+    if resumed_stage != Stage.PLANNING:  # a resumed run: show the progress it resumes from
+        dispatch.held(task.id, delivery).update(stage=resumed_stage)
     try:
         result = _research(task, run)
     except ClaimLost:
@@ -143,18 +146,16 @@ class _Stopped(Exception):
 
 def _research(task: ResearchTask, run: _Delivery):
     from retrieval.research import ResearchCanceled, run_research
-    from spaces.profiles import profile_of
 
     from .service import _require_searchable
 
     _require_searchable(task.space)
-    profile = profile_of(task.space)
     try:
         return run_research(
             task.space,
             task.query,
             top_k=task.top_k,
-            score_threshold=profile.retrieval_score_threshold,
+            score_threshold=task.score_threshold,
             filters=task.filters,
             durable=True,
             checkpoint=dict(task.checkpoint or {}),

@@ -47,10 +47,15 @@ class LimitsExceeded(ServiceError):
 
 
 def _request(space, body: dict) -> tuple[str, int, Any, dict]:
-    """Validate ``query``, ``top_k``, ``filters`` and ``limits`` of a plan or create body."""
+    """Validate ``query``, ``top_k``, ``filters`` and ``limits`` of a plan or create body; a
+    ``top_k`` left out is the space's retrieval-profile ``top_k``, at most 50."""
     from retrieval.services import validate_request
+    from spaces.profiles import profile_of
 
-    top_k = planning.validate_top_k(body.get("top_k"))
+    top_k = body.get("top_k")
+    if top_k is None:
+        top_k = min(profile_of(space).retrieval_top_k, planning.MAX_TOP_K)
+    top_k = planning.validate_top_k(top_k)
     query, _, _, _ = validate_request(body.get("query"), top_k, None, "research")
     filters = body.get("filters")
     if filters is not None and not isinstance(filters, dict | list):
@@ -59,17 +64,18 @@ def _request(space, body: dict) -> tuple[str, int, Any, dict]:
     return query, top_k, filters, limits
 
 
-def _require_searchable(space) -> None:
-    """What a retrieval over the space needs, checked at admission: the search backend (503),
-    a ``ready`` profile and no pending upgrade reconciliation (409); see
-    :func:`retrieval.services.retrieve`."""
+def _require_searchable(space):
+    """What a retrieval over the space needs, checked at admission and at every delivery: the
+    search backend (503), a ``ready`` profile and no pending upgrade reconciliation (409); see
+    :func:`retrieval.services.retrieve`. Returns the ready profile."""
     from retrieval.backends import get_search_backend
     from spaces.profiles import require_ready
     from upgrades.services.reconciliation import require_reconciled
 
     get_search_backend()
-    require_ready(space)
+    profile = require_ready(space)
     require_reconciled(space.id)
+    return profile
 
 
 def plan_task(space, body: dict) -> dict:
@@ -85,7 +91,7 @@ def create_task(
 ) -> tuple[ResearchTask, bool]:
     """Queue a research task; returns ``(task, created)`` and dispatches it after the commit.
 
-    Body: ``query`` (1..``RETRIEVAL_MAX_QUERY_CHARS``), ``top_k`` (1..50, default 10),
+    Body: ``query`` (1..``RETRIEVAL_MAX_QUERY_CHARS``), ``top_k`` (1..50, default the profile's),
     ``filters`` (object or null, handed to Research), ``limits`` (see
     :func:`planning.validate_limits`). With ``idempotency_key`` the tenant's task created under
     that key is returned (``created`` ``False``) when the same owner sent the same body; another
@@ -100,7 +106,7 @@ def create_task(
         existing = _by_key(principal, idempotency_key, digest)
         if existing is not None:
             return existing, False
-    _require_searchable(space)
+    profile = _require_searchable(space)
     plan = planning.estimate(space, query, top_k=top_k, limits=limits)
     if plan["violations"]:
         raise LimitsExceeded(plan["violations"], plan)
@@ -117,6 +123,7 @@ def create_task(
                 request_fingerprint=digest,
                 query=query,
                 top_k=top_k,
+                score_threshold=profile.retrieval_score_threshold,
                 filters=filters,
                 limits=limits,
                 plan=plan,
