@@ -3,6 +3,10 @@
 Routes (``/v1``): ``POST research-tasks/plan``, ``POST research-tasks``, ``GET|DELETE
 research-tasks/{task_id}``, ``GET research-tasks/{task_id}/partials``, ``POST
 research-tasks/{task_id}/resume``, ``GET knowledge-spaces/{space_id}/research-tasks``.
+
+A research task is a query that runs longer, so every operation is open to the callers queries
+are open to (interactive, service, agent and workflow capability tokens; ``READ_CALLERS``): an
+agent that starts a task can also cancel and resume it. It changes no knowledge.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
+from knowledgefs.auth.operations import Operation, child, space_from
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import HEADER, fingerprint, idempotent
 from spaces.api import NewestFirstPagination
@@ -120,7 +124,7 @@ class ResearchTaskPlanView(APIView):
 
 class ResearchTaskListView(APIView):
     operations = {
-        "POST": Operation("research_tasks.create", space_from("body"), WRITE_CALLERS),
+        "POST": Operation("research_tasks.create", space_from("body")),
     }
 
     def post(self, request):
@@ -155,7 +159,7 @@ class ResearchTaskDetailView(APIView):
     # /v1/research-tasks/{task_id} does not name the space: the token's parent_id scopes it.
     operations = {
         "GET": Operation("research_tasks.read", _TASK),
-        "DELETE": Operation("research_tasks.cancel", _TASK, WRITE_CALLERS),
+        "DELETE": Operation("research_tasks.cancel", _TASK),
     }
 
     def get(self, request, task_id):
@@ -180,7 +184,7 @@ class ResearchTaskPartialsView(APIView):
 
 
 class ResearchTaskResumeView(APIView):
-    operations = {"POST": Operation("research_tasks.resume", _TASK, WRITE_CALLERS)}
+    operations = {"POST": Operation("research_tasks.resume", _TASK)}
 
     def post(self, request, task_id):
         """Queue a failed or canceled task again from its checkpoint; 202 with the task."""
