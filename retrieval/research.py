@@ -52,6 +52,7 @@ deadline is ``min(KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS, time left)``.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -265,8 +266,11 @@ class _Run:
             self.calls += 1
             self.calls_reused += 1
             if saved["status"] == "ok":
-                return saved["output"]
-            self._degrade(saved.get("error") or "reasoning_error")
+                try:  # checked again: a stored checkpoint is data like any other
+                    return prompt.schema.parse(json.dumps(saved.get("output")))
+                except reasoning.ReasoningInvalidOutput:
+                    saved = {"status": "failed", "error": reasoning.ReasoningInvalidOutput.code}
+            self._degrade(str(saved.get("error") or "reasoning_error")[:64])
             return None
         if self.calls >= self.policy.max_model_calls:
             self.budget_exhausted = self.budget_exhausted or "model_calls"
@@ -517,11 +521,14 @@ class _Retrieval:
         self.nodes.update(_nodes(missing))
         texts = [self.nodes[n].text[:JUDGE_MAX_ITEM_CHARS] for n, _, _ in top if n in self.nodes]
         output = run.call("judge", self.selection, _judge_prompt(self.query, self.plan, texts))
+        failed = run.checkpoint.get("judge", {}).get("status") == "failed"
         if output is not None:
             output = _checked_judgement(output, self.plan.dimensions)
-            if output is None:
+            failed = output is None
+            if failed:
                 run._degrade(reasoning.ReasoningInvalidOutput.code)
-        run.stage("judge", "executed" if output is not None else "degraded", len(texts), t0)
+        status = "executed" if output is not None else "degraded" if failed else "skipped"
+        run.stage("judge", status, len(texts), t0)
         if output is None:
             run.stage("supplemental", "skipped", 0, time.perf_counter())
             return final, filtered

@@ -1,18 +1,27 @@
-"""Fast retrieval: dense and keyword legs, per-leg min-max normalisation, equal-weight fusion.
+"""Fast and Deep retrieval: dense and keyword legs, per-leg min-max normalisation, equal-weight
+fusion, Deep's context expansion, one rerank; plus the seams every mode uses.
 
-Each leg retrieves ``min(max(top_k × recall, 50), 100)`` candidates (Fast: recall multiplier 1).
+The planner (:mod:`retrieval.planner`) sets the figures: each leg retrieves ``dense_top_k =
+fts_top_k = min(max(top_k × recall, 50), 100)`` candidates and ``fusion_limit = rerank_limit =
+min(top_k × fusion, 100)`` fused candidates go on (Fast 1/1, Deep 5/3). Filters
+(:mod:`retrieval.filters`) restrict both legs to the allowed documents before their limit.
 Scores of each leg are min-max normalised to [0, 1] over that leg's candidates (a single
 candidate, or equal scores, normalise to 1); the fused score of a node is the mean of its two
-normalised scores, a missing leg counting 0 (with one leg enabled it carries full weight). The
-threshold, when not ``None``, keeps items whose final score is ``>= threshold`` (``0`` is a real
-threshold); then the list is cut to ``top_k``. Scores are relative to the query's candidates, so
-a threshold ranks within a result set; it does not measure absolute relevance.
+normalised scores, a missing leg counting 0 (with one leg enabled it carries full weight).
 
-The space's retrieval profile (``spaces.profiles``) supplies ``top_k``, ``score_threshold`` and
-``mode`` when a request leaves them out, and its rerank model, when enabled: the first
-``min(top_k × fusion multiplier, 100)`` fused candidates (Fast: multiplier 1) go to the reranker
-through Dify in one call, its score (which must be within 0..1) becomes the final score, and the
-threshold applies to it. A space whose profile is not ``ready`` is refused.
+Deep adds context expansion to the first ``fusion_limit`` fused hits (:func:`_expand`): their
+neighbouring chunks and the nearest chunks of their section. With the profile's reranker the
+hits and their expansions go to it together in one call and its score (which must be within
+0..1) becomes the final score; without one an expansion scores its source hit's score × 0.5
+(:data:`DEEP_EXPANSION_FACTOR`), so it ranks strictly below the hit it came from and the base
+hits keep Fast's order. Fast reranks the first ``fusion_limit`` fused candidates the same way.
+
+The threshold, when not ``None``, keeps items whose final score (the reranked one when rerank
+is on) is ``>= threshold`` (``0`` is a real threshold); then the list is cut to ``top_k``.
+Without a reranker scores are relative to the query's candidates, so a threshold ranks within
+a result set; it does not measure absolute relevance. The space's retrieval profile
+(``spaces.profiles``) supplies ``top_k``, ``score_threshold`` and ``mode`` when a request
+leaves them out. A space whose profile is not ``ready`` is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from django.conf import settings
-from django.db.models import OuterRef, Subquery
+from django.db.models import F, OuterRef, Q, Subquery
 
 from ingestion.models import KnowledgeNode
 from knowledgefs.dify.errors import DifyError
@@ -33,6 +42,7 @@ from spaces.models import KnowledgeSpace, PublicationHead
 
 from .backends import ScoredNode, get_search_backend
 from .models import IndexState, IndexVersion
+from .planner import LEG_FLOOR
 
 MODES = ("fast", "deep", "research", "auto")
 CONCRETE_MODES = ("fast", "deep", "research")
@@ -43,8 +53,8 @@ FUSION_MULTIPLIER = {"fast": 1, "deep": 3, "research": 5}
 PROFILE = object()  # a ``score_threshold`` left to the space's retrieval profile
 # Each leg fetches at least this many candidates (capped at 100): min-max normalisation over a
 # handful of hits is unstable, and an exact keyword match missing from a short dense list would
-# otherwise tie with an unrelated dense hit (docs/benchmarks.md).
-MIN_LEG_CANDIDATES = 50
+# otherwise tie with an unrelated dense hit (docs/benchmarks.md). The planner's ``leg_floor``.
+MIN_LEG_CANDIDATES = LEG_FLOOR
 
 
 @dataclass
@@ -54,6 +64,8 @@ class RetrievalItem:
     text: str
     citation: dict
     scores: dict
+    # Deep's expansions: {"relation": "neighbour"|"section", "source_node_id", "source_score"}.
+    context: dict | None = None
 
 
 @dataclass
@@ -78,6 +90,7 @@ class RetrievalResult:
                     "scores": {k: round(v, 6) for k, v in i.scores.items()},
                     "text": i.text,
                     "citation": i.citation,
+                    **({"context": i.context} if i.context is not None else {}),
                 }
                 for i in self.items
             ],
@@ -196,19 +209,23 @@ def retrieve(
     """Run a retrieval over the space's published nodes; items carry citations.
 
     ``top_k`` (``None``), ``mode`` (``None``) and ``score_threshold`` (left out) come from the
-    space's retrieval profile; ``score_threshold=None`` turns the threshold off. ``legs`` and
-    ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both; ``"minmax"`` or
-    ``"rrf"``). Errors: 400 ``invalid_query``, ``invalid_top_k``, ``invalid_score_threshold``,
-    ``invalid_mode``; 409 ``space_setup_required``, ``space_pending_validation``,
-    ``space_validation_failed`` (the space's profile is not ``ready``),
-    ``space_reconciliation_pending`` (the space is the target of an upgrade whose documents'
-    availability is not applied yet: :mod:`upgrades.services.reconciliation`); 503
+    space's retrieval profile; ``score_threshold=None`` turns the threshold off. ``filters`` is
+    the request's filter object (:mod:`retrieval.filters`; ``None``: none), checked before any
+    work. ``legs`` and ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both;
+    ``"minmax"`` or ``"rrf"``). Errors: 400 ``invalid_query``, ``invalid_top_k``,
+    ``invalid_score_threshold``, ``invalid_mode``, ``invalid_filter``,
+    ``too_many_filter_conditions``, ``too_many_filter_values``; 409 ``space_setup_required``,
+    ``space_pending_validation``, ``space_validation_failed`` (the space's profile is not
+    ``ready``), ``space_reconciliation_pending`` (the space is the target of an upgrade whose
+    documents' availability is not applied yet: :mod:`upgrades.services.reconciliation`); 503
     ``embedding_model_unavailable``, ``rerank_unavailable`` (the reranker failed or answered a
     score outside 0..1; nothing falls back silently), ``search_backend_unavailable`` (checked
     first: the database engine has no search backend, i.e. MySQL/MariaDB).
     """
     from spaces.profiles import require_ready
     from upgrades.services.reconciliation import require_reconciled
+
+    from . import filters as filtering
 
     get_search_backend()  # 503 search_backend_unavailable first (MySQL/MariaDB)
     profile = require_ready(space)
@@ -220,12 +237,14 @@ def retrieve(
     if score_threshold is PROFILE:
         score_threshold = profile.retrieval_score_threshold
     query, top_k, score_threshold, mode = validate_request(query, top_k, score_threshold, mode)
+    filters = filtering.parse(filters)
     started = time.perf_counter()
     route = None
     if mode == "auto":
         from .auto import resolve_mode
 
         mode, route = resolve_mode(space, profile, query)
+    route_ms = (time.perf_counter() - started) * 1000 if route is not None else None
     if mode == "research":
         from .research import run_research
 
@@ -235,36 +254,231 @@ def retrieve(
         if route is not None:
             result.route = route
         return result
-    depth = min(
-        max(top_k * RECALL_MULTIPLIER[mode], MIN_LEG_CANDIDATES), settings.RETRIEVAL_MAX_TOP_K
-    )
+    request = _Request(query, top_k, score_threshold, mode, legs, fusion, filters)
+    result = _fast_or_deep(space, profile, request, started, route_ms=route_ms)
+    result.route = route
+    return result
+
+
+# --- Fast and Deep ------------------------------------------------------------------------------
+
+#: Deep without a reranker: an expanded chunk scores its source hit's score times this factor,
+#: so it ranks strictly below the hit it came from and never reorders the base hits.
+DEEP_EXPANSION_FACTOR = 0.5
+#: Deep: chunks added per base hit (neighbours first, then the nearest of its section).
+DEEP_EXPANSION_PER_HIT = 3
+#: Deep: same-section chunks are looked for within this many chunks either side of the hit.
+DEEP_SECTION_WINDOW = 8
+
+
+@dataclass(frozen=True)
+class _Request:
+    query: str
+    top_k: int
+    score_threshold: float | None
+    mode: str
+    legs: tuple[str, ...]
+    fusion: str
+    filters: object
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 2)
+
+
+def _stage(name: str, executed: bool, candidates: int = 0, filtered: int = 0, ms: float = 0.0):
+    """One ``stages`` entry: ``{name, status executed|skipped, candidate_count, filtered_count,
+    duration_ms}``."""
+    return {
+        "name": name,
+        "status": "executed" if executed else "skipped",
+        "candidate_count": candidates,
+        "filtered_count": filtered,
+        "duration_ms": round(ms, 2),
+    }
+
+
+def _fast_or_deep(space, profile, request: _Request, started: float, route_ms: float | None):
+    """Fast and Deep (module docstring); stages: route (executed when ``auto`` was resolved,
+    ``route_ms`` its time), filter, embed, dense, keyword, fusion, expansion, rerank,
+    threshold, each reported whether it ran or not."""
+    from . import filters as filtering
+    from .planner import plan as make_plan
+
+    plan = make_plan(request.mode, request.top_k, request.query)
+    stages = [_stage("route", route_ms is not None, 0, 0, route_ms or 0.0)]
     snapshot = resolve_snapshot(space)
-    results, timings = recall(space, snapshot, query, depth=depth, legs=legs, filters=filters)
-    candidates = FUSIONS[fusion](results)
-    fused = candidates
-    nodes = None
-    rerank = _rerank_selection(profile)
-    if rerank is not None and candidates:
-        pool = candidates[: min(top_k * FUSION_MULTIPLIER[mode], settings.RETRIEVAL_MAX_TOP_K)]
-        nodes = _nodes([r[0] for r in pool])
-        t0 = time.perf_counter()
-        fused = _rerank(space, rerank, query, [r for r in pool if r[0] in nodes], nodes)
-        timings["rerank_ms"] = (time.perf_counter() - t0) * 1000
-    if score_threshold is not None:
-        fused = [r for r in fused if r[1] >= score_threshold]
-    fused = fused[:top_k]
-    items = _hydrate(fused, nodes)
-    metrics = {
+    allowed = filtering.resolve(space, request.filters)
+    stages.append(
+        _stage("filter", True, allowed.considered, allowed.filtered, allowed.duration_ms)
+        if allowed is not None
+        else _stage("filter", False)
+    )
+    results, timings = recall(
+        space,
+        snapshot,
+        request.query,
+        depth=plan.dense_top_k,
+        legs=request.legs,
+        filters=allowed,
+        language=plan.query_language,
+    )
+    stages.extend(_leg_stages(results, timings))
+    t0 = time.perf_counter()
+    candidates = FUSIONS[request.fusion](results) if results else []
+    base = candidates[: plan.fusion_limit]
+    stages.append(_stage("fusion", bool(results), len(candidates), len(candidates) - len(base),
+                         (time.perf_counter() - t0) * 1000))  # fmt: skip
+    nodes = _nodes([r[0] for r in base]) if base else {}
+    t0 = time.perf_counter()
+    expanded, contexts = [], {}
+    if request.mode == "deep" and base:
+        expanded, contexts = _expand(base, nodes, allowed, limit=2 * plan.rerank_limit)
+    stages.append(_stage("expansion", request.mode == "deep" and bool(base), len(expanded), 0,
+                         (time.perf_counter() - t0) * 1000))  # fmt: skip
+    pool = base + expanded
+    ranked, rerank_stage = _final_order(space, profile, request.query, pool, nodes, contexts)
+    stages.append(rerank_stage)
+    threshold = request.score_threshold
+    kept = ranked if threshold is None else [r for r in ranked if r[1] >= threshold]
+    stages.append(_stage("threshold", threshold is not None, len(ranked), len(ranked) - len(kept)))
+    items = _hydrate(kept[: request.top_k], nodes)
+    for item in items:
+        item.context = contexts.get(item.node_id)
+    counts = {
         "dense_candidates": len(results.get("dense", [])),
         "keyword_candidates": len(results.get("keyword", [])),
         "fused_candidates": len(candidates),
-        **({"rerank_candidates": len(pool)} if rerank is not None and candidates else {}),
-        "publication_revision": snapshot.head_revision,
-        "index_version": snapshot.version[0] if snapshot.version is not None else None,
-        **{k: round(v, 2) for k, v in timings.items()},
-        "total_ms": round((time.perf_counter() - started) * 1000, 2),
+        "expansion_candidates": len(expanded),
+        "threshold_filtered_candidates": len(ranked) - len(kept),
     }
-    return RetrievalResult(mode=mode, items=items, metrics=metrics, route=route)
+    metrics = _metrics(counts, rerank_stage, allowed, snapshot, timings, started)
+    return RetrievalResult(
+        mode=request.mode, items=items, metrics=metrics, plan=plan.as_dict(), stages=stages
+    )
+
+
+def _leg_stages(results: dict, timings: dict) -> list[dict]:
+    """The ``embed``, ``dense`` and ``keyword`` stages of one :func:`recall`."""
+    embedded = "embed_ms" in timings
+    stages = [_stage("embed", embedded, int(embedded), 0, timings.get("embed_ms", 0.0))]
+    for leg in LEGS:
+        hits = results.get(leg)
+        ms = timings.get(f"{leg}_ms", 0.0)
+        stages.append(_stage(leg, hits is not None, len(hits or []), 0, ms))
+    return stages
+
+
+def _metrics(counts: dict, rerank_stage: dict, allowed, snapshot, timings: dict, started):
+    """``metrics`` of a Fast or Deep result: candidate counts, filter and rerank figures,
+    the snapshot read, per-leg timings (ms) and ``total_ms``."""
+    metrics = dict(counts)
+    if rerank_stage["status"] == "executed":
+        metrics["rerank_candidates"] = rerank_stage["candidate_count"]
+    if allowed is not None:
+        metrics["filter_allowed_documents"] = len(allowed.document_ids)
+        metrics["metadata_filtered_documents"] = allowed.filtered
+    metrics["publication_revision"] = snapshot.head_revision
+    metrics["index_version"] = snapshot.version[0] if snapshot.version is not None else None
+    metrics.update({k: round(v, 2) for k, v in timings.items()})
+    if rerank_stage["status"] == "executed":
+        metrics["rerank_ms"] = rerank_stage["duration_ms"]
+    metrics["total_ms"] = _ms(started)
+    return metrics
+
+
+def _final_order(space, profile, query: str, pool, nodes, contexts):
+    """Rank the pool (base hits + Deep's expansions): one rerank over all of it when the profile
+    enables one, else the fused order with each expansion just below its source hit.
+    Returns ``(ranked, rerank stage)``."""
+    rerank = _rerank_selection(profile)
+    if rerank is None or not pool:
+        # Ties: base hits first (by id, like Fast), then expansions in the order they were made.
+        order = {r[0]: n for n, r in enumerate(pool)}
+        ranked = sorted(
+            pool,
+            key=lambda r: (-r[1], r[0] in contexts, order[r[0]] if r[0] in contexts else str(r[0])),
+        )
+        return ranked, _stage("rerank", False)
+    t0 = time.perf_counter()
+    present = [r for r in pool if r[0] in nodes]
+    ranked = _rerank(space, rerank, query, present, nodes)
+    ms = (time.perf_counter() - t0) * 1000
+    return ranked, _stage("rerank", True, len(present), len(present) - len(ranked), ms)
+
+
+def _expand(base, nodes: dict, allowed, *, limit: int):
+    """Deep's context expansion of ``base`` (fused ``(node_id, score, per_leg)``, best first).
+
+    For each hit, in order: its neighbours (same document and generation, chunk_index ± 1),
+    then the nearest chunks of the same non-empty ``section_path`` within
+    :data:`DEEP_SECTION_WINDOW` chunks; at most :data:`DEEP_EXPANSION_PER_HIT` per hit and
+    ``limit`` in all; each chunk once, never a base hit. Only visible nodes of enabled documents
+    the filter allows (one query). Returns ``(expanded, contexts)``: expanded candidates scored
+    ``source score × DEEP_EXPANSION_FACTOR`` (the reranker rescores them when enabled) and
+    ``{node_id: {"relation": "neighbour"|"section", "source_node_id", "source_score"}}``;
+    ``nodes`` gains the expanded nodes.
+    """
+    anchors = [nodes[node_id] for node_id, _, _ in base if node_id in nodes]
+    if not anchors or limit <= 0:
+        return [], {}
+    near = Q()
+    for a in anchors:
+        near |= Q(
+            document_id=a.document_id,
+            generation=a.generation,
+            chunk_index__gte=max(a.chunk_index - DEEP_SECTION_WINDOW, 0),
+            chunk_index__lte=a.chunk_index + DEEP_SECTION_WINDOW,
+        )
+    rows = KnowledgeNode.objects.filter(
+        near, generation=F("document__active_generation"), document__enabled=True
+    ).select_related("document")
+    groups: dict[tuple, dict[int, KnowledgeNode]] = {}
+    for node in rows:
+        if allowed is None or node.document_id in allowed.document_ids:
+            groups.setdefault((node.document_id, node.generation), {})[node.chunk_index] = node
+    taken = {node_id for node_id, _, _ in base}
+    expanded, contexts = [], {}
+    for node_id, score, _ in base:
+        anchor = nodes.get(node_id)
+        if anchor is None:
+            continue
+        for node, relation in _context_of(
+            anchor, groups.get((anchor.document_id, anchor.generation), {}), taken
+        ):
+            taken.add(node.id)
+            nodes[node.id] = node
+            expanded.append((node.id, score * DEEP_EXPANSION_FACTOR, {}))
+            contexts[node.id] = {
+                "relation": relation,
+                "source_node_id": str(node_id),
+                "source_score": round(score, 6),
+            }
+            if len(expanded) >= limit:
+                return expanded, contexts
+    return expanded, contexts
+
+
+def _context_of(anchor: KnowledgeNode, group: dict[int, KnowledgeNode], taken: set):
+    """The chunks one hit expands to: neighbours, then the nearest of its section."""
+    picks = []
+    for index in (anchor.chunk_index - 1, anchor.chunk_index + 1):
+        node = group.get(index)
+        if node is not None and node.id not in taken:
+            picks.append((node, "neighbour"))
+    if anchor.section_path:
+        section = sorted(
+            (
+                n
+                for n in group.values()
+                if abs(n.chunk_index - anchor.chunk_index) > 1
+                and n.section_path == anchor.section_path
+                and n.id not in taken
+            ),
+            key=lambda n: (abs(n.chunk_index - anchor.chunk_index), n.chunk_index),
+        )
+        picks.extend((n, "section") for n in section)
+    return picks[:DEEP_EXPANSION_PER_HIT]
 
 
 @dataclass(frozen=True)
@@ -284,6 +498,9 @@ def resolve_snapshot(space: KnowledgeSpace) -> Snapshot:
 
 def embed_queries(space: KnowledgeSpace, snapshot: Snapshot, texts: list[str]) -> np.ndarray:
     """Embed ``texts`` (one batch) with the model of the snapshot's index version.
+
+    Several texts go to the model in one call when it has the optional ``embed_queries(texts)``
+    (the local ONNX model, Dify models: one request of up to 16 texts); else one by one.
 
     Returns a ``(len(texts), dimension)`` float32 array of unit vectors. Raises 503
     ``embedding_model_unavailable`` when the model is not served, makes vectors of another
@@ -306,6 +523,9 @@ def embed_queries(space: KnowledgeSpace, snapshot: Snapshot, texts: list[str]) -
     try:
         if len(texts) == 1:
             return np.asarray(model.embed_query(texts[0]), dtype=np.float32).reshape(1, -1)
+        batch = getattr(model, "embed_queries", None)  # optional: one model call for all
+        if batch is not None:
+            return np.asarray(batch(list(texts)), dtype=np.float32)
         return np.asarray(np.stack([model.embed_query(t) for t in texts]), dtype=np.float32)
     except DifyError as exc:
         raise Unavailable(
@@ -323,16 +543,30 @@ def recall(
     legs: tuple[str, ...] = LEGS,
     filters=None,
     vector: np.ndarray | None = None,
+    language: str | None = None,
 ) -> tuple[dict[str, list[ScoredNode]], dict[str, float]]:
     """Run the enabled legs for one query; returns ``({leg: hits}, {"<leg>_ms": ms})``.
 
     ``depth`` candidates per leg (best first); ``vector`` is the query's embedding when the
     caller already has it (a batched embedding), else the query is embedded here. ``filters``
-    (``None`` = none) restrict both legs before their limit. Only visible nodes are returned.
+    (``None`` = none; a raw filter object, :class:`retrieval.filters.Filters`, or an
+    :class:`~retrieval.filters.Allowed` already resolved, which saves its query when one
+    request recalls several queries) restrict both legs to the allowed documents before their
+    limit; a filter that allows no document returns ``({}, {})`` without embedding or
+    searching. ``language`` is the planner's query language (detected here when ``None``).
+    Only visible nodes of enabled documents are returned. Raises the filter errors of
+    :mod:`retrieval.filters` (400) for a raw filter that is not valid.
     """
+    from . import filters as filtering
+    from .planner import detect_language
+
     backend = get_search_backend()
     results: dict[str, list[ScoredNode]] = {}
     timings: dict[str, float] = {}
+    allowed = filtering.resolve(space, filters)
+    documents = None if allowed is None else allowed.document_ids
+    if documents is not None and not documents:
+        return results, timings
     if "dense" in legs and snapshot.version is not None:
         number, _, dimension = snapshot.version
         if vector is None:
@@ -347,11 +581,18 @@ def recall(
             head_revision=snapshot.head_revision,
             limit=depth,
             dimension=dimension,
+            documents=documents,
         )
         timings["dense_ms"] = (time.perf_counter() - t0) * 1000
     if "keyword" in legs:
         t0 = time.perf_counter()
-        results["keyword"] = backend.keyword_search(space.id, query, depth)
+        results["keyword"] = backend.keyword_search(
+            space.id,
+            query,
+            depth,
+            documents=documents,
+            language=language or detect_language(query),
+        )
         timings["keyword_ms"] = (time.perf_counter() - t0) * 1000
     return results, timings
 

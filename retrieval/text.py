@@ -16,6 +16,7 @@ _CJK = (
     "\uac00-\ud7af"  # Hangul syllables
 )
 _CJK_RUN = re.compile(f"[{_CJK}]+")
+_CJK_CHAR = re.compile(f"[{_CJK}]")
 _WORD = re.compile(r"\w+", re.UNICODE)
 MAX_QUERY_TERMS = 64
 
@@ -39,11 +40,19 @@ def keyword_text(text: str) -> str:
     return _CJK_RUN.sub(lambda m: f" {_bigrams(m.group())} ", text)
 
 
-def keyword_terms(query: str) -> list[str]:
+def is_cjk(char: str) -> bool:
+    """Whether one character is in the CJK ranges indexed as bigrams (Han, kana, Hangul)."""
+    return _CJK_CHAR.match(char) is not None
+
+
+def keyword_terms(query: str, language: str | None = None) -> list[str]:
     """Split a query into at most 64 distinct lower-case terms, CJK runs as bigrams.
 
-    Stop words are dropped unless the query has nothing else (a query of only "to be or not
-    to be" still searches for those words).
+    English stop words are dropped unless the query has nothing else (a query of only "to be or
+    not to be" still searches for those words); CJK bigrams are never stop words. ``language``
+    is the planner's (:func:`retrieval.planner.detect_language`): for ``cjk`` and
+    ``mixed-cjk-latin`` queries the CJK terms come first, so the 64-term cap never drops them in
+    favour of Latin words (a CJK query has no spaces: its bigrams are its only terms).
     """
     tokens: list[str] = []
     seen: set[str] = set()
@@ -51,5 +60,7 @@ def keyword_terms(query: str) -> list[str]:
         if token not in seen:
             seen.add(token)
             tokens.append(token)
-    content = [t for t in tokens if t not in STOP_WORDS]
-    return (content or tokens)[:MAX_QUERY_TERMS]
+    content = [t for t in tokens if t not in STOP_WORDS] or tokens
+    if language in ("cjk", "mixed-cjk-latin"):
+        content = [t for t in content if is_cjk(t[0])] + [t for t in content if not is_cjk(t[0])]
+    return content[:MAX_QUERY_TERMS]

@@ -10,7 +10,8 @@ request must carry ``X-Inner-Api-Key`` (401 otherwise).
   works; or, with ``embedder="local"``, the local all-MiniLM-L6-v2 ONNX model KnowledgeFS embeds
   with under ``KNOWLEDGE_MODEL_RUNTIME=local`` (384 dimensions), so a run through this server can
   be compared with a local run;
-- ``…/rerank``: the share of the query's words found in each document;
+- ``…/rerank``: the share of the query's words found in each document, or the scores a test's
+  :attr:`DifyTestServer.rerank_responder` returns for the request body (a scripted reranker);
 - ``…/llm``: a fixed answer in three length-prefixed frames, or the text a test's
   :attr:`DifyTestServer.llm_responder` returns for the request body (a scripted model);
 - ``…/model-catalog``: a fixed catalog, paged by ``limit``/``offset``;
@@ -195,6 +196,10 @@ class DifyTestServer(LoopbackServerMixin):
         # A scripted LLM: called with each /llm request body (dict), returns the answer text
         # (streamed in three frames) or None for the fixed answer. Raising fails the request 500.
         self.llm_responder: Any = None
+        # A scripted reranker: called with each /rerank request body (dict), returns one score
+        # per document of body["docs"] (in their order) or None for the word-overlap scores.
+        # Raising fails the request 500.
+        self.rerank_responder: Any = None
         self._in_flight: dict[str, int] = defaultdict(int)
         self._connections: set[socket.socket] = set()
         self._peak: dict[str, int] = defaultdict(int)
@@ -538,10 +543,15 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         docs = body["docs"]
-        scored = [
-            {"index": i, "text": d, "score": overlap_score(body["query"], d)}
-            for i, d in enumerate(docs)
-        ]
+        scores = [overlap_score(body["query"], d) for d in docs]
+        if self.dify.rerank_responder is not None:
+            try:
+                scripted = self.dify.rerank_responder(body)
+            except Exception as exc:  # noqa: BLE001 - a scripted failure
+                return self._json(500, {"code": "scripted_failure", "message": str(exc)})
+            if scripted is not None:
+                scores = list(scripted)
+        scored = [{"index": i, "text": d, "score": scores[i]} for i, d in enumerate(docs)]
         threshold = body.get("score_threshold")
         if threshold is not None:
             scored = [s for s in scored if s["score"] >= threshold]

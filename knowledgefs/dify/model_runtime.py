@@ -604,6 +604,10 @@ class DifyEmbeddingModel:
         """``(dimension,)`` float32 of unit norm."""
         return self._embed([text], "query")[0]
 
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        """Several queries in one call (``input_type=query``): ``(len(texts), dimension)``."""
+        return self._embed(list(texts), "query")
+
     def _embed(self, texts: list[str], input_type: str) -> np.ndarray:
         matrix = self.runtime.embed_texts(
             tenant_id=self.tenant_id,

@@ -84,6 +84,10 @@ class LocalOnnxEmbedding:
         """Embed one query; returns shape ``(384,)``."""
         return self.embed_documents([text])[0]
 
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        """Embed several queries in one batch; returns ``(len(texts), 384)``."""
+        return self.embed_documents(list(texts))
+
     def token_counts(self, texts: list[str]) -> list[int]:
         """Word pieces each text is embedded with (after truncation to :data:`MAX_TOKENS`).
 

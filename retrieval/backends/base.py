@@ -51,6 +51,9 @@ class SearchBackend:
 
     def __init__(self) -> None:
         self._dense_cache: OrderedDict[tuple, tuple[list[uuid.UUID], np.ndarray]] = OrderedDict()
+        # Per cached matrix: each row's document as a small integer, and document id → integer
+        # (filters restrict the rows to the allowed documents before the top-k).
+        self._dense_documents: dict[tuple, tuple[np.ndarray, dict[uuid.UUID, int]]] = {}
         self._dense_lock = threading.Lock()
         self._build_locks: dict[tuple, threading.Lock] = {}
         self.dense_cache_spaces = 8
@@ -164,9 +167,20 @@ class SearchBackend:
         )
 
     def keyword_search(
-        self, space_id: uuid.UUID, query: str, limit: int
+        self,
+        space_id: uuid.UUID,
+        query: str,
+        limit: int,
+        *,
+        documents: frozenset | None = None,
+        language: str | None = None,
     ) -> list[ScoredNode]:  # pragma: no cover - abstract
-        """BM25-style keyword hits, best first, at most ``limit``."""
+        """BM25-style keyword hits, best first, at most ``limit``.
+
+        ``documents`` (``None``: all) restricts the hits to those documents inside the query,
+        before the limit; ``language`` is the planner's query language
+        (:func:`retrieval.text.keyword_terms`).
+        """
         raise NotImplementedError
 
     def dense_search(
@@ -178,12 +192,15 @@ class SearchBackend:
         head_revision: int,
         limit: int,
         dimension: int | None = None,
+        documents: frozenset | None = None,
     ) -> list[ScoredNode]:
         """Exact cosine top-``limit`` over the space's visible vectors of one index version.
 
         ``dimension`` is the version's; rows of any other dimension are left out of the matrix
-        (and logged), so the matrix never mixes dimensions.
+        (and logged), so the matrix never mixes dimensions. ``documents`` (``None``: all)
+        restricts the rows to those documents before the top-``limit`` is taken.
         """
+        key = (space_id, index_version, head_revision)
         node_ids, matrix = self._dense_matrix(
             space_id, index_version, head_revision, dimension or query_vector.shape[0]
         )
@@ -193,11 +210,34 @@ class SearchBackend:
             raise ValueError(
                 f"query vector has {query_vector.shape[0]} dimensions, index has {matrix.shape[1]}"
             )
-        scores = matrix @ query_vector.astype(np.float32)
-        k = min(limit, len(node_ids))
+        rows = None
+        if documents is not None:
+            rows = self._rows_of_documents(key, documents)
+            if rows is None:  # evicted between the two reads: use a fresh build's mapping
+                node_ids, matrix = self._build_dense_matrix(key, matrix.shape[1])
+                rows = self._rows_of_documents(key, documents)
+                rows = np.empty(0, dtype=np.int64) if rows is None else rows
+            if not len(rows):
+                return []
+            scores = matrix[rows] @ query_vector.astype(np.float32)
+        else:
+            scores = matrix @ query_vector.astype(np.float32)
+        k = min(limit, len(scores))
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.argsort(-scores[top], kind="stable")]
+        if rows is not None:
+            return [ScoredNode(node_ids[rows[i]], float(scores[i])) for i in top]
         return [ScoredNode(node_ids[i], float(scores[i])) for i in top]
+
+    def _rows_of_documents(self, key: tuple, documents: frozenset) -> np.ndarray | None:
+        """Matrix rows whose node belongs to one of ``documents`` (``None``: not cached)."""
+        with self._dense_lock:
+            entry = self._dense_documents.get(key)
+        if entry is None:
+            return None
+        row_documents, codes = entry
+        wanted = np.fromiter((codes[d] for d in documents if d in codes), dtype=np.int32)
+        return np.flatnonzero(np.isin(row_documents, wanted))
 
     def _dense_matrix(
         self, space_id: uuid.UUID, index_version: int, head_revision: int, dimension: int
@@ -225,12 +265,14 @@ class SearchBackend:
                 node__document__enabled=True,
             )
             .order_by("node_id")
-            .values_list("node_id", "dimension", "vector")
+            .values_list("node_id", "dimension", "vector", "node__document_id")
         )
         ids: list[uuid.UUID] = []
+        codes: dict[uuid.UUID, int] = {}
+        row_documents: list[int] = []
         matrix = np.empty((1024, dimension), dtype=np.float32)  # grown geometrically
         foreign = 0
-        for node_id, row_dimension, vector in rows.iterator(chunk_size=2000):
+        for node_id, row_dimension, vector, document_id in rows.iterator(chunk_size=2000):
             if row_dimension != dimension or len(vector) != 4 * dimension:
                 foreign += 1
                 continue
@@ -238,6 +280,7 @@ class SearchBackend:
                 matrix = np.resize(matrix, (matrix.shape[0] * 2, dimension))
             matrix[len(ids)] = np.frombuffer(vector, dtype="<f4")
             ids.append(node_id)
+            row_documents.append(codes.setdefault(document_id, len(codes)))
         if foreign:
             logger.error(
                 "index v%s of space %s: left out %d vectors whose dimension is not %d",
@@ -251,6 +294,9 @@ class SearchBackend:
             for stale in [k for k in self._dense_cache if k[0] == space_id and k != key]:
                 del self._dense_cache[stale]
             self._dense_cache[key] = (ids, matrix)
+            self._dense_documents[key] = (np.asarray(row_documents, dtype=np.int32), codes)
             while len(self._dense_cache) > self.dense_cache_spaces:
                 self._dense_cache.popitem(last=False)
+            for gone in [k for k in self._dense_documents if k not in self._dense_cache]:
+                del self._dense_documents[gone]
         return ids, matrix

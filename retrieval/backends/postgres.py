@@ -36,10 +36,21 @@ class PostgresSearchBackend(SearchBackend):
             cursor.execute(f"SELECT count(*) FROM {TABLE} WHERE space_id = %s", [space_id])
             return cursor.fetchone()[0]
 
-    def keyword_search(self, space_id: uuid.UUID, query: str, limit: int) -> list[ScoredNode]:
-        terms = keyword_terms(query)
-        if not terms:
+    def keyword_search(
+        self,
+        space_id: uuid.UUID,
+        query: str,
+        limit: int,
+        *,
+        documents: frozenset | None = None,
+        language: str | None = None,
+    ) -> list[ScoredNode]:
+        """Top ``limit`` visible nodes by ``ts_rank_cd``; ``documents`` (filters) is a condition
+        of the same statement, before its ``LIMIT``."""
+        terms = keyword_terms(query, language)
+        if not terms or (documents is not None and not documents):
             return []
+        only = "" if documents is None else "AND n.document_id = ANY(%s::uuid[]) "
         # Each term becomes its own lexeme list; plainto_tsquery applies the same stemming and
         # stop words as the index, and the lists are OR-ed together.
         sql = (
@@ -51,9 +62,12 @@ class PostgresSearchBackend(SearchBackend):
             "JOIN ingestion_knowledgenode n ON n.id = k.node_id "
             "JOIN ingestion_document d ON d.id = n.document_id "
             "WHERE q.query IS NOT NULL AND k.tsv @@ q.query AND k.space_id = %s "
-            "AND d.active_generation = n.generation AND d.enabled "
+            f"AND d.active_generation = n.generation AND d.enabled {only}"
             "ORDER BY score DESC LIMIT %s"
         )
+        params: list = [terms, space_id]
+        if documents is not None:
+            params.append([str(d) for d in documents])
         with connection.cursor() as cursor:
-            cursor.execute(sql, [terms, space_id, limit])
+            cursor.execute(sql, [*params, limit])
             return [ScoredNode(row[0], float(row[1])) for row in cursor.fetchall()]

@@ -7,6 +7,7 @@ negate it.
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from django.db import connection
@@ -51,26 +52,42 @@ class SQLiteSearchBackend(SearchBackend):
             )
             return cursor.fetchone()[0]
 
-    def keyword_search(self, space_id: uuid.UUID, query: str, limit: int) -> list[ScoredNode]:
+    def keyword_search(
+        self,
+        space_id: uuid.UUID,
+        query: str,
+        limit: int,
+        *,
+        documents: frozenset | None = None,
+        language: str | None = None,
+    ) -> list[ScoredNode]:
         """Top ``limit`` visible nodes by BM25.
 
         FTS5 ranks the space's matching rows first (``ORDER BY rank LIMIT`` lets it skip the joins
         for every match); rows of unpublished or superseded generations are then removed, and the
-        window grows until ``limit`` visible rows are found or the matches run out.
+        window grows until ``limit`` visible rows are found or the matches run out. ``documents``
+        (filters) is a condition of the same statement, so the limit counts allowed rows only.
         """
-        terms = keyword_terms(query)
-        if not terms:
+        terms = keyword_terms(query, language)
+        if not terms or (documents is not None and not documents):
             return []
         words = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
         # The space restriction is part of the MATCH (space_id is an indexed column), so only
         # the space's rows are ranked. FTS5's hidden ``rank`` column (bm25 by default) sorts
         # faster than ``bm25()`` in the select list (docs/benchmarks.md).
         match = f'text : ({words}) AND space_id : "{_hex(space_id)}"'
-        sql = f"SELECT node_id, rank FROM {TABLE} WHERE {TABLE} MATCH %s ORDER BY rank LIMIT %s"
+        params: list = [match]
+        only = ""
+        if documents is not None:
+            only = " AND document_id IN (SELECT value FROM json_each(%s))"
+            params.append(json.dumps(sorted(_hex(d) for d in documents)))
+        sql = (
+            f"SELECT node_id, rank FROM {TABLE} WHERE {TABLE} MATCH %s{only} ORDER BY rank LIMIT %s"
+        )
         window = limit * 2
         while True:
             with connection.cursor() as cursor:
-                cursor.execute(sql, [match, window])
+                cursor.execute(sql, [*params, window])
                 rows = cursor.fetchall()
             hits = [ScoredNode(uuid.UUID(node_id), -float(rank)) for node_id, rank in rows]
             visible = self.visible_node_ids([h.node_id for h in hits])

@@ -146,9 +146,17 @@ class Command(BaseCommand):
         query.add_argument("text")
         query.add_argument("--space", required=True, metavar="SLUG")
         query.add_argument("--tenant", required=True)
-        query.add_argument("--mode", default="fast")
+        query.add_argument(
+            "--mode", default=None, help="fast, deep, research or auto (default: the profile's)"
+        )
         query.add_argument("--top-k", type=int, default=5)
         query.add_argument("--threshold", type=float, default=None)
+        query.add_argument(
+            "--filters",
+            metavar="JSON",
+            help='a filter object, e.g. \'{"conditions": [{"name": "team", "field_type": '
+            '"string", "comparison_operator": "is", "value": "hr"}]}\' (docs/retrieval.md)',
+        )
         query.add_argument("--json", action="store_true")
 
         docs = sub.add_parser("documents", help="list a space's documents")
@@ -453,12 +461,19 @@ class Command(BaseCommand):
 
     def query(self, options: dict) -> None:
         space = self._space(options)
+        filters = None
+        if options.get("filters") is not None:
+            try:
+                filters = json.loads(options["filters"])
+            except ValueError as exc:
+                raise CommandError(f"invalid_filter: --filters is not valid JSON ({exc})") from None
         result = retrieve(
             space,
             options["text"],
             top_k=options["top_k"],
             mode=options["mode"],
             score_threshold=options["threshold"],
+            filters=filters,
         )
         payload = result.as_dict()
         lines = []
@@ -468,6 +483,8 @@ class Command(BaseCommand):
             if c["section_path"]:
                 where += " › " + " › ".join(c["section_path"])
             snippet = " ".join(item.text.split())[:240]
+            if item.context is not None:
+                where += f"  (context: {item.context['relation']})"
             lines.append(
                 f"[{n}] {item.score:.3f}  {where}  [{c['start_offset']}:{c['end_offset']}]"
                 f"\n    {snippet}"
