@@ -148,7 +148,8 @@ def test_the_plan_on_the_embedded_default_is_a_dry_run(client, corpus):
         ({"limits": {"max_model_calls": 4}}, "invalid_limits", "limits.max_model_calls"),
         ({"limits": {"max_tool_calls": 1}}, "invalid_limits", "max_tool_calls"),
         ({"limits": [1]}, "invalid_limits", "limits"),
-        ({"filters": "x"}, "invalid_filters", "filters"),
+        ({"filters": "x"}, "invalid_filter", "filters"),
+        ({"filters": {"tags": ["a"]}}, "invalid_filter", "filters.tags"),
         ({"space_id": None}, "invalid_space_id", "space_id"),
     ],
 )
@@ -294,6 +295,19 @@ def test_a_task_runs_to_completed_with_cited_evidence(
     ).json()
     elapsed = ResearchTask.objects.get(id=task.id).elapsed_ms
     assert plan["latency_ms"] == {"p50": elapsed, "p95": elapsed, "basis": "measured", "samples": 1}
+
+
+def test_a_task_applies_its_filters(client, corpus, django_capture_on_commit_callbacks):
+    from ingestion.models import Document
+
+    rockets = str(Document.objects.get(filename="rockets.txt").id)
+    created = create(
+        client, corpus, django_capture_on_commit_callbacks, filters={"document_ids": [rockets]}
+    )
+    assert created["filters"] == {"document_ids": [rockets]}
+    assert deliver(created["id"]) == "completed"
+    items = client.get(f"{TASKS}/{created['id']}").json()["result"]["items"]
+    assert [i["citation"]["filename"] for i in items] == ["rockets.txt"]
 
 
 def test_the_same_idempotency_key_returns_the_same_task(

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from knowledgefs.auth.principal import Principal
-from knowledgefs.errors import Conflict, InvalidInput, NotFound, ServiceError
+from knowledgefs.errors import Conflict, NotFound, ServiceError
 from knowledgefs.idempotency import KeyReused, fingerprint
 
 from . import dispatch, planning
@@ -49,6 +49,7 @@ class LimitsExceeded(ServiceError):
 def _request(space, body: dict) -> tuple[str, int, Any, dict]:
     """Validate ``query``, ``top_k``, ``filters`` and ``limits`` of a plan or create body; a
     ``top_k`` left out is the space's retrieval-profile ``top_k``, at most 50."""
+    from retrieval import filters as filtering
     from retrieval.services import validate_request
     from spaces.profiles import profile_of
 
@@ -58,8 +59,7 @@ def _request(space, body: dict) -> tuple[str, int, Any, dict]:
     top_k = planning.validate_top_k(top_k)
     query, _, _, _ = validate_request(body.get("query"), top_k, None, "research")
     filters = body.get("filters")
-    if filters is not None and not isinstance(filters, dict | list):
-        raise InvalidInput("filters must be an object or null", code="invalid_filters")
+    filtering.parse(filters)  # 400 invalid_filter, too_many_filter_*: stored as sent
     limits = planning.validate_limits(body.get("limits"))
     return query, top_k, filters, limits
 
@@ -92,11 +92,11 @@ def create_task(
     """Queue a research task; returns ``(task, created)`` and dispatches it after the commit.
 
     Body: ``query`` (1..``RETRIEVAL_MAX_QUERY_CHARS``), ``top_k`` (1..50, default the profile's),
-    ``filters`` (object or null, handed to Research), ``limits`` (see
-    :func:`planning.validate_limits`). With ``idempotency_key`` the tenant's task created under
-    that key is returned (``created`` ``False``) when the same owner sent the same body; another
-    body or owner is 422 ``idempotency_key_reused``. Errors: 400 (body), 409/503 (the space
-    cannot be searched), 422 :class:`LimitsExceeded`.
+    ``filters`` (:mod:`retrieval.filters`, checked here, handed to Research as sent),
+    ``limits`` (see :func:`planning.validate_limits`). With ``idempotency_key`` the tenant's task
+    created under that key is returned (``created`` ``False``) when the same owner sent the same
+    body; another body or owner is 422 ``idempotency_key_reused``. Errors: 400 (body), 409/503
+    (the space cannot be searched), 422 :class:`LimitsExceeded`.
     """
     query, top_k, filters, limits = _request(space, body)
     digest = fingerprint(
