@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -61,7 +62,8 @@ class _Delivery:
         self.task_pk = task.id
         self.delivery = delivery
         self.started = time.monotonic()
-        self.deadline = self.started + task.limits.get("timeout_ms", 180000) / 1000
+        timeout_ms = task.limits.get("timeout_ms") or settings.KNOWLEDGE_RESEARCH_TASK_TIMEOUT_MS
+        self.deadline = self.started + timeout_ms / 1000
         self.rounds_saved = len((task.checkpoint or {}).get(ROUND_EVIDENCE_KEY) or [])
         self.lost = False
         self.timed_out = False
