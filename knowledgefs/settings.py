@@ -709,6 +709,21 @@ KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES = bounded_int(
 
 # ---------------------------------------------------------------------------------------------
 # Retrieval: durable research tasks (docs/retrieval.md, "Research tasks").
+# Durable runs of Research mode on the worker queue (retrieval.research_tasks). The per-task
+# wall clock defaults to and is capped at the durable Research budget of 180 s (issue: "durable
+# 180 s"); a delivery's django-q2 timeout is that budget + 30 s, so a running task is stale (its
+# worker died) only after KNOWLEDGE_RESEARCH_TASK_STALE_SECONDS, which must exceed 210 s.
+KNOWLEDGE_RESEARCH_TASK_TIMEOUT_MS = bounded_int(
+    "KNOWLEDGE_RESEARCH_TASK_TIMEOUT_MS", 180000, 1000, 180000
+)
+KNOWLEDGE_RESEARCH_TASK_MAX_ATTEMPTS = bounded_int("KNOWLEDGE_RESEARCH_TASK_MAX_ATTEMPTS", 3, 1, 10)
+KNOWLEDGE_RESEARCH_TASK_STALE_SECONDS = bounded_int(
+    "KNOWLEDGE_RESEARCH_TASK_STALE_SECONDS", 300, 240, 3600
+)
+KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS = bounded_int(
+    "KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS", 120, 10, 3600
+)
+# The plan estimate reads the Research section's KNOWLEDGE_RESEARCH_REASONING_* budgets.
 
 
 # ---------------------------------------------------------------------------------------------

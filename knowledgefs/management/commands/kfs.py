@@ -549,13 +549,20 @@ class Command(BaseCommand):
         }
         # The upgrade reconciliation recovery tick (migration upgrades.0020) is repaired too.
         upgrade = ensure_recovery_schedule()
-        payload["also"] = [{"name": upgrade.name, "func": upgrade.func, "minutes": upgrade.minutes}]
+        # The research tasks' recovery sweep (migration retrieval.0006) is repaired too.
+        from retrieval.research_tasks.dispatch import ensure_sweep_schedule
+
+        research = ensure_sweep_schedule()
+        payload["also"] = [
+            {"name": s.name, "func": s.func, "minutes": s.minutes} for s in (upgrade, research)
+        ]
         self.emit(
             options,
             payload,
             f"{schedule.name}: {schedule.func} every {schedule.minutes} min "
             f"(next {payload['next_run']})\n"
-            f"{upgrade.name}: {upgrade.func} every {upgrade.minutes} min",
+            f"{upgrade.name}: {upgrade.func} every {upgrade.minutes} min\n"
+            f"{research.name}: {research.func} every {research.minutes} min",
         )
 
     def cutover(self, options: dict) -> None:

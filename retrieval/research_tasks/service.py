@@ -1,0 +1,256 @@
+"""Research task operations for the API, the admin and the command line.
+
+Visibility: a task is found only in the caller's tenant, in a space the caller can reach, and
+(for API keys and capability tokens) only by the owner that created it — the key, or the
+capability subject (the reference: a research task is read with the credential that started
+it). Operators (command line, admin) see every task of the tenant. Anything else is 404
+``research_task_not_found``, never 403, so ids of other tenants or owners are not confirmed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from knowledgefs.auth.principal import Principal
+from knowledgefs.errors import Conflict, NotFound, ServiceError
+from knowledgefs.idempotency import KeyReused, fingerprint
+
+from . import dispatch, planning
+from .models import (
+    LIVE_RUN_STATES,
+    ResearchTask,
+    ResearchTaskPartial,
+    RunState,
+    Stage,
+)
+
+
+class LimitsExceeded(ServiceError):
+    """422 ``research_limits_exceeded``: the plan cannot meet the task's limits; the body lists
+    ``violations`` ``[{limit, limit_value, estimated_value}]`` (reference inventory §3.4)."""
+
+    status = 422
+    code = "research_limits_exceeded"
+
+    def __init__(self, violations: list[dict], plan: dict) -> None:
+        names = ", ".join(v["limit"] for v in violations)
+        super().__init__(f"the research plan cannot meet the limits: {names}")
+        self.violations = violations
+        self.plan = plan
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "violations": self.violations}
+
+
+def _request(space, body: dict) -> tuple[str, int, Any, dict]:
+    """Validate ``query``, ``top_k``, ``filters`` and ``limits`` of a plan or create body; a
+    ``top_k`` left out is the space's retrieval-profile ``top_k``, at most 50."""
+    from retrieval import filters as filtering
+    from retrieval.services import validate_request
+    from spaces.profiles import profile_of
+
+    top_k = body.get("top_k")
+    if top_k is None:
+        top_k = min(profile_of(space).retrieval_top_k, planning.MAX_TOP_K)
+    top_k = planning.validate_top_k(top_k)
+    query, _, _, _ = validate_request(body.get("query"), top_k, None, "research")
+    filters = body.get("filters")
+    filtering.parse(filters)  # 400 invalid_filter, too_many_filter_*: stored as sent
+    limits = planning.validate_limits(body.get("limits"))
+    return query, top_k, filters, limits
+
+
+def _require_searchable(space):
+    """What a retrieval over the space needs, checked at admission and at every delivery: the
+    search backend (503), a ``ready`` profile and no pending upgrade reconciliation (409); see
+    :func:`retrieval.services.retrieve`. Returns the ready profile."""
+    from retrieval.backends import get_search_backend
+    from spaces.profiles import require_ready
+    from upgrades.services.reconciliation import require_reconciled
+
+    get_search_backend()
+    profile = require_ready(space)
+    require_reconciled(space.id)
+    return profile
+
+
+def plan_task(space, body: dict) -> dict:
+    """The dry-run estimate of a task with this body (nothing is created); 400 for a bad body.
+    Violations are reported in the plan, not raised."""
+    query, top_k, _, limits = _request(space, body)
+    _require_searchable(space)
+    return planning.estimate(space, query, top_k=top_k, limits=limits)
+
+
+def create_task(
+    principal: Principal, space, body: dict, *, idempotency_key: str | None = None
+) -> tuple[ResearchTask, bool]:
+    """Queue a research task; returns ``(task, created)`` and dispatches it after the commit.
+
+    Body: ``query`` (1..``RETRIEVAL_MAX_QUERY_CHARS``), ``top_k`` (1..50, default the profile's),
+    ``filters`` (:mod:`retrieval.filters`, checked here, handed to Research as sent),
+    ``limits`` (see :func:`planning.validate_limits`). With ``idempotency_key`` the tenant's task
+    created under that key is returned (``created`` ``False``) when the same owner sent the same
+    body; another body or owner is 422 ``idempotency_key_reused``. Errors: 400 (body), 409/503
+    (the space cannot be searched), 422 :class:`LimitsExceeded`.
+    """
+    query, top_k, filters, limits = _request(space, body)
+    digest = fingerprint(
+        "research_tasks.create", str(space.id), query, str(top_k), repr(filters), repr(limits)
+    )
+    if idempotency_key is not None:
+        existing = _by_key(principal, idempotency_key, digest)
+        if existing is not None:
+            return existing, False
+    profile = _require_searchable(space)
+    plan = planning.estimate(space, query, top_k=top_k, limits=limits)
+    if plan["violations"]:
+        raise LimitsExceeded(plan["violations"], plan)
+    try:
+        with transaction.atomic():
+            task = ResearchTask.objects.create(
+                tenant_id=principal.tenant_id,
+                space=space,
+                owner=principal.owner,
+                api_key_id=principal.api_key_id,
+                subject=principal.subject[:256],
+                caller_kind=principal.caller_kind or principal.kind,
+                idempotency_key=idempotency_key,
+                request_fingerprint=digest,
+                query=query,
+                top_k=top_k,
+                score_threshold=profile.retrieval_score_threshold,
+                filters=filters,
+                limits=limits,
+                plan=plan,
+            )
+            dispatch.dispatch_on_commit(task.id)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = _by_key(principal, idempotency_key, digest)
+        if existing is None:
+            raise
+        return existing, False
+    return task, True
+
+
+def _by_key(principal: Principal, key: str, digest: str) -> ResearchTask | None:
+    task = ResearchTask.objects.filter(tenant_id=principal.tenant_id, idempotency_key=key).first()
+    if task is None:
+        return None
+    if task.owner != principal.owner or task.request_fingerprint != digest:
+        raise KeyReused("this Idempotency-Key was already used for a different research task")
+    return task
+
+
+def visible_tasks(principal: Principal):
+    """The tasks ``principal`` may see (see the module docstring)."""
+    tasks = ResearchTask.objects.filter(tenant_id=principal.tenant_id)
+    if principal.space_ids is not None:
+        tasks = tasks.filter(space_id__in=principal.space_ids)
+    if principal.kind != "operator":
+        tasks = tasks.filter(owner=principal.owner)
+    return tasks
+
+
+def get_task(principal: Principal, task_id) -> ResearchTask:
+    """The task if visible to ``principal``, else 404 ``research_task_not_found``."""
+    try:
+        task_uuid = uuid.UUID(str(task_id))
+    except ValueError:
+        raise NotFound("research task not found", code="research_task_not_found") from None
+    task = visible_tasks(principal).filter(id=task_uuid).select_related("space").first()
+    if task is None:
+        raise NotFound("research task not found", code="research_task_not_found")
+    return task
+
+
+def tasks_in(principal: Principal, space):
+    """The space's tasks visible to ``principal`` (for keyset pagination, newest first)."""
+    return visible_tasks(principal).filter(space=space)
+
+
+def partials_of(task: ResearchTask):
+    """The task's partial evidence in ``sequence`` order."""
+    return ResearchTaskPartial.objects.filter(task=task)
+
+
+def cancel_task(task_pk) -> ResearchTask:
+    """Cancel a ``queued`` or ``running`` task at once; returns it ``canceled``.
+
+    The claim is cleared in the same compare-and-set, so a queued message is refused when it
+    arrives, and a running delivery's next fenced write (checkpoint, partial, result) matches
+    nothing; its ``should_stop`` answers ``True`` at the next poll (the runner reads the row at
+    most every :data:`retrieval.research_tasks.runner.STOP_POLL_SECONDS`). The checkpoint is
+    kept for a resume. 409 ``research_task_finished`` once completed or failed (or already
+    canceled).
+    """
+    now = timezone.now()
+    for _ in range(3):
+        task = ResearchTask.objects.filter(id=task_pk).first()
+        if task is None:
+            raise NotFound("research task not found", code="research_task_not_found")
+        if task.run_state not in LIVE_RUN_STATES:
+            raise Conflict(
+                f"research task {task.id} already ended as {task.run_state}; nothing to cancel",
+                code="research_task_finished",
+            )
+        if ResearchTask.objects.filter(
+            id=task.id, run_state=task.run_state, task_id=task.task_id
+        ).update(
+            run_state=RunState.CANCELED,
+            stage=Stage.CANCELED,
+            task_id=None,
+            claimed_at=None,
+            step_started_at=None,
+            error_code="canceled",
+            error_message="canceled by request",
+            finished_at=now,
+            updated_at=now,
+        ):
+            task.refresh_from_db()
+            return task
+    raise Conflict(f"research task {task_pk} kept changing; try again", code="research_task_busy")
+
+
+def resume_task(task_pk) -> ResearchTask:
+    """Queue a ``failed`` or ``canceled`` task again; it resumes from its checkpoint, so no
+    finished model call is repeated. Attempts start over; ``resume_count`` grows. Dispatched
+    after the commit. 409 ``research_task_completed`` or ``research_task_live``."""
+    now = timezone.now()
+    with transaction.atomic():
+        task = ResearchTask.objects.filter(id=task_pk).first()
+        if task is None:
+            raise NotFound("research task not found", code="research_task_not_found")
+        if task.run_state == RunState.COMPLETED:
+            raise Conflict(
+                f"research task {task.id} already completed", code="research_task_completed"
+            )
+        if task.run_state in LIVE_RUN_STATES:
+            raise Conflict(
+                f"research task {task.id} is still {task.run_state}", code="research_task_live"
+            )
+        if not ResearchTask.objects.filter(id=task.id, run_state=task.run_state).update(
+            run_state=RunState.QUEUED,
+            stage=Stage.QUEUED,
+            task_id=None,
+            claimed_at=None,
+            step_started_at=None,
+            attempt_count=0,
+            resume_count=task.resume_count + 1,
+            error_code="",
+            error_message="",
+            finished_at=None,
+            updated_at=now,
+        ):
+            raise Conflict(
+                f"research task {task.id} changed meanwhile; try again", code="research_task_busy"
+            )
+        dispatch.dispatch_on_commit(task.id)
+    task.refresh_from_db()
+    return task
