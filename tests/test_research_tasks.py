@@ -619,7 +619,7 @@ def test_the_profile_threshold_and_top_k_are_frozen_at_creation(
     # Only the best-ranked candidate reaches the frozen 0.99 (scores are weighted RRF, ≤ 1);
     # under the profile's threshold now (off) top_k 2 would return two.
     assert len(result["items"]) == 1 and result["items"][0]["score"] >= 0.99
-    assert result["metrics"]["threshold_filtered"] >= 1
+    assert result["metrics"]["threshold_filtered_candidates"] >= 1
 
 
 def test_capability_tokens_reach_only_their_subjects_tasks(settings, corpus):
