@@ -408,6 +408,7 @@ KNOWLEDGE_RATE_LIMITS = {
     "default": "1200/minute",
     "documents.create": "600/minute",
     "queries.create": "600/minute",
+    "queries.answer": "600/minute",
     **rates_from_env(env.str("KNOWLEDGE_RATE_LIMITS", default="")),
 }
 validate_rates(KNOWLEDGE_RATE_LIMITS)

@@ -64,4 +64,6 @@ class AnswerTraceAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
 from retrieval.research_tasks import admin as _research_task_admin  # noqa: E402, F401

@@ -264,7 +264,16 @@ def _failed_trace(run_id, requester, space, query, mode, source, began, exc) -> 
 
 
 # Text values a trace may copy from the retrieval's metrics and plan: labels, never query text.
-_SAFE_TEXT_KEYS = frozenset({"query_language", "research_path", "budget_exhausted", "fusion"})
+_SAFE_TEXT_KEYS = frozenset(
+    {
+        "query_language",
+        "research_path",
+        "research_policy",
+        "budget_exhausted",
+        "degradation_reason",
+        "fusion",
+    }
+)
 
 
 def _figures(values) -> dict:

@@ -162,4 +162,6 @@ class AnswerTrace(models.Model):
             "created_at": self.created_at.isoformat() if self.created_at else None,
             "completed_at": self.completed_at.isoformat() if self.completed_at else None,
         }
+
+
 from retrieval.research_tasks.models import ResearchTask, ResearchTaskPartial  # noqa: E402, F401

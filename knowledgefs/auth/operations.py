@@ -86,7 +86,10 @@ class Operation:
     @property
     def read(self) -> bool:
         verb = self.action.rsplit(".", 1)[-1]
-        return verb in {"list", "read", "read_text"} or self.action == "queries.create"
+        return verb in {"list", "read", "read_text"} or self.action in (
+            "queries.create",
+            "queries.answer",
+        )
 
 
 def namespace_wide() -> Binding:
