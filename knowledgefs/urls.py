@@ -12,7 +12,7 @@ from ingestion.api import (
     JobListView,
     JobRetryView,
 )
-from retrieval.api import RetrievalTestView
+from retrieval.api import GoldenQuestionDetailView, GoldenQuestionListView, RetrievalTestView
 from spaces.api import (
     EmbeddingProfileView,
     KnowledgeSpaceDetailView,
@@ -69,6 +69,16 @@ v1 = [
         "knowledge-spaces/<str:space_id>/retrieval-tests",
         RetrievalTestView.as_view(),
         name="retrieval-test",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/golden-questions",
+        GoldenQuestionListView.as_view(),
+        name="golden-question-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/golden-questions/<str:question_id>",
+        GoldenQuestionDetailView.as_view(),
+        name="golden-question-detail",
     ),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),
     path("jobs/<str:job_id>/retry", JobRetryView.as_view(), name="job-retry"),
