@@ -332,7 +332,7 @@ def build_baseline(runs: list[dict], previous: dict | None = None) -> dict:
     for run in runs:
         modes[run["mode"]] = {
             **{m: run[m] for m in gate_metrics(run)},
-            "queries": run["queries"],
+            "queries": run["queries"] if "queries" in run else run["questions"],
         }
     return {
         "format": BASELINE_FORMAT,
