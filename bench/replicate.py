@@ -51,9 +51,11 @@ def _visible_nodes(space: KnowledgeSpace):
 
 
 def replicate_space(source: KnowledgeSpace, target: KnowledgeSpace, chunks: int) -> dict:
-    """Fill ``target`` with copies of ``source``'s visible nodes until it holds ``chunks``
-    visible nodes (the last copy may stop part-way through the documents; a document is never
-    cut). Returns ``{"documents", "chunks", "copies", "seconds"}`` added.
+    """Fill ``target`` with copies of ``source``'s visible nodes until it holds at least
+    ``chunks`` visible nodes (a document is never cut, so a batch may end up to one document's
+    chunks past it; the last copy may stop part-way through the documents and a later call
+    carries on with it). Returns ``{"documents", "chunks"}`` added, ``copies`` (the highest copy
+    number now present) and ``seconds``.
 
     Raises ``ValueError`` when ``source`` has no visible nodes, has no active index version, or
     the two spaces' active versions differ in model or dimension.
