@@ -292,3 +292,32 @@ def test_kfs_eval_golden_with_its_gate(corpus, tmp_path, capsys):
     )
     with pytest.raises(CommandError, match="no_golden_questions"):
         call_command("kfs", *args, "--tag", "absent")
+
+
+def test_admin_screen_validates_with_the_api_rules(admin_client, space):
+    add = "/admin/retrieval/goldenquestion/add/"
+    assert admin_client.get(add).status_code == 200
+    form = {
+        "space": str(space.id),
+        "question": "Where is the travel policy?",
+        "expected_evidence": json.dumps([{"text": "travel policy"}]),
+        "tags": json.dumps(["t" * 81]),
+        "metadata": "{}",
+    }
+    refused = admin_client.post(add, form)
+    assert refused.status_code == 200
+    assert "invalid_tags: tags[0] is 81 characters; the limit is 80" in refused.content.decode()
+    assert not space.golden_questions.exists()
+    form["tags"] = json.dumps(["policy"])
+    created = admin_client.post(add, form)
+    assert created.status_code == 302, created.content.decode()[-2000:]
+    question = space.golden_questions.get()
+    assert (question.tenant_id, question.tags, question.revision) == ("tenant-a", ["policy"], 1)
+    change = f"/admin/retrieval/goldenquestion/{question.id}/change/"
+    listing = admin_client.get("/admin/retrieval/goldenquestion/")
+    assert "Where is the travel policy?" in listing.content.decode()
+    form.pop("space")
+    form["question"] = "Where is the hotel policy?"
+    assert admin_client.post(change, form).status_code == 302
+    question.refresh_from_db()
+    assert (question.question, question.revision) == ("Where is the hotel policy?", 2)
