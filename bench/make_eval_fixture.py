@@ -29,10 +29,12 @@ WORD = re.compile(r"[a-z0-9]{3,}")
 
 
 def words(text: str) -> set[str]:
+    """Lower-cased words of 3+ letters or digits."""
     return set(WORD.findall(text.lower()))
 
 
 def main() -> int:
+    """Build the fixture (see the module docstring); returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", default=str(ROOT.parent / "shared" / "data" / "scifact"))
     parser.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "eval-mini"))

@@ -53,6 +53,7 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 def free_port() -> int:
+    """A loopback TCP port free at the time of the call."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -140,6 +141,7 @@ def measure(port: int, space_id: str, key: str, mode: str, queries: list[str], w
 
 
 def table(result: dict) -> str:
+    """The markdown table of ``result["sizes"]``: one row per size and mode."""
     lines = [
         "| chunks | mode | p50 ms | p95 ms | mean ms | server p50 ms | queries |",
         "|---:|---|---:|---:|---:|---:|---:|",
@@ -157,6 +159,7 @@ def table(result: dict) -> str:
 
 
 def main() -> int:
+    """Run the benchmark (see the module docstring); returns the exit status."""
     import django
 
     django.setup()

@@ -8,6 +8,11 @@ Metrics follow BEIR/pytrec_eval definitions over the ranked, de-duplicated list 
 retrieval returns (node hits mapped to their documents, first occurrence wins):
 nDCG@10 with graded gains ``rel`` and a log2 discount, ideal DCG from the qrels; Recall@100 =
 relevant retrieved in the top 100 / relevant; MRR@10 = 1 / rank of the first relevant hit.
+
+The regression gate (:func:`check_gate`, :func:`write_baseline`, :func:`load_baseline`)
+compares runs of ``kfs eval`` (BEIR, or golden questions: :mod:`retrieval.golden`) with a
+baseline file per database engine and mode; the format is described above
+:data:`BASELINE_FORMAT` and in docs/retrieval.md, "Evaluation".
 """
 
 from __future__ import annotations
@@ -88,11 +93,13 @@ def ndcg_at_k(ranked: list[str], relevant: dict[str, int], k: int = 10) -> float
 
 
 def recall_at_k(ranked: list[str], relevant: dict[str, int], k: int = 100) -> float:
+    """Relevant documents in the top ``k`` / relevant documents (0.0 without any)."""
     positives = {d for d, r in relevant.items() if r > 0}
     return len(positives & set(ranked[:k])) / len(positives) if positives else 0.0
 
 
 def mrr_at_k(ranked: list[str], relevant: dict[str, int], k: int = 10) -> float:
+    """``1 / rank`` of the first relevant document within the top ``k`` (0.0 if none)."""
     for i, doc in enumerate(ranked[:k]):
         if relevant.get(doc, 0) > 0:
             return 1.0 / (i + 1)
