@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis ocr mariadb migrate demo serve worker test test-sqlite test-postgres test-mariadb lint bench clean unstructured
+.PHONY: install chromium redis ocr mariadb migrate demo serve worker test test-sqlite test-postgres test-mariadb eval-gate lint bench clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -105,10 +105,26 @@ test-mariadb: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
 	$(BIN)/python scripts/with_mariadb.py --skip-if-missing $(BIN)/python -m pytest -q $(sort $(wildcard tests/test_migrations*.py)) tests/test_downgrade_guards.py
 
-test: lint test-sqlite test-postgres test-mariadb
+# The retrieval regression gate: compiles the committed fixture (tests/fixtures/eval-mini, 200
+# SciFact abstracts, 30 queries) into a throw-away SQLite database and fails when nDCG@10,
+# Recall@100 or MRR@10 of a mode falls more than EVAL_MAX_DROP below baseline.json
+# (docs/retrieval.md, "Evaluation"). About 35 s on the embedded default. PostgreSQL's numbers
+# are gated by tests/test_eval_gate.py under test-postgres.
+EVAL_MODES    ?= fast
+EVAL_MAX_DROP ?= 0.01
+EVAL_VAR      := var/eval-gate
+eval-gate: install
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
+	rm -rf $(EVAL_VAR) && mkdir -p $(EVAL_VAR)
+	env -u DATABASE_URL KNOWLEDGE_VAR_DIR=$(CURDIR)/$(EVAL_VAR) $(MANAGE) migrate --noinput -v 0
+	env -u DATABASE_URL KNOWLEDGE_VAR_DIR=$(CURDIR)/$(EVAL_VAR) $(MANAGE) kfs eval \
+		tests/fixtures/eval-mini --mode $(EVAL_MODES) --json --max-drop $(EVAL_MAX_DROP) \
+		--baseline tests/fixtures/eval-mini/baseline.json > $(EVAL_VAR)/report.json
+
+test: lint test-sqlite test-postgres test-mariadb eval-gate
 
 bench: install
 	$(BIN)/python bench/scifact.py
 
 clean:
-	rm -rf var/test-* var/pg-test* var/mariadb-test-*
+	rm -rf var/test-* var/pg-test* var/mariadb-test-* var/eval-gate

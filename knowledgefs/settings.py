@@ -758,3 +758,7 @@ KNOWLEDGE_ANSWER_CATALOG_CACHE_SECONDS = bounded_int(
 
 # ---------------------------------------------------------------------------------------------
 # Retrieval: golden questions and the evaluation gate (docs/retrieval.md, "Evaluation").
+# At most this many golden questions per space (a run retrieves once per question).
+KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE = bounded_int(
+    "KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE", 1000, 1, 100000
+)

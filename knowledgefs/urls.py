@@ -13,7 +13,7 @@ from ingestion.api import (
     JobRetryView,
 )
 from retrieval.answer_api import QueryTraceView, QueryView
-from retrieval.api import RetrievalTestView
+from retrieval.api import GoldenQuestionDetailView, GoldenQuestionListView, RetrievalTestView
 from retrieval.research_tasks import api as research_task_api
 from spaces.api import (
     EmbeddingProfileView,
@@ -75,6 +75,16 @@ v1 = [
     # Answers: cited answers over SSE and their traces (docs/retrieval.md, "Answers").
     path("queries", QueryView.as_view(), name="query-create"),
     path("queries/<str:trace_id>", QueryTraceView.as_view(), name="query-trace"),
+    path(
+        "knowledge-spaces/<str:space_id>/golden-questions",
+        GoldenQuestionListView.as_view(),
+        name="golden-question-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/golden-questions/<str:question_id>",
+        GoldenQuestionDetailView.as_view(),
+        name="golden-question-detail",
+    ),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),
     path("jobs/<str:job_id>/retry", JobRetryView.as_view(), name="job-retry"),
     # Research tasks (docs/retrieval.md, "Research tasks").

@@ -1,10 +1,16 @@
-"""Operator screen for dense index versions (read-only: changes go through the API or kfs)."""
+"""Operator screens: dense index versions (read-only: changes go through the API or kfs) and
+golden questions (editable; every change goes through :mod:`retrieval.golden`'s validation)."""
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 
-from .models import AnswerTrace, IndexVersion
+from knowledgefs.errors import InvalidInput
+
+from . import golden
+from .models import AnswerTrace, GoldenQuestion, IndexVersion
 
 
 @admin.register(IndexVersion)
@@ -64,6 +70,60 @@ class AnswerTraceAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+class GoldenQuestionForm(forms.ModelForm):
+    """Validates each member with the API's rules (limits and codes of :mod:`retrieval.golden`)."""
+
+    class Meta:
+        model = GoldenQuestion
+        fields = ("space", "question", "expected_evidence", "tags", "metadata")
+
+    def clean(self):
+        data = super().clean()
+        space = data.get("space") or getattr(self.instance, "space", None)
+        checks = {
+            "question": golden.validate_question,
+            "expected_evidence": lambda v: golden.validate_evidence(space, v),
+            "tags": golden.validate_tags,
+            "metadata": golden.validate_metadata,
+        }
+        for name, check in checks.items():
+            if name not in data or (name == "expected_evidence" and space is None):
+                continue
+            try:
+                data[name] = check(data[name])
+            except InvalidInput as exc:
+                self.add_error(name, ValidationError(f"{exc.code}: {exc.message}"))
+        return data
+
+
+@admin.register(GoldenQuestion)
+class GoldenQuestionAdmin(admin.ModelAdmin):
+    """Golden questions per space; ``tenant_id`` follows the space and ``revision`` moves on by
+    one per save, as through the API."""
+
+    form = GoldenQuestionForm
+    list_display = ("short_question", "space", "tenant_id", "tags", "revision", "updated_at")
+    list_select_related = ("space",)
+    list_filter = ("tenant_id",)
+    search_fields = ("=id", "question", "space__slug")
+    readonly_fields = ("id", "tenant_id", "revision", "created_at", "updated_at")
+    raw_id_fields = ("space",)
+    show_full_result_count = False
+
+    @admin.display(description="question")
+    def short_question(self, obj) -> str:
+        return obj.question if len(obj.question) <= 80 else obj.question[:79] + "…"
+
+    def get_readonly_fields(self, request, obj=None):
+        return (*self.readonly_fields, "space") if obj is not None else self.readonly_fields
+
+    def save_model(self, request, obj, form, change) -> None:
+        obj.tenant_id = obj.space.tenant_id
+        if change:
+            obj.revision += 1
+        super().save_model(request, obj, form, change)
 
 
 from retrieval.research_tasks import admin as _research_task_admin  # noqa: E402, F401

@@ -164,4 +164,38 @@ class AnswerTrace(models.Model):
         }
 
 
+class GoldenQuestion(models.Model):
+    """A question of a space with the evidence a good retrieval must return for it.
+
+    ``expected_evidence`` is a list of 1..50 objects, each naming at least one of
+    ``document_id`` (the document the evidence is in: stable across recompilations),
+    ``text`` (a snippet that must appear in a returned chunk, compared case- and
+    whitespace-insensitively: stable across re-chunking) and ``node_id`` (one exact chunk: it
+    changes when the document is compiled again). ``tags`` holds at most 20 strings of at most 80
+    characters; ``metadata`` is free JSON (at most 64 KiB). ``revision`` grows by one per update
+    (compare-and-set with ``If-Match``). Limits: reference inventory §2.13, §3.5.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant_id = models.CharField(max_length=64)
+    space = models.ForeignKey(
+        KnowledgeSpace, on_delete=models.CASCADE, related_name="golden_questions"
+    )
+    question = models.TextField()
+    expected_evidence = models.JSONField(default=list)
+    tags = models.JSONField(default=list, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    revision = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["space", "created_at"], name="golden_question_space_created")
+        ]
+
+    def __str__(self) -> str:
+        return self.question[:80]
+
+
 from retrieval.research_tasks.models import ResearchTask, ResearchTaskPartial  # noqa: E402, F401

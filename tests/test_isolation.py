@@ -37,6 +37,8 @@ BODIES = {
     },
     "knowledge_spaces.update_retrieval_profile": {"top_k": 5},
     "jobs.retry": {"from": "checkpoint"},
+    "golden_questions.create": {"question": "q", "expected_evidence": [{"text": "q"}]},
+    "golden_questions.update": {"tags": ["x"]},
     "internal.knowledge_spaces.delete": {"namespace_id": "tenant-a"},
     "internal.knowledge_spaces.provision": {
         "namespace_id": "tenant-a",
@@ -83,12 +85,18 @@ def foreign(db, settings):
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {b_key}")
     admitted = upload(api, b_space, "b.txt", b"tenant b only\n").json()
+    from retrieval.golden import create_question
+
+    question = create_question(
+        b_space, {"question": "tenant b?", "expected_evidence": [{"text": "tenant b"}]}
+    )
     own = create_space(Principal(tenant_id="tenant-a"), name="A own")
     other_own = create_space(Principal(tenant_id="tenant-a"), name="A other")
     return {
         "space_id": str(b_space.id),
         "document_id": admitted["document"]["id"],
         "job_id": admitted["job"]["id"],
+        "question_id": str(question.id),
         "own": own,
         "other_own": other_own,
     }
@@ -140,7 +148,9 @@ def test_foreign_ids_are_404_on_every_route_for_every_kind_of_caller(foreign):
     scoped_key = create_api_key("tenant-a", spaces=[foreign["own"]])[1]
     for _name, template, view in routes():
         params = [
-            p for p in ("space_id", "document_id", "job_id", "grant_id") if f"<str:{p}>" in template
+            p
+            for p in ("space_id", "document_id", "job_id", "question_id", "grant_id")
+            if f"<str:{p}>" in template
         ]
         if not params or any(p in NOT_TENANT_OWNED for p in params):
             continue

@@ -17,7 +17,7 @@ from ingestion.services import compilation, documents, reports
 from knowledgefs import downgrades
 from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
-from retrieval import answer_cli, evaluation, indexing
+from retrieval import answer_cli, evaluation, golden, indexing
 from retrieval.services import LEGS, retrieve
 from spaces import profiles
 from spaces import services as spaces
@@ -208,13 +208,24 @@ class Command(BaseCommand):
         upgrade_cli.add_parser(sub)
         answer_cli.add_parser(sub)
 
-        ev = sub.add_parser("eval", help="evaluate retrieval on a BEIR-format dataset")
-        ev.add_argument("dataset_dir", metavar="DATASET_DIR")
+        ev = sub.add_parser(
+            "eval",
+            help="evaluate retrieval on a BEIR-format dataset or a space's golden questions",
+        )
+        ev.add_argument("dataset_dir", metavar="DATASET_DIR", nargs="?")
         ev.add_argument("--split", default="test")
-        ev.add_argument("--mode", default="fast")
+        ev.add_argument("--mode", default="fast", help="a mode, or several: fast,deep,research")
+        ev.add_argument("--top-k", type=int, help="items per query (BEIR: 100, golden: 10)")
         ev.add_argument("--legs", choices=["hybrid", "keyword", "dense"], default="hybrid")
         ev.add_argument("--fusion", choices=["minmax", "rrf"], default="minmax")
         ev.add_argument("--fresh", action="store_true", help="rebuild the evaluation space")
+        ev.add_argument("--golden", action="store_true", help="run --space's golden questions")
+        ev.add_argument("--space", help="golden: the space's slug")
+        ev.add_argument("--tenant", help="golden: the space's tenant")
+        ev.add_argument("--tag", action="append", help="golden: only questions with this tag")
+        ev.add_argument("--baseline", help="regression gate: compare with this baseline JSON")
+        ev.add_argument("--max-drop", type=float, default=0.01, help="gate: allowed drop")
+        ev.add_argument("--write-baseline", help="record (or extend) a baseline JSON")
         ev.add_argument("--json", action="store_true")
 
     def handle(self, *args, **options) -> None:
@@ -595,7 +606,16 @@ class Command(BaseCommand):
             )
 
     def eval(self, options: dict) -> None:
-        legs = LEGS if options["legs"] == "hybrid" else (options["legs"],)
+        """``kfs eval``: one run per ``--mode`` over a BEIR dataset or (``--golden``) a space's
+        golden questions; ``--write-baseline`` records them, ``--baseline`` gates them
+        (exit status 1 naming mode, metric, baseline, measured and drop when a drop exceeds
+        ``--max-drop``). Baseline format: :mod:`retrieval.evaluation`, docs/retrieval.md."""
+        modes = [m.strip() for m in options["mode"].split(",") if m.strip()]
+        if not modes:
+            raise CommandError("--mode names no mode")
+        baseline = (
+            evaluation.load_baseline(Path(options["baseline"])) if options["baseline"] else None
+        )
         bars: dict[str, tqdm] = {}
 
         def progress(phase: str, done: int, total: int) -> None:
@@ -604,18 +624,52 @@ class Command(BaseCommand):
             bar = bars.setdefault(phase, tqdm(total=total, desc=phase, unit="item"))
             bar.update(done - bar.n)
 
-        metrics = evaluation.evaluate(
-            Path(options["dataset_dir"]),
-            split=options["split"],
-            mode=options["mode"],
-            legs=legs,
-            fusion=options["fusion"],
-            fresh=options["fresh"],
-            on_progress=progress,
-        )
-        for bar in bars.values():
-            bar.close()
-        self.emit(options, metrics, json.dumps(metrics, indent=2))
+        runs = []
+        for mode in modes:
+            if options["golden"]:
+                if not (options["space"] and options["tenant"]) or options["dataset_dir"]:
+                    raise CommandError("--golden needs --space and --tenant, and no DATASET_DIR")
+                runs.append(
+                    golden.run_golden(
+                        self._space(options),
+                        mode=mode,
+                        top_k=options["top_k"] or 10,
+                        tags=options["tag"],
+                        on_progress=progress,
+                    )
+                )
+            else:
+                if not options["dataset_dir"]:
+                    raise CommandError("give a DATASET_DIR, or --golden --space S --tenant T")
+                runs.append(
+                    evaluation.evaluate(
+                        Path(options["dataset_dir"]),
+                        split=options["split"],
+                        mode=mode,
+                        legs=LEGS if options["legs"] == "hybrid" else (options["legs"],),
+                        fusion=options["fusion"],
+                        fresh=options["fresh"] and not runs,
+                        top_k=options["top_k"] or 100,
+                        on_progress=progress,
+                    )
+                )
+            for bar in bars.values():
+                bar.close()
+            bars.clear()
+        payload: dict = runs[0] if len(runs) == 1 else {"runs": runs}
+        if options["write_baseline"]:
+            evaluation.write_baseline(Path(options["write_baseline"]), runs)
+        gate = None
+        if baseline is not None:
+            gate = evaluation.check_gate(runs, baseline, options["max_drop"])
+            payload = {**payload, "gate": gate}
+        self.emit(options, payload, json.dumps(payload, indent=2, ensure_ascii=False))
+        if gate is not None:
+            for note in gate["notes"]:
+                self.stderr.write(f"note: {note}")
+            if not gate["passed"]:
+                raise CommandError("regression gate failed: " + "; ".join(gate["failures"]))
+            self.stderr.write(f"regression gate passed ({len(gate['checks'])} checks)")
 
 
 def _key_line(key: dict) -> str:
