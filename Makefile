@@ -110,7 +110,7 @@ test-mariadb: install
 # Recall@100 or MRR@10 of a mode falls more than EVAL_MAX_DROP below baseline.json
 # (docs/retrieval.md, "Evaluation"). About 35 s on the embedded default. PostgreSQL's numbers
 # are gated by tests/test_eval_gate.py under test-postgres.
-EVAL_MODES    ?= fast
+EVAL_MODES    ?= fast,deep,research
 EVAL_MAX_DROP ?= 0.01
 EVAL_VAR      := var/eval-gate
 eval-gate: install
