@@ -45,6 +45,13 @@ def is_cjk(char: str) -> bool:
     return _CJK_CHAR.match(char) is not None
 
 
+def is_lone_cjk(term: str) -> bool:
+    """Whether a query term is a single CJK character. The index holds CJK text as bigrams, so
+    such a term is searched as a prefix (``人`` matches the bigrams ``人口``, ``人民``…): every
+    occurrence is found except one that ends a CJK run (its only bigram has it second)."""
+    return len(term) == 1 and is_cjk(term)
+
+
 def keyword_terms(query: str, language: str | None = None) -> list[str]:
     """Split a query into at most 64 distinct lower-case terms, CJK runs as bigrams.
 

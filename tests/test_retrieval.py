@@ -187,6 +187,24 @@ def test_cjk_text_is_found_by_keyword_without_spaces(space):
 
 
 @pytest.mark.django_db
+def test_a_single_cjk_character_matches_the_bigrams_it_starts(space):
+    admit_document(space, filename="tokyo.txt", data="東京都の人口統計".encode(), enqueue=False)
+    admit_document(space, filename="beijing.txt", data="北京市的人民公园".encode(), enqueue=False)
+    admit_document(space, filename="kyoto.txt", data="京都の寺院".encode(), enqueue=False)
+    compile_all()
+
+    def files(query):
+        return {
+            i.citation["filename"] for i in retrieve(space, query, top_k=5, legs=("keyword",)).items
+        }
+
+    assert files("人") == {"tokyo.txt", "beijing.txt"}  # 人口, 人民
+    assert files("寺") == {"kyoto.txt"}
+    assert files("京") == {"tokyo.txt", "beijing.txt", "kyoto.txt"}  # 京都 in all three
+    assert files("猫") == set()
+
+
+@pytest.mark.django_db
 def test_citation_offsets_can_be_checked_through_the_text_route(client, space):
     from tests.conftest import upload
 

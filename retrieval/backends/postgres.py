@@ -11,7 +11,7 @@ import uuid
 
 from django.db import connection
 
-from retrieval.text import keyword_terms, keyword_text
+from retrieval.text import is_lone_cjk, keyword_terms, keyword_text
 
 from .base import IndexedNode, ScoredNode, SearchBackend
 
@@ -52,10 +52,13 @@ class PostgresSearchBackend(SearchBackend):
             return []
         only = "" if documents is None else "AND n.document_id = ANY(%s::uuid[]) "
         # Each term becomes its own lexeme list; plainto_tsquery applies the same stemming and
-        # stop words as the index, and the lists are OR-ed together.
+        # stop words as the index, and the lists are OR-ed together. A lone CJK character is a
+        # prefix query (``:*``) over the CJK bigrams (retrieval.text.is_lone_cjk).
         sql = (
-            "WITH q AS (SELECT to_tsquery('english', string_agg(pq::text, ' | ')) AS query "
-            "FROM (SELECT plainto_tsquery('english', t) AS pq FROM unnest(%s::text[]) AS t) s "
+            "WITH q AS (SELECT to_tsquery('english', string_agg("
+            "CASE WHEN prefix THEN pq::text || ':*' ELSE pq::text END, ' | ')) AS query "
+            "FROM (SELECT plainto_tsquery('english', t) AS pq, prefix "
+            "FROM unnest(%s::text[], %s::boolean[]) AS u(t, prefix)) s "
             "WHERE pq::text <> '') "
             f"SELECT k.node_id, ts_rank_cd(k.tsv, q.query) AS score FROM {TABLE} k "
             "CROSS JOIN q "
@@ -65,7 +68,7 @@ class PostgresSearchBackend(SearchBackend):
             f"AND d.active_generation = n.generation AND d.enabled {only}"
             "ORDER BY score DESC LIMIT %s"
         )
-        params: list = [terms, space_id]
+        params: list = [terms, [is_lone_cjk(t) for t in terms], space_id]
         if documents is not None:
             params.append([str(d) for d in documents])
         with connection.cursor() as cursor:

@@ -12,7 +12,7 @@ import uuid
 
 from django.db import connection
 
-from retrieval.text import keyword_terms, keyword_text
+from retrieval.text import is_lone_cjk, keyword_terms, keyword_text
 
 from .base import IndexedNode, ScoredNode, SearchBackend
 
@@ -71,7 +71,10 @@ class SQLiteSearchBackend(SearchBackend):
         terms = keyword_terms(query, language)
         if not terms or (documents is not None and not documents):
             return []
-        words = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+        # A lone CJK character is a prefix query over the CJK bigrams (retrieval.text).
+        words = " OR ".join(
+            '"' + t.replace('"', '""') + '"' + ("*" if is_lone_cjk(t) else "") for t in terms
+        )
         # The space restriction is part of the MATCH (space_id is an indexed column), so only
         # the space's rows are ranked. FTS5's hidden ``rank`` column (bm25 by default) sorts
         # faster than ``bm25()`` in the select list (docs/benchmarks.md).
