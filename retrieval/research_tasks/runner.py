@@ -45,7 +45,7 @@ logger = logging.getLogger("knowledgefs.research_tasks")
 
 STOP_POLL_SECONDS = 0.5
 """``should_stop`` reads the task row at most this often, so a cancel is seen within about a
-second of its commit (at Research's next poll between steps)."""
+second of its commit (Research polls between steps and, during a model call, every 0.2 s)."""
 STOP_GRACE_SECONDS = 20
 """How long past its ``timeout_ms`` a delivery lets Research finish (recall, rerank and ranking
 after its last model call; persisting) before ``should_stop`` ends it as ``research_timeout``.
