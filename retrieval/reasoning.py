@@ -422,7 +422,12 @@ def _watched(call, should_stop: Callable[[], bool]):
     worker = threading.Thread(target=work, name="reasoning-call", daemon=True)
     worker.start()
     while not done.wait(STOP_POLL_SECONDS):
-        if should_stop():
+        try:
+            stop = should_stop()
+        except BaseException:  # the caller's own failure: the call must not outlive it
+            cancellation.cancel()
+            raise
+        if stop:
             cancellation.cancel()
             worker.join(CANCEL_JOIN_SECONDS)
             raise ReasoningCanceled("the reasoning call was canceled while in flight")
