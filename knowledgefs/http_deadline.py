@@ -141,7 +141,8 @@ os.register_at_fork(after_in_child=_after_fork)
 # to the pool (``_put_conn``); a connection whose alarm fired is closed there, so a socket shut
 # by the watchdog is never handed to another call.
 
-#: ``current.guard`` is the :class:`Guard` of the attempt the calling thread is sending, if any.
+#: ``current.guard`` is the :class:`Guard` of the attempt the calling thread is sending, if any;
+#: ``current.cancellation`` the thread's :class:`Cancellation`, if any.
 current = threading.local()
 
 
@@ -183,6 +184,42 @@ def _detach(conn: Any) -> None:
     conn._kfs_shut = False
 
 
+class Cancellation:
+    """Lets another thread abort the HTTP calls one thread makes, whatever they are blocked in.
+
+    The calling thread sets ``current.cancellation`` to it; every connection that thread checks
+    out from a guarded pool is attached until it goes back. :meth:`cancel` (from any thread)
+    shuts the attached sockets down, so a blocked connect, send or read returns at once (the
+    call fails as a broken connection), and any connection checked out afterwards is shut as
+    soon as it connects; a shut connection is closed when it returns to the pool, never reused.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conns: set[Any] = set()
+        self.cancelled = False
+
+    def attach(self, conn: Any) -> None:
+        with self._lock:
+            if self.cancelled:
+                conn._kfs_shut = True
+                shutdown_socket(getattr(conn, "sock", None))
+            else:
+                self._conns.add(conn)
+
+    def detach(self, conn: Any) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            for conn in self._conns:
+                conn._kfs_shut = True
+                shutdown_socket(getattr(conn, "sock", None))
+            self._conns.clear()
+
+
 class _GuardedConnectionMixin:
     _kfs_shut = False
 
@@ -206,10 +243,17 @@ class _GuardedPoolMixin:
         guard = getattr(current, "guard", None)
         if guard is not None:
             guard.attach(conn)
+        cancellation = getattr(current, "cancellation", None)
+        if cancellation is not None:
+            conn._kfs_cancellation = cancellation
+            cancellation.attach(conn)
         return conn
 
     def _put_conn(self, conn: Any) -> None:
         if conn is not None:
+            cancellation = conn.__dict__.pop("_kfs_cancellation", None)
+            if cancellation is not None:
+                cancellation.detach(conn)
             _detach(conn)
         super()._put_conn(conn)  # type: ignore[misc]
 

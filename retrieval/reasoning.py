@@ -18,7 +18,9 @@ to assess and never instructions.
 
 Errors are :class:`ReasoningError` subclasses whose ``code`` is a safe error class to record:
 ``reasoning_timeout``, ``reasoning_provider_error``, ``reasoning_invalid_output``. Their messages
-never carry prompt or answer text.
+never carry prompt or answer text. A call given ``should_stop`` that answers ``True`` while the
+call is in flight raises :class:`ReasoningCanceled` (not a :class:`ReasoningError`: the call has
+no outcome to record) within about :data:`STOP_POLL_SECONDS` plus the caller's own polling delay.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +41,13 @@ PROMPT_VERSION = "kfs-reasoning-v1"
 MAX_ANSWER_CHARS = 65536
 """An answer longer than this (characters) is ``reasoning_invalid_output``: every schema here
 fits in a few kilobytes."""
+
+STOP_POLL_SECONDS = 0.2
+"""While a call given ``should_stop`` is in flight, ``should_stop()`` is asked this often (ours:
+five times a second keeps a cancel well under the one second research tasks promise)."""
+CANCEL_JOIN_SECONDS = 2.0
+"""After a cancel the aborted call's thread is waited for at most this long (its socket is shut
+down, so it ends at once; a thread still running then ends at its own deadline)."""
 
 _FENCE = re.compile(r"^```(?:json)?\s*\n(.*)\n```$", re.DOTALL)
 
@@ -49,6 +60,11 @@ class ReasoningError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class ReasoningCanceled(Exception):
+    """``should_stop()`` answered ``True`` while the call was in flight; its connection was shut
+    down and its answer, if any, dropped."""
 
 
 class ReasoningTimeout(ReasoningError):
@@ -306,14 +322,25 @@ def reasoning_selection(profile):
     return selection
 
 
-def ask(space, selection, prompt: Prompt, *, timeout_ms: int | None = None) -> ReasoningAnswer:
+def ask(
+    space,
+    selection,
+    prompt: Prompt,
+    *,
+    timeout_ms: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> ReasoningAnswer:
     """Send ``prompt`` to ``selection`` (the space's reasoning model) and return its answer.
 
     ``timeout_ms`` (default ``KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS``, never above it) bounds
     the request, its retries and the whole stream; ``completion_params`` is ``{"max_tokens":
-    KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS}``, ``tools`` is ``[]``. Raises
-    :class:`ReasoningTimeout`, :class:`ReasoningProviderError` or
-    :class:`ReasoningInvalidOutput`.
+    KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS}``, ``tools`` is ``[]``. With
+    ``should_stop`` the call runs on a worker thread while this thread asks ``should_stop()``
+    every :data:`STOP_POLL_SECONDS`; on ``True`` the call's connection is shut down (the stream
+    is also checked between frames and closed) and :class:`ReasoningCanceled` is raised.
+    ``should_stop`` runs on the calling thread only (it may read the database). Raises
+    :class:`ReasoningTimeout`, :class:`ReasoningProviderError`,
+    :class:`ReasoningInvalidOutput` or :class:`ReasoningCanceled`.
     """
     from knowledgefs.dify.errors import DifyError
     from knowledgefs.dify.model_runtime import DifyModelRuntime
@@ -333,20 +360,24 @@ def ask(space, selection, prompt: Prompt, *, timeout_ms: int | None = None) -> R
             concurrency=shared.concurrency,
             user_id=shared.user_id,
         )
-        stream = runtime.invoke_llm(
-            tenant_id=space.tenant_id,
-            provider=selection.canonical_provider,
-            model=selection.model,
-            prompt_messages=[
-                {"role": "system", "content": prompt.system},
-                {"role": "user", "content": prompt.user},
-            ],
-            completion_params={
-                "max_tokens": settings.KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS
-            },
-            tools=[],
-        )
-        text, usage = _collect(stream)
+
+        def call(cancellation=None) -> tuple[str, dict]:
+            stream = runtime.invoke_llm(
+                tenant_id=space.tenant_id,
+                provider=selection.canonical_provider,
+                model=selection.model,
+                prompt_messages=[
+                    {"role": "system", "content": prompt.system},
+                    {"role": "user", "content": prompt.user},
+                ],
+                completion_params={
+                    "max_tokens": settings.KNOWLEDGE_RESEARCH_REASONING_MAX_OUTPUT_TOKENS
+                },
+                tools=[],
+            )
+            return _collect(stream, cancellation)
+
+        text, usage = call() if should_stop is None else _watched(call, should_stop)
     except DifyError as exc:
         if exc.code == "MODEL_RUNTIME_TIMEOUT":
             raise ReasoningTimeout(
@@ -368,13 +399,53 @@ def ask(space, selection, prompt: Prompt, *, timeout_ms: int | None = None) -> R
     return ReasoningAnswer(prompt.schema.parse(text), round(duration_ms, 2), usage)
 
 
-def _collect(stream) -> tuple[str, dict]:
-    """Join the streamed ``delta.message.content`` texts; keep the last ``usage`` seen."""
+def _watched(call, should_stop: Callable[[], bool]):
+    """Run ``call(cancellation)`` on a worker thread whose HTTP connections the
+    :class:`~knowledgefs.http_deadline.Cancellation` can shut down; poll ``should_stop`` here.
+    Returns what ``call`` returned or raises what it raised, or :class:`ReasoningCanceled`."""
+    from knowledgefs.http_deadline import Cancellation, current
+
+    cancellation = Cancellation()
+    box: dict = {}
+    done = threading.Event()
+
+    def work() -> None:
+        current.cancellation = cancellation
+        try:
+            box["value"] = call(cancellation)
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            box["error"] = exc
+        finally:
+            current.cancellation = None
+            done.set()
+
+    worker = threading.Thread(target=work, name="reasoning-call", daemon=True)
+    worker.start()
+    while not done.wait(STOP_POLL_SECONDS):
+        try:
+            stop = should_stop()
+        except BaseException:  # the caller's own failure: the call must not outlive it
+            cancellation.cancel()
+            raise
+        if stop:
+            cancellation.cancel()
+            worker.join(CANCEL_JOIN_SECONDS)
+            raise ReasoningCanceled("the reasoning call was canceled while in flight")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _collect(stream, cancellation=None) -> tuple[str, dict]:
+    """Join the streamed ``delta.message.content`` texts; keep the last ``usage`` seen. With a
+    ``cancellation`` that was cancelled, stop at the next frame (the stream is closed)."""
     parts: list[str] = []
     size = 0
     usage: dict = {}
     try:
         for data in stream:
+            if cancellation is not None and cancellation.cancelled:
+                raise ReasoningCanceled("the reasoning call was canceled while in flight")
             delta = data.get("delta") if isinstance(data.get("delta"), dict) else {}
             message = delta.get("message") if isinstance(delta.get("message"), dict) else {}
             content = message.get("content")

@@ -2,13 +2,28 @@
 
 Contract. :func:`run_research` is the one entry point for both interactive requests
 (``retrieve(..., mode="research")``) and durable research tasks (``durable=True``). Durable
-callers pass ``checkpoint`` (a JSON-serialisable dict the function fills with each finished model
-call's outcome, keyed by step name: ``"planner"``, ``"judge"``, ``"supplemental"``, each
-``{"status": "ok", "output": {…}}`` or ``{"status": "failed", "error": <safe error class>}``)
-and ``save_checkpoint`` (called after every model step with the updated dict; the task persists
-it); a resumed run given the saved ``checkpoint`` repeats no finished model call (a failed one
-included: it spent its budget). ``should_stop`` is polled between steps; when it returns ``True``
-the run raises :class:`ResearchCanceled`.
+callers pass ``checkpoint`` (a JSON-serialisable dict the function fills) and
+``save_checkpoint`` (called with the updated dict whenever it changes; the task persists it).
+The checkpoint holds:
+
+* each finished model call's outcome, keyed by step name (``"planner"``, ``"judge"``,
+  ``"supplemental"``), ``{"status": "ok", "output": {…}}`` or ``{"status": "failed", "error":
+  <safe error class>}``; a resumed run given the saved ``checkpoint`` repeats no finished model
+  call (a failed one included: it spent its budget);
+* ``"spent"``: ``{"model_calls", "elapsed_ms"}`` of all deliveries so far, saved before every
+  model call (the call counts once started) and with every other save. A resumed run deducts
+  both from its budget: the durable 180 s and 3 calls hold across deliveries. A call cut short
+  by a cancel left no outcome; it stays charged (``research_model_calls_abandoned``) and is
+  asked again only if the call budget still allows. Time a delivery spent after its last save
+  is not counted (at most one step);
+* ``"rounds"``: ``[{"items", "metrics"}]``, the evidence of each finished retrieval round (its
+  ranked items after recall, rerank and threshold, and a few counts), saved as the round ends,
+  so a task can show partial evidence before the run ends (a redone round is rewritten).
+
+``should_stop`` is polled between steps and, during a model call, every
+:data:`retrieval.reasoning.STOP_POLL_SECONDS` (the call's connection is then shut down); when it
+returns ``True`` the run raises :class:`ResearchCanceled`. ``deadline_s`` (the caller's wall
+clock left, in seconds) and ``max_model_calls`` can only tighten the policy's budgets.
 
 The steps (docs/retrieval.md, "Research and Auto"):
 
@@ -44,7 +59,8 @@ The steps (docs/retrieval.md, "Research and Auto"):
 
 Budgets (reference inventory §5.3, Evidence V3): interactive at most 3 model calls, 60 s wall
 clock, no judge, no supplemental round; durable at most 3 model calls (planner, judge,
-supplemental planning: one each), 180 s. A model call is not started with less than 1 s left of
+supplemental planning: one each), 180 s over all deliveries; either tightened by the caller's
+``deadline_s``/``max_model_calls``. A model call is not started with less than 1 s left of
 the wall clock or with the call budget spent; that is reported as ``budget_exhausted``
 (``"wall_clock"`` or ``"model_calls"``), never as an error over usable evidence. Each call's own
 deadline is ``min(KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS, time left)``.
@@ -64,6 +80,10 @@ from django.conf import settings
 from . import reasoning
 
 STEPS = ("planner", "judge", "supplemental")
+ROUNDS_KEY = "rounds"
+"""Checkpoint member: the evidence of each finished retrieval round, ``[{items, metrics}]``."""
+SPENT_KEY = "spent"
+"""Checkpoint member: ``{"model_calls", "elapsed_ms"}`` spent by all deliveries so far."""
 PLANNER_VERSION = "retrieval-planner-v2"  # v1's figures plus Research's queries (inventory §5.2)
 RRF_K = 60  # Cormack, Clarke & Büttcher, SIGIR 2009
 ORIGINAL_WEIGHT = 1.0
@@ -75,7 +95,11 @@ JUDGE_MAX_ITEM_CHARS = 2000
 
 
 class ResearchCanceled(Exception):
-    """Raised between steps when ``should_stop()`` answered ``True``."""
+    """Raised when ``should_stop()`` answered ``True`` (between steps, or during a model call)."""
+
+
+def _int(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @dataclass(frozen=True)
@@ -232,17 +256,58 @@ class _Run:
     checkpoint: dict
     save: Callable[[dict], None] | None
     should_stop: Callable[[], bool] | None
+    deadline_s: float | None = None
+    max_calls: int = 0
     started: float = field(default_factory=time.monotonic)
+    prior_elapsed: float = 0.0
+    prior_calls: int = 0
     calls: int = 0
     calls_reused: int = 0
+    calls_abandoned: int = 0
     budget_exhausted: str | None = None
     degraded: bool = False
     degradation_reason: str | None = None
     stages: list[dict] = field(default_factory=list)
     timings: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Charge what earlier deliveries spent (the checkpoint's ``spent``): their wall clock,
+        and the model calls they started that left no outcome (cut short by a cancel)."""
+        spent = self.checkpoint.get(SPENT_KEY)
+        spent = spent if isinstance(spent, dict) else {}
+        self.prior_elapsed = max(0, _int(spent.get("elapsed_ms"))) / 1000
+        self.prior_calls = max(0, _int(spent.get("model_calls")))
+        recorded = sum(
+            1
+            for step in STEPS
+            if isinstance(self.checkpoint.get(step), dict)
+            and self.checkpoint[step].get("status") in ("ok", "failed")
+        )
+        self.calls_abandoned = max(0, self.prior_calls - recorded)
+        self.calls = self.calls_abandoned
+
+    def elapsed(self) -> float:
+        """Seconds of this run (this delivery)."""
+        return time.monotonic() - self.started
+
     def remaining(self) -> float:
-        return self.policy.wall_clock_seconds - (time.monotonic() - self.started)
+        """Seconds left: the policy's wall clock less earlier deliveries' and this run's time,
+        and never past the caller's ``deadline_s``."""
+        elapsed = self.elapsed()
+        left = self.policy.wall_clock_seconds - self.prior_elapsed - elapsed
+        if self.deadline_s is not None:
+            left = min(left, self.deadline_s - elapsed)
+        return left
+
+    def persist(self) -> None:
+        """Hand the checkpoint, with ``spent`` brought up to date, to ``save_checkpoint``."""
+        if self.save is None:
+            return
+        self.checkpoint[SPENT_KEY] = {
+            "model_calls": max(self.prior_calls, self.calls),
+            "elapsed_ms": round((self.prior_elapsed + self.elapsed()) * 1000),
+        }
+        self.save(self.checkpoint)
 
     def poll(self) -> None:
         if self.should_stop is not None and self.should_stop():
@@ -273,7 +338,7 @@ class _Run:
                     saved = {"status": "failed", "error": reasoning.ReasoningInvalidOutput.code}
             self._degrade(str(saved.get("error") or "reasoning_error")[:64])
             return None
-        if self.calls >= self.policy.max_model_calls:
+        if self.calls >= self.max_calls:
             self.budget_exhausted = self.budget_exhausted or "model_calls"
             return None
         left = self.remaining()
@@ -281,16 +346,24 @@ class _Run:
             self.budget_exhausted = self.budget_exhausted or "wall_clock"
             return None
         self.calls += 1
+        self.persist()  # the call counts once started: a cancel mid-call does not refund it
         try:
-            answer = reasoning.ask(self.space, selection, prompt, timeout_ms=int(left * 1000))
+            answer = reasoning.ask(
+                self.space,
+                selection,
+                prompt,
+                timeout_ms=int(left * 1000),
+                should_stop=self.should_stop,
+            )
             outcome = {"status": "ok", "output": answer.output}
+        except reasoning.ReasoningCanceled:
+            raise ResearchCanceled("the research run was canceled during a model call") from None
         except reasoning.ReasoningError as exc:
             outcome = {"status": "failed", "error": exc.code}
             if self.remaining() < MIN_CALL_SECONDS:
                 self.budget_exhausted = self.budget_exhausted or "wall_clock"
         self.checkpoint[step] = outcome
-        if self.save is not None:
-            self.save(self.checkpoint)
+        self.persist()
         if outcome["status"] == "failed":
             self._degrade(outcome["error"])
             return None
@@ -313,6 +386,8 @@ def run_research(
     checkpoint: dict | None = None,
     save_checkpoint: Callable[[dict], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    deadline_s: float | None = None,
+    max_model_calls: int | None = None,
 ):
     """Return a :class:`retrieval.services.RetrievalResult` with ``mode="research"``.
 
@@ -325,8 +400,16 @@ def run_research(
     (per query: ``role``, ``weight``, ``candidates``, ``pool``), ``research_coverage`` (the
     judge's ``covered``/``missing`` dimensions, or ``None``), the usual counts and timings.
     ``result.plan`` holds depth, limits, the queries, intent and evidence dimensions;
-    ``result.stages`` one entry per step. Errors are those of ``retrieve`` (400/409/503); model
-    failures never raise, they degrade. Raises :class:`ResearchCanceled` when ``should_stop()``.
+    ``result.stages`` one entry per step. Also ``research_model_calls_abandoned`` (calls an
+    earlier delivery started and never finished: charged, not repeated unless budget is left)
+    and ``research_elapsed_ms`` (wall clock of all deliveries, this one included).
+
+    ``deadline_s`` (seconds of wall clock the caller has left, e.g. a task's ``timeout_ms``)
+    and ``max_model_calls`` can only tighten the policy's budget (60 s/180 s, 3 calls); running
+    into either is reported as ``budget_exhausted`` like the policy's own. Errors are those of
+    ``retrieve`` (400/409/503); model failures never raise, they degrade. Raises
+    :class:`ResearchCanceled` when ``should_stop()`` answers ``True`` (between steps, or within
+    about a second during a model call, whose connection is shut down).
     """
     from spaces.profiles import require_ready
 
@@ -336,13 +419,19 @@ def run_research(
     query, top_k, score_threshold, _ = validate_request(query, top_k, score_threshold, "research")
     filters = filtering.parse(filters)  # 400 before any model call
     total = time.perf_counter()
+    policy = DURABLE if durable else INTERACTIVE
+    max_calls = policy.max_model_calls
+    if max_model_calls is not None:
+        max_calls = max(0, min(max_calls, int(max_model_calls)))
     run = _Run(
         space=space,
         profile=require_ready(space),
-        policy=DURABLE if durable else INTERACTIVE,
+        policy=policy,
         checkpoint=checkpoint if checkpoint is not None else {},
         save=save_checkpoint,
         should_stop=should_stop,
+        deadline_s=float(deadline_s) if deadline_s is not None else None,
+        max_calls=max_calls,
     )
     run.poll()
     selection = reasoning.reasoning_selection(run.profile)
@@ -440,6 +529,7 @@ class _Retrieval:
         self._rerank_new(pool)
         run.poll()
         final, filtered = self._rank()
+        self._record_round(final, filtered)
         if run.policy.judge and self.plan.path == "reasoning" and self.plan.dimensions:
             final, filtered = self._judge_and_supplement(final, filtered)
         else:
@@ -597,24 +687,60 @@ class _Retrieval:
         self._rerank_new(added, record=False)
         run.stage("supplemental", "executed", len(added), t0)
         run.poll()
-        return self._rank()
+        final, filtered = self._rank()
+        self._record_round(final, filtered)
+        return final, filtered
+
+    def _record_round(self, final: Ranked, filtered: int) -> None:
+        """Durable runs: write this round's evidence (its ranked, hydrated items and a few
+        counts) into the checkpoint at ``rounds[round - 1]`` and save it, so a task can show
+        it as partial evidence before the run ends. A resumed run redoing a round rewrites it."""
+        from .services import RetrievalResult, _nodes
+
+        run = self.run_
+        if run.save is None:
+            return
+        missing = [n for n, _, _ in final if n not in self.nodes]
+        self.nodes.update(_nodes(missing))
+        items = self._items(final)
+        body = RetrievalResult(mode="research", items=items).as_dict()
+        evidence = {
+            "items": body["items"],
+            "metrics": {
+                "research_round": self.rounds,
+                "queries": [q.text for q in self.queries],
+                "rerank_pool": len(self.pool),
+                "threshold_filtered_candidates": filtered,
+                "research_model_calls": run.calls,
+                "elapsed_ms": round(run.elapsed() * 1000),
+            },
+        }
+        rounds = run.checkpoint.get(ROUNDS_KEY)
+        rounds = list(rounds) if isinstance(rounds, list) else []
+        run.checkpoint[ROUNDS_KEY] = rounds[: self.rounds - 1] + [evidence] + rounds[self.rounds :]
+        run.persist()
+
+    def _items(self, final: Ranked):
+        from .services import _hydrate
+
+        nodes = {n: self.nodes[n] for n, _, _ in final if n in self.nodes}
+        return _hydrate(final, nodes if len(nodes) == len(final) else None)
 
     # -- result ----------------------------------------------------------------------------------
 
     def _result(self, final: Ranked, filtered: int):
-        from .services import RetrievalResult, _hydrate
+        from .services import RetrievalResult
 
         run = self.run_
-        nodes = {n: self.nodes[n] for n, _, _ in final if n in self.nodes}
-        if len(nodes) < len(final):
-            nodes = None
-        items = _hydrate(final, nodes)
+        items = self._items(final)
         snapshot = self.snapshot
         metrics = {
             "research_path": self.plan.path,
             "research_policy": run.policy.name,
             "research_model_calls": run.calls,
             "research_model_calls_reused": run.calls_reused,
+            "research_model_calls_abandoned": run.calls_abandoned,
+            "research_elapsed_ms": round((run.prior_elapsed + run.elapsed()) * 1000),
             "research_rounds": self.rounds,
             "research_supplemental_searches": sum(
                 1 for q in self.queries if q.role == "supplemental"

@@ -393,10 +393,31 @@ def test_durable_run_plans_judges_and_searches_once_more_within_budget(
     assert "travel.md" in names(result)
     assert all("rerank" in i.scores and i.score == i.scores["rerank"] for i in result.items)
     assert [i.score for i in result.items] == sorted((i.score for i in result.items), reverse=True)
-    # Each finished call was saved, validated, under its step.
-    assert [sorted(c) for c in saved] == [
-        ["planner"], ["judge", "planner"], ["judge", "planner", "supplemental"],
-    ]  # fmt: skip
+    # Saved before each call (it counts once started), after each call (its validated outcome
+    # under its step) and as each retrieval round ends (its evidence under "rounds").
+    assert [
+        (sorted(set(c) - {"spent", "rounds"}), c["spent"]["model_calls"], len(c.get("rounds", [])))
+        for c in saved
+    ] == [
+        ([], 1, 0),
+        (["planner"], 1, 0),
+        (["planner"], 1, 1),
+        (["planner"], 2, 1),
+        (["judge", "planner"], 2, 1),
+        (["judge", "planner"], 3, 1),
+        (["judge", "planner", "supplemental"], 3, 1),
+        (["judge", "planner", "supplemental"], 3, 2),
+    ]
+    spent = [c["spent"]["elapsed_ms"] for c in saved]
+    assert spent == sorted(spent) and spent[-1] <= metrics["research_elapsed_ms"]
+    first_round, second_round = checkpoint["rounds"]
+    assert first_round["metrics"]["research_round"] == 1
+    assert first_round["metrics"]["queries"] == [QUESTION, *PLAN["sub_queries"]]
+    assert len(first_round["items"]) == 3  # the first pool, reranked
+    assert second_round["metrics"]["research_round"] == 2
+    assert second_round["metrics"]["queries"][-1] == SUPPLEMENT["query"]
+    assert [i["node_id"] for i in second_round["items"]] == [str(i.node_id) for i in result.items]
+    assert second_round["items"][0]["citation"]["filename"] == names(result)[0]
     assert checkpoint["planner"] == {"status": "ok", "output": PLAN}
     assert checkpoint["supplemental"] == {"status": "ok", "output": SUPPLEMENT}
     # The judge saw the evidence only inside the untrusted block; the planner saw none.
@@ -423,7 +444,8 @@ def test_a_resumed_run_repeats_no_finished_model_call(dify, client, principal):
             save_checkpoint=lambda c: None,
             should_stop=lambda: "judge" in checkpoint,
         )
-    assert sorted(checkpoint) == ["judge", "planner"] and dify.count(LLM) == 2
+    assert sorted(checkpoint) == ["judge", "planner", "rounds", "spent"] and dify.count(LLM) == 2
+    assert checkpoint["spent"]["model_calls"] == 2
     stored = json.loads(json.dumps(checkpoint))  # as a task would persist it
     dify.reset_observations()
     result = run_research(
@@ -448,6 +470,53 @@ def test_a_resumed_run_repeats_no_finished_model_call(dify, client, principal):
     assert dify.count(LLM) == 0
     assert degraded.metrics["research_path"] == "deterministic"
     assert degraded.metrics["degradation_reason"] == "reasoning_invalid_output"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("hold", ["before-the-answer", "mid-stream"])
+def test_a_cancel_lands_within_a_second_during_a_model_call(dify, client, principal, hold):
+    """The server holds the planner's stream for 30 s; ``should_stop`` turns ``True`` while the
+    call is in flight; the run stops within about a second, the call's connection shut down."""
+    import threading
+    import time
+
+    space = reasoned_space(client, principal, dify)
+    dify.llm_responder = ScriptedModel(planner=PLAN)
+    if hold == "before-the-answer":
+        dify.delay(30, route=LLM)
+    else:  # a few bytes of the stream arrive, then nothing
+        dify.add_fault("stall", LLM, after_bytes=10, seconds=30)
+    asked_at: list[float] = []
+
+    def stop() -> bool:
+        if dify.in_flight(LLM) and not asked_at:
+            time.sleep(0.3)  # well inside the call
+            asked_at.append(time.monotonic())
+        return bool(asked_at)
+
+    checkpoint: dict = {}
+    with pytest.raises(ResearchCanceled, match="during a model call"):
+        run_research(
+            space,
+            QUESTION,
+            top_k=3,
+            score_threshold=None,
+            durable=True,
+            checkpoint=checkpoint,
+            save_checkpoint=lambda c: None,
+            should_stop=stop,
+        )
+    assert asked_at and time.monotonic() - asked_at[0] < 1.0
+    assert dify.count(LLM) == 1  # not retried after the cancel
+    # The call left no outcome, but it was charged when it started.
+    assert sorted(checkpoint) == ["spent"] and checkpoint["spent"]["model_calls"] == 1
+    # The call's thread ended with its connection shut down, long before the 30 s hold.
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and any(
+        t.name == "reasoning-call" and t.is_alive() for t in threading.enumerate()
+    ):
+        time.sleep(0.05)
+    assert not any(t.name == "reasoning-call" and t.is_alive() for t in threading.enumerate())
 
 
 @pytest.mark.django_db

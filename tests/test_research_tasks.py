@@ -283,8 +283,13 @@ def test_a_task_runs_to_completed_with_cited_evidence(
         "bread",
     ]
     partials = client.get(f"{TASKS}/{task.id}/partials").json()
-    assert [(p["sequence"], p["kind"]) for p in partials["results"]] == [(1, "final")]
-    assert partials["results"][0]["evidence_bundle"]["items"] == items
+    # One retrieval round (no reasoning model): its evidence as it ended, then the result.
+    assert [(p["sequence"], p["kind"]) for p in partials["results"]] == [(1, "round"), (2, "final")]
+    round_one, final = (p["evidence_bundle"] for p in partials["results"])
+    assert final["items"] == items and round_one["items"] == items
+    assert round_one["metrics"]["research_round"] == 1
+    assert round_one["metrics"]["queries"] == ["rockets vs bread", "rockets", "bread"]
+    assert body["progress"]["model_calls_spent"] == 0
     # A second copy of the same message, or a stale one, is refused without a write.
     updated = ResearchTask.objects.get(id=task.id).updated_at
     assert tasks.run_research_task(str(task.id), "another-delivery") == "stale"
@@ -386,9 +391,22 @@ def test_should_stop_sees_a_cancel_within_a_second(
     assert ResearchTask.objects.get(id=task.id).checkpoint == {}
 
 
-def test_the_wall_clock_fails_the_task_as_research_timeout(
-    client, corpus, django_capture_on_commit_callbacks
+def test_a_spent_wall_clock_still_completes_and_research_timeout_is_the_hard_stop(
+    client, corpus, django_capture_on_commit_callbacks, monkeypatch
 ):
+    # Past its timeout_ms Research starts no model call but still returns what recall finds
+    # (the deterministic path needs none): the task completes.
+    created = create(client, corpus, django_capture_on_commit_callbacks)
+    ResearchTask.objects.filter(id=created["id"]).update(
+        limits={"max_model_calls": 3, "timeout_ms": 1}
+    )
+    assert deliver(created["id"]) == "completed"
+    body = client.get(f"{TASKS}/{created['id']}").json()
+    assert body["result"]["items"][0]["citation"]["filename"] in ("rockets.txt", "bread.txt")
+    assert body["result"]["metrics"]["budget_exhausted"] is None  # it needed no model call
+    # Research still running STOP_GRACE_SECONDS after the limit (here: at once) has no result
+    # to give: research_timeout, the checkpoint kept for a resume.
+    monkeypatch.setattr(runner, "STOP_GRACE_SECONDS", 0)
     created = create(client, corpus, django_capture_on_commit_callbacks)
     ResearchTask.objects.filter(id=created["id"]).update(
         limits={"max_model_calls": 3, "timeout_ms": 1}
@@ -396,13 +414,14 @@ def test_the_wall_clock_fails_the_task_as_research_timeout(
     assert deliver(created["id"]) == "failed"
     body = client.get(f"{TASKS}/{created['id']}").json()
     assert (body["stage"], body["error"]["code"]) == ("failed", "research_timeout")
-    assert "1 ms wall clock" in body["error"]["message"]
+    assert "0 s past its 1 ms wall clock" in body["error"]["message"]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_canceled_after_the_planner_and_resumed_without_a_second_planner_call(
-    dify, client, api_key, principal
-):
+def test_canceled_after_the_planner_and_resumed_within_one_budget(dify, client, api_key, principal):
+    """The durable budget (3 model calls, 180 s) holds across deliveries: the judge call a
+    cancel cut short stays charged, the planner is not asked again, and the elapsed time of
+    both deliveries is reported."""
     space = reasoned_space(client, principal, dify)
     holder: dict = {}
 
@@ -413,7 +432,7 @@ def test_canceled_after_the_planner_and_resumed_without_a_second_planner_call(
 
         try:
             task = ResearchTask.objects.get(id=holder["id"])
-            holder["seen"] = (sorted(task.checkpoint), task.stage)
+            holder["seen"] = (sorted(task.checkpoint), task.stage, task.checkpoint["spent"])
             user = APIClient()
             user.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key}")
             holder["cancel"] = user.delete(f"{TASKS}/{holder['id']}").status_code
@@ -424,15 +443,21 @@ def test_canceled_after_the_planner_and_resumed_without_a_second_planner_call(
     model = dify.llm_responder = ScriptedModel(
         planner=PLAN, judge=judge_while_canceled, supplemental=SUPPLEMENT
     )
+    dify.delay(0.5, route=LLM)  # the planner takes half a second: time the budget must keep
     created = post(client, {"space_id": str(space.id), "query": QUESTION, "top_k": 3})
     assert created.status_code == 202
     holder["id"] = created.json()["id"]
-    assert deliver(holder["id"]) == "lost"  # the judge's answer could not be saved
-    assert holder["seen"] == (["planner"], "retrieving") and holder["cancel"] == 200
+    assert deliver(holder["id"]) == "lost"  # canceled during the judge call
+    seen_keys, seen_stage, seen_spent = holder["seen"]
+    assert (seen_keys, seen_stage) == (["planner", "rounds", "spent"], "retrieving")
+    assert seen_spent["model_calls"] == 2  # the judge call was charged when it started
+    assert holder["cancel"] == 200
     task = ResearchTask.objects.get(id=holder["id"])
     assert (task.run_state, task.stage) == ("canceled", "canceled")
-    assert sorted(task.checkpoint) == ["planner"]
+    assert sorted(task.checkpoint) == ["planner", "rounds", "spent"]
     assert task.checkpoint["planner"] == {"status": "ok", "output": PLAN}
+    first_elapsed = task.checkpoint["spent"]["elapsed_ms"]
+    assert first_elapsed >= 500 and task.elapsed_ms >= first_elapsed
     assert model.steps == ["planner", "judge"]
 
     def judge_after_resume() -> dict:
@@ -448,20 +473,100 @@ def test_canceled_after_the_planner_and_resumed_without_a_second_planner_call(
     resumed = client.post(f"{TASKS}/{holder['id']}/resume")
     assert resumed.status_code == 202
     assert deliver(holder["id"]) == "completed"
-    assert model.steps == ["planner", "judge", "judge", "supplemental"]  # one planner call
-    assert dify.count(LLM) == 4
+    # One planner call; the judge again (its first answer never arrived); no third call left
+    # for the supplemental planning: three model calls in all.
+    assert model.steps == ["planner", "judge", "judge"]
+    assert dify.count(LLM) == 3
     assert holder["resumed_stage"] == "retrieving"
     body = client.get(f"{TASKS}/{holder['id']}").json()
     metrics = body["result"]["metrics"]
     assert body["stage"] == "completed" and metrics["research_path"] == "reasoning"
     assert metrics["research_model_calls"] == 3 and metrics["research_model_calls_reused"] == 1
-    assert metrics["research_rounds"] == 2
-    assert "travel.md" in {i["citation"]["filename"] for i in body["result"]["items"]}
-    assert sorted(ResearchTask.objects.get(id=holder["id"]).checkpoint) == [
-        "judge",
-        "planner",
-        "supplemental",
+    assert metrics["research_model_calls_abandoned"] == 1
+    assert metrics["budget_exhausted"] == "model_calls" and metrics["research_rounds"] == 1
+    assert metrics["research_coverage"]["missing"] == ["train booking"]
+    assert len(body["result"]["items"]) == 3
+    # The elapsed total covers both deliveries.
+    assert metrics["research_elapsed_ms"] > first_elapsed
+    assert body["elapsed_ms"] >= metrics["research_elapsed_ms"] - 50
+    assert body["progress"]["model_calls_spent"] == 3
+    assert body["progress"]["checkpoint_steps"] == ["judge", "planner"]
+    stored = ResearchTask.objects.get(id=holder["id"]).checkpoint
+    assert stored["spent"]["model_calls"] == 3
+    partials = client.get(f"{TASKS}/{holder['id']}/partials").json()["results"]
+    # Round one was recorded by the first delivery; the resumed run redid it in place.
+    assert [(p["sequence"], p["kind"]) for p in partials] == [(1, "round"), (2, "final")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_supplemental_round_gives_two_round_partials_then_the_final(dify, client, principal):
+    space = reasoned_space(client, principal, dify)
+    model = dify.llm_responder = ScriptedModel(
+        planner=PLAN, judge=JUDGEMENT, supplemental=SUPPLEMENT
+    )
+    created = post(client, {"space_id": str(space.id), "query": QUESTION, "top_k": 3})
+    assert created.status_code == 202
+    task_id = created.json()["id"]
+    assert deliver(task_id) == "completed"
+    assert model.steps == ["planner", "judge", "supplemental"]
+    body = client.get(f"{TASKS}/{task_id}").json()
+    partials = client.get(f"{TASKS}/{task_id}/partials").json()["results"]
+    assert [(p["sequence"], p["kind"]) for p in partials] == [
+        (1, "round"),
+        (2, "round"),
+        (3, "final"),
     ]
+    first, second, final = (p["evidence_bundle"] for p in partials)
+    assert first["metrics"]["research_round"] == 1 and second["metrics"]["research_round"] == 2
+    assert first["metrics"]["queries"] == [QUESTION, *PLAN["sub_queries"]]
+    assert second["metrics"]["queries"] == [QUESTION, *PLAN["sub_queries"], SUPPLEMENT["query"]]
+    assert first["metrics"]["research_model_calls"] == 1
+    assert second["metrics"]["research_model_calls"] == 3
+    assert len(first["items"]) == 3 and all(i["citation"]["filename"] for i in first["items"])
+    assert second["items"] == final["items"] == body["result"]["items"]
+    # The supplemental query (book trains) brought in the travel rule.
+    assert "travel.md" in {i["citation"]["filename"] for i in second["items"]}
+    assert final["metrics"]["research_rounds"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_short_timeout_completes_with_budget_exhausted_and_the_evidence(dify, client, principal):
+    space = reasoned_space(client, principal, dify)
+    model = dify.llm_responder = ScriptedModel(
+        planner=PLAN, judge=JUDGEMENT, supplemental=SUPPLEMENT
+    )
+    created = post(client, {"space_id": str(space.id), "query": QUESTION, "top_k": 3})
+    assert created.status_code == 202
+    task_id = created.json()["id"]
+    # A 2 s limit (set on the row: admission asks for the configured 60 s a call may take). The
+    # planner answers after 1.2 s, leaving less than the 1 s a call needs: no judge is asked.
+    ResearchTask.objects.filter(id=task_id).update(
+        limits={"max_model_calls": 3, "timeout_ms": 2000}
+    )
+    dify.delay(1.2, route=LLM)
+    assert deliver(task_id) == "completed"
+    assert model.steps == ["planner"]
+    body = client.get(f"{TASKS}/{task_id}").json()
+    assert (body["stage"], body["error"]) == ("completed", None)
+    metrics = body["result"]["metrics"]
+    assert (metrics["budget_exhausted"], metrics["degraded"]) == ("wall_clock", False)
+    assert metrics["research_path"] == "reasoning" and metrics["research_model_calls"] == 1
+    items = body["result"]["items"]
+    assert len(items) == 3 and {"leave.md", "expenses.md"} <= {
+        i["citation"]["filename"] for i in items
+    }
+    kinds = [p["kind"] for p in client.get(f"{TASKS}/{task_id}/partials").json()["results"]]
+    assert kinds == ["round", "final"]
+    # The task's max_model_calls reaches Research too: with one call, only the planner.
+    model.steps.clear()
+    again = post(client, {"space_id": str(space.id), "query": QUESTION, "top_k": 3})
+    ResearchTask.objects.filter(id=again.json()["id"]).update(
+        limits={"max_model_calls": 1, "timeout_ms": 180000}
+    )
+    assert deliver(again.json()["id"]) == "completed"
+    assert model.steps == ["planner"]
+    metrics = client.get(f"{TASKS}/{again.json()['id']}").json()["result"]["metrics"]
+    assert (metrics["budget_exhausted"], metrics["research_model_calls"]) == ("model_calls", 1)
 
 
 # --- recovery ------------------------------------------------------------------------------------
@@ -571,11 +676,10 @@ def test_lists_and_partials_are_paginated(client, corpus, django_capture_on_comm
     assert "result" not in first["results"][0] and first["results"][0]["stage"] == "queued"
     second = client.get(first["next"]).json()
     assert [t["id"] for t in second["results"]] == [ids[0]] and second["next"] is None
-    assert deliver(ids[0]) == "completed"
-    for round_number in (1, 2):
-        runner._add_partial(ids[0], "round", {"items": [], "metrics": {"round": round_number}})
+    assert deliver(ids[0]) == "completed"  # a round partial, then the final one
+    runner._add_partial(ids[0], "round", {"items": [], "metrics": {"round": 9}})
     page = client.get(f"{TASKS}/{ids[0]}/partials?limit=2").json()
-    assert [(p["sequence"], p["kind"]) for p in page["results"]] == [(1, "final"), (2, "round")]
+    assert [(p["sequence"], p["kind"]) for p in page["results"]] == [(1, "round"), (2, "final")]
     rest = client.get(page["next"]).json()
     assert [(p["sequence"], p["kind"]) for p in rest["results"]] == [(3, "round")]
     assert rest["next"] is None

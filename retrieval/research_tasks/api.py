@@ -31,9 +31,10 @@ def _iso(moment) -> str | None:
 
 
 def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
-    """The public shape of a task. ``progress`` is ``{stage, model_calls_done (finished model
-    calls in the checkpoint), partials, attempts}``; ``result`` (``full`` only, once
-    ``completed``) holds ``items`` (with citations) and ``metrics``."""
+    """The public shape of a task. ``progress`` is ``{stage, checkpoint_steps (the model steps
+    with an outcome in the checkpoint), model_calls_spent (model calls started over all
+    deliveries, a call cut short by a cancel included), attempts, resumes}``; ``result``
+    (``full`` only, once ``completed``) holds ``items`` (with citations) and ``metrics``."""
     checkpoint = task.checkpoint or {}
     body = {
         "id": str(task.id),
@@ -47,7 +48,8 @@ def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
         "status": task.run_state,
         "progress": {
             "stage": task.stage,
-            "checkpoint_steps": sorted(k for k in checkpoint if k != "rounds"),
+            "checkpoint_steps": sorted(k for k in checkpoint if k not in ("rounds", "spent")),
+            "model_calls_spent": (checkpoint.get("spent") or {}).get("model_calls", 0),
             "attempts": task.attempt_count,
             "resumes": task.resume_count,
         },

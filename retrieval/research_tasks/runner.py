@@ -8,13 +8,20 @@ id) and hands Research the task's ``checkpoint`` with two callbacks:
   no longer owns the task it raises :class:`.dispatch.ClaimLost`, which ends the run with
   nothing more written.
 * ``should_stop()`` — ``True`` once the task was canceled or taken back (read from the row at most
-  every :data:`STOP_POLL_SECONDS`) or the task's ``timeout_ms`` wall clock ran out.
+  every :data:`STOP_POLL_SECONDS`; Research asks between steps and during a model call) or the
+  hard stop passed: the task's ``timeout_ms`` plus :data:`STOP_GRACE_SECONDS`.
+
+Research is also given ``deadline_s`` (what is left of the delivery's ``timeout_ms``) and the
+task's ``max_model_calls``: it starts no model call past them and ends ``completed`` with
+``budget_exhausted`` and the evidence it has. Each save also brings ``elapsed_ms`` up to date
+(the task's earlier deliveries plus this one so far), so a canceled delivery's time counts.
 
 The result, its final partial and ``completed`` are one fenced commit. A failure is a fenced
-``failed`` with a stable code (``research_timeout``, a retrieval error's own code such as
-``embedding_model_unavailable``, or ``internal_error``); the checkpoint is kept, so ``resume``
-repeats no finished model call. Safe to deliver twice: a second delivery is refused by
-:func:`.dispatch.begin` and writes nothing.
+``failed`` with a stable code: ``research_timeout`` only when Research was still running at the
+hard stop (a step, such as a recall, hung past the whole budget: no result to give), a retrieval
+error's own code such as ``embedding_model_unavailable``, or ``internal_error``; the checkpoint
+is kept, so ``resume`` repeats no finished model call. Safe to deliver twice: a second delivery
+is refused by :func:`.dispatch.begin` and writes nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from knowledgefs.errors import ServiceError
+from retrieval.research import ROUNDS_KEY, SPENT_KEY
 
 from . import dispatch
 from .dispatch import ClaimLost
@@ -37,20 +45,28 @@ logger = logging.getLogger("knowledgefs.research_tasks")
 
 STOP_POLL_SECONDS = 0.5
 """``should_stop`` reads the task row at most this often, so a cancel is seen within about a
-second of its commit (at Research's next poll between steps)."""
-ROUND_EVIDENCE_KEY = "rounds"
-"""A checkpoint member Research may fill with the evidence of each finished retrieval round
+second of its commit (Research polls between steps and, during a model call, every 0.2 s)."""
+STOP_GRACE_SECONDS = 20
+"""How long past its ``timeout_ms`` a delivery lets Research finish (recall, rerank and ranking
+after its last model call; persisting) before ``should_stop`` ends it as ``research_timeout``.
+Ours; below :data:`.dispatch.DELIVERY_MARGIN_SECONDS` (30 s), so the worker's own timeout never
+comes first."""
+ROUND_EVIDENCE_KEY = ROUNDS_KEY
+"""The checkpoint member Research fills with the evidence of each finished retrieval round
 (``[{"items": [...], "metrics": {...}}, ...]``); each new round becomes a ``round`` partial."""
 ANALYSIS_STEPS = ("judge", "supplemental", "supplement")
-"""Checkpoint steps after which the task is ``analyzing`` (before them: ``retrieving`` once any
-step finished, ``planning`` before the first)."""
+"""Checkpoint steps after which the task is ``analyzing`` (before them: ``retrieving`` once the
+planner finished or a round was recorded, ``planning`` before)."""
 
 
 def stage_for(checkpoint: dict) -> str:
-    """The public stage a checkpoint implies (see :data:`ANALYSIS_STEPS`)."""
+    """The public stage a checkpoint implies (see :data:`ANALYSIS_STEPS`; ``spent`` is
+    bookkeeping and implies nothing)."""
     if any(step in checkpoint for step in ANALYSIS_STEPS):
         return Stage.ANALYZING
-    if any(key != ROUND_EVIDENCE_KEY for key in checkpoint):
+    if any(key not in (ROUND_EVIDENCE_KEY, SPENT_KEY) for key in checkpoint):
+        return Stage.RETRIEVING
+    if checkpoint.get(ROUND_EVIDENCE_KEY):
         return Stage.RETRIEVING
     return Stage.PLANNING
 
@@ -63,7 +79,11 @@ class _Delivery:
         self.delivery = delivery
         self.started = time.monotonic()
         timeout_ms = task.limits.get("timeout_ms") or settings.KNOWLEDGE_RESEARCH_TASK_TIMEOUT_MS
+        self.timeout_ms = timeout_ms
         self.deadline = self.started + timeout_ms / 1000
+        self.hard_stop = self.deadline + STOP_GRACE_SECONDS
+        self.elapsed_before = task.elapsed_ms or 0
+        self.max_model_calls = task.limits.get("max_model_calls")
         self.rounds_saved = len((task.checkpoint or {}).get(ROUND_EVIDENCE_KEY) or [])
         self.lost = False
         self.timed_out = False
@@ -72,27 +92,35 @@ class _Delivery:
     def elapsed_ms(self) -> int:
         return round((time.monotonic() - self.started) * 1000)
 
+    def remaining_s(self) -> float:
+        """Seconds left of this delivery's ``timeout_ms`` (Research's ``deadline_s``)."""
+        return max(0.0, self.deadline - time.monotonic())
+
     def save_checkpoint(self, checkpoint: dict) -> None:
         """Persist ``checkpoint`` (fenced); raises :class:`ClaimLost` when no longer ours."""
         rounds = list(checkpoint.get(ROUND_EVIDENCE_KEY) or [])
         now = timezone.now()
         with transaction.atomic():
             updated = dispatch.held(self.task_pk, self.delivery).update(
-                checkpoint=checkpoint, stage=stage_for(checkpoint), heartbeat_at=now, updated_at=now
+                checkpoint=checkpoint,
+                stage=stage_for(checkpoint),
+                elapsed_ms=self.elapsed_before + self.elapsed_ms(),
+                heartbeat_at=now,
+                updated_at=now,
             )
             if not updated:
                 self.lost = True
                 raise ClaimLost(str(self.task_pk))
             for evidence in rounds[self.rounds_saved :]:
                 _add_partial(self.task_pk, "round", evidence)
-        self.rounds_saved = len(rounds)
+        self.rounds_saved = max(self.rounds_saved, len(rounds))
 
     def should_stop(self) -> bool:
-        """``True`` when canceled, taken back or out of time (see the module)."""
+        """``True`` when canceled, taken back or past the hard stop (see the module)."""
         if self.lost:
             return True
         now = time.monotonic()
-        if now >= self.deadline:
+        if now >= self.hard_stop:
             self.timed_out = True
             return True
         if now - self._polled >= STOP_POLL_SECONDS:
@@ -130,8 +158,9 @@ def run_delivery(task_pk, delivery: str) -> str:
             return _failed(
                 run,
                 "research_timeout",
-                f"the research ran out of its {task.limits.get('timeout_ms')} ms wall clock; "
-                "resume it to continue from its checkpoint",
+                f"the research was still running {STOP_GRACE_SECONDS} s past its "
+                f"{run.timeout_ms} ms wall clock, with no result; resume it to continue from "
+                "its checkpoint",
             )
         return "lost"
     except ServiceError as exc:
@@ -163,6 +192,8 @@ def _research(task: ResearchTask, run: _Delivery):
             checkpoint=dict(task.checkpoint or {}),
             save_checkpoint=run.save_checkpoint,
             should_stop=run.should_stop,
+            deadline_s=run.remaining_s(),
+            max_model_calls=run.max_model_calls,
         )
     except ResearchCanceled:
         raise _Stopped() from None
@@ -170,15 +201,12 @@ def _research(task: ResearchTask, run: _Delivery):
 
 def _failed(run: _Delivery, code: str, message: str) -> str:
     if dispatch.fail(run.task_pk, run.delivery, code, message):
-        ResearchTask.objects.filter(id=run.task_pk).update(elapsed_ms=_elapsed(run.task_pk, run))
+        ResearchTask.objects.filter(id=run.task_pk).update(
+            elapsed_ms=run.elapsed_before + run.elapsed_ms()
+        )
         logger.warning("research task %s failed: %s", run.task_pk, code)
         return "failed"
     return "lost"
-
-
-def _elapsed(task_pk, run: _Delivery) -> int:
-    before = ResearchTask.objects.filter(id=task_pk).values_list("elapsed_ms", flat=True).first()
-    return (before or 0) + run.elapsed_ms()
 
 
 def _complete(task: ResearchTask, run: _Delivery, result) -> str:
@@ -195,7 +223,7 @@ def _complete(task: ResearchTask, run: _Delivery, result) -> str:
                 task_id=None,
                 claimed_at=None,
                 step_started_at=None,
-                elapsed_ms=task.elapsed_ms + run.elapsed_ms(),
+                elapsed_ms=run.elapsed_before + run.elapsed_ms(),
                 finished_at=now,
                 updated_at=now,
             ):
