@@ -59,6 +59,10 @@ MIN_LEG_CANDIDATES = LEG_FLOOR
 
 @dataclass
 class RetrievalItem:
+    """One hit. ``scores`` holds ``final`` and the per-stage scores: ``dense``/``keyword``
+    (min-max normalised per leg), ``dense_raw`` (the dense leg's raw cosine, when it found the
+    node; not part of the fused score), ``rerank``, Research's ``rrf``."""
+
     node_id: uuid.UUID
     score: float
     text: str
@@ -164,6 +168,18 @@ def fuse(legs: dict[str, list[ScoredNode]]) -> list[tuple[uuid.UUID, float, dict
         (node_id, sum(per_leg.values()) * weight, per_leg) for node_id, per_leg in fused.items()
     ]
     ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    return _with_dense_raw(ranked, legs)
+
+
+def _with_dense_raw(ranked: list, legs: dict[str, list[ScoredNode]]) -> list:
+    """Add ``dense_raw`` (the dense leg's raw cosine, -1..1, for the vectors are unit length)
+    to the ``per_leg`` of the nodes the dense leg found, after the fused scores are summed, so
+    the ranking is unchanged. The answerability rule reads it: min-max scores are relative to
+    the query's candidates, the cosine is not (docs/retrieval.md, "Answerability")."""
+    raw = {hit.node_id: hit.score for hit in legs.get("dense") or []}
+    for node_id, _, per_leg in ranked:
+        if node_id in raw:
+            per_leg["dense_raw"] = raw[node_id]
     return ranked
 
 
@@ -189,7 +205,7 @@ def reciprocal_rank_fusion(
         (node_id, sum(per_leg.values()) / count, per_leg) for node_id, per_leg in fused.items()
     ]
     ranked.sort(key=lambda r: (-r[1], str(r[0])))
-    return ranked
+    return _with_dense_raw(ranked, legs)
 
 
 FUSIONS = {"minmax": fuse, "rrf": reciprocal_rank_fusion}

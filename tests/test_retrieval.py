@@ -42,6 +42,20 @@ def test_fusion_is_an_equal_weight_mean_with_missing_legs_counting_zero():
     assert [(n, s) for n, s, _ in single] == [(C, 1.0), (A, 0.0)]
 
 
+def test_fusion_keeps_the_dense_legs_raw_cosine_without_changing_the_order():
+    legs = {
+        "dense": [ScoredNode(A, 0.21), ScoredNode(B, 0.17)],
+        "keyword": [ScoredNode(B, 12.0), ScoredNode(C, 2.0)],
+    }
+    ranked = fuse(legs)
+    assert [(n, s) for n, s, _ in ranked] == [(A, 0.5), (B, 0.5), (C, 0.0)]
+    per_leg = {n: p for n, _, p in ranked}
+    assert per_leg[A] == {"dense": 1.0, "dense_raw": 0.21}
+    assert per_leg[B] == {"dense": 0.0, "keyword": 1.0, "dense_raw": 0.17}
+    assert per_leg[C] == {"keyword": 0.0}  # the dense leg did not find it: no cosine
+    assert fuse({"keyword": [ScoredNode(C, 2.0)]})[0][2] == {"keyword": 1.0}
+
+
 def test_rrf_orders_by_summed_reciprocal_ranks():
     from retrieval.services import reciprocal_rank_fusion
 
