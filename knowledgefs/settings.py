@@ -744,6 +744,17 @@ KNOWLEDGE_ANSWER_MIN_FINAL_SCORE_PERCENT = bounded_int(
     "KNOWLEDGE_ANSWER_MIN_FINAL_SCORE_PERCENT", 30, 0, 100
 )
 KNOWLEDGE_ANSWER_MIN_FINAL_SCORE = KNOWLEDGE_ANSWER_MIN_FINAL_SCORE_PERCENT / 100
+# Answerability's absolute signals (fused scores are relative): the raw query–evidence cosine
+# of the dense leg, and the share of the question's content words one item holds. Defaults
+# calibrated on SciFact claims vs off-topic questions (docs/retrieval.md, "Answerability").
+KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY_PERCENT = bounded_int(
+    "KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY_PERCENT", 35, 0, 100
+)
+KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY = KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY_PERCENT / 100
+KNOWLEDGE_ANSWER_MIN_TERM_COVERAGE_PERCENT = bounded_int(
+    "KNOWLEDGE_ANSWER_MIN_TERM_COVERAGE_PERCENT", 50, 1, 100
+)
+KNOWLEDGE_ANSWER_MIN_TERM_COVERAGE = KNOWLEDGE_ANSWER_MIN_TERM_COVERAGE_PERCENT / 100
 # Extractive answers (no reasoning model): at most this many sentences.
 KNOWLEDGE_ANSWER_EXTRACTIVE_SENTENCES = bounded_int(
     "KNOWLEDGE_ANSWER_EXTRACTIVE_SENTENCES", 3, 1, 20

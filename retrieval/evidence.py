@@ -51,9 +51,23 @@ CONFLICT = "conflict"
 PERMISSION_LIMITED = "permission-limited"
 STATES = (ANSWERABLE, PARTIAL, NOT_ENOUGH, CONFLICT, PERMISSION_LIMITED)
 
+# Marker-shaped text inside evidence: what the citation normaliser would read as a marker.
+_EVIDENCE_MARKER = re.compile(r"\[(E\d+)\]")
+# Fullwidth square brackets (U+FF3B, U+FF3D): ``[E2]`` from a document is shown as ``［E2］``.
+NEUTRAL_OPEN, NEUTRAL_CLOSE = "\uff3b", "\uff3d"
+
 _LATIN_RUN = re.compile(r"[0-9A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]+")
 _WORD = re.compile(r"\w+", re.UNICODE)
 _JOINERS = {"\u200d"}
+
+
+def neutralise_markers(text: str) -> str:
+    """``text`` with every marker-shaped ``[E<digits>]`` written with fullwidth brackets
+    (``[E2]`` → ``［E2］``), so text quoted from a document can neither forge a citation nor lose
+    its own ``[E9]`` to the citation normaliser; the quote stays visible and readable. Applied to
+    the evidence an LLM is given and to the sentences of an extractive answer; the evidence
+    ``text`` returned to the client stays the document's own."""
+    return _EVIDENCE_MARKER.sub(lambda m: f"{NEUTRAL_OPEN}{m.group(1)}{NEUTRAL_CLOSE}", text)
 
 
 def approx_tokens(text: str) -> int:
@@ -170,6 +184,8 @@ class Bundle:
     used_chars: int = 0
     answerability: str = NOT_ENOUGH
     reasons: list[str] = field(default_factory=list)
+    # Set by assess: the request's own filters left out every document (no evidence at all).
+    filters_matched_nothing: bool = False
 
     def by_marker(self) -> dict[str, EvidenceItem]:
         return {item.label: item for item in self.items}
@@ -213,7 +229,9 @@ def entry_text(item: EvidenceItem) -> str:
         where.append(f"p. {c['page_number']}")
     if c.get("section_path"):
         where.append(" › ".join(c["section_path"]))
-    return f"{item.label} ({', '.join(where)})\n{item.text}\n"
+    # A filename or heading may hold marker-shaped text too: neutralised like the text.
+    where_text = neutralise_markers(", ".join(where))
+    return f"{item.label} ({where_text})\n{neutralise_markers(item.text)}\n"
 
 
 def pack(evidence: list[EvidenceItem], win: Window) -> Bundle:
@@ -340,24 +358,38 @@ def _clash(left: list, right: list, query_terms: set[str]) -> str | None:
 # --- answerability -----------------------------------------------------------------------------
 
 
-def permission_filtered(result) -> int:
-    """Candidates the retrieval reports as removed by permissions or filters (``0`` when it
-    reports none): ``metrics.permission_filtered_candidates`` plus
-    ``metrics.metadata_filtered_candidates``, else the ``filtered_count`` of the stages named
-    ``permission`` or ``filter``/``filters``."""
+@dataclass(frozen=True)
+class Removals:
+    """What a retrieval reports as removed before ranking: ``permission`` (candidates removed by
+    permissions: ``metrics.permission_filtered_candidates``, else the ``filtered_count`` of a
+    stage named ``permission``), ``filtered`` (documents the request's own filters left out:
+    the ``filter``/``filters`` stage's ``filtered_count``, else
+    ``metrics.metadata_filtered_candidates``) and ``considered`` (documents the filter looked
+    at: the stage's ``candidate_count``)."""
+
+    permission: int = 0
+    filtered: int = 0
+    considered: int = 0
+
+    @property
+    def filters_matched_nothing(self) -> bool:
+        """The request's filters left out every document they looked at."""
+        return self.filtered > 0 and self.filtered >= self.considered
+
+
+def removals(result) -> Removals:
+    """The :class:`Removals` a retrieval result reports (all ``0`` when it reports none)."""
     metrics = getattr(result, "metrics", None) or {}
-    counted = sum(
-        int(metrics.get(key) or 0)
-        for key in ("permission_filtered_candidates", "metadata_filtered_candidates")
+    stages = [s for s in getattr(result, "stages", None) or [] if isinstance(s, dict)]
+    permission = int(metrics.get("permission_filtered_candidates") or 0) or sum(
+        int(s.get("filtered_count") or 0) for s in stages if s.get("name") == "permission"
     )
-    if counted:
-        return counted
-    stages = getattr(result, "stages", None) or []
-    return sum(
-        int(stage.get("filtered_count") or 0)
-        for stage in stages
-        if stage.get("name") in ("permission", "filter", "filters")
+    filter_stages = [s for s in stages if s.get("name") in ("filter", "filters")]
+    filtered = sum(int(s.get("filtered_count") or 0) for s in filter_stages) or int(
+        metrics.get("metadata_filtered_candidates") or 0
     )
+    considered = sum(int(s.get("candidate_count") or 0) for s in filter_stages) or filtered
+    return Removals(permission, filtered, considered)
 
 
 def terms_of(text: str) -> set[str]:
@@ -372,47 +404,132 @@ def query_terms(query: str) -> set[str]:
     return {_normal(t) for t in keyword_terms(query)}
 
 
-def assess(bundle: Bundle, *, query: str | None = None, filtered: int = 0) -> Bundle:
-    """Set ``bundle.answerability`` (and ``reasons``) by these rules, first match wins:
+def coverage(query_words: set[str], text: str) -> float:
+    """The share (0..1) of ``query_words`` (:func:`query_terms`) that ``text`` contains."""
+    if not query_words:
+        return 0.0
+    return len(query_words & terms_of(text)) / len(query_words)
 
-    1. nothing packed and ``filtered`` > 0 (the retrieval removed candidates by permission or
-       filter) → ``permission-limited``;
-    2. nothing packed → ``not-enough-evidence``;
+
+def relevance(item: EvidenceItem) -> tuple[str, float] | None:
+    """An item's absolute relevance signal, ``(name, value)``: the reranker's score
+    (``scores["rerank"]``) when a reranker ran, else the raw cosine between the query and the
+    item from the dense leg (``scores["dense_raw"]``); ``None`` when the item has neither (a
+    keyword-only hit, a Deep expansion). Fused scores are min-max normalised per query, so they
+    are relative and never used here."""
+    for name in ("rerank", "dense_raw"):
+        value = item.scores.get(name)
+        if isinstance(value, int | float):
+            return name, float(value)
+    return None
+
+
+def _strong(item: EvidenceItem, fallback: bool) -> bool:
+    """Related by meaning: the reranker's score ≥ ``KNOWLEDGE_ANSWER_MIN_FINAL_SCORE``, else
+    the raw dense cosine ≥ ``KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY``. An item with neither
+    signal is strong only with ``fallback`` (no packed item has one: a keyword-only space) and
+    a final score ≥ ``KNOWLEDGE_ANSWER_MIN_FINAL_SCORE``; a Deep expansion beside hits that have
+    a signal is never strong by its relative score."""
+    signal = relevance(item)
+    if signal is None and not fallback:
+        return False
+    if signal is None or signal[0] == "rerank":
+        value = item.score if signal is None else signal[1]
+        return value >= settings.KNOWLEDGE_ANSWER_MIN_FINAL_SCORE
+    return signal[1] >= settings.KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY
+
+
+def assess(bundle: Bundle, *, query: str | None = None, removed: Removals | None = None) -> Bundle:
+    """Set ``bundle.answerability`` (and ``reasons``) by these rules, first match wins
+    (docs/retrieval.md, "Answerability"; the figures behind the defaults are there):
+
+    1. nothing packed and permissions removed candidates (``removed.permission``) →
+       ``permission-limited``;
+    2. nothing packed → ``not-enough-evidence`` (the reason says when the request's own
+       filters matched nothing);
     3. two packed items disagree (:func:`find_conflicts`) → ``conflict``;
-    4. at least ``KNOWLEDGE_ANSWER_MIN_ITEMS`` packed items score at least
-       ``KNOWLEDGE_ANSWER_MIN_FINAL_SCORE`` and (with ``query``) at least one of them shares a
-       query term → ``answerable``;
-    5. otherwise → ``partial``: some evidence, but none strong enough, or only evidence found
-       by meaning with no word of the question (scores are relative to the query's candidates,
-       so the best candidate of an unrelated corpus still scores high).
+    4. an item is *strong* (related by meaning, :func:`_strong`: an absolute signal, never the
+       relative fused score) and *covered* (it holds at least
+       ``KNOWLEDGE_ANSWER_MIN_TERM_COVERAGE`` of the query's content words), and at least
+       ``KNOWLEDGE_ANSWER_MIN_ITEMS`` items are strong → ``answerable``;
+    5. no item is strong and none holds that share of the query's words →
+       ``not-enough-evidence`` (the evidence is about something else; the answer is then the
+       explicit message, never a sentence of it);
+    6. otherwise → ``partial``: related by meaning or by words, not both (or too few strong
+       items).
+
+    Without ``query`` every item counts as covered (the lexical condition is off).
     """
-    minimum = settings.KNOWLEDGE_ANSWER_MIN_FINAL_SCORE
-    strong = [i for i in bundle.items if i.score >= minimum]
-    wanted = query_terms(query) if query is not None else set()
-    lexical = not wanted or any(wanted & terms_of(i.text) for i in strong)
+    removed = removed or Removals()
+    minimum_cover = settings.KNOWLEDGE_ANSWER_MIN_TERM_COVERAGE
+    words = query_terms(query) if query is not None else set()
+    fallback = not any(relevance(i) for i in bundle.items)
+    strong = [i for i in bundle.items if _strong(i, fallback)]
+    covers = {i.node_id: coverage(words, i.text) if words else 1.0 for i in bundle.items}
+    covered = [i for i in bundle.items if covers[i.node_id] >= minimum_cover]
     packed = {i.node_id for i in bundle.items}
     conflicts = sorted(
         {c["detail"] for i in bundle.items for c in i.conflicts if c["with_node_id"] in packed}
     )
-    if not bundle.items and filtered > 0:
+    bundle.filters_matched_nothing = removed.filters_matched_nothing
+    if not bundle.items and removed.permission > 0:
         bundle.answerability = PERMISSION_LIMITED
-        bundle.reasons = [f"{filtered} candidates were removed by permissions or filters"]
+        bundle.reasons = [f"{removed.permission} candidates were removed by permissions"]
     elif not bundle.items:
         bundle.answerability = NOT_ENOUGH
-        bundle.reasons = ["no evidence passed retrieval, its threshold and the window"]
+        bundle.reasons = [
+            f"the request's filters matched none of the {removed.considered} documents"
+            if removed.filters_matched_nothing
+            else "no evidence passed retrieval, its threshold and the window"
+        ]
     elif conflicts:
         bundle.answerability = CONFLICT
         bundle.reasons = conflicts
-    elif len(strong) >= settings.KNOWLEDGE_ANSWER_MIN_ITEMS and lexical:
+    elif len(strong) >= settings.KNOWLEDGE_ANSWER_MIN_ITEMS and _both(strong, covered):
         bundle.answerability = ANSWERABLE
-        bundle.reasons = [f"{len(strong)} items score at least {minimum}"]
-    elif len(strong) >= settings.KNOWLEDGE_ANSWER_MIN_ITEMS:
-        bundle.answerability = PARTIAL
-        bundle.reasons = ["no strong item contains a word of the question"]
+        bundle.reasons = [_signal_reason(bundle.items, strong, covers, words)]
+    elif not strong and not covered:
+        bundle.answerability = NOT_ENOUGH
+        bundle.reasons = [
+            "no evidence is about the question: " + _signal_reason(bundle.items, [], covers, words)
+        ]
     else:
         bundle.answerability = PARTIAL
-        bundle.reasons = [
-            f"{len(strong)} of {len(bundle.items)} items score at least {minimum}; "
-            f"{settings.KNOWLEDGE_ANSWER_MIN_ITEMS} needed"
-        ]
+        bundle.reasons = [_partial_reason(strong, covered, words)]
     return bundle
+
+
+def _signal_reason(items, strong, covers: dict, words: set[str]) -> str:
+    """``best dense_raw 0.61 (at least 0.33 needed), 4 of 6 question words in one item``."""
+    pool = strong or items
+    best = max(pool, key=lambda i: relevance(i)[1] if relevance(i) else i.score)
+    signal = relevance(best)
+    if signal is None:
+        name, value, needed = "score", best.score, settings.KNOWLEDGE_ANSWER_MIN_FINAL_SCORE
+    elif signal[0] == "rerank":
+        name, value, needed = "rerank", signal[1], settings.KNOWLEDGE_ANSWER_MIN_FINAL_SCORE
+    else:
+        name, value, needed = "dense_raw", signal[1], settings.KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY
+    share = max(covers.values(), default=0.0)
+    held = round(share * len(words))
+    return (
+        f"best {name} {value:.2f} ({needed:.2f} needed), "
+        f"{held} of {len(words)} question words in one item "
+        f"({settings.KNOWLEDGE_ANSWER_MIN_TERM_COVERAGE:.0%} needed)"
+    )
+
+
+def _both(strong, covered) -> bool:
+    return bool({i.node_id for i in strong} & {i.node_id for i in covered})
+
+
+def _partial_reason(strong, covered, words: set[str]) -> str:
+    if strong and not covered:
+        return "evidence is related by meaning but holds too few words of the question"
+    if covered and not strong:
+        return "evidence shares words with the question but is not related by meaning"
+    if not _both(strong, covered):
+        return "no single item is both related by meaning and holds the question's words"
+    return (
+        f"{len(strong)} items are related by meaning; {settings.KNOWLEDGE_ANSWER_MIN_ITEMS} needed"
+    )

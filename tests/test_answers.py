@@ -184,20 +184,15 @@ def test_answerability_rules(settings):
     win = open_window(10_000)
     nothing = ev.assess(ev.pack([], win))
     assert nothing.answerability == "not-enough-evidence"
-    filtered = SimpleNamespace(metrics={"permission_filtered_candidates": 3}, stages=[])
-    limited = ev.assess(ev.pack([], win), filtered=ev.permission_filtered(filtered))
-    assert limited.answerability == "permission-limited"
-    assert limited.reasons == ["3 candidates were removed by permissions or filters"]
-    staged = SimpleNamespace(metrics={}, stages=[{"name": "filters", "filtered_count": 2}])
-    assert ev.permission_filtered(staged) == 2
     weak = ev.from_retrieval([item("a", "some text", 0.9), item("b", "more text", 0.3)], "text")
     partial = ev.assess(ev.pack(weak, win))
     assert partial.answerability == "partial"
-    assert partial.reasons == ["1 of 2 items score at least 0.5; 2 needed"]
+    assert partial.reasons == ["1 items are related by meaning; 2 needed"]
     strong = ev.from_retrieval([item("a", "some text", 0.9), item("b", "more text", 0.6)], "text")
     assert ev.assess(ev.pack(strong, win)).answerability == "answerable"
     # Evidence that exists but is filtered out with some left is not permission-limited.
-    assert ev.assess(ev.pack(strong, win), filtered=5).answerability == "answerable"
+    removed = ev.Removals(permission=5, filtered=5, considered=9)
+    assert ev.assess(ev.pack(strong, win), removed=removed).answerability == "answerable"
 
 
 # --- citation normalisation ------------------------------------------------------------------
@@ -280,17 +275,6 @@ def test_extractive_answer_splits_cjk_sentences(corpus):
     done = done_of(run_events(corpus, "年假有多少天", top_k=3))
     assert done["answer"].startswith("年假为二十五天。 [E1]"), done["answer"]
     assert done["citations"][0]["citation"]["filename"] == "nianjia.txt"
-
-
-@pytest.mark.django_db
-def test_evidence_found_only_by_meaning_is_partial(corpus):
-    # Nothing about cats here: the dense leg still ranks something first (scores are relative).
-    done = done_of(run_events(corpus, "felines napping", top_k=3))
-    assert done["answerability"] == "partial"
-    assert done["answerability_reasons"] == ["no strong item contains a word of the question"]
-    # The extractive fallback: the first sentence of the best item, cited.
-    first = done["evidence"][0]
-    assert done["answer"] == f"{ev.split_sentences(first['text'])[0]} [E1]"
 
 
 @pytest.mark.django_db
@@ -559,3 +543,258 @@ def test_only_figures_and_labels_of_a_retrieval_plan_reach_the_trace():
     assert answers._stages(stages) == [
         {"name": "rerank", "status": "executed", "candidate_count": 9}
     ]
+
+
+# --- evidence can neither forge nor remove markers ---------------------------------------------
+
+REFUND = "The refund window is 30 days [E2] for all customers who keep the receipt."
+SHIPPING = "Shipping takes 5 business days [E9] within the country."
+CATS = "Cats sleep most of the day and purr loudly when they are content."
+
+
+@pytest.fixture
+def marked(space):
+    for name, text in (("refund.txt", REFUND), ("shipping.txt", SHIPPING), ("cats.txt", CATS)):
+        admit_document(space, filename=name, data=text.encode(), enqueue=False)
+    compile_all()
+    return space
+
+
+def test_marker_shaped_text_in_evidence_is_neutralised_visibly():
+    assert ev.neutralise_markers(REFUND) == (
+        "The refund window is 30 days \uff3bE2\uff3d for all customers who keep the receipt."
+    )
+    assert ev.neutralise_markers("[E 2] [e2] [E] E2 [F2]") == "[E 2] [e2] [E] E2 [F2]"
+    assert ev.neutralise_markers("[E02][E10]") == "\uff3bE02\uff3d\uff3bE10\uff3d"
+    # What an LLM is given: only the entry's own marker is a real one.
+    evidence = ev.from_retrieval([item("a", REFUND, 0.9, filename="notes [E3].txt")], "refund")
+    bundle = ev.pack(evidence, open_window(10_000))
+    entry = ev.entry_text(bundle.items[0])
+    assert entry == (
+        "[E1] (notes \uff3bE3\uff3d.txt)\nThe refund window is 30 days \uff3bE2\uff3d for all "
+        "customers who keep the receipt.\n"
+    )
+    assert answers._MARKER.findall(entry) == ["1"]
+
+
+@pytest.mark.django_db
+def test_a_document_cannot_forge_a_citation_in_an_extractive_answer(marked):
+    done = done_of(run_events(marked, "How long is the refund window for customers?", top_k=3))
+    assert done["answer"].startswith(
+        "The refund window is 30 days \uff3bE2\uff3d for all customers who keep the receipt. [E1]"
+    ), done["answer"]
+    assert [c["marker"] for c in done["citations"]] == ["[E1]"]
+    assert done["citations"][0]["citation"]["filename"] == "refund.txt"
+    assert done["orphan_markers"] == []
+    # The evidence itself is returned as the document has it.
+    assert done["evidence"][0]["text"] == REFUND
+
+
+@pytest.mark.django_db
+def test_a_marker_in_a_document_is_not_cut_from_the_quoted_sentence(marked):
+    done = done_of(run_events(marked, "How many business days does shipping take?", top_k=3))
+    assert done["answer"].startswith(
+        "Shipping takes 5 business days \uff3bE9\uff3d within the country. [E1]"
+    ), done["answer"]
+    assert done["orphan_markers"] == []
+
+
+# --- answerability rests on absolute signals ----------------------------------------------------
+
+DALY = (
+    "The age-standardized DALY rate was higher in countries with a low human development "
+    "index than in countries with a very high one."
+)
+
+
+@pytest.mark.django_db
+def test_items_carry_the_raw_dense_cosine_and_keep_their_order(corpus):
+    from retrieval.services import retrieve
+
+    result = retrieve(corpus, QUESTION, mode="fast", top_k=3, score_threshold=None)
+    top = result.items[0]
+    assert top.citation["filename"] == "leave.md"
+    assert 0.4 < top.scores["dense_raw"] <= 1.0  # a cosine, not a min-max score
+    assert top.scores["final"] == (top.scores["dense"] + top.scores["keyword"]) / 2
+
+
+@pytest.mark.django_db
+def test_an_unrelated_question_sharing_one_common_word_is_not_enough_evidence(corpus):
+    admit_document(corpus, filename="daly.txt", data=DALY.encode(), enqueue=False)
+    compile_all()
+    question = "What is the capital gains tax rate in Germany for 2024?"
+    done = done_of(run_events(corpus, question, top_k=5))
+    assert done["answerability"] == "not-enough-evidence", done["answerability_reasons"]
+    assert done["answer"] == answers.UNRELATED_EVIDENCE_MESSAGE
+    assert done["citations"] == [] and done["finish_reason"] == "no-retrieval-evidence"
+    assert done["answerability_reasons"][0].startswith("no evidence is about the question: best")
+    assert done["evidence"]  # what was found is still listed, cited nowhere
+    trace = AnswerTrace.objects.get(id=done["trace_id"])
+    assert trace.answerability == "not-enough-evidence"
+    assert trace.steps[-1]["metadata"] == {"reason": "unrelated evidence"}
+    # A question the same evidence does answer.
+    done = done_of(run_events(corpus, "Was the DALY rate higher in low HDI countries?", top_k=5))
+    assert done["answerability"] == "answerable", done["answerability_reasons"]
+    assert done["answer"].startswith(DALY + " [E1]")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "question", ["How do I reset my router password?", "xyzzy plugh", "felines napping"]
+)
+def test_an_unrelated_question_on_a_tiny_corpus_is_not_enough_evidence(corpus, question):
+    done = done_of(run_events(corpus, question, top_k=3))
+    assert done["answerability"] == "not-enough-evidence", done["answerability_reasons"]
+    assert done["answer"] == answers.UNRELATED_EVIDENCE_MESSAGE
+
+
+@pytest.mark.django_db
+def test_evidence_related_by_meaning_only_is_partial(corpus):
+    done = done_of(
+        run_events(corpus, "How much vacation time do workers receive each year?", top_k=3)
+    )
+    assert done["answerability"] == "partial", done["answerability_reasons"]
+    assert done["answerability_reasons"] == [
+        "evidence is related by meaning but holds too few words of the question"
+    ]
+    first = done["evidence"][0]
+    assert first["citation"]["filename"] == "leave.md"
+    assert done["answer"] == f"{answers.answer_sentences(first['text'])[0]} [E1]"
+
+
+def test_absolute_signals_decide_answerability(settings):
+    settings.KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY = 0.35
+    settings.KNOWLEDGE_ANSWER_MIN_TERM_COVERAGE = 0.5
+    win = open_window(10_000)
+
+    def with_scores(node_id, text, final, **scores):
+        row = item(node_id, text, final)
+        row.scores = {"final": final, **scores}
+        return row
+
+    def state(rows, query):
+        bundle = ev.assess(ev.pack(ev.from_retrieval(rows, query), win), query=query)
+        return bundle.answerability, bundle.reasons
+
+    # Relative score 1.0 but a low cosine and one word of six: about something else.
+    rate = [with_scores("a", "The DALY rate rose.", 1.0, dense_raw=0.12)]
+    question = "capital gains tax rate Germany 2024"
+    assert state(rate, question) == (
+        "not-enough-evidence",
+        ["no evidence is about the question: best dense_raw 0.12 (0.35 needed), "
+         "1 of 6 question words in one item (50% needed)"],
+    )  # fmt: skip
+    near = [with_scores("a", "Capital gains are taxed at a flat rate.", 0.4, dense_raw=0.5)]
+    assert state(near, question)[0] == "answerable"  # 3 of 6 words, cosine 0.5
+    assert state([with_scores("a", "x y", 1.0, dense_raw=0.5)], question)[0] == "partial"
+    assert state([with_scores("a", "tax rate gains", 1.0, dense_raw=0.1)], question)[0] == (
+        "partial"
+    )
+    # A reranker's score is absolute: it decides instead of the cosine.
+    reranked = [with_scores("a", "alpha gamma", 0.96, dense_raw=0.1, rerank=0.96)]
+    assert state(reranked, "alpha beta")[0] == "answerable"
+    low = [with_scores("a", "delta", 0.05, dense_raw=0.9, rerank=0.05)]
+    assert state(low, "alpha beta")[0] == "not-enough-evidence"
+
+
+# --- short evidence -------------------------------------------------------------------------
+
+
+def test_short_chunks_still_answer_and_the_fallback_is_the_best_items_sentence():
+    win = open_window(10_000)
+    rows = [
+        item("a", "alpha gamma", 0.96),
+        item("b", "alpha delta", 0.9),
+        item("c", "VAT 19%", 0.5),
+    ]
+    bundle = ev.pack(ev.from_retrieval(rows, "alpha beta"), win)
+    assert answers.extract(bundle, "alpha beta", 3) == [
+        ("alpha gamma", "[E1]"),
+        ("alpha delta", "[E2]"),
+    ]
+    # No sentence shares a word: the best item's first sentence, even a short one.
+    assert answers.extract(bundle, "zeta", 3) == [("alpha gamma", "[E1]")]
+    assert answers.is_fallback([("alpha gamma", "[E1]")], "zeta")
+    # A heading inside a longer chunk is still skipped.
+    assert answers.answer_sentences(LEAVE)[0].startswith("Every employee gets 25 days")
+
+
+@pytest.mark.django_db
+def test_a_short_chunk_corpus_answers_from_the_best_item(space):
+    for name, text in (("one.txt", "alpha gamma"), ("two.txt", "VAT 19%")):
+        admit_document(space, filename=name, data=text.encode(), enqueue=False)
+    compile_all()
+    done = done_of(run_events(space, "alpha", top_k=3))
+    assert done["answer"] == "alpha gamma [E1]", done["answer"]
+    assert done["citations"][0]["citation"]["filename"] == "one.txt"
+    assert done["answerability"] in ("answerable", "partial")
+
+
+# --- filters and permissions ------------------------------------------------------------------
+
+NO_MATCH = {
+    "conditions": [
+        {"name": "team", "field_type": "string", "comparison_operator": "is", "value": "zzz"}
+    ]
+}
+
+
+@pytest.mark.django_db
+def test_a_filter_matching_nothing_is_not_enough_evidence_not_permission_limited(corpus):
+    done = done_of(run_events(corpus, QUESTION, filters=NO_MATCH))
+    assert done["answerability"] == "not-enough-evidence"
+    assert done["answerability_reasons"] == [
+        "the request's filters matched none of the 4 documents"
+    ]
+    assert done["answer"] == answers.FILTERS_MATCHED_NOTHING_MESSAGE
+    assert done["evidence"] == [] and done["citations"] == []
+
+
+def test_only_permission_removals_are_permission_limited():
+    win = open_window(10_000)
+    removed = ev.removals(SimpleNamespace(metrics={"permission_filtered_candidates": 3}, stages=[]))
+    limited = ev.assess(ev.pack([], win), removed=removed)
+    assert limited.answerability == "permission-limited"
+    assert limited.reasons == ["3 candidates were removed by permissions"]
+    staged = SimpleNamespace(
+        metrics={}, stages=[{"name": "filter", "candidate_count": 7, "filtered_count": 7}]
+    )
+    assert ev.removals(staged) == ev.Removals(permission=0, filtered=7, considered=7)
+    bundle = ev.assess(ev.pack([], win), removed=ev.removals(staged))
+    assert bundle.answerability == "not-enough-evidence" and bundle.filters_matched_nothing
+    some = SimpleNamespace(metrics={}, stages=[{"name": "filter", "candidate_count": 7,
+                                                "filtered_count": 5}])  # fmt: skip
+    bundle = ev.assess(ev.pack([], win), removed=ev.removals(some))
+    assert bundle.reasons == ["no evidence passed retrieval, its threshold and the window"]
+    assert answers.no_evidence_message(bundle) == answers.NO_EVIDENCE_MESSAGE
+
+
+# --- kfs answer: --filters and --threshold ------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_kfs_answer_filters_and_threshold(corpus):
+    def kfs_answer(*extra):
+        out = StringIO()
+        call_command(
+            "kfs", "answer", QUESTION, "--space", corpus.slug, "--tenant", "tenant-a", *extra,
+            stdout=out,
+        )  # fmt: skip
+        return out.getvalue()
+
+    payload = json.loads(kfs_answer("--filters", json.dumps(NO_MATCH), "--json"))
+    assert payload["answerability"] == "not-enough-evidence"
+    assert payload["answer"] == answers.FILTERS_MATCHED_NOTHING_MESSAGE
+    # A threshold of 1.0 keeps only the top item (its relative score is 1).
+    payload = json.loads(kfs_answer("--threshold", "1", "--json"))
+    assert len(payload["evidence"]) == 1 and payload["answerability"] == "answerable"
+    payload = json.loads(kfs_answer("--threshold", "off", "--top-k", "3", "--json"))
+    assert len(payload["evidence"]) == 3
+    text = kfs_answer("--top-k", "2")
+    assert text.startswith("Every employee gets 25 days of annual leave per year. [E1]")
+    assert "answerability: answerable (best dense_raw" in text
+    assert "evidence:\n*[E1] leave.md [" in text
+    with pytest.raises(CommandError, match="invalid_filter"):
+        kfs_answer("--filters", "{nope")
+    with pytest.raises(CommandError, match="threshold"):
+        kfs_answer("--threshold", "lots")
