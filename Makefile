@@ -80,9 +80,9 @@ migrate: install
 
 demo: migrate
 	$(MANAGE) kfs space create "Demo documents" --tenant $(TENANT) --slug demo --exists-ok
-	$(MANAGE) kfs ingest $(DOCS) --space demo --tenant $(TENANT) --wait || echo "(some files were not indexed: see the lines above)"
-	$(MANAGE) kfs query "How does an uploaded document become searchable?" --space demo --tenant $(TENANT) --top-k 3
-	$(MANAGE) kfs query "What happens when a file is larger than the upload limit?" --space demo --tenant $(TENANT) --top-k 3
+	$(MANAGE) kfs ingest $(DOCS) --space demo --tenant $(TENANT) --wait
+	$(MANAGE) kfs answer "How does an uploaded document become searchable?" --space demo --tenant $(TENANT) --top-k 3
+	$(MANAGE) kfs answer "What happens when a file is larger than the upload limit?" --space demo --tenant $(TENANT) --top-k 3
 
 serve: migrate
 	bash scripts/serve.sh

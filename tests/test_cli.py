@@ -108,3 +108,29 @@ def test_space_set_model_builds_and_cuts_over_with_wait(tmp_path, settings):
     assert set(DenseVector.objects.values_list("dimension", flat=True)) == {4}
     with pytest.raises(CommandError, match="unknown_embedding_model"):
         call_command("kfs", "space", "set-model", "models", "nope/x", "--tenant", "t1")
+
+
+def test_query_threshold_takes_a_number_or_off():
+    from knowledgefs.management.commands.kfs import Command
+    from retrieval.services import PROFILE
+
+    parser = Command().create_parser("manage.py", "kfs")
+    base = ["query", "x", "--space", "s", "--tenant", "t"]
+    assert parser.parse_args(base).threshold is PROFILE  # left out: the profile's threshold
+    assert parser.parse_args([*base, "--threshold", "off"]).threshold is None
+    assert parser.parse_args([*base, "--threshold", "null"]).threshold is None
+    assert parser.parse_args([*base, "--threshold", "0.4"]).threshold == 0.4
+    answer = ["answer", "x", "--space", "s", "--tenant", "t"]
+    assert parser.parse_args([*answer, "--threshold", "OFF"]).threshold is None
+    assert parser.parse_args([*answer, "--filters", "{}"]).filters == "{}"
+    with pytest.raises(CommandError, match="invalid threshold 'high'"):
+        parser.parse_args([*base, "--threshold", "high"])
+
+
+def test_make_demo_prints_cited_answers_and_fails_when_ingest_fails():
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    recipe = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert "|| echo" not in recipe and "|| true" not in recipe
+    assert recipe.count(" kfs answer ") == 2 and " kfs query " not in recipe

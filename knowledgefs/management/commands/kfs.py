@@ -18,7 +18,7 @@ from knowledgefs import downgrades
 from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
 from retrieval import answer_cli, evaluation, golden, indexing
-from retrieval.services import LEGS, retrieve
+from retrieval.services import LEGS, PROFILE, retrieve
 from spaces import profiles
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
@@ -150,13 +150,14 @@ class Command(BaseCommand):
             "--mode", default=None, help="fast, deep, research or auto (default: the profile's)"
         )
         query.add_argument("--top-k", type=int, default=5)
-        query.add_argument("--threshold", type=float, default=None)
         query.add_argument(
-            "--filters",
-            metavar="JSON",
-            help='a filter object, e.g. \'{"conditions": [{"name": "team", "field_type": '
-            '"string", "comparison_operator": "is", "value": "hr"}]}\' (docs/retrieval.md)',
+            "--threshold",
+            type=answer_cli.threshold_value,
+            default=PROFILE,
+            metavar="N|off",
+            help=answer_cli.THRESHOLD_HELP,
         )
+        query.add_argument("--filters", metavar="JSON", help=answer_cli.FILTERS_HELP)
         query.add_argument("--json", action="store_true")
 
         docs = sub.add_parser("documents", help="list a space's documents")
@@ -474,18 +475,13 @@ class Command(BaseCommand):
 
     def query(self, options: dict) -> None:
         space = self._space(options)
-        filters = None
-        if options.get("filters") is not None:
-            try:
-                filters = json.loads(options["filters"])
-            except ValueError as exc:
-                raise CommandError(f"invalid_filter: --filters is not valid JSON ({exc})") from None
+        filters = answer_cli.filters_value(options.get("filters"))
         result = retrieve(
             space,
             options["text"],
             top_k=options["top_k"],
             mode=options["mode"],
-            score_threshold=options["threshold"],
+            score_threshold=options.get("threshold", PROFILE),
             filters=filters,
         )
         payload = result.as_dict()
