@@ -798,3 +798,24 @@ def test_kfs_answer_filters_and_threshold(corpus):
         kfs_answer("--filters", "{nope")
     with pytest.raises(CommandError, match="threshold"):
         kfs_answer("--threshold", "lots")
+
+
+@pytest.mark.django_db
+def test_short_chunks_with_a_reranker_answer_instead_of_answer_empty(settings, dify_server, client):
+    from tests.test_retrieval_modes import reranked_space
+
+    settings.KNOWLEDGE_MODEL_RUNTIME = "dify"
+    settings.DIFY_INNER_API_URL = dify_server.url
+    settings.DIFY_INNER_API_KEY = TEST_INNER_KEY
+    dify_server.dimension = 48
+    space = reranked_space(client, Principal(tenant_id="tenant-a"))
+    texts = {"one.txt": "alpha gamma", "two.txt": "alpha delta", "three.txt": "alpha epsilon"}
+    for name, text in texts.items():
+        admit_document(space, filename=name, data=text.encode(), enqueue=False)
+    compile_all()
+    scripted = {"alpha gamma": 0.84, "alpha delta": 0.90, "alpha epsilon": 0.96}
+    dify_server.rerank_responder = lambda body: [scripted[d] for d in body["docs"]]
+    done = done_of(run_events(space, "alpha beta", top_k=3))
+    assert done["answer"] == "alpha epsilon [E1] alpha delta [E2] alpha gamma [E3]"
+    assert done["answerability"] == "answerable", done["answerability_reasons"]
+    assert done["answerability_reasons"][0].startswith("best rerank 0.96 (0.30 needed)")
