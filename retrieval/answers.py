@@ -25,8 +25,11 @@ never more citations than packed evidence items (≤ 128).
 
 Event order: ``answer.delta``… then exactly one of ``answer.done`` (written to the trace first)
 or ``answer.error`` (``answer_generation_failed``: the model call failed, ``cause`` is its code;
-``answer_empty``: the model answered nothing citable). With no evidence the answer is an explicit
-message and ``answer.done`` has ``finish_reason: no-retrieval-evidence``.
+``answer_empty``: the model answered nothing citable). With no evidence, or evidence that is
+about something else (``not-enough-evidence``), the answer is an explicit message, no model is
+called, and ``answer.done`` has ``finish_reason: no-retrieval-evidence``. Marker-shaped text in
+evidence is neutralised (:func:`retrieval.evidence.neutralise_markers`) before it is quoted or
+given to a model, so only markers we emit are normalised.
 """
 
 from __future__ import annotations
