@@ -87,10 +87,10 @@ def detect_language(text: str) -> str:
 
     Only letters count (``str.isalpha``; digits, spaces and punctuation are ignored). A letter is
     CJK when it is Han, Hiragana, Katakana (halfwidth too) or Hangul (the ranges of
-    :mod:`retrieval.text`, the ones the keyword index turns into bigrams), Latin when its Unicode name starts with
-    ``LATIN``, else other. Rule: CJK and Latin letters both present → ``mixed-cjk-latin``; CJK
-    present → ``cjk``; Latin letters present and at least as many as other letters →
-    ``latin``; anything else (Cyrillic, Arabic, no letters at all) → ``other``.
+    :mod:`retrieval.text`, the ones the keyword index turns into bigrams), Latin when its
+    Unicode name starts with ``LATIN``, else other. Rule: CJK and Latin letters both present →
+    ``mixed-cjk-latin``; CJK present → ``cjk``; Latin letters present and at least as many as
+    other letters → ``latin``; anything else (Cyrillic, Arabic, no letters at all) → ``other``.
     """
     cjk = latin = other = 0
     for char in text:

@@ -616,7 +616,9 @@ class Command(BaseCommand):
         if not modes:
             raise CommandError("--mode names no mode")
         if options["max_drop"] is not None and not options["baseline"]:
-            raise CommandError("--max-drop sets the regression gate's allowed drop: give --baseline")
+            raise CommandError(
+                "--max-drop sets the regression gate's allowed drop: give --baseline"
+            )
         if options["baseline"] and "auto" in modes:
             raise CommandError(
                 "--mode auto cannot be gated: it resolves to a space's default mode, which a "
