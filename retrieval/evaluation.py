@@ -116,6 +116,13 @@ def _fingerprint(corpus_path: Path) -> str:
     return digest.hexdigest()[:12]
 
 
+def space_slug(corpus_path: Path) -> str:
+    """The evaluation space's slug for a corpus file: ``eval-<dataset dir>-<fingerprint>``, the
+    fingerprint covering the file's bytes, the embedding model and the chunker version."""
+    slug = f"eval-{corpus_path.parent.name.lower()}-{_fingerprint(corpus_path)}"
+    return "-".join(filter(None, "".join(c if c.isalnum() else "-" for c in slug).split("-")))
+
+
 def prepare_space(
     corpus_path: Path,
     corpus: list[dict],
@@ -128,8 +135,7 @@ def prepare_space(
     Returns ``(space, ingest_seconds, reused)``.
     """
     principal = Principal(tenant_id=EVAL_TENANT)
-    slug = f"eval-{corpus_path.parent.name.lower()}-{_fingerprint(corpus_path)}"
-    slug = "-".join(filter(None, "".join(c if c.isalnum() else "-" for c in slug).split("-")))
+    slug = space_slug(corpus_path)
     space = KnowledgeSpace.objects.filter(tenant_id=EVAL_TENANT, slug=slug).first()
     if space is not None and fresh:
         delete_space(principal, space.id)

@@ -86,11 +86,11 @@ def detect_language(text: str) -> str:
     """The query's script family, from the Unicode scripts of its letters.
 
     Only letters count (``str.isalpha``; digits, spaces and punctuation are ignored). A letter is
-    CJK when it is Han, Hiragana, Katakana or Hangul (the ranges of :mod:`retrieval.text`, the
-    ones the keyword index turns into bigrams), Latin when its Unicode name starts with
-    ``LATIN``, else other. Rule: CJK and Latin letters both present → ``mixed-cjk-latin``; CJK
-    present → ``cjk``; Latin letters present and at least as many as other letters →
-    ``latin``; anything else (Cyrillic, Arabic, no letters at all) → ``other``.
+    CJK when it is Han, Hiragana, Katakana (halfwidth too) or Hangul (the ranges of
+    :mod:`retrieval.text`, the ones the keyword index turns into bigrams), Latin when its
+    Unicode name starts with ``LATIN``, else other. Rule: CJK and Latin letters both present →
+    ``mixed-cjk-latin``; CJK present → ``cjk``; Latin letters present and at least as many as
+    other letters → ``latin``; anything else (Cyrillic, Arabic, no letters at all) → ``other``.
     """
     cjk = latin = other = 0
     for char in text:

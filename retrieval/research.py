@@ -37,18 +37,21 @@ The steps (docs/retrieval.md, "Research and Auto"):
 3. **Recall** both legs per query at Research depth ``min(max(top_k × 10, 50), 100)`` and fuse
    each query's legs with Fast's min-max fusion (so each per-query list is what Fast would
    rank at that depth).
-4. **Weighted reciprocal rank fusion** (:func:`weighted_rrf`) orders the candidates of all
-   lists: ``Σ_i w_i / (k + rank_i)`` with ``k = 60`` (Cormack, Clarke & Büttcher, SIGIR 2009),
-   divided by its maximum ``Σ_i w_i / (k + 1)``. Weights (ours): the original query 1.0, each
-   planned or supplemental query 0.5, so the original query leads and a candidate found by
-   only one sub-query never outranks the original query's own first hit. With one query the
-   order is exactly that query's fused (Fast) order.
+4. **Weighted-max combination** (:func:`weighted_max`) orders the candidates of all lists:
+   a candidate's score is ``max_i w_i × s_i`` over the lists holding it, ``s_i`` being its
+   fused (min-max, in [0, 1]) score in list ``i``. Weights (ours, measured on composite SciFact
+   questions, docs/benchmarks.md): the original query 1.0, each planned or supplemental query
+   0.9, so on a tie the original query's evidence leads. Presence in several lists adds
+   nothing: a passage that is the best answer to one part of the question is not outvoted by
+   generic passages that sit mid-rank in every list (weighted reciprocal rank fusion with
+   ``k = 60`` did exactly that: composite questions ranked worse than Fast). With one query
+   the order is exactly that query's fused (Fast) order.
 5. **Shared pool**: at most ``KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES`` (200, capped at 200)
    candidates taken round-robin from the per-query lists (original first), so every intent gets
    an equal share.
 6. **Rerank** the pool in one call when the profile enables a reranker: its score is the final
-   score (RRF breaks ties and stays as provenance); otherwise the final score is the weighted
-   RRF score. The threshold applies to the final score, then ``top_k``.
+   score (the combined order breaks ties and stays as provenance); otherwise the final score
+   is the combined score. The threshold applies to the final score, then ``top_k``.
 7. **Judge** (durable runs on the reasoning path only): one call over the top evidence (inside
    an untrusted-data block) names which planned evidence dimensions are covered and whether one
    more search would help; the labels must be the planner's own.
@@ -85,9 +88,9 @@ ROUNDS_KEY = "rounds"
 SPENT_KEY = "spent"
 """Checkpoint member: ``{"model_calls", "elapsed_ms"}`` spent by all deliveries so far."""
 PLANNER_VERSION = "retrieval-planner-v2"  # v1's figures plus Research's queries (inventory §5.2)
-RRF_K = 60  # Cormack, Clarke & Büttcher, SIGIR 2009
+COMBINATION = "weighted-max"
 ORIGINAL_WEIGHT = 1.0
-PLANNED_WEIGHT = 0.5
+PLANNED_WEIGHT = 0.9  # ours: bench/scifact_pairs.py, docs/benchmarks.md (0.9 vs 1.0 and 0.5)
 MAX_POOL = 200  # seed deployment guide: KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES is capped at 200
 MIN_CALL_SECONDS = 1.0
 JUDGE_MAX_ITEMS = 10
@@ -178,31 +181,33 @@ def _comparison(clause: str) -> list[str] | None:
 Ranked = list[tuple[uuid.UUID, float, dict]]
 
 
-def weighted_rrf(lists: list[Ranked], weights: list[float], k: int = RRF_K) -> Ranked:
-    """Weighted reciprocal rank fusion of ranked lists (best first).
+def weighted_max(lists: list[Ranked], weights: list[float]) -> Ranked:
+    """Combine ranked lists (best first, scores in [0, 1]) by weighted maximum.
 
-    Score ``Σ_i w_i / (k + rank_i)`` over the lists holding the candidate, divided by the best
-    possible ``Σ_i w_i / (k + 1)`` so it lies in (0, 1]; ``k = 60`` (Cormack, Clarke &
-    Büttcher, SIGIR 2009). Ties go to the better rank in the first list, then the node id.
-    Each result's ``per_leg`` is the dense/keyword scores of the first list holding it plus
-    ``rrf``. With one list the order is that list's order.
+    A candidate's score is ``max_i weights[i] × score_i`` over the lists holding it (so it
+    stays in [0, 1]); being in several lists adds nothing. Ties go to the better rank in the
+    first list (the original query), then the better rank in any list, then the node id.
+    Each result's ``per_leg`` is the dense/keyword scores of the list that gave its score plus
+    ``research`` (the combined score). With one list of weight 1 the order and the scores are
+    that list's.
     """
-    best = sum(w / (k + 1) for w in weights) or 1.0
-    scores: dict[uuid.UUID, float] = {}
+    best: dict[uuid.UUID, tuple[float, dict]] = {}
     first_rank: dict[uuid.UUID, int] = {}
-    legs: dict[uuid.UUID, dict] = {}
+    any_rank: dict[uuid.UUID, int] = {}
     for index, (ranked, weight) in enumerate(zip(lists, weights, strict=True)):
-        for rank, (node_id, _, per_leg) in enumerate(ranked, 1):
-            scores[node_id] = scores.get(node_id, 0.0) + weight / (k + rank)
-            legs.setdefault(node_id, per_leg)
+        for rank, (node_id, score, per_leg) in enumerate(ranked, 1):
+            value = weight * score
+            if node_id not in best or value > best[node_id][0]:
+                best[node_id] = (value, per_leg)
+            any_rank[node_id] = min(rank, any_rank.get(node_id, rank))
             if index == 0:
                 first_rank[node_id] = rank
-    fused = [
-        (node_id, score / best, {**legs[node_id], "rrf": score / best})
-        for node_id, score in scores.items()
+    combined = [
+        (node_id, value, {**per_leg, "research": value})
+        for node_id, (value, per_leg) in best.items()
     ]
-    fused.sort(key=lambda r: (-r[1], first_rank.get(r[0], 1 << 30), str(r[0])))
-    return fused
+    combined.sort(key=lambda r: (-r[1], first_rank.get(r[0], 1 << 30), any_rank[r[0]], str(r[0])))
+    return combined
 
 
 def shared_pool(lists: list[Ranked], cap: int) -> tuple[list[uuid.UUID], list[int]]:
@@ -611,10 +616,11 @@ class _Retrieval:
         self._add_timing("rerank_ms", t0)
 
     def _rank(self) -> tuple[Ranked, int]:
-        """Order the pool: the reranker's score (RRF breaking ties), else the weighted RRF
-        score; apply the threshold and ``top_k``. Returns ``(final, removed by threshold)``."""
+        """Order the pool: the reranker's score (the combined order breaking ties), else the
+        weighted-max score; apply the threshold and ``top_k``. Returns ``(final, removed by
+        threshold)``."""
         t0 = time.perf_counter()
-        fused = weighted_rrf([q.ranked for q in self.queries], [q.weight for q in self.queries])
+        fused = weighted_max([q.ranked for q in self.queries], [q.weight for q in self.queries])
         self.fused_count = len(fused)
         in_pool = set(self.pool)
         ranked = [r for r in fused if r[0] in in_pool]
@@ -624,7 +630,7 @@ class _Retrieval:
                 for node_id, _, per_leg in ranked
                 if node_id in self.reranked
             ]
-            ranked.sort(key=lambda r: -r[1])  # stable: RRF order breaks ties
+            ranked.sort(key=lambda r: -r[1])  # stable: the combined order breaks ties
         before = len(ranked)
         if self.threshold is not None:
             ranked = [r for r in ranked if r[1] >= self.threshold]
@@ -786,7 +792,7 @@ class _Retrieval:
             "version": PLANNER_VERSION,
             "rerank_limit": self.cap,
             "supplemental_limit": self.supplement_limit,
-            "rrf_k": RRF_K,
+            "combination": COMBINATION,
             "research_path": self.plan.path,
             "prompt_version": reasoning.PROMPT_VERSION if self.plan.path == "reasoning" else None,
             "intent": self.plan.intent,

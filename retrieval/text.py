@@ -14,6 +14,7 @@ _CJK = (
     "\u3040-\u30ff"  # Hiragana, Katakana
     "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # CJK ideographs
     "\uac00-\ud7af"  # Hangul syllables
+    "\uff66-\uff9f"  # Halfwidth Katakana (ｦ…ﾝ and the sound marks ﾞ ﾟ)
 )
 _CJK_RUN = re.compile(f"[{_CJK}]+")
 _CJK_CHAR = re.compile(f"[{_CJK}]")
@@ -41,7 +42,8 @@ def keyword_text(text: str) -> str:
 
 
 def is_cjk(char: str) -> bool:
-    """Whether one character is in the CJK ranges indexed as bigrams (Han, kana, Hangul)."""
+    """Whether one character is in the CJK ranges indexed as bigrams (Han, kana including
+    halfwidth Katakana U+FF66–U+FF9F, Hangul)."""
     return _CJK_CHAR.match(char) is not None
 
 

@@ -415,8 +415,10 @@ def parse_retrieval_profile(body: Any) -> dict:
     ``top_k`` (10; 1..100). Rules, each a 400 naming the field: ``invalid_mode``,
     ``mode_unavailable``, ``invalid_top_k``, ``invalid_score_threshold``, ``invalid_rerank``,
     ``rerank_model_required`` (rerank enabled without a model),
-    ``score_threshold_requires_rerank`` (a threshold in Fast or Deep without an enabled rerank:
-    the threshold applies to the rerank score), ``invalid_model_selection``,
+    ``score_threshold_requires_rerank`` (a threshold without an enabled rerank, whatever
+    ``default_mode``: the profile's threshold applies to requests in every mode, and without a
+    reranker Fast's, Deep's and Research's scores are all relative to the query's candidates;
+    a request's own ``score_threshold`` stays allowed), ``invalid_model_selection``,
     ``capability_unavailable`` (a rerank or reasoning model under the local runtime).
     """
     from retrieval.services import CONCRETE_MODES as MODES
@@ -490,10 +492,12 @@ def parse_retrieval_profile(body: Any) -> dict:
     rerank_selection = None if rerank_model is None else parse_selection(rerank_model, "rerank")
     reasoning = body.get("reasoning_model")
     reasoning_selection = None if reasoning is None else parse_selection(reasoning, "reasoning")
-    if threshold is not None and mode in (RetrievalMode.FAST, RetrievalMode.DEEP) and not enabled:
+    if threshold is not None and not enabled:
+        # Whatever the default mode: the profile's threshold applies to every request that
+        # sends none, in any mode, and without a reranker no mode's score is absolute.
         raise InvalidInput(
-            "score_threshold: a threshold in fast or deep mode applies to the rerank score; "
-            "enable rerank with a model, or set score_threshold to null",
+            "score_threshold: a profile threshold applies to the rerank score; enable rerank "
+            "with a model, or set score_threshold to null (a request may still send its own)",
             code="score_threshold_requires_rerank",
             details={"field": "score_threshold"},
         )

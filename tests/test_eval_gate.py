@@ -115,10 +115,25 @@ def test_committed_baseline_holds_fast_for_both_engines():
 
 
 @pytest.mark.django_db
+def test_kfs_eval_refuses_a_gate_it_would_not_run(tmp_path, capsys):
+    # --max-drop without --baseline used to be ignored (exit 0, no gate); --mode auto with a
+    # baseline "passed (0 checks)". Both are refused before anything is evaluated.
+    args = ["eval", str(FIXTURE), "--json"]
+    with pytest.raises(CommandError, match=r"--max-drop .* give --baseline"):
+        call_command("kfs", *args, "--mode", "fast", "--max-drop", "0.01")
+    with pytest.raises(CommandError, match="--mode auto cannot be gated"):
+        call_command("kfs", *args, "--mode", "auto", "--baseline", str(BASELINE))
+    with pytest.raises(CommandError, match="--mode auto cannot be gated"):
+        call_command("kfs", *args, "--mode", "fast,auto", "--baseline", str(BASELINE))
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.django_db
 def test_kfs_eval_on_the_committed_fixture_passes_the_gate_and_round_trips(tmp_path, capsys):
     """One compile of the fixture (about 30 s), then reused by the later runs."""
-    args = ["eval", str(FIXTURE), "--json", "--max-drop", "0.01"]
-    call_command("kfs", *args, "--mode", "fast", "--baseline", str(BASELINE))
+    args = ["eval", str(FIXTURE), "--json"]
+    gate = ["--max-drop", "0.01"]
+    call_command("kfs", *args, *gate, "--mode", "fast", "--baseline", str(BASELINE))
     measured = json.loads(capsys.readouterr().out)
     assert measured["mode"] == "fast" and measured["resolved_mode"] == "fast"
     assert measured["queries"] == 30 and measured["documents"] == 200
@@ -138,7 +153,7 @@ def test_kfs_eval_on_the_committed_fixture_passes_the_gate_and_round_trips(tmp_p
     bumped["engines"][engine()]["fast"]["ndcg@10"] = round(measured["ndcg@10"] + 0.05, 4)
     written.write_text(json.dumps(bumped))
     with pytest.raises(CommandError) as failed:
-        call_command("kfs", *args, "--mode", "fast", "--baseline", str(written))
+        call_command("kfs", *args, *gate, "--mode", "fast", "--baseline", str(written))
     assert (
         f"fast ndcg@10 dropped by 0.0500 (baseline {measured['ndcg@10'] + 0.05:.4f}, "
         f"measured {measured['ndcg@10']:.4f}), more than the allowed 0.0100"

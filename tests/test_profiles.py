@@ -289,6 +289,11 @@ RULES = [
     ({"score_threshold": 0.5}, "score_threshold_requires_rerank", "score_threshold"),
     ({"score_threshold": 0, "rerank": {"enabled": False, "model": RERANKER}},
      "score_threshold_requires_rerank", "score_threshold"),
+    # Whatever the default mode: the profile's threshold also applies to fast/deep requests.
+    ({"default_mode": "research", "score_threshold": 0.5}, "score_threshold_requires_rerank",
+     "score_threshold"),
+    ({"default_mode": "deep", "score_threshold": 0.5}, "score_threshold_requires_rerank",
+     "score_threshold"),
     ({"rerank": {"enabled": True}}, "rerank_model_required", "rerank.model"),
     ({"rerank": {"enabled": True, "model": None}}, "rerank_model_required", "rerank.model"),
     ({"rerank": {"enabled": "yes", "model": RERANKER}}, "invalid_rerank", "rerank.enabled"),

@@ -22,7 +22,7 @@ from retrieval.research import (
     decompose,
     run_research,
     shared_pool,
-    weighted_rrf,
+    weighted_max,
 )
 from retrieval.services import retrieve
 from spaces.services import create_space
@@ -90,29 +90,34 @@ def ranked(*ids):
     return [(i, 1.0 - n / 10, {"dense": 1.0}) for n, i in enumerate(ids)]
 
 
-def test_weighted_rrf_with_one_list_keeps_its_order_and_k_is_60():
-    fused = weighted_rrf([ranked(C, A, B)], [1.0])
+def test_weighted_max_with_one_list_keeps_its_order_and_scores():
+    fused = weighted_max([ranked(C, A, B)], [1.0])
     assert [r[0] for r in fused] == [C, A, B]
-    assert [r[1] for r in fused] == pytest.approx([1.0, 61 / 62, 61 / 63])
-    assert fused[0][2] == {"dense": 1.0, "rrf": 1.0}
+    assert [r[1] for r in fused] == pytest.approx([1.0, 0.9, 0.8])
+    assert fused[0][2] == {"dense": 1.0, "research": 1.0}
 
 
-def test_weighted_rrf_lets_the_original_query_lead():
-    # B is first for one sub-query only; A is the original query's first hit.
-    fused = weighted_rrf([ranked(A, C), ranked(B, D)], [1.0, 0.5])
+def test_weighted_max_keeps_each_parts_best_evidence_above_generic_overlap():
+    # A two-part question: T1 answers part one, T2 part two; G is a generic passage sitting
+    # third in all three lists. Weighted RRF (k = 60) put G first (2/63 > 1/62 + 0.5/61).
+    t1, t2, g = A, B, D
+    original = [(t1, 1.0, {}), (t2, 0.95, {}), (g, 0.9, {})]
+    part_one = [(t1, 1.0, {}), (C, 0.85, {}), (g, 0.8, {})]
+    part_two = [(t2, 1.0, {}), (C, 0.82, {}), (g, 0.8, {})]
+    fused = weighted_max([original, part_one, part_two], [1.0, 0.9, 0.9])
+    assert [r[0] for r in fused] == [t1, t2, g, C]
+    assert [r[1] for r in fused] == pytest.approx([1.0, 0.95, 0.9, 0.9 * 0.85])
+
+
+def test_weighted_max_lets_a_sub_querys_best_hit_rise_and_the_original_win_ties():
+    # B is first for one sub-query only: 0.9 × 1.0 puts it above the original's third hit
+    # and level with its second, C, which keeps its place (the original's rank breaks ties).
+    fused = weighted_max([ranked(A, C, D), ranked(B, D)], [1.0, 0.9])
     assert [r[0] for r in fused] == [A, C, B, D]
-    best = 1 / 61 + 0.5 / 61
-    assert [r[1] for r in fused] == pytest.approx(
-        [(1 / 61) / best, (1 / 62) / best, (0.5 / 61) / best, (0.5 / 62) / best]
-    )
-    # Found by both, B at ranks 2 and 1 beats the original's first hit.
-    fused = weighted_rrf([ranked(A, B), ranked(B, C)], [1.0, 0.5])
-    assert [r[0] for r in fused] == [B, A, C]
-    # Two sub-queries agreeing on D tie with the original's first hit (the original's rank
-    # breaks the tie) and outweigh its second.
-    fused = weighted_rrf([ranked(A, B), ranked(D), ranked(D)], [1.0, 0.5, 0.5])
-    assert [r[0] for r in fused] == [A, D, B]
-    assert fused[0][1] == pytest.approx(fused[1][1])
+    assert [r[1] for r in fused] == pytest.approx([1.0, 0.9, 0.9, 0.81])
+    # Agreement adds nothing: D, first in two sub-lists, stays below the original's 2nd hit.
+    fused = weighted_max([ranked(A, B), ranked(D), ranked(D)], [1.0, 0.9, 0.9])
+    assert [r[0] for r in fused] == [A, B, D]
 
 
 def test_shared_pool_is_round_robin_fair_and_capped():
@@ -151,7 +156,7 @@ def test_deterministic_path_finds_evidence_for_both_parts(space):
     assert metrics["research_model_calls"] == 0 and metrics["degraded"] is False
     assert metrics["budget_exhausted"] is None and metrics["research_rounds"] == 1
     assert [q["role"] for q in result.plan["queries"]] == ["original", "planned", "planned"]
-    assert [lst["weight"] for lst in metrics["research_lists"]] == [1.0, 0.5, 0.5]
+    assert [lst["weight"] for lst in metrics["research_lists"]] == [1.0, 0.9, 0.9]
     assert metrics["rerank_pool"] == len(CORPUS)  # every node, taken fairly
     assert [s["name"] for s in result.stages] == STAGES
     stage = {s["name"]: s for s in result.stages}
@@ -168,7 +173,7 @@ def test_deterministic_path_finds_evidence_for_both_parts(space):
 
 
 @pytest.mark.django_db
-def test_one_query_research_keeps_fasts_order_and_scores_as_rrf(space):
+def test_one_query_research_keeps_fasts_order_and_scores(space):
     load(space)
     for query in ("annual leave days", "how do rocket engines make thrust", "yeast"):
         fast = retrieve(space, query, top_k=6, score_threshold=None, mode="fast")
@@ -176,9 +181,11 @@ def test_one_query_research_keeps_fasts_order_and_scores_as_rrf(space):
         assert [i.node_id for i in research.items] == [i.node_id for i in fast.items]
         assert research.plan["queries"] == [{"text": query, "role": "original", "weight": 1.0}]
         assert research.items[0].score == 1.0
-        assert [i.score for i in research.items[:2]] == pytest.approx([1.0, 61 / 62])
-        assert research.items[0].scores["rrf"] == 1.0
-    # The threshold applies to the final (RRF) score before top_k.
+        # The score is the original query's fused score (Fast's fusion at Research depth).
+        assert [i.score for i in research.items] == [i.scores["research"] for i in research.items]
+        top = research.items[0].scores
+        assert top["research"] == pytest.approx((top["dense"] + top["keyword"]) / 2)
+    # The threshold applies to the final (combined) score before top_k.
     kept = retrieve(space, "yeast", top_k=6, score_threshold=0.99, mode="research")
     assert names(kept) == ["bread.txt"]
     assert kept.metrics["threshold_filtered_candidates"] == len(CORPUS) - 1
@@ -186,6 +193,33 @@ def test_one_query_research_keeps_fasts_order_and_scores_as_rrf(space):
     assert kept.plan["version"] == "retrieval-planner-v2"
     assert (kept.plan["dense_top_k"], kept.plan["fusion_limit"]) == (60, 30)
     assert kept.plan["query_language"] == "latin" and kept.plan["rerank_limit"] == 200
+
+
+@pytest.mark.django_db
+def test_a_profile_threshold_needs_rerank_in_research_too_but_a_request_may_send_one(client, space):
+    load(space)
+    profile_url = f"/v1/knowledge-spaces/{space.id}/retrieval-profile"
+    refused = client.put(
+        profile_url, {"default_mode": "research", "score_threshold": 0.5}, format="json"
+    )
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "score_threshold_requires_rerank"
+    assert refused.json()["details"] == {"field": "score_threshold"}
+    assert client.put(profile_url, {"default_mode": "research"}, format="json").status_code == 200
+    url = f"/v1/knowledge-spaces/{space.id}/retrieval-tests"
+    for mode in ("fast", "deep", "research"):
+        # No profile threshold reaches an explicit mode; a request's own threshold applies.
+        plain = client.post(url, {"query": "yeast", "mode": mode, "top_k": 6}, format="json")
+        stage = {s["name"]: s for s in plain.json()["stages"]}
+        assert stage["threshold"]["status"] == "skipped", mode
+        cut = client.post(
+            url,
+            {"query": "yeast", "mode": mode, "top_k": 6, "score_threshold": 0.99},
+            format="json",
+        )
+        assert cut.status_code == 200, cut.content
+        assert {s["name"]: s for s in cut.json()["stages"]}["threshold"]["status"] == "executed"
+        assert all(i["score"] >= 0.99 for i in cut.json()["items"])
 
 
 @pytest.mark.django_db

@@ -710,17 +710,21 @@ def test_round_evidence_in_a_checkpoint_becomes_round_partials(
 def test_the_profile_threshold_and_top_k_are_frozen_at_creation(
     client, corpus, django_capture_on_commit_callbacks
 ):
+    from spaces.models import SpaceProfile
+
     url = f"{SPACES}/{corpus.id}/retrieval-profile"
-    profile = {"default_mode": "research", "score_threshold": 0.99, "top_k": 2}
-    response = client.put(url, profile, format="json")
-    assert response.status_code == 200, response.content
+    # A profile stored before a threshold needed rerank in every mode (the local runtime has
+    # no reranker, and PUT now refuses a threshold without one).
+    SpaceProfile.objects.filter(space=corpus).update(
+        retrieval_default_mode="research", retrieval_score_threshold=0.99, retrieval_top_k=2
+    )
     created = create(client, corpus, django_capture_on_commit_callbacks)
     assert (created["top_k"], created["score_threshold"]) == (2, 0.99)
     later = {"default_mode": "research", "score_threshold": None}
     assert client.put(url, later, format="json").status_code == 200
     assert deliver(created["id"]) == "completed"
     result = client.get(f"{TASKS}/{created['id']}").json()["result"]
-    # Only the best-ranked candidate reaches the frozen 0.99 (scores are weighted RRF, ≤ 1);
+    # Only the best-ranked candidate reaches the frozen 0.99 (scores are at most 1);
     # under the profile's threshold now (off) top_k 2 would return two.
     assert len(result["items"]) == 1 and result["items"][0]["score"] >= 0.99
     assert result["metrics"]["threshold_filtered_candidates"] >= 1

@@ -219,6 +219,17 @@ def test_a_single_cjk_character_matches_the_bigrams_it_starts(space):
 
 
 @pytest.mark.django_db
+def test_halfwidth_katakana_is_found_by_keyword_without_spaces(space):
+    admit_document(space, filename="hw.txt", data="ﾃﾞｰﾀﾍﾞｰｽの設計".encode(), enqueue=False)
+    admit_document(space, filename="fw.txt", data="東京都の人口統計".encode(), enqueue=False)
+    compile_all()
+    result = retrieve(space, "ﾃﾞｰﾀ", top_k=5, legs=("keyword",))
+    assert [i.citation["filename"] for i in result.items] == ["hw.txt"]
+    assert result.plan["query_language"] == "cjk"
+    assert result.metrics["keyword_candidates"] == 1
+
+
+@pytest.mark.django_db
 def test_citation_offsets_can_be_checked_through_the_text_route(client, space):
     from tests.conftest import upload
 

@@ -20,7 +20,7 @@ from ingestion.models import KnowledgeNode
 from ingestion.services.documents import admit_document
 from retrieval.planner import LEG_FLOOR, detect_language, plan
 from retrieval.services import DEEP_EXPANSION_FACTOR, retrieve
-from retrieval.text import keyword_terms
+from retrieval.text import keyword_terms, keyword_text
 from spaces.services import create_space
 from tests import dify_fixtures
 from tests.conftest import compile_all
@@ -83,6 +83,8 @@ def test_planner_figures_per_mode(mode, top_k, legs, limit):
         ("人口", "cjk"),
         ("東京都の人口統計", "cjk"),
         ("서울 인구", "cjk"),
+        ("ﾃﾞｰﾀ", "cjk"),  # halfwidth Katakana (U+FF66–U+FF9F)
+        ("ﾃﾞｰﾀ base", "mixed-cjk-latin"),
         ("how many days of leave?", "latin"),
         ("Café déjà vu", "latin"),
         ("Python 人口統計 2024", "mixed-cjk-latin"),
@@ -94,6 +96,13 @@ def test_planner_figures_per_mode(mode, top_k, legs, limit):
 )
 def test_query_language_from_unicode_scripts(text, language):
     assert detect_language(text) == language
+
+
+def test_halfwidth_katakana_is_split_into_bigrams_like_other_kana():
+    assert keyword_terms("ﾃﾞｰﾀ", "cjk") == ["ﾃﾞ", "ﾞｰ", "ｰﾀ"]
+    assert keyword_text("ﾃﾞｰﾀﾍﾞｰｽの設計").split() == [
+        "ﾃﾞ", "ﾞｰ", "ｰﾀ", "ﾀﾍ", "ﾍﾞ", "ﾞｰ", "ｰｽ", "ｽの", "の設", "設計"
+    ]  # fmt: skip
 
 
 def test_cjk_terms_are_never_dropped_by_stop_words_or_the_term_cap():

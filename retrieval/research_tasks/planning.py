@@ -253,7 +253,7 @@ def _steps(with_model: bool, rerank: bool) -> list[dict]:
     return [
         plan,
         step("embed", "one batched embedding of the original and planned queries"),
-        step("recall", "dense and keyword recall per query, weighted reciprocal rank fusion"),
+        step("recall", "dense and keyword recall per query, weighted-max combination"),
         step("rerank", "one rerank of the shared candidate pool", skipped=not rerank),
         step("threshold", "the score threshold, then top_k"),
         step("judge", "the reasoning model judges the evidence set", True, not with_model),

@@ -225,7 +225,9 @@ class Command(BaseCommand):
         ev.add_argument("--tenant", help="golden: the space's tenant")
         ev.add_argument("--tag", action="append", help="golden: only questions with this tag")
         ev.add_argument("--baseline", help="regression gate: compare with this baseline JSON")
-        ev.add_argument("--max-drop", type=float, default=0.01, help="gate: allowed drop")
+        ev.add_argument(
+            "--max-drop", type=float, default=None, help="gate: allowed drop (0.01; --baseline)"
+        )
         ev.add_argument("--write-baseline", help="record (or extend) a baseline JSON")
         ev.add_argument("--json", action="store_true")
 
@@ -609,6 +611,15 @@ class Command(BaseCommand):
         modes = [m.strip() for m in options["mode"].split(",") if m.strip()]
         if not modes:
             raise CommandError("--mode names no mode")
+        if options["max_drop"] is not None and not options["baseline"]:
+            raise CommandError(
+                "--max-drop sets the regression gate's allowed drop: give --baseline"
+            )
+        if options["baseline"] and "auto" in modes:
+            raise CommandError(
+                "--mode auto cannot be gated: it resolves to a space's default mode, which a "
+                "baseline does not record; gate the concrete modes (fast, deep, research)"
+            )
         baseline = (
             evaluation.load_baseline(Path(options["baseline"])) if options["baseline"] else None
         )
@@ -657,7 +668,8 @@ class Command(BaseCommand):
             evaluation.write_baseline(Path(options["write_baseline"]), runs)
         gate = None
         if baseline is not None:
-            gate = evaluation.check_gate(runs, baseline, options["max_drop"])
+            max_drop = 0.01 if options["max_drop"] is None else options["max_drop"]
+            gate = evaluation.check_gate(runs, baseline, max_drop)
             payload = {**payload, "gate": gate}
         self.emit(options, payload, json.dumps(payload, indent=2, ensure_ascii=False))
         if gate is not None:
