@@ -10,7 +10,10 @@ worker writes each event as the generator yields it).
 from __future__ import annotations
 
 from django.http import StreamingHttpResponse
+from rest_framework.exceptions import NotAcceptable
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
+from rest_framework.utils.mediatypes import media_type_matches
 from rest_framework.views import APIView
 
 from knowledgefs.auth.operations import Operation, child, space_from
@@ -19,9 +22,29 @@ from spaces.services import get_space
 
 from . import answers
 
+# What the route produces: the stream on success, JSON for every refusal before it.
+PRODUCES = ("text/event-stream", "application/json")
+
 
 class QueryView(APIView):
     operations = {"POST": Operation("queries.answer", space_from("body"))}
+
+    def perform_content_negotiation(self, request, force=False):
+        """Accept any header that admits the stream or the JSON errors (``text/event-stream``,
+        ``text/*``, ``application/json``, ``*/*``, none): refusals are always rendered as JSON,
+        the stream needs no renderer. Anything else (``Accept: image/png``) is 406."""
+        renderer = JSONRenderer()
+        accept = request.META.get("HTTP_ACCEPT", "").strip()
+        ranges = [part.strip() for part in accept.split(",") if part.strip()]
+        if (
+            force
+            or not ranges
+            or any(
+                media_type_matches(produced, wanted) for produced in PRODUCES for wanted in ranges
+            )
+        ):
+            return renderer, renderer.media_type
+        raise NotAcceptable()
 
     def post(self, request):
         """Body ``{space_id, query (1–16,000 chars), mode?, top_k?, filters?,
