@@ -21,7 +21,9 @@ from knowledgefs.errors import ServiceError
 from spaces.services import get_space
 
 from . import answers
+from .api import refuse_unknown_members
 
+QUERY_MEMBERS = ("space_id", "query", "mode", "top_k", "filters", "score_threshold")
 # What the route produces: the stream on success, JSON for every refusal before it.
 PRODUCES = ("text/event-stream", "application/json")
 
@@ -50,6 +52,8 @@ class QueryView(APIView):
         """Body ``{space_id, query (1–16,000 chars), mode?, top_k?, filters?,
         score_threshold?}`` → ``text/event-stream`` of ``answer.delta``… ``answer.done`` |
         ``answer.error``; header ``X-Query-Run-Id`` (the answer trace id)."""
+        if isinstance(request.data, dict):
+            refuse_unknown_members(request.data, QUERY_MEMBERS, "query")
         params = answers.parse_body(request.data)
         space = get_space(request.user, params["space_id"])
         try:

@@ -22,6 +22,7 @@ from knowledgefs.idempotency import HEADER, fingerprint, idempotent
 from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
+from ..api import refuse_unknown_members
 from . import service
 from .models import ResearchTask, ResearchTaskPartial
 
@@ -34,7 +35,8 @@ def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
     """The public shape of a task. ``progress`` is ``{stage, checkpoint_steps (the model steps
     with an outcome in the checkpoint), model_calls_spent (model calls started over all
     deliveries, a call cut short by a cancel included), attempts, resumes}``; ``result``
-    (``full`` only, once ``completed``) holds ``items`` (with citations) and ``metrics``."""
+    (``full`` only, once ``completed``) holds ``items`` (with citations) and ``metrics``; items
+    of documents disabled or deleted since are left out and listed in ``redacted``."""
     checkpoint = task.checkpoint or {}
     body = {
         "id": str(task.id),
@@ -64,15 +66,18 @@ def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
     }
     if full:
         body["plan"] = task.plan
-        body["result"] = task.result
+        result = task.result
+        body["result"] = service.redact(result, service.unavailable_documents([result]))
     return body
 
 
-def partial_dict(partial: ResearchTaskPartial) -> dict:
+def partial_dict(partial: ResearchTaskPartial, reasons: dict[str, str]) -> dict:
+    """A partial's public shape; items of documents in ``reasons`` (disabled or deleted since)
+    are redacted (:func:`service.redact`)."""
     return {
         "sequence": partial.sequence,
         "kind": partial.kind,
-        "evidence_bundle": partial.evidence,
+        "evidence_bundle": service.redact(partial.evidence, reasons),
         "created_at": _iso(partial.created_at),
     }
 
@@ -102,9 +107,15 @@ class SequencePagination(CursorPagination):
         return cursor
 
 
+BODY_MEMBERS = ("space_id", "query", "top_k", "filters", "limits")
+
+
 def _body(request) -> dict:
-    if not hasattr(request.data, "get"):
+    """The JSON object body; 400 ``invalid_request`` for anything else or a member outside
+    :data:`BODY_MEMBERS` (named)."""
+    if not isinstance(request.data, dict):
         raise InvalidInput("body must be a JSON object", code="invalid_request")
+    refuse_unknown_members(request.data, BODY_MEMBERS, "research-task")
     return request.data
 
 
@@ -182,7 +193,8 @@ class ResearchTaskPartialsView(APIView):
         task = service.get_task(request.user, task_id)
         paginator = SequencePagination()
         page = paginator.paginate_queryset(service.partials_of(task), request, view=self)
-        return paginator.get_paginated_response([partial_dict(p) for p in page])
+        reasons = service.unavailable_documents([p.evidence for p in page])
+        return paginator.get_paginated_response([partial_dict(p, reasons) for p in page])
 
 
 class ResearchTaskResumeView(APIView):
