@@ -165,7 +165,7 @@ def run_delivery(task_pk, delivery: str) -> str:
         return "lost"
     except ServiceError as exc:
         return _failed(run, exc.code, exc.message)
-    except Exception as exc:  # noqa: BLE001 - any other error fails the task (fenced)
+    except Exception:  # noqa: BLE001 - any other error fails the task (fenced)
         logger.exception("research task %s failed", task.id)
         # The exception text stays in the log: callers get a stable code and a plain message.
         return _failed(
