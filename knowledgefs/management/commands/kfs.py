@@ -633,7 +633,7 @@ class Command(BaseCommand):
                     golden.run_golden(
                         self._space(options),
                         mode=mode,
-                        top_k=options["top_k"] or 10,
+                        top_k=10 if options["top_k"] is None else options["top_k"],
                         tags=options["tag"],
                         on_progress=progress,
                     )
