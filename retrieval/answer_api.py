@@ -14,21 +14,20 @@ from rest_framework.exceptions import NotAcceptable
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.utils.mediatypes import media_type_matches
-from rest_framework.views import APIView
 
 from knowledgefs.auth.operations import Operation, child, space_from
 from knowledgefs.errors import ServiceError
 from spaces.services import get_space
 
 from . import answers
-from .api import refuse_unknown_members
+from .api import RouteView, refuse_unknown_members
 
 QUERY_MEMBERS = ("space_id", "query", "mode", "top_k", "filters", "score_threshold")
 # What the route produces: the stream on success, JSON for every refusal before it.
 PRODUCES = ("text/event-stream", "application/json")
 
 
-class QueryView(APIView):
+class QueryView(RouteView):
     operations = {"POST": Operation("queries.answer", space_from("body"))}
 
     def perform_content_negotiation(self, request, force=False):
@@ -80,7 +79,7 @@ class QueryView(APIView):
         return response
 
 
-class QueryTraceView(APIView):
+class QueryTraceView(RouteView):
     # /v1/queries/{trace_id} does not name the space: the token's parent_id scopes nothing here;
     # the trace's tenant, the caller's spaces and (for tokens) its subject do.
     operations = {"GET": Operation("queries.read", child("query", "trace_id", parent_field=None))}

@@ -19,6 +19,14 @@ from . import golden, services
 BODY_MEMBERS = ("query", "mode", "top_k", "score_threshold", "filters", "include_text")
 
 
+class RouteView(APIView):
+    """Base of the retrieval routes: OPTIONS is not served (405 like any other method the
+    route does not serve), so it is left out of the ``Allow`` header too (RFC 9110 §10.2.1:
+    ``Allow`` lists the methods the resource supports)."""
+
+    http_method_names = [m for m in APIView.http_method_names if m != "options"]
+
+
 def refuse_unknown_members(body: dict, members: tuple[str, ...], what: str) -> None:
     """400 ``invalid_request`` naming the first member of ``body`` not in ``members`` (a typo
     such as ``"filter"`` must not run a wider request than asked); ``what`` names the body in
@@ -36,7 +44,7 @@ def refuse_unknown_members(body: dict, members: tuple[str, ...], what: str) -> N
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 
-class RetrievalTestView(APIView):
+class RetrievalTestView(RouteView):
     operations = {"POST": Operation("queries.create", space_from())}
 
     def post(self, request, space_id):
@@ -109,7 +117,7 @@ def bounded(payload: dict, limit: int = MAX_RESPONSE_BYTES) -> dict:
     return payload
 
 
-class GoldenQuestionListView(APIView):
+class GoldenQuestionListView(RouteView):
     """``GET/POST /v1/knowledge-spaces/{id}/golden-questions`` (:mod:`retrieval.golden`)."""
 
     operations = {
@@ -134,7 +142,7 @@ class GoldenQuestionListView(APIView):
         )
 
 
-class GoldenQuestionDetailView(APIView):
+class GoldenQuestionDetailView(RouteView):
     """``GET/PATCH/DELETE /v1/knowledge-spaces/{id}/golden-questions/{question_id}``."""
 
     operations = {

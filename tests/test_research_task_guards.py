@@ -148,3 +148,44 @@ def test_an_internal_failure_gives_a_plain_message(
         "message": "the research task failed on an internal error; resume it to retry from "
         "its checkpoint, or contact the operator",
     }
+
+
+@pytest.mark.parametrize(
+    "route",
+    ["/v1/queries", TASKS, f"{TASKS}/plan", "/v1/knowledge-spaces/{space}/retrieval-tests",
+     "/v1/knowledge-spaces/{space}/golden-questions",
+     "/v1/knowledge-spaces/{space}/research-tasks"],
+)  # fmt: skip
+def test_options_is_not_listed_in_allow_when_it_is_405(client, space, route):
+    response = client.options(route.format(space=space.id))
+    assert response.status_code == 405
+    assert "OPTIONS" not in response["Allow"]
+    assert response["Allow"] in ("POST", "GET, POST, HEAD", "GET, HEAD")
+
+
+@pytest.mark.parametrize("limit", ["0", "101", "-1", "abc", "1.5"])
+def test_an_out_of_range_limit_is_400_naming_the_range(client, space, limit):
+    for route in (f"/v1/knowledge-spaces/{space.id}/research-tasks", "/v1/knowledge-spaces"):
+        refused = client.get(f"{route}?limit={limit}")
+        assert refused.status_code == 400, refused.content
+        assert refused.json()["code"] == "invalid_limit"
+        assert refused.json()["message"] == f"limit must be an integer from 1 to 100, not {limit!r}"
+    assert client.get("/v1/knowledge-spaces?limit=100").status_code == 200
+
+
+def test_a_cursor_that_decodes_to_nothing_is_400(client, space):
+    for cursor in ("%00", "AAAA", "bm90aGluZw"):
+        refused = client.get(f"/v1/knowledge-spaces/{space.id}/research-tasks?cursor={cursor}")
+        assert refused.status_code == 400, (cursor, refused.content)
+        assert refused.json()["code"] == "invalid_cursor"
+
+
+def test_the_retrieval_test_mode_error_lists_only_concrete_modes(client, space):
+    refused = client.post(
+        f"/v1/knowledge-spaces/{space.id}/retrieval-tests",
+        {"query": "x", "mode": "FAST"},
+        format="json",
+    )
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "invalid_mode"
+    assert refused.json()["message"] == "mode must be one of: fast, deep, research"
