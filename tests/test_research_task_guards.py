@@ -189,3 +189,29 @@ def test_the_retrieval_test_mode_error_lists_only_concrete_modes(client, space):
     assert refused.status_code == 400
     assert refused.json()["code"] == "invalid_mode"
     assert refused.json()["message"] == "mode must be one of: fast, deep, research"
+
+
+def test_kfs_research_tasks_lists_every_owner_of_the_tenant(
+    client, corpus, tenant, capsys, django_capture_on_commit_callbacks
+):
+    import json
+
+    from django.core.management import call_command
+    from rest_framework.test import APIClient
+
+    mine = create(client, corpus, django_capture_on_commit_callbacks).json()
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Bearer {create_api_key(tenant)[1]}")
+    theirs = create(other, corpus, django_capture_on_commit_callbacks).json()
+    assert deliver(mine["id"]) == "completed"
+    call_command("kfs", "research-tasks", "--tenant", tenant, "--space", corpus.slug, "--json")
+    rows = json.loads(capsys.readouterr().out)["items"]
+    assert [(r["id"], r["status"]) for r in rows] == [
+        (theirs["id"], "queued"),
+        (mine["id"], "completed"),
+    ]
+    assert rows[0]["owner"] != rows[1]["owner"] and rows[0]["space"] == corpus.slug
+    call_command("kfs", "research-tasks", "--tenant", tenant, "--status", "queued")
+    assert capsys.readouterr().out.startswith(theirs["id"])
+    call_command("kfs", "research-tasks", "--tenant", "tenant-nobody")
+    assert capsys.readouterr().out.strip() == "no research tasks"
