@@ -3,8 +3,10 @@
 
 The first request with a key runs and its successful (2xx) response is stored; a retry with the
 same key and the same request gets that response again with ``Idempotent-Replayed: true`` and
-nothing runs twice. Errors are not stored, so a retry after a 4xx or 5xx runs again. Keys are
-per API key, 1–255 printable ASCII characters, kept 24 hours.
+nothing runs twice. Errors are not stored, so a retry after a 4xx or 5xx runs again (also a
+retry racing the failing first attempt: it runs again, or is 409 ``idempotency_key_in_progress``
+while the key stays contended; never a 500). Keys are per API key, 1–255 printable ASCII
+characters, kept 24 hours.
 """
 
 from __future__ import annotations
@@ -57,25 +59,9 @@ def idempotent(request, request_fingerprint: str, handler: Callable[[], Response
             code="invalid_idempotency_key",
         )
     IdempotencyRecord.objects.filter(created_at__lt=timezone.now() - RETENTION).delete()
-    try:
-        with transaction.atomic():
-            record = IdempotencyRecord.objects.create(
-                owner=owner, key=key, fingerprint=request_fingerprint
-            )
-    except IntegrityError:
-        existing = IdempotencyRecord.objects.get(owner=owner, key=key)
-        if existing.fingerprint != request_fingerprint:
-            raise KeyReused(
-                "this Idempotency-Key was already used for a different request"
-            ) from None
-        if existing.status is None:
-            raise Conflict(
-                "a request with this Idempotency-Key is still running; retry later",
-                code="idempotency_key_in_progress",
-            ) from None
-        response = Response(existing.body, status=existing.status)
-        response["Idempotent-Replayed"] = "true"
-        return response
+    record = _claim(owner, key, request_fingerprint)
+    if isinstance(record, Response):
+        return record
     try:
         response = handler()
     except BaseException:
@@ -88,3 +74,38 @@ def idempotent(request, request_fingerprint: str, handler: Callable[[], Response
     else:
         record.delete()
     return response
+
+
+CLAIM_ATTEMPTS = 3
+
+
+def _claim(owner: str, key: str, request_fingerprint: str) -> IdempotencyRecord | Response:
+    """Insert this request's record, or answer from the record already there.
+
+    A record can vanish between a failed insert and the read that follows: the attempt that
+    held it failed and deleted it (errors are not stored). The key is then free and the insert
+    is tried again, at most :data:`CLAIM_ATTEMPTS` times (3: each retry follows another
+    attempt's whole failed run); a key still contended after that is 409
+    ``idempotency_key_in_progress``, never a 500.
+    """
+    for _ in range(CLAIM_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                return IdempotencyRecord.objects.create(
+                    owner=owner, key=key, fingerprint=request_fingerprint
+                )
+        except IntegrityError:
+            existing = IdempotencyRecord.objects.filter(owner=owner, key=key).first()
+        if existing is None:
+            continue  # the holder failed and released the key: claim it again
+        if existing.fingerprint != request_fingerprint:
+            raise KeyReused("this Idempotency-Key was already used for a different request")
+        if existing.status is None:
+            break
+        response = Response(existing.body, status=existing.status)
+        response["Idempotent-Replayed"] = "true"
+        return response
+    raise Conflict(
+        "a request with this Idempotency-Key is still running; retry later",
+        code="idempotency_key_in_progress",
+    )

@@ -724,6 +724,14 @@ KNOWLEDGE_RESEARCH_TASK_STALE_SECONDS = bounded_int(
 KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS = bounded_int(
     "KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS", 120, 10, 3600
 )
+# Active (queued + running) tasks per owner (API key / capability subject) and per tenant:
+# one caller's burst must not fill the shared worker queue (429 research_task_limit).
+KNOWLEDGE_RESEARCH_TASK_MAX_ACTIVE_PER_OWNER = bounded_int(
+    "KNOWLEDGE_RESEARCH_TASK_MAX_ACTIVE_PER_OWNER", 5, 1, 1000
+)
+KNOWLEDGE_RESEARCH_TASK_MAX_ACTIVE_PER_TENANT = bounded_int(
+    "KNOWLEDGE_RESEARCH_TASK_MAX_ACTIVE_PER_TENANT", 20, 1, 10000
+)
 # The plan estimate reads the Research section's KNOWLEDGE_RESEARCH_REASONING_* budgets.
 
 

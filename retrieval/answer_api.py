@@ -10,23 +10,49 @@ worker writes each event as the generator yields it).
 from __future__ import annotations
 
 from django.http import StreamingHttpResponse
+from rest_framework.exceptions import NotAcceptable
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
-from rest_framework.views import APIView
+from rest_framework.utils.mediatypes import media_type_matches
 
 from knowledgefs.auth.operations import Operation, child, space_from
 from knowledgefs.errors import ServiceError
 from spaces.services import get_space
 
 from . import answers
+from .api import RouteView, refuse_unknown_members
+
+QUERY_MEMBERS = ("space_id", "query", "mode", "top_k", "filters", "score_threshold")
+# What the route produces: the stream on success, JSON for every refusal before it.
+PRODUCES = ("text/event-stream", "application/json")
 
 
-class QueryView(APIView):
+class QueryView(RouteView):
     operations = {"POST": Operation("queries.answer", space_from("body"))}
+
+    def perform_content_negotiation(self, request, force=False):
+        """Accept any header that admits the stream or the JSON errors (``text/event-stream``,
+        ``text/*``, ``application/json``, ``*/*``, none): refusals are always rendered as JSON,
+        the stream needs no renderer. Anything else (``Accept: image/png``) is 406."""
+        renderer = JSONRenderer()
+        accept = request.META.get("HTTP_ACCEPT", "").strip()
+        ranges = [part.strip() for part in accept.split(",") if part.strip()]
+        if (
+            force
+            or not ranges
+            or any(
+                media_type_matches(produced, wanted) for produced in PRODUCES for wanted in ranges
+            )
+        ):
+            return renderer, renderer.media_type
+        raise NotAcceptable()
 
     def post(self, request):
         """Body ``{space_id, query (1–16,000 chars), mode?, top_k?, filters?,
         score_threshold?}`` → ``text/event-stream`` of ``answer.delta``… ``answer.done`` |
         ``answer.error``; header ``X-Query-Run-Id`` (the answer trace id)."""
+        if isinstance(request.data, dict):
+            refuse_unknown_members(request.data, QUERY_MEMBERS, "query")
         params = answers.parse_body(request.data)
         space = get_space(request.user, params["space_id"])
         try:
@@ -53,7 +79,7 @@ class QueryView(APIView):
         return response
 
 
-class QueryTraceView(APIView):
+class QueryTraceView(RouteView):
     # /v1/queries/{trace_id} does not name the space: the token's parent_id scopes nothing here;
     # the trace's tenant, the caller's spaces and (for tokens) its subject do.
     operations = {"GET": Operation("queries.read", child("query", "trace_id", parent_field=None))}

@@ -17,11 +17,34 @@ from spaces.services import get_space
 from . import golden, services
 
 BODY_MEMBERS = ("query", "mode", "top_k", "score_threshold", "filters", "include_text")
+
+
+class RouteView(APIView):
+    """Base of the retrieval routes: OPTIONS is not served (405 like any other method the
+    route does not serve), so it is left out of the ``Allow`` header too (RFC 9110 §10.2.1:
+    ``Allow`` lists the methods the resource supports)."""
+
+    http_method_names = [m for m in APIView.http_method_names if m != "options"]
+
+
+def refuse_unknown_members(body: dict, members: tuple[str, ...], what: str) -> None:
+    """400 ``invalid_request`` naming the first member of ``body`` not in ``members`` (a typo
+    such as ``"filter"`` must not run a wider request than asked); ``what`` names the body in
+    the message (``"retrieval-test"``, ``"query"``, ``"research-task"``)."""
+    unknown = sorted(set(body) - set(members))
+    if unknown:
+        raise InvalidInput(
+            f"{unknown[0]}: not a {what} member (members: {', '.join(members)})",
+            code="invalid_request",
+            details={"field": unknown[0]},
+        )
+
+
 #: The largest retrieval-test response body (inventory §3.4: 4 MiB).
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 
-class RetrievalTestView(APIView):
+class RetrievalTestView(RouteView):
     operations = {"POST": Operation("queries.create", space_from())}
 
     def post(self, request, space_id):
@@ -39,13 +62,7 @@ class RetrievalTestView(APIView):
         body = request.data
         if not isinstance(body, dict):
             raise InvalidInput("body must be a JSON object", code="invalid_request")
-        unknown = sorted(set(body) - set(BODY_MEMBERS))
-        if unknown:
-            raise InvalidInput(
-                f"{unknown[0]}: not a retrieval-test member (members: {', '.join(BODY_MEMBERS)})",
-                code="invalid_request",
-                details={"field": unknown[0]},
-            )
+        refuse_unknown_members(body, BODY_MEMBERS, "retrieval-test")
         mode = body.get("mode")
         if mode == "auto":
             raise InvalidInput(
@@ -53,6 +70,12 @@ class RetrievalTestView(APIView):
                 f"mode); use one of: {', '.join(services.CONCRETE_MODES)}",
                 code="mode_unavailable",
                 details={"field": "mode", "supported": list(services.CONCRETE_MODES)},
+            )
+        if mode is not None and mode not in services.CONCRETE_MODES:
+            raise InvalidInput(
+                f"mode must be one of: {', '.join(services.CONCRETE_MODES)}",
+                code="invalid_mode",
+                details={"field": "mode"},
             )
         include_text = body.get("include_text", True)
         if not isinstance(include_text, bool):
@@ -94,7 +117,7 @@ def bounded(payload: dict, limit: int = MAX_RESPONSE_BYTES) -> dict:
     return payload
 
 
-class GoldenQuestionListView(APIView):
+class GoldenQuestionListView(RouteView):
     """``GET/POST /v1/knowledge-spaces/{id}/golden-questions`` (:mod:`retrieval.golden`)."""
 
     operations = {
@@ -119,7 +142,7 @@ class GoldenQuestionListView(APIView):
         )
 
 
-class GoldenQuestionDetailView(APIView):
+class GoldenQuestionDetailView(RouteView):
     """``GET/PATCH/DELETE /v1/knowledge-spaces/{id}/golden-questions/{question_id}``."""
 
     operations = {

@@ -293,7 +293,8 @@ def percentile(values: list[float], pct: float) -> float:
 # each engine has numbers of its own:
 #
 #   {"format": "kfs-eval-baseline/1", "kind": "beir" | "golden",
-#    "subject": {"dataset", "split", "top_k", "legs", "fusion"} | {"space", "top_k"},
+#    "subject": {"dataset", "split", "top_k", "legs", "fusion"}
+#             | {"tenant", "space", "top_k", "tags", "question_set": {"count", "digest"}},
 #    "embedding_model": "...", "recorded_at": "2026-11-30T10:00:00Z",
 #    "engines": {"sqlite": {"fast": {"ndcg@10": 0.76, "recall@100": 0.97, "mrr@10": 0.71,
 #                                    "queries": 30}},
@@ -320,7 +321,13 @@ def gate_metrics(run: dict) -> tuple[str, ...]:
 
 def _subject(run: dict) -> dict:
     if run.get("kind") == "golden":
-        return {"space": run["space"], "top_k": run["top_k"]}
+        return {
+            "tenant": run["tenant"],
+            "space": run["space"],
+            "top_k": run["top_k"],
+            "tags": run["tags"],
+            "question_set": run["question_set"],
+        }
     return {
         "dataset": run["dataset"],
         "split": run["split"],

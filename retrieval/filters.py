@@ -15,7 +15,9 @@ The limits (50 conditions, 100 ids/types) are the inventory's (§3.4). ``conditi
   ``ends with``, ``in``, ``not in`` (value: a list of strings, ≤ 100), ``is empty``,
   ``is not empty``; text comparisons are case-sensitive;
 - ``number``: ``=``, ``≠``, ``>``, ``<``, ``≥``, ``≤`` (ASCII ``!=``, ``>=``, ``<=`` too),
-  ``is empty``, ``is not empty``; a stored number or numeric string compares numerically;
+  ``is empty``, ``is not empty``; a stored JSON number, or a string of plain ASCII decimal
+  notation (``"7.5"``, ``"-3"``, ``"1e3"``; not ``"1_000"``, ``"٣"``, ``"inf"``), compares
+  numerically; the value must be a finite number within ±1.7976931348623157e308 (a double);
 - ``date``: ``before``, ``after``, ``is`` (value ISO 8601; ``is`` with a date-only value
   matches the calendar day, with a time the instant; naive times are UTC), ``is empty``,
   ``is not empty``;
@@ -24,7 +26,11 @@ The limits (50 conditions, 100 ids/types) are the inventory's (§3.4). ``conditi
 ``is empty`` matches a document whose key is missing, ``null`` or ``""``; ``is not empty`` is its
 exact opposite. A negative operator (``is not``, ``not contains``, ``not in``, ``≠``) is the
 exact complement of its positive one, so a document without the key matches it. A stored value
-of the wrong type (text where a number is expected) matches no positive operator.
+of the wrong type (text where a number is expected) matches no positive operator, and so does a
+stored value that cannot be compared: a number beyond a double's range (a 401-digit integer) or
+a date-time outside 0001-01-01T00:00:00Z … 9999-12-31T23:59:59.999999Z once moved to UTC
+(``9999-12-31T23:59:59-14:00``). Request values outside those ranges are refused (400
+``invalid_filter`` naming the condition and the range).
 
 Errors (400): ``invalid_filter`` (the message names ``filters.<member>`` or
 ``filters.conditions[<i>].<field>``), ``too_many_filter_conditions`` (more than 50),
@@ -39,6 +45,7 @@ limit (:mod:`retrieval.backends`).
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -67,6 +74,10 @@ OPERATORS = {
     "boolean": ("is",),
 }
 ALIASES = {"!=": "≠", ">=": "≥", "<=": "≤"}
+NUMBER_RANGE = "±1.7976931348623157e308"
+DATE_RANGE = "0001-01-01T00:00:00Z … 9999-12-31T23:59:59.999999Z"
+# Plain ASCII decimal notation (no "_" separators, no other scripts' digits, no inf/nan).
+DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 MEMBERS = (
     "logical_operator",
     "conditions",
@@ -268,9 +279,9 @@ def _condition(index: int, raw) -> Condition:
     if field_type == "string":
         value = _string_value(field, operator, value)
     elif field_type == "number":
-        if not _is_number(value):
-            _fail(field, "must be a finite number")
-        value = float(value)
+        value = _as_float(value)
+        if value is None:
+            _fail(field, f"must be a finite number within {NUMBER_RANGE}")
     elif field_type == "date":
         if not isinstance(value, str):
             _fail(field, "must be an ISO 8601 date or date-time string")
@@ -335,9 +346,13 @@ def _optional_datetime(raw, field: str) -> datetime | None:
 
 
 def _parse_datetime(raw: str, field: str) -> datetime:
-    value = _as_datetime(raw)
-    if value is None:
+    try:
+        parsed = datetime.fromisoformat(raw.strip())
+    except ValueError:
         _fail(field, f"{raw[:40]!r} is not an ISO 8601 date or date-time")
+    value = _as_datetime(parsed)
+    if value is None:
+        _fail(field, f"{raw[:40]!r} is out of range: dates must lie within {DATE_RANGE} in UTC")
     return value
 
 
@@ -354,11 +369,32 @@ def _as_datetime(raw) -> datetime | None:
             return None
     else:
         return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59:59-14:00 is past datetime.max in UTC
+        return None
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def _as_float(value) -> float | None:
+    """A JSON number as a finite float, else ``None`` (bools, text, ±inf, NaN, and integers
+    beyond a double's range, which ``float()`` refuses with OverflowError)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _stored_number(stored) -> float | None:
+    """A stored metadata value as a finite float: a JSON number or a string of plain ASCII
+    decimal notation (:data:`DECIMAL`); anything else is ``None`` (it matches nothing)."""
+    if isinstance(stored, str):
+        if not DECIMAL.fullmatch(stored.strip()):
+            return None
+        stored = float(stored.strip())  # the pattern admits only what float() parses
+    return _as_float(stored)
 
 
 # --- matching --------------------------------------------------------------------------------
@@ -380,12 +416,8 @@ def _string(condition: Condition, stored) -> bool:
 
 
 def _number(condition: Condition, stored) -> bool:
-    if isinstance(stored, str):
-        try:
-            stored = float(stored)
-        except ValueError:
-            return False
-    if not _is_number(stored):
+    stored = _stored_number(stored)
+    if stored is None:
         return False
     value, op = condition.value, condition.operator
     return {

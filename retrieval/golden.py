@@ -22,6 +22,7 @@ most 64 KiB of JSON, ``KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE`` questions per 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import statistics
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
 from ingestion.models import Document
 from knowledgefs.db import lock_for_update
@@ -67,16 +69,12 @@ def validate_question(value) -> str:
 
 
 def validate_tags(value) -> list[str]:
-    """Stripped, de-duplicated tags (order kept); 400 ``invalid_tags`` for more than 20, an empty
-    one, or one over 80 characters."""
+    """Stripped, de-duplicated tags (order kept); 400 ``invalid_tags`` for more than 20 distinct
+    tags (duplicates are dropped first), an empty one, or one over 80 characters."""
     if value is None:
         return []
     if not isinstance(value, list):
         raise InvalidInput("tags must be a list of strings", code="invalid_tags")
-    if len(value) > MAX_TAGS:
-        raise InvalidInput(
-            f"tags has {len(value)} entries; the limit is {MAX_TAGS}", code="invalid_tags"
-        )
     tags: list[str] = []
     for n, tag in enumerate(value):
         if not isinstance(tag, str) or not tag.strip():
@@ -89,6 +87,10 @@ def validate_tags(value) -> list[str]:
             )
         if tag not in tags:
             tags.append(tag)
+    if len(tags) > MAX_TAGS:  # counted after de-duplication: 21 copies of one tag are one tag
+        raise InvalidInput(
+            f"tags has {len(tags)} distinct entries; the limit is {MAX_TAGS}", code="invalid_tags"
+        )
     return tags
 
 
@@ -243,7 +245,12 @@ def update_question(
     target = GoldenQuestion.objects.filter(id=question.id)
     if expected_revision is not None:
         target = target.filter(revision=expected_revision)
-    updated = target.update(revision=F("revision") + 1, **changes) if changes else target.count()
+    # QuerySet.update bypasses auto_now: updated_at is set here.
+    updated = (
+        target.update(revision=F("revision") + 1, updated_at=timezone.now(), **changes)
+        if changes
+        else target.count()
+    )
     if not updated:
         current = GoldenQuestion.objects.filter(id=question.id).values_list("revision", flat=True)
         raise Conflict(
@@ -342,6 +349,14 @@ def score_question(question: GoldenQuestion, items: list, latency_ms: float) -> 
     return QuestionOutcome(question, found, first_rank, len(items), latency_ms)
 
 
+def question_set(questions: list[GoldenQuestion]) -> dict:
+    """``{"count", "digest"}`` of the questions a run measured: SHA-256 over the sorted
+    ``id:revision`` pairs, so a question added, deleted or edited since a baseline (or another
+    ``--tag`` selection) is a different subject for the regression gate."""
+    pairs = sorted(f"{q.id}:{q.revision}" for q in questions)
+    return {"count": len(pairs), "digest": hashlib.sha256("\n".join(pairs).encode()).hexdigest()}
+
+
 def run_golden(
     space: KnowledgeSpace,
     *,
@@ -353,14 +368,19 @@ def run_golden(
     """Run every golden question of the space (those carrying all ``tags``, when given) through
     :func:`retrieval.services.retrieve` with ``mode`` and ``top_k`` (threshold off).
 
-    Returns ``{"kind": "golden", "space", "mode", "top_k", "questions", "passed",
+    Returns ``{"kind": "golden", "tenant", "space", "mode", "top_k", "tags", "question_set"
+    (:func:`question_set`), "questions", "passed",
     "hit_rate@k", "recall@k", "mrr@k", "query_p50_ms", "query_p95_ms", "results": [...]}``
     (metric names carry the real ``k``, e.g. ``hit_rate@10``). 400 ``no_golden_questions`` when
-    none is selected: an empty run must not pass a gate. Errors of ``retrieve`` propagate.
+    none is selected: an empty run must not pass a gate; 400 ``invalid_top_k`` outside 1..100.
+    Errors of ``retrieve`` propagate.
     """
     from .evaluation import percentile
     from .services import retrieve
 
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 100:
+        raise InvalidInput(f"top_k must be an integer from 1 to 100, not {top_k!r}",
+                           code="invalid_top_k")  # fmt: skip
     selected = list(questions_in(space).order_by("created_at", "id"))
     if tags:
         selected = [q for q in selected if set(tags) <= set(q.tags)]
@@ -380,9 +400,12 @@ def run_golden(
     latencies = sorted(o.latency_ms for o in outcomes)
     return {
         "kind": "golden",
+        "tenant": space.tenant_id,
         "space": space.slug,
         "mode": mode,
         "top_k": top_k,
+        "tags": sorted(set(tags or ())),
+        "question_set": question_set(selected),
         "questions": len(outcomes),
         "passed": sum(len(o.found) == len(o.question.expected_evidence) for o in outcomes),
         f"hit_rate@{top_k}": round(statistics.fmean(bool(o.found) for o in outcomes), 4),

@@ -12,6 +12,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from knowledgefs import pagination
 from knowledgefs.auth.operations import ADMIN_CALLERS, Operation, namespace_wide, space_from
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
@@ -28,9 +29,16 @@ class NewestFirstPagination(CursorPagination):
     max_page_size = 100
     ordering = ("-created_at", "-id")
 
+    def get_page_size(self, request):
+        """``?limit=`` 1..100 (400 ``invalid_limit`` outside), else the default."""
+        return pagination.page_size(
+            request, self.page_size_query_param, self.page_size, self.max_page_size
+        )
+
     def decode_cursor(self, request):
         """DRF's cursor, refused with 400 ``invalid_cursor`` unless its position is a datetime
         the database can compare (a crafted cursor must not reach the query)."""
+        pagination.require_issued_cursor(request, self.cursor_query_param)
         try:
             cursor = super().decode_cursor(request)
         except NotFound:

@@ -287,3 +287,49 @@ def test_an_llm_failure_over_http_is_an_answer_error_and_is_traced(servers, llm_
     trace = AnswerTrace.objects.get(id=run_id)
     assert trace.completed and trace.error_code == "answer_generation_failed"
     assert trace.steps[-1]["name"] == "query.generate" and trace.steps[-1]["status"] == "error"
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [None, "text/event-stream", "text/*", "*/*", "application/json",
+     "text/event-stream, application/json;q=0.5"],
+)  # fmt: skip
+def test_standard_sse_accept_headers_get_the_stream(servers, local_space, accept):
+    key = create_api_key("tenant-a")[1]
+    server = servers()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    if accept is not None:
+        headers["Accept"] = accept
+
+    def post(body):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request("POST", "/v1/queries", body=json.dumps(body), headers=headers)
+        return conn.getresponse(), conn
+
+    response, conn = post({"space_id": str(local_space.id), "query": QUESTION})
+    assert response.status == 200, response.read()
+    assert response.getheader("Content-Type") == "text/event-stream"
+    assert [name for name, _, _ in read_events(response)][-1] == "answer.done"
+    conn.close()
+    response, conn = post({"space_id": str(local_space.id), "query": ""})  # refused: JSON
+    assert response.status == 400
+    assert response.getheader("Content-Type") == "application/json"
+    assert json.loads(response.read())["code"] == "invalid_query"
+    conn.close()
+
+
+def test_an_accept_header_ruling_out_both_stream_and_json_is_406(servers, local_space):
+    key = create_api_key("tenant-a")[1]
+    server = servers()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request(
+        "POST", "/v1/queries",
+        body=json.dumps({"space_id": str(local_space.id), "query": QUESTION}),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+                 "Accept": "image/png"},
+    )  # fmt: skip
+    response = conn.getresponse()
+    assert response.status == 406
+    assert response.getheader("Content-Type") == "application/json"
+    assert json.loads(response.read())["code"] == "not_acceptable"
+    conn.close()

@@ -306,3 +306,81 @@ def test_filter_errors_over_http(client, handbook):
     ]
     stage = next(s for s in ok["stages"] if s["name"] == "filter")
     assert stage["status"] == "executed" and stage["filtered_count"] == 1
+
+
+# --- values beyond a double's or a datetime's range ----------------------------------------------
+
+HUGE = 10**400  # a 401-digit integer: JSON allows it, float() refuses it (OverflowError)
+
+
+@pytest.mark.parametrize(
+    ("stored", "condition"),
+    [
+        (HUGE, cond("v", "number", ">", 1)),
+        (-HUGE, cond("v", "number", "<", 1)),
+        ("1" + "0" * 400, cond("v", "number", ">", 1)),  # a string parses to inf: no match
+        ("1_000", cond("v", "number", "=", 1000)),  # float() would accept it
+        ("٣", cond("v", "number", "=", 3)),  # Arabic-Indic three
+        ("inf", cond("v", "number", ">", 1)),
+        (" nan ", cond("v", "number", ">", 1.5)),
+        ("9999-12-31T23:59:59-14:00", cond("v", "date", "after", "2000-01-01")),
+        ("0001-01-01T00:00:00+01:00", cond("v", "date", "before", "2000-01-01")),
+        ("9999-12-31T23:59:59-14:00", cond("v", "date", "is", "9999-12-31")),
+    ],
+)
+def test_stored_values_that_cannot_be_compared_match_no_positive_operator(stored, condition):
+    assert matches(condition, {"v": stored}) is False
+    if condition["field_type"] == "number":  # "≠" is the exact complement of "="
+        assert matches({**condition, "comparison_operator": "≠"}, {"v": stored}) is True
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"), [("7.5", True), ("+7.50", True), (" 75e-1 ", True), ("7,5", False)]
+)
+def test_plain_ascii_decimal_strings_compare_as_numbers(stored, expected):
+    assert matches(cond("v", "number", "=", 7.5), {"v": stored}) is expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"conditions": [cond("a", "number", "<", HUGE)]},
+         "filters.conditions[0].value must be a finite number within ±1.7976931348623157e308"),
+        ({"conditions": [cond("a", "date", "before", "9999-12-31T23:59:59-14:00")]},
+         "filters.conditions[0].value '9999-12-31T23:59:59-14:00' is out of range: dates must "
+         "lie within 0001-01-01T00:00:00Z … 9999-12-31T23:59:59.999999Z in UTC"),
+        ({"created_after": "0001-01-01T00:00:00+01:00"},
+         "filters.created_after '0001-01-01T00:00:00+01:00' is out of range"),
+        ({"created_before": "9999-12-31T23:59:59-01:00"},
+         "filters.created_before '9999-12-31T23:59:59-01:00' is out of range"),
+    ],
+)  # fmt: skip
+def test_request_values_out_of_range_are_invalid_filter(raw, message):
+    refused = error(raw)
+    assert refused.code == "invalid_filter"
+    assert refused.message.startswith(message), refused.message
+
+
+@pytest.mark.django_db
+def test_stored_out_of_range_metadata_does_not_break_the_space(client, handbook):
+    space, _ = handbook
+    admit_document(
+        space,
+        filename="poison.txt",
+        data=b"Annual leave poison document.",
+        metadata={"pages": HUGE, "published": "9999-12-31T23:59:59-14:00"},
+        enqueue=False,
+    )
+    compile_all()
+    url = f"/v1/knowledge-spaces/{space.id}/retrieval-tests"
+    pages = {"conditions": [cond("pages", "number", ">", 1)]}
+    ok = client.post(url, {"query": "annual leave", "filters": pages}, format="json")
+    assert ok.status_code == 200, ok.content
+    assert [i["citation"]["filename"] for i in ok.json()["items"]] == ["leave-ops.txt"]
+    published = {"conditions": [cond("published", "date", "after", "2000-01-01")]}
+    none = client.post(url, {"query": "annual leave", "filters": published}, format="json")
+    assert none.status_code == 200 and none.json()["items"] == []
+    early = {"created_after": "0001-01-01T00:00:00+01:00"}
+    refused = client.post(url, {"query": "annual leave", "filters": early}, format="json")
+    assert refused.status_code == 400 and refused.json()["code"] == "invalid_filter"
+    assert refused.json()["details"] == {"field": "filters.created_after"}

@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
 from ingestion.services.documents import admit_document
-from retrieval.golden import create_question, run_golden
+from retrieval.golden import create_question, run_golden, update_question
 from spaces.services import Principal, create_api_key, create_space
 from tests.conftest import compile_all
 
@@ -140,9 +140,13 @@ def test_crud_over_http_with_revisions(client, corpus):
             "expected_evidence[0].text is 2001 characters; the limit is 2000",
         ),
         (
-            {"question": "q", "expected_evidence": [{"text": "x"}], "tags": ["t"] * 21},
+            {
+                "question": "q",
+                "expected_evidence": [{"text": "x"}],
+                "tags": [f"t{i}" for i in range(21)],
+            },
             "invalid_tags",
-            "tags has 21 entries; the limit is 20",
+            "tags has 21 distinct entries; the limit is 20",
         ),
         (
             {"question": "q", "expected_evidence": [{"text": "x"}], "tags": ["ok", "t" * 81]},
@@ -272,7 +276,14 @@ def test_kfs_eval_golden_with_its_gate(corpus, tmp_path, capsys):
     ]
     recorded = json.loads(baseline.read_text())
     assert recorded["kind"] == "golden"
-    assert recorded["subject"] == {"space": space.slug, "top_k": 1}
+    subject = recorded["subject"]
+    assert {k: subject[k] for k in ("tenant", "space", "top_k", "tags")} == {
+        "tenant": "tenant-a",
+        "space": space.slug,
+        "top_k": 1,
+        "tags": [],
+    }
+    assert subject["question_set"]["count"] == 2 and len(subject["question_set"]["digest"]) == 64
     engine = next(iter(recorded["engines"]))
     assert recorded["engines"][engine]["fast"] == {
         "hit_rate@1": 0.5,
@@ -321,3 +332,48 @@ def test_admin_screen_validates_with_the_api_rules(admin_client, space):
     assert admin_client.post(change, form).status_code == 302
     question.refresh_from_db()
     assert (question.question, question.revision) == ("Where is the hotel policy?", 2)
+
+
+def test_the_gate_refuses_another_question_set(corpus, tmp_path, capsys):
+    """A --tag subset, or a question edited since the baseline, is not the baseline's subject."""
+    space, _ = corpus
+    yeast = create_question(
+        space,
+        {"question": "sourdough wild yeast", "expected_evidence": [{"text": "wild yeast"}],
+         "tags": ["bread"]},
+    )  # fmt: skip
+    create_question(space, {"question": "rocket thrust", "expected_evidence": [{"text": "thrust"}]})
+    baseline = tmp_path / "golden-baseline.json"
+    args = ["eval", "--golden", "--space", space.slug, "--tenant", "tenant-a"]
+    call_command("kfs", *args, "--json", "--write-baseline", str(baseline))
+    capsys.readouterr()
+    call_command("kfs", *args, "--json", "--baseline", str(baseline))  # same set: passes
+    assert json.loads(capsys.readouterr().out)["gate"]["passed"] is True
+    with pytest.raises(CommandError, match="not comparable"):
+        call_command("kfs", *args, "--tag", "bread", "--json", "--baseline", str(baseline))
+    update_question(yeast, {"question": "sourdough yeast"}, expected_revision=1)
+    with pytest.raises(CommandError, match="not comparable"):
+        call_command("kfs", *args, "--json", "--baseline", str(baseline))
+
+
+def test_kfs_eval_golden_refuses_top_k_0(corpus):
+    space, _ = corpus
+    create_question(space, {"question": "rocket thrust", "expected_evidence": [{"text": "x"}]})
+    args = ["eval", "--golden", "--space", space.slug, "--tenant", "tenant-a", "--json"]
+    with pytest.raises(CommandError, match="invalid_top_k"):
+        call_command("kfs", *args, "--top-k", "0")
+
+
+def test_a_patch_moves_updated_at(client, space):
+    created = client.post(
+        url(space), {"question": "q", "expected_evidence": [{"text": "x"}]}, format="json"
+    ).json()
+    patched = client.patch(
+        url(space, created["id"]), {"tags": ["t", "t"] + ["t"] * 20}, format="json",
+        HTTP_IF_MATCH='"1"',
+    )  # fmt: skip
+    assert patched.status_code == 200, patched.content
+    body = patched.json()
+    assert body["tags"] == ["t"] and body["revision"] == 2
+    assert body["updated_at"] > created["updated_at"]
+    assert client.get(url(space, created["id"])).json()["updated_at"] == body["updated_at"]

@@ -64,3 +64,51 @@ def test_a_retried_upload_replays_instead_of_409(client, space):
     # Without the key the same bytes are a duplicate, as before.
     again = client.generic("POST", url, body, content_type=content_type)
     assert again.status_code == 409
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(240)
+def test_concurrent_retries_of_a_failing_first_attempt_never_500(api_key):
+    """Every attempt fails (409 slug_taken), so each deletes its record; an attempt whose
+    insert collided with a record deleted before it could read it once raised DoesNotExist
+    (500). Now each attempt runs again cleanly or is 409 ``idempotency_key_in_progress``."""
+    import threading
+
+    from django.db import connections
+    from rest_framework.test import APIClient
+
+    APIClient().post(
+        "/v1/knowledge-spaces", {"name": "Docs", "slug": "docs"}, format="json",
+        HTTP_AUTHORIZATION=f"Bearer {api_key}",
+    )  # fmt: skip
+    outcomes: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def attempt() -> None:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key}")
+        try:
+            for _ in range(12):
+                barrier.wait(30)
+                try:
+                    response = client.post(
+                        "/v1/knowledge-spaces", {"name": "dup", "slug": "docs"},
+                        format="json", HTTP_IDEMPOTENCY_KEY="sp-race",
+                    )  # fmt: skip
+                    outcomes.append(f"{response.status_code} {response.json()['code']}")
+                except Exception as exc:  # what the server would answer with a 500
+                    outcomes.append(f"500 {type(exc).__name__}")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=attempt) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(200)
+    assert len(outcomes) == 96
+    assert set(outcomes) <= {"409 slug_taken", "409 idempotency_key_in_progress"}, sorted(
+        set(outcomes)
+    )
+    assert "409 slug_taken" in outcomes
+    assert not IdempotencyRecord.objects.exists()

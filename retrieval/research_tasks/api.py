@@ -14,14 +14,15 @@ from __future__ import annotations
 from rest_framework import status
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from knowledgefs import pagination
 from knowledgefs.auth.operations import Operation, child, space_from
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import HEADER, fingerprint, idempotent
 from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
+from ..api import RouteView, refuse_unknown_members
 from . import service
 from .models import ResearchTask, ResearchTaskPartial
 
@@ -34,7 +35,8 @@ def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
     """The public shape of a task. ``progress`` is ``{stage, checkpoint_steps (the model steps
     with an outcome in the checkpoint), model_calls_spent (model calls started over all
     deliveries, a call cut short by a cancel included), attempts, resumes}``; ``result``
-    (``full`` only, once ``completed``) holds ``items`` (with citations) and ``metrics``."""
+    (``full`` only, once ``completed``) holds ``items`` (with citations) and ``metrics``; items
+    of documents disabled or deleted since are left out and listed in ``redacted``."""
     checkpoint = task.checkpoint or {}
     body = {
         "id": str(task.id),
@@ -64,15 +66,18 @@ def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
     }
     if full:
         body["plan"] = task.plan
-        body["result"] = task.result
+        result = task.result
+        body["result"] = service.redact(result, service.unavailable_documents([result]))
     return body
 
 
-def partial_dict(partial: ResearchTaskPartial) -> dict:
+def partial_dict(partial: ResearchTaskPartial, reasons: dict[str, str]) -> dict:
+    """A partial's public shape; items of documents in ``reasons`` (disabled or deleted since)
+    are redacted (:func:`service.redact`)."""
     return {
         "sequence": partial.sequence,
         "kind": partial.kind,
-        "evidence_bundle": partial.evidence,
+        "evidence_bundle": service.redact(partial.evidence, reasons),
         "created_at": _iso(partial.created_at),
     }
 
@@ -85,11 +90,18 @@ class SequencePagination(CursorPagination):
     max_page_size = 100
     ordering = ("sequence",)
 
+    def get_page_size(self, request):
+        """``?limit=`` 1..100 (400 ``invalid_limit`` outside), else the default."""
+        return pagination.page_size(
+            request, self.page_size_query_param, self.page_size, self.max_page_size
+        )
+
     def decode_cursor(self, request):
         """DRF's cursor, refused with 400 ``invalid_cursor`` unless its position is a whole
         number (a crafted cursor must not reach the query)."""
         from rest_framework.exceptions import NotFound
 
+        pagination.require_issued_cursor(request, self.cursor_query_param)
         try:
             cursor = super().decode_cursor(request)
         except NotFound:
@@ -102,9 +114,15 @@ class SequencePagination(CursorPagination):
         return cursor
 
 
+BODY_MEMBERS = ("space_id", "query", "top_k", "filters", "limits")
+
+
 def _body(request) -> dict:
-    if not hasattr(request.data, "get"):
+    """The JSON object body; 400 ``invalid_request`` for anything else or a member outside
+    :data:`BODY_MEMBERS` (named)."""
+    if not isinstance(request.data, dict):
         raise InvalidInput("body must be a JSON object", code="invalid_request")
+    refuse_unknown_members(request.data, BODY_MEMBERS, "research-task")
     return request.data
 
 
@@ -115,7 +133,7 @@ def _space_in_body(request):
     return get_space(request.user, space_id)
 
 
-class ResearchTaskPlanView(APIView):
+class ResearchTaskPlanView(RouteView):
     operations = {"POST": Operation("research_tasks.plan", space_from("body"))}
 
     def post(self, request):
@@ -124,7 +142,7 @@ class ResearchTaskPlanView(APIView):
         return Response(service.plan_task(space, _body(request)))
 
 
-class ResearchTaskListView(APIView):
+class ResearchTaskListView(RouteView):
     operations = {
         "POST": Operation("research_tasks.create", space_from("body")),
     }
@@ -157,7 +175,7 @@ class ResearchTaskListView(APIView):
 _TASK = child("research_task", "task_id", parent_field=None)
 
 
-class ResearchTaskDetailView(APIView):
+class ResearchTaskDetailView(RouteView):
     # /v1/research-tasks/{task_id} does not name the space: the token's parent_id scopes it.
     operations = {
         "GET": Operation("research_tasks.read", _TASK),
@@ -174,7 +192,7 @@ class ResearchTaskDetailView(APIView):
         return Response(task_dict(service.cancel_task(task.id)))
 
 
-class ResearchTaskPartialsView(APIView):
+class ResearchTaskPartialsView(RouteView):
     operations = {"GET": Operation("research_tasks.partials", _TASK)}
 
     def get(self, request, task_id):
@@ -182,10 +200,11 @@ class ResearchTaskPartialsView(APIView):
         task = service.get_task(request.user, task_id)
         paginator = SequencePagination()
         page = paginator.paginate_queryset(service.partials_of(task), request, view=self)
-        return paginator.get_paginated_response([partial_dict(p) for p in page])
+        reasons = service.unavailable_documents([p.evidence for p in page])
+        return paginator.get_paginated_response([partial_dict(p, reasons) for p in page])
 
 
-class ResearchTaskResumeView(APIView):
+class ResearchTaskResumeView(RouteView):
     operations = {"POST": Operation("research_tasks.resume", _TASK)}
 
     def post(self, request, task_id):
@@ -194,7 +213,7 @@ class ResearchTaskResumeView(APIView):
         return Response(task_dict(service.resume_task(task.id)), status=status.HTTP_202_ACCEPTED)
 
 
-class SpaceResearchTaskListView(APIView):
+class SpaceResearchTaskListView(RouteView):
     operations = {"GET": Operation("research_tasks.list", space_from())}
 
     def get(self, request, space_id):

@@ -165,9 +165,15 @@ def run_delivery(task_pk, delivery: str) -> str:
         return "lost"
     except ServiceError as exc:
         return _failed(run, exc.code, exc.message)
-    except Exception as exc:  # noqa: BLE001 - any other error fails the task (fenced)
+    except Exception:  # noqa: BLE001 - any other error fails the task (fenced)
         logger.exception("research task %s failed", task.id)
-        return _failed(run, "internal_error", f"{type(exc).__name__}: {exc}")
+        # The exception text stays in the log: callers get a stable code and a plain message.
+        return _failed(
+            run,
+            "internal_error",
+            "the research task failed on an internal error; resume it to retry from its "
+            "checkpoint, or contact the operator",
+        )
     return _complete(task, run, result)
 
 

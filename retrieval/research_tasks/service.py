@@ -12,11 +12,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from knowledgefs.auth.principal import Principal
-from knowledgefs.errors import Conflict, NotFound, ServiceError
+from knowledgefs.errors import Conflict, NotFound, ServiceError, TooManyRequests
 from knowledgefs.idempotency import KeyReused, fingerprint
 
 from . import dispatch, planning
@@ -44,6 +45,38 @@ class LimitsExceeded(ServiceError):
 
     def as_dict(self) -> dict[str, Any]:
         return {**super().as_dict(), "violations": self.violations}
+
+
+#: ``Retry-After`` of a 429 ``research_task_limit``: a delivery lasts at most 180 s (durable
+#: budget), most far less; 30 s is a fair first wait.
+LIMIT_RETRY_AFTER = 30
+
+
+def _require_capacity(principal: Principal) -> None:
+    """429 ``research_task_limit`` (``Retry-After: 30``) when the caller's owner already has
+    ``KNOWLEDGE_RESEARCH_TASK_MAX_ACTIVE_PER_OWNER`` active (queued or running) tasks, or its
+    tenant ``KNOWLEDGE_RESEARCH_TASK_MAX_ACTIVE_PER_TENANT``; the message and ``details`` name
+    the limit. Counted before the insert, so concurrent creates may overshoot by their number.
+    """
+    active = ResearchTask.objects.filter(run_state__in=LIVE_RUN_STATES)
+    checks = (
+        ("owner", settings.KNOWLEDGE_RESEARCH_TASK_MAX_ACTIVE_PER_OWNER,
+         active.filter(tenant_id=principal.tenant_id, owner=principal.owner)),
+        ("tenant", settings.KNOWLEDGE_RESEARCH_TASK_MAX_ACTIVE_PER_TENANT,
+         active.filter(tenant_id=principal.tenant_id)),
+    )  # fmt: skip
+    for scope, limit, rows in checks:
+        count = rows.count()
+        if count >= limit:
+            setting = f"KNOWLEDGE_RESEARCH_TASK_MAX_ACTIVE_PER_{scope.upper()}"
+            raise TooManyRequests(
+                f"this {'caller' if scope == 'owner' else 'tenant'} has {count} active research "
+                f"tasks (queued or running); the limit is {limit} ({setting}); retry when one "
+                "has finished",
+                retry_after=LIMIT_RETRY_AFTER,
+                code="research_task_limit",
+                details={"scope": scope, "limit": limit, "active": count},
+            )
 
 
 def _request(space, body: dict) -> tuple[str, int, Any, dict]:
@@ -96,7 +129,8 @@ def create_task(
     ``limits`` (see :func:`planning.validate_limits`). With ``idempotency_key`` the tenant's task
     created under that key is returned (``created`` ``False``) when the same owner sent the same
     body; another body or owner is 422 ``idempotency_key_reused``. Errors: 400 (body), 409/503
-    (the space cannot be searched), 422 :class:`LimitsExceeded`.
+    (the space cannot be searched), 422 :class:`LimitsExceeded`, 429 ``research_task_limit``
+    (:func:`_require_capacity`; resumes are not counted against it).
     """
     query, top_k, filters, limits = _request(space, body)
     digest = fingerprint(
@@ -107,6 +141,7 @@ def create_task(
         if existing is not None:
             return existing, False
     profile = _require_searchable(space)
+    _require_capacity(principal)
     plan = planning.estimate(space, query, top_k=top_k, limits=limits)
     if plan["violations"]:
         raise LimitsExceeded(plan["violations"], plan)
@@ -178,6 +213,61 @@ def tasks_in(principal: Principal, space):
 def partials_of(task: ResearchTask):
     """The task's partial evidence in ``sequence`` order."""
     return ResearchTaskPartial.objects.filter(task=task)
+
+
+def unavailable_documents(bundles) -> dict[str, str]:
+    """``{document_id: reason}`` for the documents cited in ``bundles`` (results or partial
+    evidence, each ``{"items": [{"citation": {"document_id"}}…]}`` or ``None``) that may no
+    longer be served: ``document_disabled`` (the document text route answers 409) or
+    ``document_deleted`` (404). One query."""
+    from ingestion.models import Document
+
+    cited = {
+        str((item.get("citation") or {}).get("document_id"))
+        for bundle in bundles
+        if isinstance(bundle, dict)
+        for item in bundle.get("items") or ()
+        if isinstance(item, dict)
+    }
+    cited.discard("None")
+    ids = []
+    for value in cited:
+        try:
+            ids.append(uuid.UUID(value))
+        except ValueError:
+            continue
+    enabled = dict(Document.objects.filter(id__in=ids).values_list("id", "enabled"))
+    reasons = {}
+    for value in cited:
+        try:
+            state = enabled.get(uuid.UUID(value))
+        except ValueError:
+            state = None
+        if state is None:
+            reasons[value] = "document_deleted"
+        elif not state:
+            reasons[value] = "document_disabled"
+    return reasons
+
+
+def redact(bundle, reasons: dict[str, str]):
+    """``bundle`` without the items of documents in ``reasons`` (see
+    :func:`unavailable_documents`), listed instead in ``redacted``: ``[{"document_id",
+    "reason"}]`` (a document once however many items it had). A task's stored copy is kept:
+    re-enabling the document serves its items again."""
+    if not isinstance(bundle, dict) or not bundle.get("items"):
+        return bundle
+    kept, redacted = [], {}
+    for item in bundle["items"]:
+        doc = str((item.get("citation") or {}).get("document_id"))
+        if doc in reasons:
+            redacted[doc] = reasons[doc]
+        else:
+            kept.append(item)
+    if not redacted:
+        return bundle
+    listed = [{"document_id": d, "reason": r} for d, r in sorted(redacted.items())]
+    return {**bundle, "items": kept, "redacted": listed}
 
 
 def cancel_task(task_pk) -> ResearchTask:

@@ -160,6 +160,17 @@ class Command(BaseCommand):
         query.add_argument("--filters", metavar="JSON", help=answer_cli.FILTERS_HELP)
         query.add_argument("--json", action="store_true")
 
+        rt = sub.add_parser(
+            "research-tasks", help="list a tenant's research tasks (every owner), newest first"
+        )
+        rt.add_argument("--tenant", required=True)
+        rt.add_argument("--space", metavar="SLUG", help="only this space's tasks")
+        rt.add_argument(
+            "--status", choices=["queued", "running", "completed", "failed", "canceled"]
+        )
+        rt.add_argument("--limit", type=int, default=50, help="at most this many (1-1000)")
+        rt.add_argument("--json", action="store_true")
+
         docs = sub.add_parser("documents", help="list a space's documents")
         docs.add_argument("--space", required=True, metavar="SLUG")
         docs.add_argument("--tenant", required=True)
@@ -238,6 +249,7 @@ class Command(BaseCommand):
             "ingest": self.ingest,
             "query": self.query,
             "documents": self.documents,
+            "research-tasks": self.research_tasks,
             "jobs": self.jobs,
             "stats": self.stats,
             "retry": self.retry,
@@ -521,6 +533,44 @@ class Command(BaseCommand):
             or "no documents",
         )
 
+    def research_tasks(self, options: dict) -> None:
+        """``kfs research-tasks``: the tenant's tasks as an operator sees them (every owner;
+        :func:`retrieval.research_tasks.service.visible_tasks`), newest first."""
+        from retrieval.research_tasks import service as research_tasks
+
+        if not 1 <= options["limit"] <= 1000:
+            raise CommandError(f"invalid_limit: --limit must be 1 to 1000, not {options['limit']}")
+        principal = spaces.Principal(tenant_id=spaces.validate_tenant_id(options["tenant"]))
+        tasks = research_tasks.visible_tasks(principal).select_related("space")
+        if options["space"]:
+            tasks = tasks.filter(space=self._space(options))
+        if options["status"]:
+            tasks = tasks.filter(run_state=options["status"])
+        rows = [
+            {
+                "id": str(t.id),
+                "space": t.space.slug,
+                "owner": t.owner,
+                "status": t.run_state,
+                "stage": t.stage,
+                "query": t.query[:200],
+                "attempts": t.attempt_count,
+                "error_code": t.error_code or None,
+                "elapsed_ms": t.elapsed_ms,
+                "created_at": t.created_at.isoformat(),
+            }
+            for t in tasks.order_by("-created_at", "-id")[: options["limit"]]
+        ]
+        self.emit(
+            options,
+            {"items": rows},
+            "\n".join(
+                f"{r['id']}  {r['status']:<9} {r['space']:<20} {r['owner']:<24} {r['query'][:60]}"
+                for r in rows
+            )
+            or "no research tasks",
+        )
+
     def jobs(self, options: dict) -> None:
         space = self._space(options)
         rows = [
@@ -640,7 +690,7 @@ class Command(BaseCommand):
                     golden.run_golden(
                         self._space(options),
                         mode=mode,
-                        top_k=options["top_k"] or 10,
+                        top_k=10 if options["top_k"] is None else options["top_k"],
                         tags=options["tag"],
                         on_progress=progress,
                     )
