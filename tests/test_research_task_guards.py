@@ -130,17 +130,12 @@ def test_results_and_partials_leave_out_documents_disabled_or_deleted_since(
 
 
 def test_an_internal_failure_gives_a_plain_message(
-    client, corpus, monkeypatch, django_capture_on_commit_callbacks
+    client, corpus, django_capture_on_commit_callbacks
 ):
-    # Research raising an unexpected exception (the review's OverflowError, now fixed in the
-    # filters): its text must stay in the log, not reach the caller.
-    import retrieval.research
-
-    def overflow(*args, **kwargs):
-        raise OverflowError("int too large to convert to float")
-
-    monkeypatch.setattr(retrieval.research, "run_research", overflow)
+    # A checkpoint damaged outside the service (an operator's manual edit): the run fails on
+    # an unexpected error, whose text must stay in the log, not reach the caller.
     task = create(client, corpus, django_capture_on_commit_callbacks).json()
+    ResearchTask.objects.filter(id=task["id"]).update(checkpoint=["damaged"])
     assert deliver(task["id"]) == "failed"
     error = client.get(f"{TASKS}/{task['id']}").json()["error"]
     assert error == {

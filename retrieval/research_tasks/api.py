@@ -37,7 +37,9 @@ def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
     deliveries, a call cut short by a cancel included), attempts, resumes}``; ``result``
     (``full`` only, once ``completed``) holds ``items`` (with citations) and ``metrics``; items
     of documents disabled or deleted since are left out and listed in ``redacted``."""
-    checkpoint = task.checkpoint or {}
+    # A checkpoint damaged outside the service (the run then fails internal_error) still reads.
+    checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
+    spent = checkpoint.get("spent") if isinstance(checkpoint.get("spent"), dict) else {}
     body = {
         "id": str(task.id),
         "space_id": str(task.space_id),
@@ -51,7 +53,7 @@ def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
         "progress": {
             "stage": task.stage,
             "checkpoint_steps": sorted(k for k in checkpoint if k not in ("rounds", "spent")),
-            "model_calls_spent": (checkpoint.get("spent") or {}).get("model_calls", 0),
+            "model_calls_spent": spent.get("model_calls", 0),
             "attempts": task.attempt_count,
             "resumes": task.resume_count,
         },

@@ -84,7 +84,10 @@ class _Delivery:
         self.hard_stop = self.deadline + STOP_GRACE_SECONDS
         self.elapsed_before = task.elapsed_ms or 0
         self.max_model_calls = task.limits.get("max_model_calls")
-        self.rounds_saved = len((task.checkpoint or {}).get(ROUND_EVIDENCE_KEY) or [])
+        rounds = (task.checkpoint if isinstance(task.checkpoint, dict) else {}).get(
+            ROUND_EVIDENCE_KEY
+        )
+        self.rounds_saved = len(rounds) if isinstance(rounds, list) else 0
         self.lost = False
         self.timed_out = False
         self._polled = 0.0
