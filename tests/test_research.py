@@ -29,6 +29,14 @@ from spaces.services import create_space
 from tests import dify_fixtures
 from tests.conftest import compile_all
 from tests.dify_server import LLM, RERANK, TEST_INNER_KEY, TEXT_EMBEDDING
+from tests.research_script import (
+    JUDGEMENT,
+    PLAN,
+    QUESTION,
+    REASONER,
+    SUPPLEMENT,
+    step_of,
+)
 
 dify_server = dify_fixtures.dify_server
 
@@ -293,26 +301,7 @@ def test_should_stop_cancels_between_steps(space):
 SPACES = "/v1/knowledge-spaces"
 OPENAI = {"plugin_id": "langgenius/openai", "provider": "openai", "model": "text-embedding-3-small"}
 RERANKER = {"plugin_id": "langgenius/cohere", "provider": "cohere", "model": "rerank-v3.5"}
-REASONER = {"plugin_id": "langgenius/openai", "provider": "openai", "model": "gpt-4.1-mini"}
 UNTRUSTED = re.compile(r"<<<UNTRUSTED DATA (\w+)>>>\n(.*)\n<<<END UNTRUSTED DATA \1>>>", re.S)
-QUESTION = "What should I know about annual leave and business travel?"
-PLAN = {
-    "intent": "leave allowance and travel rules",
-    "sub_queries": ["annual leave days per year", "travel receipts deadline"],
-    "evidence_dimensions": ["leave allowance", "receipt deadline", "train booking"],
-}
-JUDGEMENT = {
-    "covered_dimensions": ["leave allowance", "receipt deadline"],
-    "missing_dimensions": ["train booking"],
-    "needs_supplemental": True,
-}
-SUPPLEMENT = {"query": "book trains for trips under four hours"}
-STEPS = {
-    "You plan searches": "planner",
-    "You judge whether": "judge",
-    "You write one search query": "supplemental",
-    "You route a question": "route",
-}
 
 
 class ScriptedModel:
@@ -327,7 +316,7 @@ class ScriptedModel:
     def __call__(self, body: dict) -> str | None:
         system = body["prompt_messages"][0]["content"]
         user = body["prompt_messages"][-1]["content"]
-        step = next((s for prefix, s in STEPS.items() if system.startswith(prefix)), None)
+        step = step_of(system)
         if step is None:
             return None
         self.prompts.append((step, system, user))

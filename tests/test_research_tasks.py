@@ -28,6 +28,14 @@ from spaces.services import Principal, create_api_key, create_space
 from tests import dify_fixtures
 from tests.conftest import compile_all
 from tests.dify_server import LLM, TEST_INNER_KEY
+from tests.research_script import (
+    JUDGEMENT,
+    PLAN,
+    QUESTION,
+    REASONER,
+    SUPPLEMENT,
+    step_of,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -43,24 +51,6 @@ CORPUS = {
     "bread.txt": "Sourdough bread rises slowly because wild yeast ferments the dough.",
 }
 OPENAI = {"plugin_id": "langgenius/openai", "provider": "openai", "model": "text-embedding-3-small"}
-REASONER = {"plugin_id": "langgenius/openai", "provider": "openai", "model": "gpt-4.1-mini"}
-QUESTION = "What should I know about annual leave and business travel?"
-PLAN = {
-    "intent": "leave allowance and travel rules",
-    "sub_queries": ["annual leave days per year", "travel receipts deadline"],
-    "evidence_dimensions": ["leave allowance", "receipt deadline", "train booking"],
-}
-JUDGEMENT = {
-    "covered_dimensions": ["leave allowance", "receipt deadline"],
-    "missing_dimensions": ["train booking"],
-    "needs_supplemental": True,
-}
-SUPPLEMENT = {"query": "book trains for trips under four hours"}
-STEP_PREFIXES = {
-    "You plan searches": "planner",
-    "You judge whether": "judge",
-    "You write one search query": "supplemental",
-}
 
 
 def load(space, corpus=CORPUS) -> None:
@@ -203,7 +193,7 @@ class ScriptedModel:
 
     def __call__(self, body: dict) -> str | None:
         system = body["prompt_messages"][0]["content"]
-        step = next((s for p, s in STEP_PREFIXES.items() if system.startswith(p)), None)
+        step = step_of(system)
         if step is None:
             return None  # the preflight probe gets the server's fixed answer
         self.steps.append(step)

@@ -16,16 +16,8 @@ from django_q.cluster import Cluster
 
 from tests import dify_fixtures
 from tests.dify_server import LLM, TEST_INNER_KEY
-from tests.test_research_tasks import (
-    JUDGEMENT,
-    PLAN,
-    QUESTION,
-    STEP_PREFIXES,
-    SUPPLEMENT,
-    TASKS,
-    load,
-    reasoned_space,
-)
+from tests.research_script import JUDGEMENT, PLAN, QUESTION, SUPPLEMENT, step_of
+from tests.test_research_tasks import TASKS, load, reasoned_space
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -96,7 +88,7 @@ class GatedModel:
 
     def __call__(self, body: dict) -> str | None:
         system = body["prompt_messages"][0]["content"]
-        step = next((s for p, s in STEP_PREFIXES.items() if system.startswith(p)), None)
+        step = step_of(system)
         if step is None:
             return None
         self.steps.append(step)

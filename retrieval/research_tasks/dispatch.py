@@ -24,13 +24,14 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+
+from knowledgefs.claims import SweepReport, locked_batch
 
 from .models import ResearchTask, RunState, Stage
 
@@ -180,28 +181,6 @@ def fail(task_pk, delivery: str, code: str, message: str, *, condition: Q | None
 # --- the sweep ----------------------------------------------------------------------------------
 
 
-@dataclass
-class SweepReport:
-    """What one sweep did (counts of tasks)."""
-
-    undelivered_reclaimed: int = 0
-    stale_requeued: int = 0
-    attempts_exhausted: int = 0
-    dispatched: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
-def _locked(qs, batch: int) -> list[ResearchTask]:
-    """Up to ``batch`` rows of ``qs`` locked (``SKIP LOCKED`` where the database has it)."""
-    if connection.features.has_select_for_update_skip_locked:
-        qs = qs.select_for_update(skip_locked=True)
-    else:
-        qs = qs.select_for_update()
-    return list(qs.order_by("updated_at")[:batch])
-
-
 def sweep(*, batch: int = 200, now=None) -> SweepReport:
     """One pass of the research tasks' recovery (every minute from the django-q2 schedule).
 
@@ -225,7 +204,7 @@ def sweep(*, batch: int = 200, now=None) -> SweepReport:
     grace = timedelta(seconds=settings.KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS)
     stale = timedelta(seconds=settings.KNOWLEDGE_RESEARCH_TASK_STALE_SECONDS)
     with transaction.atomic():
-        for task in _locked(
+        for task in locked_batch(
             ResearchTask.objects.filter(
                 run_state=RunState.QUEUED, task_id__isnull=False, claimed_at__lt=now - grace
             ),
@@ -235,7 +214,7 @@ def sweep(*, batch: int = 200, now=None) -> SweepReport:
                 report.undelivered_reclaimed += 1
                 to_dispatch.append(task.id)
     with transaction.atomic():
-        for task in _locked(
+        for task in locked_batch(
             ResearchTask.objects.filter(run_state=RunState.RUNNING).filter(
                 Q(step_started_at__lt=now - stale) | Q(step_started_at__isnull=True)
             ),

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -32,6 +31,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from knowledgefs.claims import SweepReport, locked_batch
 from upgrades.models import JobStatus, UpgradeJob
 
 logger = logging.getLogger("knowledgefs.upgrades")
@@ -211,28 +211,6 @@ def fail(job_id, task_id: str, code: str, message: str) -> bool:
 # --- the sweep ----------------------------------------------------------------------------------
 
 
-@dataclass
-class SweepReport:
-    """What one sweep did (counts of jobs)."""
-
-    undelivered_reclaimed: int = 0
-    stale_requeued: int = 0
-    attempts_exhausted: int = 0
-    dispatched: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
-def _locked(qs, batch: int) -> list[UpgradeJob]:
-    """Up to ``batch`` rows of ``qs`` locked (``SKIP LOCKED`` where the database has it)."""
-    if connection.features.has_select_for_update_skip_locked:
-        qs = qs.select_for_update(skip_locked=True)
-    else:
-        qs = qs.select_for_update()
-    return list(qs.order_by("updated_at")[:batch])
-
-
 def sweep(*, batch: int = 200, now=None) -> SweepReport:
     """One pass of the staged run's recovery (scheduled every minute; ``kfs upgrade sweep``).
 
@@ -255,7 +233,7 @@ def sweep(*, batch: int = 200, now=None) -> SweepReport:
     grace = timedelta(seconds=settings.KNOWLEDGE_UPGRADE_DISPATCH_GRACE_SECONDS)
     stale = timedelta(seconds=settings.KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS)
     with transaction.atomic():
-        for job in _locked(
+        for job in locked_batch(
             UpgradeJob.objects.filter(
                 status=JobStatus.QUEUED, task_id__isnull=False, claimed_at__lt=now - grace
             ),
@@ -265,7 +243,7 @@ def sweep(*, batch: int = 200, now=None) -> SweepReport:
                 report.undelivered_reclaimed += 1
                 to_dispatch.append(job.id)
     with transaction.atomic():
-        for job in _locked(
+        for job in locked_batch(
             UpgradeJob.objects.filter(status=JobStatus.RUNNING).filter(
                 Q(step_started_at__lt=now - stale) | Q(step_started_at__isnull=True)
             ),
