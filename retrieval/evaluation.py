@@ -200,21 +200,12 @@ def evaluate(
     :func:`retrieval.services.retrieve`) and the run's description. 400 ``invalid_mode`` /
     ``invalid_top_k`` before anything is ingested.
     """
-    from django.conf import settings
 
-    from .services import MODES
+    from .services import MODES, validate_top_k
 
     if mode not in MODES:
         raise InvalidInput(f"mode must be one of: {', '.join(MODES)}", code="invalid_mode")
-    if (
-        isinstance(top_k, bool)
-        or not isinstance(top_k, int)
-        or not (1 <= top_k <= settings.RETRIEVAL_MAX_TOP_K)
-    ):
-        raise InvalidInput(
-            f"top_k must be an integer from 1 to {settings.RETRIEVAL_MAX_TOP_K}",
-            code="invalid_top_k",
-        )
+    validate_top_k(top_k)
     corpus_path, corpus, queries, qrels = load_dataset(dataset_dir, split)
     space, ingest_seconds, reused = prepare_space(
         corpus_path, corpus, fresh=fresh, on_progress=on_progress

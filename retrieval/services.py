@@ -105,6 +105,21 @@ class RetrievalResult:
         }
 
 
+def validate_top_k(top_k) -> int:
+    """Return ``top_k`` if it is an int from 1 to ``RETRIEVAL_MAX_TOP_K`` (100, reference
+    inventory §5.2), else raise 400 ``invalid_top_k`` naming the range."""
+    if (
+        isinstance(top_k, bool)
+        or not isinstance(top_k, int)
+        or not (1 <= top_k <= settings.RETRIEVAL_MAX_TOP_K)
+    ):
+        raise InvalidInput(
+            f"top_k must be an integer from 1 to {settings.RETRIEVAL_MAX_TOP_K}",
+            code="invalid_top_k",
+        )
+    return top_k
+
+
 def validate_request(query, top_k, score_threshold, mode) -> tuple[str, int, float | None, str]:
     """Check a retrieval request; raises :class:`InvalidInput` naming the field and the limit."""
     if not isinstance(query, str) or not query.strip():
@@ -120,15 +135,7 @@ def validate_request(query, top_k, score_threshold, mode) -> tuple[str, int, flo
             f"query is {len(query)} characters; the limit is {settings.RETRIEVAL_MAX_QUERY_CHARS}",
             code="invalid_query",
         )
-    if (
-        isinstance(top_k, bool)
-        or not isinstance(top_k, int)
-        or not (1 <= top_k <= settings.RETRIEVAL_MAX_TOP_K)
-    ):
-        raise InvalidInput(
-            f"top_k must be an integer from 1 to {settings.RETRIEVAL_MAX_TOP_K}",
-            code="invalid_top_k",
-        )
+    validate_top_k(top_k)
     if score_threshold is not None:
         if (
             isinstance(score_threshold, bool)
