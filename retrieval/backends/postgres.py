@@ -53,9 +53,11 @@ class PostgresSearchBackend(SearchBackend):
         only = "" if documents is None else "AND n.document_id = ANY(%s::uuid[]) "
         # Each term becomes its own lexeme list; plainto_tsquery applies the same stemming and
         # stop words as the index, and the lists are OR-ed together. A lone CJK character is a
-        # prefix query (``:*``) over the CJK bigrams (retrieval.text.is_lone_cjk).
+        # prefix query (``:*``) over the CJK bigrams (retrieval.text.is_lone_cjk). MATERIALIZED
+        # builds the tsquery once: inlined, a plan chosen on missing statistics (a fresh table)
+        # rebuilt it for every candidate row (minutes for a few hundred rows).
         sql = (
-            "WITH q AS (SELECT to_tsquery('english', string_agg("
+            "WITH q AS MATERIALIZED (SELECT to_tsquery('english', string_agg("
             "CASE WHEN prefix THEN pq::text || ':*' ELSE pq::text END, ' | ')) AS query "
             "FROM (SELECT plainto_tsquery('english', t) AS pq, prefix "
             "FROM unnest(%s::text[], %s::boolean[]) AS u(t, prefix)) s "
