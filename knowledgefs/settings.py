@@ -781,3 +781,15 @@ KNOWLEDGE_ANSWER_CATALOG_CACHE_SECONDS = bounded_int(
 KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE = bounded_int(
     "KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE", 1000, 1, 100000
 )
+
+# ---------------------------------------------------------------------------------------------
+# Search backends: PostgreSQL + pgvector (HNSW per model and dimension), docs/scaling.md.
+
+# ---------------------------------------------------------------------------------------------
+# Search backends: the Dify vector and text bridge (inventory 7.2-7.3), docs/scaling.md.
+
+# ---------------------------------------------------------------------------------------------
+# Worker broker: django-q2 on Redis for many workers on many machines, docs/scaling.md.
+
+# ---------------------------------------------------------------------------------------------
+# OpenAPI schema (drf-spectacular), served at /openapi.json; docs/api.md.
