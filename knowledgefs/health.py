@@ -209,13 +209,17 @@ def check_object_storage() -> Check:
 
 def check_search() -> Check:
     """The default database's engine has a search backend (``retrieval.backends``): SQLite
-    (FTS5) or PostgreSQL (tsvector). MySQL/MariaDB fails: schema and migrations only."""
-    from retrieval.backends import unsupported_reason
+    (FTS5) or PostgreSQL (tsvector). MySQL/MariaDB fails: schema and migrations only. With
+    ``KNOWLEDGE_SEARCH_BACKEND=dify``, Dify's vector and text routes answer a probe ``get``."""
+    from retrieval.backends import backend_name, get_search_backend, unsupported_reason
 
     vendor = connections[DEFAULT_DB_ALIAS].vendor
     reason = unsupported_reason(vendor)
     if reason is not None:
         return False, "failing", _short(reason)
+    if backend_name() == "dify":  # KNOWLEDGE_SEARCH_BACKEND=dify: one get on each bridge route
+        ok, detail = get_search_backend().probe(PROBE_TIMEOUT_MS)
+        return ok, "ok" if ok else "failing", _short(detail)
     index = "FTS5" if vendor == "sqlite" else "tsvector"
     return True, "ok", f"{vendor}: {index} keyword index and dense search"
 
