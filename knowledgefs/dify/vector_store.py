@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -108,10 +109,12 @@ class BridgeClient:
         self.timeout = timeout_ms / 1000
         self.concurrency = max(1, concurrency)
         self.requests = 0
+        self._count_lock = threading.Lock()
 
     def _post(self, body: dict, *, max_bytes: int = config.BRIDGE_RESPONSE_MAX_BYTES) -> dict:
         """Send one operation, return its ``{points, matches}`` answer (both lists)."""
-        self.requests += 1
+        with self._count_lock:  # chunk searches run on several threads
+            self.requests += 1
         reply = self.transport.request(
             "POST",
             self.route,
