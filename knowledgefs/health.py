@@ -210,14 +210,18 @@ def check_object_storage() -> Check:
 def check_search() -> Check:
     """The default database's engine has a search backend (``retrieval.backends``): SQLite
     (FTS5) or PostgreSQL (tsvector, and pgvector ≥ 0.8 installed with its column: the reason
-    names the missing extension otherwise). MySQL/MariaDB fails: schema and migrations only."""
-    from retrieval.backends import unsupported_reason
+    names the missing extension otherwise). MySQL/MariaDB fails: schema and migrations only. With
+    ``KNOWLEDGE_SEARCH_BACKEND=dify``, Dify's vector and text routes answer a probe ``get``."""
+    from retrieval.backends import backend_name, get_search_backend, unsupported_reason
 
     connection = connections[DEFAULT_DB_ALIAS]
     vendor = connection.vendor
     reason = unsupported_reason(vendor)
     if reason is not None:
         return False, "failing", _short(reason)
+    if backend_name() == "dify":  # KNOWLEDGE_SEARCH_BACKEND=dify: one get on each bridge route
+        ok, detail = get_search_backend().probe(PROBE_TIMEOUT_MS)
+        return ok, "ok" if ok else "failing", _short(detail)
     if vendor == "postgresql":
         from retrieval.backends.pgvector import extension_problem
 

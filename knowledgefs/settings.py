@@ -804,6 +804,27 @@ KNOWLEDGE_PG_HNSW_MAX_SCAN_TUPLES = bounded_int(
 
 # ---------------------------------------------------------------------------------------------
 # Search backends: the Dify vector and text bridge (inventory 7.2-7.3), docs/scaling.md.
+# database (default): the keyword and dense projections live in this service's database (FTS5 or
+# tsvector, exact dense search). dify: they live in Dify's vector store (Qdrant, Elasticsearch,
+# Weaviate...) through POST /inner/api/knowledge-fs/texts and /vectors; relational state, and
+# the SQL that decides which ids a search may return, stay here (docs/architecture.md).
+KNOWLEDGE_SEARCH_BACKEND = env.str("KNOWLEDGE_SEARCH_BACKEND", default="database").strip().lower()
+if KNOWLEDGE_SEARCH_BACKEND not in ("database", "dify"):
+    raise ImproperlyConfigured(
+        f"KNOWLEDGE_SEARCH_BACKEND={KNOWLEDGE_SEARCH_BACKEND!r} is not one of: database, dify"
+    )
+if KNOWLEDGE_SEARCH_BACKEND == "dify" and not (DIFY_INNER_API_URL and DIFY_INNER_API_KEY):
+    raise ImproperlyConfigured(
+        "KNOWLEDGE_SEARCH_BACKEND=dify keeps the search index in Dify's vector store and needs "
+        "DIFY_INNER_API_URL and DIFY_INNER_API_KEY (Compose: http://api:5001 and Dify's "
+        "INNER_API_KEY_FOR_PLUGIN)"
+    )
+# One bridge request (retries included), in ms.
+DIFY_VECTOR_STORE_REQUEST_TIMEOUT_MS = bounded_int(
+    "DIFY_VECTOR_STORE_REQUEST_TIMEOUT_MS", 30000, 100, 600000
+)
+# Chunk searches (2048 authorized ids each) of one search leg in flight at once.
+KNOWLEDGE_SEARCH_BRIDGE_CONCURRENCY = bounded_int("KNOWLEDGE_SEARCH_BRIDGE_CONCURRENCY", 4, 1, 32)
 
 # ---------------------------------------------------------------------------------------------
 # Worker broker: django-q2 on Redis for many workers on many machines, docs/scaling.md.

@@ -46,7 +46,7 @@ from knowledgefs.runtime import (
     registered_model_ids,
     runtime_name,
 )
-from retrieval.backends import IndexedNode, get_search_backend
+from retrieval.backends import IndexedNode, backend_name, get_search_backend
 from retrieval.models import DenseVector, IndexState, IndexVersion
 from spaces.models import KnowledgeSpace
 
@@ -619,13 +619,19 @@ def purge_retired_vectors(space_id: uuid.UUID | None = None) -> int:
     if space_id is not None:
         retired = retired.filter(space_id=space_id)
     deleted = 0
+    # A backend keeping vectors outside the database (the Dify bridge) deletes them first.
+    backend = get_search_backend() if backend_name() != "database" else None
     for version in retired:
         rows = DenseVector.objects.filter(space_id=version.space_id, index_version=version.number)
         while True:
-            ids = list(rows.values_list("id", flat=True)[:PURGE_BATCH])
-            if not ids:
+            batch = list(rows.values_list("id", "node_id", "dimension")[:PURGE_BATCH])
+            if not batch:
                 break
-            deleted += DenseVector.objects.filter(id__in=ids).delete()[0]
+            if backend is not None:
+                backend.delete_version_vectors(
+                    version.space_id, version.number, [(r[1], r[2]) for r in batch]
+                )
+            deleted += DenseVector.objects.filter(id__in=[r[0] for r in batch]).delete()[0]
         IndexVersion.objects.filter(id=version.id).update(vectors_purged_at=timezone.now())
     return deleted
 

@@ -67,7 +67,7 @@ from ingestion.parsing.isolation import ParseCanceled
 from knowledgefs import storage
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, NotFound
-from retrieval.backends import IndexedNode, get_search_backend
+from retrieval.backends import IndexedNode, SearchBackendError, get_search_backend
 from retrieval.indexing import index_projections, projection_targets
 from spaces.models import PublicationHead
 
@@ -125,6 +125,8 @@ def classify(exc: BaseException) -> CompilationFailure:
     """Map an unexpected exception to a :class:`CompilationFailure` with its retry class."""
     if isinstance(exc, CompilationFailure):
         return exc
+    if isinstance(exc, SearchBackendError):  # e.g. the Dify bridge: its code and retry class
+        return CompilationFailure(exc.code, exc.message, retryable=exc.retryable)
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, TRANSIENT_ERRORS):
         return CompilationFailure("transient_error", text, retryable=True)

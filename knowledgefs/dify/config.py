@@ -45,6 +45,28 @@ DATASOURCE_TIMEOUT_MS = 60_000
 DATASOURCE_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 DATASOURCE_MAX_KEYS = 1000
 
+# Vector and text bridge (Dify's knowledge-fs/vectors and knowledge-fs/texts routes, inventory
+# 7.2-7.3): at most 64 points and 2048 ids per request, 64 ids per get, limit 1..256, dimension
+# 1..16384, vector-space ids of at most 256 characters, texts of at most 1 MiB (UTF-8) and
+# queries of at most 8192 characters; request bodies of at most 32 MiB.
+BRIDGE_TIMEOUT_MS = 30_000
+BRIDGE_MAX_POINTS = 64
+BRIDGE_MAX_IDS = 2048
+BRIDGE_MAX_GET_IDS = 64
+BRIDGE_MAX_LIMIT = 256
+BRIDGE_MAX_DIMENSION = 16384
+BRIDGE_MAX_SCOPE_ID_CHARS = 256
+BRIDGE_MAX_TEXT_BYTES = 1024 * 1024
+BRIDGE_MAX_QUERY_CHARS = 8192
+BRIDGE_MAX_BODY_BYTES = 32 * 1024 * 1024
+# Answers: search/upsert/delete carry at most 256 matches (1 MiB is ample); a get carries up to
+# 64 points of 16384 floats or 64 texts of 1 MiB.
+BRIDGE_RESPONSE_MAX_BYTES = 1024 * 1024
+BRIDGE_GET_RESPONSE_MAX_BYTES = 80 * 1024 * 1024
+# Searches over more than 2048 authorized ids are sent as parallel requests, at most this many
+# in flight per search (KNOWLEDGE_SEARCH_BRIDGE_CONCURRENCY).
+BRIDGE_SEARCH_CONCURRENCY = 4
+
 # Transport: connections kept per process (enough for every worker thread's embedding fan-out
 # and storage streams), connect timeout, inline retries and their backoff.
 POOL_SIZE = 32

@@ -165,3 +165,54 @@ class DatasourceError(DifyError):
         "error": "DATASOURCE_ERROR",
         "input": "DATASOURCE_INPUT_INVALID",
     }
+
+
+# --- the vector and text bridge (inventory 7.2-7.3) -------------------------------------------
+
+
+class _BridgeError(DifyError):
+    """A call to one of Dify's bridge routes failed; 413 is the vector-space quota (terminal),
+    503 (with ``Retry-After`` while Dify provisions the tenant's store) and the other
+    408/409/425/429/5xx are retryable, 400 is a request Dify refused."""
+
+    @classmethod
+    def for_status(cls, status: int, route: str) -> DifyError:
+        if status == 413:
+            return cls.of(
+                "quota",
+                f"{route} answered 413: the tenant's vector-space quota is exhausted",
+                status=status,
+            )
+        if status == 400:
+            return cls.of(
+                "rejected", f"{route} answered 400: Dify refused the operation", status=status
+            )
+        return super().for_status(status, route)
+
+
+class VectorStoreError(_BridgeError):
+    """A call to ``POST /inner/api/knowledge-fs/vectors`` failed."""
+
+    CODES = {
+        "timeout": "VECTOR_STORE_TIMEOUT",
+        "unavailable": "VECTOR_STORE_UNAVAILABLE",
+        "rejected": "VECTOR_STORE_REQUEST_REJECTED",
+        "too_large": "VECTOR_STORE_RESPONSE_TOO_LARGE",
+        "invalid": "VECTOR_STORE_RESPONSE_INVALID",
+        "input": "VECTOR_STORE_INPUT_INVALID",
+        "quota": "VECTOR_SPACE_QUOTA_EXCEEDED",
+    }
+
+
+class TextStoreError(_BridgeError):
+    """A call to ``POST /inner/api/knowledge-fs/texts`` failed."""
+
+    CODES = {
+        "timeout": "TEXT_STORE_TIMEOUT",
+        "unavailable": "TEXT_STORE_UNAVAILABLE",
+        "rejected": "TEXT_STORE_REQUEST_REJECTED",
+        "too_large": "TEXT_STORE_RESPONSE_TOO_LARGE",
+        "invalid": "TEXT_STORE_RESPONSE_INVALID",
+        "input": "TEXT_STORE_INPUT_INVALID",
+        "quota": "VECTOR_SPACE_QUOTA_EXCEEDED",
+    }

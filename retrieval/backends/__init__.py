@@ -1,19 +1,27 @@
-"""Search backends behind one interface; the database vendor picks the implementation."""
+"""Search backends behind one interface.
+
+``KNOWLEDGE_SEARCH_BACKEND=database`` (the default): the database vendor picks the
+implementation (FTS5 on SQLite, tsvector on PostgreSQL). ``dify``: the Dify vector and text bridge
+(:mod:`.dify`), whatever the vendor among the supported ones.
+"""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import connection
 
 from knowledgefs.errors import Unavailable
 
-from .base import IndexedNode, ScoredNode, SearchBackend
+from .base import IndexedNode, ScoredNode, SearchBackend, SearchBackendError
 
 __all__ = [
     "SUPPORTED_VENDORS",
     "IndexedNode",
     "ScoredNode",
     "SearchBackend",
+    "SearchBackendError",
     "SearchBackendUnavailable",
+    "backend_name",
     "get_search_backend",
     "unsupported_reason",
 ]
@@ -44,9 +52,15 @@ def unsupported_reason(vendor: str) -> str | None:
     )
 
 
+def backend_name() -> str:
+    """``settings.KNOWLEDGE_SEARCH_BACKEND``: ``database`` (default) or ``dify``."""
+    return getattr(settings, "KNOWLEDGE_SEARCH_BACKEND", "database")
+
+
 def get_search_backend() -> SearchBackend:
-    """The backend for the default database: ``sqlite`` → FTS5, ``postgresql`` → tsvector and
-    pgvector.
+    """The search backend: with ``KNOWLEDGE_SEARCH_BACKEND=dify`` the Dify bridge
+    (:class:`.dify.DifyBridgeBackend`); otherwise the default database's: ``sqlite`` → FTS5,
+    ``postgresql`` → tsvector and pgvector.
 
     Raises :class:`SearchBackendUnavailable` (503 ``search_backend_unavailable``, details
     ``{"vendor"}``) on any other engine (MySQL/MariaDB), and on PostgreSQL without pgvector ≥ 0.8
@@ -54,6 +68,15 @@ def get_search_backend() -> SearchBackend:
     so a query there is never a 500.
     """
     vendor = connection.vendor
+    if backend_name() == "dify":
+        reason = unsupported_reason(vendor)
+        if reason is not None:
+            raise SearchBackendUnavailable(reason, details={"vendor": vendor})
+        if "dify" not in _backends:
+            from .dify import DifyBridgeBackend
+
+            _backends["dify"] = DifyBridgeBackend()
+        return _backends["dify"]
     if vendor not in _backends:
         reason = unsupported_reason(vendor)
         if reason is not None:

@@ -17,9 +17,35 @@ import numpy as np
 from django.db.models import F
 
 from ingestion.models import KnowledgeNode
+from knowledgefs.errors import ServiceError
 from retrieval.models import DenseVector
 
 logger = logging.getLogger("knowledgefs.retrieval")
+
+
+class SearchBackendError(ServiceError):
+    """A backend's store failed: ``status`` (503, or 413 for a quota), a stable ``code``,
+    ``retryable`` (a later attempt may succeed; a compilation then retries) and, when set,
+    ``retry_after`` seconds (sent as ``Retry-After``)."""
+
+    status = 503
+    code = "search_backend_unavailable"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        status: int = 503,
+        retryable: bool = True,
+        details=None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message, code=code, details=details)
+        self.status = status
+        self.retryable = retryable
+        if retry_after is not None:
+            self.headers = {"Retry-After": str(retry_after)}
 
 
 @dataclass(frozen=True)
@@ -134,6 +160,12 @@ class SearchBackend:
     def prepare_dense_index(self, model_id: str, dimension: int) -> None:
         """Make ready whatever index serves dense queries of ``(model_id, dimension)``: nothing
         for the exact in-process search; the HNSW index on PostgreSQL. Idempotent."""
+
+    def delete_version_vectors(
+        self, space_id: uuid.UUID, index_version: int, rows: list[tuple[uuid.UUID, int]]
+    ) -> None:
+        """Called before a retired version's :class:`DenseVector` rows are deleted (``rows``:
+        ``(node id, dimension)``); a backend storing vectors elsewhere deletes them there."""
 
     def _index_keywords(self, nodes: list[IndexedNode]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
