@@ -244,6 +244,42 @@ def test_a_lost_message_is_published_again_by_the_sweep(space, redis_broker, clu
     assert _wait(recorded.exists, 30) and recorded.count() == 1
 
 
+def test_a_lost_research_task_message_is_claimed_again_by_the_sweep(
+    client, space, redis_broker, clusters, settings
+):
+    from retrieval.research_tasks import dispatch as research
+    from tests.test_research_tasks import TASKS, load
+
+    load(space)  # compiled in this process with the clusters' embedder
+    created = client.post(
+        TASKS, {"space_id": str(space.id), "query": "rockets vs bread", "top_k": 2}, format="json"
+    )
+    assert created.status_code == 202, created.json()
+    task_id = created.json()["id"]
+    assert redis_broker.llen(QUEUE_KEY) == 1
+    redis_broker.delete(QUEUE_KEY)  # the message is lost
+
+    cluster = clusters("a")
+    later = timezone.now() + timedelta(
+        seconds=settings.KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS + 1
+    )
+    report = research.sweep(now=later)
+    assert (report.undelivered_reclaimed, report.dispatched) == (1, 1)
+
+    def finished():
+        body = client.get(f"{TASKS}/{task_id}").json()
+        return body if body["status"] in {"completed", "failed", "canceled"} else None
+
+    body = _wait(finished, 90)
+    assert body, cluster.log.read_text()[-2000:]
+    assert (body["stage"], body["status"], body["error"]) == ("completed", "completed", None)
+    assert {i["citation"]["filename"] for i in body["result"]["items"]} == {
+        "rockets.txt",
+        "bread.txt",
+    }
+    assert body["progress"]["attempts"] == 1
+
+
 # --- start-up checks of the setting (no Redis needed) --------------------------------------------
 
 
