@@ -20,7 +20,10 @@ RUN apt-get update \
 RUN groupadd --system --gid 10001 knowledgefs \
     && useradd --system --uid 10001 --gid knowledgefs --no-create-home \
         --home-dir /var/lib/knowledgefs --shell /usr/sbin/nologin knowledgefs \
-    && install -d -o knowledgefs -g knowledgefs -m 0750 /var/lib/knowledgefs
+    && install -d -o knowledgefs -g knowledgefs -m 0750 /var/lib/knowledgefs \
+    && install -d -o knowledgefs -g knowledgefs -m 0700 /run/knowledgefs
+# Per-container runtime sockets (gunicorn's control socket) stay out of the shared var volume.
+ENV XDG_RUNTIME_DIR=/run/knowledgefs
 WORKDIR /app
 COPY pyproject.toml README.md ./
 
