@@ -793,3 +793,55 @@ KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE = bounded_int(
 
 # ---------------------------------------------------------------------------------------------
 # OpenAPI schema (drf-spectacular), served at /openapi.json; docs/api.md.
+# Not read from the environment. The schema view takes no credential (inventory §3: GET
+# /openapi.json is public, like /health); knowledgefs/openapi.py holds the security schemes, the
+# error envelope and the per-route annotations.
+
+
+def _package_version() -> str:
+    """The version in pyproject.toml beside this checkout, else the installed distribution's,
+    else ``0+unknown`` (the schema's ``info.version``)."""
+    import tomllib
+    from importlib import metadata
+
+    try:
+        with open(BASE_DIR / "pyproject.toml", "rb") as handle:
+            return str(tomllib.load(handle)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        pass
+    try:
+        return metadata.version("knowledgefs")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+INSTALLED_APPS.append("drf_spectacular")
+REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "knowledgefs.openapi.schema.KnowledgeAutoSchema"
+SPECTACULAR_SETTINGS = {
+    "TITLE": "KnowledgeFS API",
+    "DESCRIPTION": (
+        "Knowledge spaces for Dify: product routes under /v1/, Dify's internal routes under "
+        "/internal/. Every error is {code, message, details?} (docs/api.md, \"Errors\")."
+    ),
+    "VERSION": _package_version(),
+    # Relative: the document describes the server it is read from, whatever its host name.
+    "SERVERS": [{"url": "/", "description": "this KnowledgeFS server"}],
+    "SCHEMA_PATH_PREFIX": r"/(v1|internal)/",
+    "SCHEMA_PATH_PREFIX_TRIM": False,
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_AUTHENTICATION": [],
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {},
+    "PREPROCESSING_HOOKS": ["knowledgefs.openapi.schema.only_api_routes"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums"],
+    "TAGS": [
+        {"name": "knowledge-spaces", "description": "Spaces and their profiles"},
+        {"name": "documents", "description": "Uploads, documents and their text"},
+        {"name": "jobs", "description": "Compilation jobs"},
+        {"name": "retrieval", "description": "Retrieval tests and golden questions"},
+        {"name": "queries", "description": "Cited answers over SSE and their traces"},
+        {"name": "research-tasks", "description": "Durable Research runs"},
+        {"name": "internal", "description": "Dify's internal routes (X-Inner-Api-Key)"},
+    ],
+}
