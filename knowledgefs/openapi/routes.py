@@ -716,7 +716,17 @@ def _internal() -> None:
         post=extend_schema(
             summary="Snapshot a classic Dataset into an upgrade job",
             request=SnapshotSerializer,
-            responses={200: UpgradeJobSerializer, 201: UpgradeJobSerializer, 409: error("")},
+            responses={
+                200: OpenApiResponse(
+                    UpgradeJobSerializer, description="The same job: the key was replayed."
+                ),
+                201: UpgradeJobSerializer,
+                409: error(
+                    "`idempotency_key_reused`, `upgrade_in_progress`, `retry_required`, "
+                    "`already_upgraded`."
+                ),
+                422: error("`unsupported_data_source`: only `upload_file` documents."),
+            },
         ),
         get=extend_schema(
             summary="The tenant's upgrades, newest first (at most 100)",
@@ -745,7 +755,11 @@ def _internal() -> None:
         ),
     )
     for view, summary, codes in (
-        ("UpgradeRetryView", "Retry a failed upgrade", "`upgrade_already_succeeded`."),
+        (
+            "UpgradeRetryView",
+            "Retry a failed upgrade",
+            "`upgrade_already_succeeded`, `upgrade_abandoned`.",
+        ),
         (
             "UpgradeAbandonView",
             "Abandon a failed upgrade",
