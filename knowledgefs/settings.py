@@ -794,7 +794,7 @@ KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE = bounded_int(
 # ---------------------------------------------------------------------------------------------
 # OpenAPI schema (drf-spectacular), served at /openapi.json; docs/api.md.
 # Not read from the environment. The schema view takes no credential (inventory §3: GET
-# /openapi.json is public, like /health); knowledgefs/openapi.py holds the security schemes, the
+# /openapi.json is public, like /health); knowledgefs/openapi/ holds the security schemes, the
 # error envelope and the per-route annotations.
 
 
@@ -821,20 +821,16 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "KnowledgeFS API",
     "DESCRIPTION": (
         "Knowledge spaces for Dify: product routes under /v1/, Dify's internal routes under "
-        "/internal/. Every error is {code, message, details?} (docs/api.md, \"Errors\")."
+        '/internal/. Every error is {code, message, details?} (docs/api.md, "Errors").'
     ),
     "VERSION": _package_version(),
     # Relative: the document describes the server it is read from, whatever its host name.
     "SERVERS": [{"url": "/", "description": "this KnowledgeFS server"}],
-    "SCHEMA_PATH_PREFIX": r"/(v1|internal)/",
-    "SCHEMA_PATH_PREFIX_TRIM": False,
+    # The document view itself is not an API route; request and response shapes of a
+    # serializer are separate components (read-only fields are not asked for).
     "SERVE_INCLUDE_SCHEMA": False,
-    "SERVE_AUTHENTICATION": [],
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {},
     "PREPROCESSING_HOOKS": ["knowledgefs.openapi.schema.only_api_routes"],
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums"],
     "TAGS": [
         {"name": "knowledge-spaces", "description": "Spaces and their profiles"},
         {"name": "documents", "description": "Uploads, documents and their text"},

@@ -32,7 +32,7 @@ from tests.conftest import compile_all, upload
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(290)]
 
-MAX_EXAMPLES = 6
+MAX_EXAMPLES = 5
 RUN_BUDGET_SECONDS = 170
 INNER_KEY = "inner-key-for-schemathesis-0123456789"
 MISSING = str(uuid.UUID(int=0))
