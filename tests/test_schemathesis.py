@@ -69,7 +69,8 @@ def world(settings, tenant, principal):
         format="json",
     )
     trace = answer.headers.get("X-Query-Run-Id", MISSING)
-    b"".join(answer.streaming_content) if answer.streaming else None
+    if answer.streaming:  # read the stream to its end: the trace is then complete
+        b"".join(answer.streaming_content)
     ids = {
         "space_id": [str(space.id)],
         "document_id": [document],
