@@ -454,7 +454,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["knowledgefs.auth.throttling.OperationThrottle"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        "knowledgefs.parsers.TextJSONParser",
         "knowledgefs.uploads.VerbatimMultiPartParser",
     ],
     "EXCEPTION_HANDLER": "knowledgefs.errors.api_exception_handler",
