@@ -18,6 +18,7 @@ from rest_framework import serializers
 
 from knowledgefs.auth.operations import operation_for
 
+CUTOVER_CLOSED = "`workspace_cutover_closed`: the tenant's cutover gate is closed (`details.gate`)."
 # Error statuses every product operation may answer, whatever the route (docs/api.md, "Errors"):
 # a malformed body or parameter, no or a refused credential, a token outside its grant or a
 # closed cutover gate, an unknown id, the operation's rate limit.
@@ -32,8 +33,7 @@ PRODUCT_ERRORS: dict[int, str] = {
     "`credential_not_permitted`.",
     404: "Unknown, or not the caller's (ids of other tenants answer the same): `not_found`, "
     "`space_not_found`, `document_not_found`, `job_not_found`, ...",
-    409: "`workspace_cutover_closed`: the tenant's cutover gate is closed (`details.gate`); "
-    "the operation's own conflicts are listed in its description.",
+    409: CUTOVER_CLOSED,
     429: "`rate_limited`: over the operation's rate limit; `Retry-After` gives the seconds.",
 }
 # Internal routes take only X-Inner-Api-Key and are not rate limited.
@@ -74,7 +74,8 @@ class KnowledgeAutoSchema(AutoSchema):
     - tags: the product area (``documents``, ``queries``...) or ``internal``.
     - every operation lists the error statuses it can answer with :class:`ErrorEnvelopeSerializer`
       (:data:`PRODUCT_ERRORS` or :data:`INTERNAL_ERRORS`) on top of the ones its annotation
-      declares; a status the annotation declares keeps the annotation's description.
+      declares; a status the annotation declares keeps the annotation's description (a
+      product 409 also names ``workspace_cutover_closed``).
     """
 
     def _operation(self):
@@ -114,6 +115,8 @@ class KnowledgeAutoSchema(AutoSchema):
         errors = INTERNAL_ERRORS if operation is not None and operation.internal else PRODUCT_ERRORS
         for status, description in errors.items():
             if str(status) in responses:
+                if status == 409 and errors is PRODUCT_ERRORS:  # the gate closes every route
+                    responses["409"]["description"] += f" Also {CUTOVER_CLOSED}"
                 continue
             response = self._get_response_for_code(
                 ErrorEnvelopeSerializer, str(status), ["application/json"], direction
