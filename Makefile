@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint bench clean unstructured
+.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint bench schemathesis clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -132,6 +132,13 @@ test: lint test-sqlite test-postgres test-mariadb eval-gate
 
 bench: install
 	$(BIN)/python bench/scifact.py
+
+# Schemathesis CLI against gunicorn on loopback, every operation of /openapi.json, no 5xx
+# (bench/schemathesis_run.py; EXAMPLES = --max-examples per operation; docs/testing.md).
+EXAMPLES ?= 100
+schemathesis: install
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
+	$(BIN)/python bench/schemathesis_run.py --max-examples $(EXAMPLES)
 
 clean:
 	rm -rf var/test-* var/pg-test* var/mariadb-test-* var/eval-gate

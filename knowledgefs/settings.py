@@ -454,7 +454,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["knowledgefs.auth.throttling.OperationThrottle"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        "knowledgefs.parsers.TextJSONParser",
         "knowledgefs.uploads.VerbatimMultiPartParser",
     ],
     "EXCEPTION_HANDLER": "knowledgefs.errors.api_exception_handler",
@@ -853,3 +853,51 @@ if KNOWLEDGE_QUEUE_BROKER == "redis":
 
 # ---------------------------------------------------------------------------------------------
 # OpenAPI schema (drf-spectacular), served at /openapi.json; docs/api.md.
+# Not read from the environment. The schema view takes no credential (inventory §3: GET
+# /openapi.json is public, like /health); knowledgefs/openapi/ holds the security schemes, the
+# error envelope and the per-route annotations.
+
+
+def _package_version() -> str:
+    """The version in pyproject.toml beside this checkout, else the installed distribution's,
+    else ``0+unknown`` (the schema's ``info.version``)."""
+    import tomllib
+    from importlib import metadata
+
+    try:
+        with open(BASE_DIR / "pyproject.toml", "rb") as handle:
+            return str(tomllib.load(handle)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        pass
+    try:
+        return metadata.version("knowledgefs")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+INSTALLED_APPS.append("drf_spectacular")
+REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "knowledgefs.openapi.schema.KnowledgeAutoSchema"
+SPECTACULAR_SETTINGS = {
+    "TITLE": "KnowledgeFS API",
+    "DESCRIPTION": (
+        "Knowledge spaces for Dify: product routes under /v1/, Dify's internal routes under "
+        '/internal/. Every error is {code, message, details?} (docs/api.md, "Errors").'
+    ),
+    "VERSION": _package_version(),
+    # Relative: the document describes the server it is read from, whatever its host name.
+    "SERVERS": [{"url": "/", "description": "this KnowledgeFS server"}],
+    # The document view itself is not an API route; request and response shapes of a
+    # serializer are separate components (read-only fields are not asked for).
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "PREPROCESSING_HOOKS": ["knowledgefs.openapi.schema.only_api_routes"],
+    "TAGS": [
+        {"name": "knowledge-spaces", "description": "Spaces and their profiles"},
+        {"name": "documents", "description": "Uploads, documents and their text"},
+        {"name": "jobs", "description": "Compilation jobs"},
+        {"name": "retrieval", "description": "Retrieval tests and golden questions"},
+        {"name": "queries", "description": "Cited answers over SSE and their traces"},
+        {"name": "research-tasks", "description": "Durable Research runs"},
+        {"name": "internal", "description": "Dify's internal routes (X-Inner-Api-Key)"},
+    ],
+}

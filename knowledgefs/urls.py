@@ -25,6 +25,7 @@ from spaces.api import (
 from upgrades import cutover_api
 
 from . import health, internal
+from .openapi.views import OpenApiView
 
 handler400 = "knowledgefs.errors.handler400"
 handler403 = "knowledgefs.errors.handler403"
@@ -159,6 +160,7 @@ internal_routes = [
 urlpatterns = [
     path("health", health.health, name="health"),
     path("ready", health.ready, name="ready"),
+    path("openapi.json", OpenApiView.as_view(), name="openapi"),
     path("admin/", admin.site.urls),
     path("v1/", include(v1)),
     path("internal/", include(internal_routes)),

@@ -243,3 +243,64 @@ def test_patch_without_revision_is_last_writer_wins(client, space):
     for n in range(3):
         assert client.patch(url, {"description": f"d{n}"}, format="json").status_code == 200
     assert client.get(url).json()["revision"] == 4
+
+
+# U+0000 in a JSON body: PostgreSQL text and jsonb cannot hold it, so these were 500s there
+# (found by property-based tests against /openapi.json; docs/testing.md, "Schemathesis"). Every
+# JSON body is now refused at the parser, on every engine, naming the member; nothing is stored.
+NUL_BODIES = [
+    ("golden-questions", {"question": "a\x00b", "expected_evidence": [{"text": "x"}]}, "question"),
+    ("golden-questions", {"question": "q", "expected_evidence": [{"text": "x"}], "tags": ["\x00"]},
+     "tags[0]"),
+    ("golden-questions",
+     {"question": "q", "expected_evidence": [{"text": "x"}], "metadata": {"k\x00": 1}},
+     "metadata.k\\u0000"),
+    ("research-tasks", {"query": "cells\x00"}, "query"),
+    ("retrieval-tests", {"query": "x", "filters": {"document_types": ["text/\x00"]}},
+     "filters.document_types[0]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("route", "body", "field"), NUL_BODIES)
+def test_a_nul_character_in_a_json_body_is_refused_naming_the_member(
+    client, space, route, body, field
+):
+    from retrieval.models import GoldenQuestion
+    from retrieval.research_tasks.models import ResearchTask
+
+    if route == "research-tasks":
+        url, body = "/v1/research-tasks", {**body, "space_id": str(space.id)}
+    else:
+        url = f"/v1/knowledge-spaces/{space.id}/{route}"
+    response = client.post(url, body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json() == {
+        "code": "invalid_request",
+        "message": response.json()["message"],
+        "details": {"field": field},
+    }
+    assert response.json()["message"].startswith(f"{field}: ")
+    assert "U+0000" in response.json()["message"]
+    assert not GoldenQuestion.objects.exists() and not ResearchTask.objects.exists()
+
+
+def test_a_nul_character_in_document_metadata_is_refused_and_the_document_kept(client, space):
+    admitted = upload(client, space, "meta.txt", b"metadata target\n").json()["document"]
+    url = f"/v1/knowledge-spaces/{space.id}/documents/{admitted['id']}"
+    body = {"row_version": admitted["row_version"], "metadata": {"team": "a\x00b"}}
+    response = client.patch(url, body, format="json")
+    assert (response.status_code, response.json()["details"]) == (400, {"field": "metadata.team"})
+    assert Document.objects.get(id=admitted["id"]).metadata == admitted["metadata"]
+
+
+def test_a_file_lease_id_with_a_control_character_is_refused(settings):
+    settings.DIFY_INNER_API_KEY = "inner-key-for-the-lease-test-01"
+    inner = APIClient(HTTP_X_INNER_API_KEY=settings.DIFY_INNER_API_KEY)
+    for raw in ("a%00b", "a%0Ab"):
+        response = inner.get(f"/internal/upgrade-file-leases/{raw}?namespace_id=tenant-a")
+        assert response.status_code == 400, response.content
+        assert response.json()["details"] == {
+            "upload_file_id": ["must be 1-64 printable characters"]
+        }
+    fine = inner.get("/internal/upgrade-file-leases/file-1?namespace_id=tenant-a")
+    assert fine.json() == {"upload_file_id": "file-1", "leased": False, "expires_at": None}

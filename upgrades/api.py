@@ -97,8 +97,12 @@ class FileLeaseView(InternalView):
     def get(self, request, upload_file_id):
         """Whether a live upgrade lease blocks deleting the legacy file's bytes."""
         query = _valid(NamespaceQuerySerializer, request.query_params)
-        if not 1 <= len(upload_file_id) <= 64:
-            raise serializers.ValidationError({"upload_file_id": ["must be 1-64 characters"]})
+        # printable: a NUL or another control character is no file id (and PostgreSQL text
+        # cannot hold U+0000: it was a 500)
+        if not 1 <= len(upload_file_id) <= 64 or not upload_file_id.isprintable():
+            raise serializers.ValidationError(
+                {"upload_file_id": ["must be 1-64 printable characters"]}
+            )
         from spaces.services import validate_tenant_id
 
         tenant = validate_tenant_id(query["namespace_id"])
