@@ -742,6 +742,7 @@ def test_every_table_has_its_model_s_columns_and_the_upgrades_downgrade_leaves_n
     from django.apps import apps
 
     from knowledgefs.mysql import MYSQL_EXTRA_COLUMNS
+    from retrieval.backends import pgvector
 
     with connection.cursor() as cursor:
         for model in apps.get_models():
@@ -751,6 +752,8 @@ def test_every_table_has_its_model_s_columns_and_the_upgrades_downgrade_leaves_n
             expected = {f.column for f in model._meta.concrete_fields}
             if connection.vendor == "mysql":
                 expected |= MYSQL_EXTRA_COLUMNS.get(table, set())
+            if connection.vendor == "postgresql" and table == pgvector.TABLE:
+                expected.add(pgvector.COLUMN)  # the pgvector column of retrieval.0008
             found = {c.name for c in connection.introspection.get_table_description(cursor, table)}
             assert found == expected, table
     upgrade_tables = {"upgrade_job", "upgrade_document", "upgrade_file_lease"}
