@@ -87,10 +87,13 @@ def _judge(response, name: str, expected: tuple[int, ...]) -> bool:
             _admissions[f"{status} {code}"] += 1
         response.success()
         return False
-    detail = {"route": name, "status": status, "code": code, "body": response.text[:300]}
+    # Status 0: no HTTP answer at all; ``response.error`` holds the connection error.
+    error = repr(response.error)[:300] if status == 0 else ""
+    detail = {"route": name, "status": status, "code": code, "body": (response.text or "")[:300],
+              "error": error}  # fmt: skip
     with _lock:
         _errors.append(detail)
-    response.failure(f"{status} {code or response.text[:120]}")
+    response.failure(f"{status} {code or error or (response.text or '')[:120]}")
     return False
 
 

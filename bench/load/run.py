@@ -4,10 +4,11 @@
    the PostgreSQL of ``DATABASE_URL`` when set: run under ``scripts/with_postgres.py``):
    ``manage.py migrate``, then ``manage.py kfs space create`` (tenant ``kfs-load``, space
    ``load``) and ``--keys`` API keys bound to it (``manage.py kfs apikey create``).
-2. Starts the stack as ``scripts/serve.sh`` does, each in its own process group with its own
-   log: ``manage.py qcluster`` (``KNOWLEDGE_WORKERS`` workers) and ``gunicorn knowledgefs.wsgi``
-   (gthread, ``--workers``/``--threads``, ``--timeout 120``), bound to 127.0.0.1 on a free port
-   and never to any other address; waits for ``/ready`` = 200.
+2. Starts the stack with ``scripts/serve.sh`` itself (its own process group; one log,
+   ``serve.log``): ``manage.py qcluster`` (``KNOWLEDGE_WORKERS`` workers) and ``gunicorn
+   knowledgefs.wsgi`` (gthread, ``--workers``/``--threads``, keep-alive 75 s, ``--timeout 120``),
+   bound to 127.0.0.1 on a free port (``KNOWLEDGE_BIND``) and never to any other address; waits
+   for ``/ready`` = 200.
 3. Runs ``locust --headless -u USERS -r RATE -t DURATION --csv …`` as a subprocess with
    ``bench/load/locustfile.py`` (uploads with ``Idempotency-Key``, Fast and Deep retrieval, Fast
    answers, document polls, lists). Locust (gevent) is never imported here. ``/proc/loadavg`` is
@@ -19,7 +20,7 @@
    after the drain, published without visible nodes or vectors, or failed with a code that is
    not a documented terminal verdict on bad input (``BAD_INPUT_CODES``). Also reported: documents
    in the database that no client saw accepted (uploads in flight when Locust stopped), stuck
-   jobs, and ``Traceback``/``ERROR``/``WORKER TIMEOUT`` lines of the gunicorn and cluster logs.
+   jobs, and ``Traceback``/``ERROR``/``WORKER TIMEOUT`` lines of ``serve.log``.
 
 Pass: no Locust failure (every response was expected or a documented 429/408 admission), no
 lost document, no stuck job, no server error in the logs. Writes ``--out`` (JSON; default
@@ -272,8 +273,17 @@ def drain(space_id: str, limit: float) -> dict:
     }
 
 
-def audit(port: int, key: str, space_id: str, accepted: list[dict]) -> dict:
-    """Account for every accepted upload through the API and the database (see the docstring)."""
+def audit(space_id: str, accepted: list[dict], read) -> dict:
+    """Account for every accepted upload through the API and the database.
+
+    ``accepted``: the clients' records (``document_id``, ``filename``); ``read(path)`` → ``(HTTP
+    status, JSON body)`` of a ``GET`` on the API. A document is lost when the API or the
+    database does not have it, they disagree on its state, it is not terminal, it is published
+    without visible nodes (or with fewer dense vectors than nodes, or a node count other than
+    the recorded one), or it failed with a code outside ``BAD_INPUT_CODES``. Returns the counts,
+    the first 50 lost documents with their reason, documents no client saw accepted, and the
+    space's jobs by run state (``stuck_jobs``: still live).
+    """
     from django.db.models import Count
 
     from ingestion.models import LIVE_RUN_STATES, CompilationJob, Document, KnowledgeNode
@@ -282,8 +292,7 @@ def audit(port: int, key: str, space_id: str, accepted: list[dict]) -> dict:
     lost, failed_codes, published = [], {}, 0
     for entry in accepted:
         doc_id = entry["document_id"]
-        path = f"/v1/knowledge-spaces/{space_id}/documents/{doc_id}"
-        status, body = request(port, "GET", path, key)
+        status, body = read(f"/v1/knowledge-spaces/{space_id}/documents/{doc_id}")
         row = Document.objects.filter(id=doc_id, space_id=space_id).first()
         job = CompilationJob.objects.filter(document_id=doc_id).order_by("-created_at").first()
         reason = None
@@ -353,6 +362,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--keys", type=int, default=4, help="API keys shared by the users")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
     parser.add_argument("--threads", type=int, default=8, help="gunicorn threads per worker")
+    parser.add_argument(
+        "--keep-alive", type=int, default=None, help="KNOWLEDGE_API_KEEPALIVE_SECONDS for serve.sh"
+    )
     parser.add_argument("--cluster-workers", type=int, default=2, help="KNOWLEDGE_WORKERS")
     parser.add_argument("--drain-timeout", type=float, default=900)
     parser.add_argument("--weights", default="upload=3,fast=10,deep=2,answer=2,poll=3,list=2")
@@ -472,19 +484,20 @@ def main() -> int:  # noqa: PLR0915 - one linear script
     )
     config = prepare(args, env, work)
     port = free_port()
-    cluster = server = None
+    log = work / "serve.log"
     sampler = LoadSampler()
     started = dt.datetime.now(dt.UTC)
+    serve_env = {
+        **env, "KNOWLEDGE_BIND": f"127.0.0.1:{port}", "KNOWLEDGE_API_WORKERS": str(args.workers),
+        "KNOWLEDGE_API_THREADS": str(args.threads),
+    }  # fmt: skip
+    if args.keep_alive:
+        serve_env["KNOWLEDGE_API_KEEPALIVE_SECONDS"] = str(args.keep_alive)
+    server = None
     try:
-        cluster = spawn([sys.executable, "manage.py", "qcluster"], env, work / "qcluster.log")
-        server = spawn(
-            [sys.executable, "-m", "gunicorn", "knowledgefs.wsgi",
-             "--bind", f"127.0.0.1:{port}", "--workers", str(args.workers),
-             "--threads", str(args.threads), "--timeout", "120",
-             "--access-logfile", str(work / "access.log")],
-            env, work / "gunicorn.log",
-        )  # fmt: skip
-        wait_ready(port, server, work / "gunicorn.log")
+        # scripts/serve.sh itself: the cluster, then gunicorn with the access log on stdout.
+        server = spawn(["bash", str(ROOT / "scripts" / "serve.sh")], serve_env, log)
+        wait_ready(port, server, log)
         load_before = Path("/proc/loadavg").read_text().split()[:3]
         sampler.start()
         t0 = time.monotonic()
@@ -498,12 +511,14 @@ def main() -> int:  # noqa: PLR0915 - one linear script
 
         drained = drain(config["space_id"], args.drain_timeout)
         clients = json.loads(Path(config["client_report"]).read_text(encoding="utf-8"))
-        documents = audit(port, config["keys"][0], config["space_id"], clients["accepted"])
+        key = config["keys"][0]
+        documents = audit(
+            config["space_id"], clients["accepted"], lambda path: request(port, "GET", path, key)
+        )
         vendor = connection.vendor
     finally:
         sampler.halt.set()
         stop(server)
-        stop(cluster)
     routes = locust_stats(work / "locust")
     summary = {
         "date": started.isoformat(timespec="seconds"),
@@ -515,7 +530,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script
         f"Python {platform.python_version()}",
         "users": args.users, "spawn_rate": args.spawn_rate, "duration_s": args.duration,
         "load_wall_s": load_seconds, "keys": args.keys,
-        "server": {"workers": args.workers, "threads": args.threads,
+        "server": {"workers": args.workers, "threads": args.threads, "keep_alive": args.keep_alive,
                    "cluster_workers": args.cluster_workers},
         "weights": config["weights"], "wait_s": [config["wait_min"], config["wait_max"]],
         "corpus": config["sources"], "locust_exit": locust_exit,
@@ -526,7 +541,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script
         "uploads_drawn": clients["uploads_started"],
         "load_average": {"before": load_before, **sampler.summary()},
         "drain": drained, "documents": documents,
-        "log_alarms": log_alarms(work / "gunicorn.log", work / "qcluster.log"),
+        "log_alarms": log_alarms(log),
         "work_dir": str(work),
     }  # fmt: skip
     problems = verdict(summary)
