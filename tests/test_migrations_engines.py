@@ -66,6 +66,9 @@ def schema() -> dict:
                     str(info.get("type")),
                 )
                 for name, info in introspection.get_constraints(cursor, table).items()
+                # PostgreSQL's HNSW indexes follow the embedding models in use (created at run
+                # time, retrieval.backends.pgvector), not the migrations.
+                if not name.startswith("retrieval_dense_hnsw_")
             }
             snapshot[table] = {"columns": columns, "constraints": constraints}
     return snapshot
