@@ -482,6 +482,9 @@ def main() -> int:  # noqa: PLR0915 - one linear script
     os.environ.update(
         {k: env[k] for k in ("KNOWLEDGE_VAR_DIR", "XDG_RUNTIME_DIR", "DJANGO_SETTINGS_MODULE")}
     )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     config = prepare(args, env, work)
     port = free_port()
     log = work / "serve.log"
@@ -522,9 +525,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script
     routes = locust_stats(work / "locust")
     summary = {
         "date": started.isoformat(timespec="seconds"),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": commit,
         "engine": vendor,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
