@@ -194,8 +194,9 @@ def request(port: int, method: str, path: str, key: str | None = None, timeout: 
         return response.status, None
 
 
-def wait_ready(port: int, server: subprocess.Popen, log: Path, limit: float = 180) -> None:
-    """Wait until ``/ready`` answers 200 (raises with the log's tail otherwise)."""
+def wait_ready(port: int, server: subprocess.Popen, log: Path, limit: float = 180) -> dict:
+    """Wait until ``/ready`` answers 200; returns its body (raises with the log's tail
+    otherwise)."""
     deadline = time.monotonic() + limit
     body = None
     while time.monotonic() < deadline:
@@ -204,7 +205,7 @@ def wait_ready(port: int, server: subprocess.Popen, log: Path, limit: float = 18
         try:
             status, body = request(port, "GET", "/ready", timeout=5)
             if status == 200:
-                return
+                return body
         except OSError:
             pass
         time.sleep(0.5)
@@ -500,7 +501,7 @@ def main() -> int:  # noqa: PLR0915 - one linear script
     try:
         # scripts/serve.sh itself: the cluster, then gunicorn with the access log on stdout.
         server = spawn(["bash", str(ROOT / "scripts" / "serve.sh")], serve_env, log)
-        wait_ready(port, server, log)
+        ready = wait_ready(port, server, log)
         load_before = Path("/proc/loadavg").read_text().split()[:3]
         sampler.start()
         t0 = time.monotonic()
@@ -544,6 +545,8 @@ def main() -> int:  # noqa: PLR0915 - one linear script
         "load_average": {"before": load_before, **sampler.summary()},
         "drain": drained, "documents": documents,
         "log_alarms": log_alarms(log),
+        # Which search backend served the queries (pgvector on PostgreSQL with the extension).
+        "search_check": ready.get("checks", {}).get("search"),
         "work_dir": str(work),
     }  # fmt: skip
     problems = verdict(summary)
