@@ -48,10 +48,11 @@ VOLUME ["/var/lib/knowledgefs"]
 EXPOSE 8787
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "scripts/probe.py", "http://127.0.0.1:8787/health"]
-# The settings of scripts/serve.sh: threaded workers (gthread), 120 s worker timeout. Tune with
-# gunicorn's own GUNICORN_CMD_ARGS (e.g. "--workers 4").
+# The settings of scripts/serve.sh: threaded workers (gthread), 120 s worker timeout, 75 s
+# keep-alive (longer than clients' idle pools, so a pooled connection is never reset under a
+# request; docs/configuration.md). Tune with gunicorn's own GUNICORN_CMD_ARGS (e.g. "--workers 4").
 CMD ["gunicorn", "knowledgefs.wsgi", "--bind", "0.0.0.0:8787", "--workers", "2", \
-     "--threads", "8", "--timeout", "120", "--access-logfile", "-"]
+     "--threads", "8", "--timeout", "120", "--keep-alive", "75", "--access-logfile", "-"]
 
 # --- the local Unstructured-compatible parser (docs/unstructured.md) ------------------------
 FROM base AS unstructured

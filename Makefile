@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint bench schemathesis clean unstructured
+.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint bench schemathesis loadtest clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -140,5 +140,24 @@ schemathesis: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
 	$(BIN)/python bench/schemathesis_run.py --max-examples $(EXAMPLES)
 
+# The load test (docs/benchmarks.md, "Load test"): gunicorn and a django-q2 cluster on loopback,
+# Locust uploading and querying for LOAD_DURATION seconds, then a drain and a loss audit; exits
+# non-zero on any error other than a documented 429/408 admission, a lost document or a stuck
+# job. ENGINE=sqlite (the embedded default) or postgresql (a throw-away server). Results in
+# bench/results/load-<engine>-<date>.json. About LOAD_DURATION + 3 minutes.
+ENGINE        ?= sqlite
+LOAD_USERS    ?= 12
+LOAD_DURATION ?= 300
+LOAD_ARGS     ?=
+loadtest: install
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
+	@case "$(ENGINE)" in \
+		sqlite) env -u DATABASE_URL $(BIN)/python bench/load/run.py --users $(LOAD_USERS) \
+			--duration $(LOAD_DURATION) $(LOAD_ARGS) ;; \
+		postgresql) $(BIN)/python scripts/with_postgres.py $(BIN)/python bench/load/run.py \
+			--users $(LOAD_USERS) --duration $(LOAD_DURATION) $(LOAD_ARGS) ;; \
+		*) echo "ENGINE must be sqlite or postgresql, not '$(ENGINE)'" >&2; exit 2 ;; \
+	esac
+
 clean:
-	rm -rf var/test-* var/pg-test* var/mariadb-test-* var/eval-gate
+	rm -rf var/test-* var/pg-test* var/mariadb-test-* var/eval-gate var/load-*

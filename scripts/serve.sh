@@ -9,6 +9,10 @@ trap 'kill $worker 2>/dev/null || true' EXIT INT TERM
 # Threaded workers (gthread): the upload admission gate and its limits are per process, so a
 # process serves several requests at once and queues uploads in its own gate; a stalled upload
 # holds one thread for at most KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS.
+# Idle keep-alive connections are kept 75 s (gunicorn's default is 2 s), longer than the idle
+# time of the clients and proxies in front (httpx 5 s, nginx upstream 60 s): a client then closes
+# first, and never sends a request into a connection the server is closing at that instant (a
+# reset: measured under load, docs/benchmarks.md "Load test"). An idle connection holds no thread.
 "$BIN/gunicorn" knowledgefs.wsgi --bind "${KNOWLEDGE_BIND:-127.0.0.1:8787}" \
   --workers "${KNOWLEDGE_API_WORKERS:-2}" --threads "${KNOWLEDGE_API_THREADS:-8}" \
-  --timeout 120 --access-logfile -
+  --keep-alive "${KNOWLEDGE_API_KEEPALIVE_SECONDS:-75}" --timeout 120 --access-logfile -

@@ -155,9 +155,11 @@ def test_the_api_listens_on_8787_on_the_internal_networks_only(compose, services
 
 def test_the_api_runs_gunicorn_with_the_settings_of_serve_sh(services):
     serve = (ROOT / "scripts" / "serve.sh").read_text()
-    defaults = dict(re.findall(r"--(workers|threads|timeout) \"?\$\{?[A-Z_]*:-(\d+)", serve))
+    defaults = dict(
+        re.findall(r"--(workers|threads|timeout|keep-alive) \"?\$\{?[A-Z_]*:-(\d+)", serve)
+    )
     defaults.update(re.findall(r"--(timeout) (\d+)", serve))
-    assert defaults == {"workers": "2", "threads": "8", "timeout": "120"}
+    assert defaults == {"workers": "2", "threads": "8", "timeout": "120", "keep-alive": "75"}
     command = services[API]["command"]
     assert command[:2] == ["gunicorn", "knowledgefs.wsgi"]
     options = dict(zip(command[2::2], command[3::2], strict=True))
@@ -166,6 +168,7 @@ def test_the_api_runs_gunicorn_with_the_settings_of_serve_sh(services):
         "--workers": defaults["workers"],
         "--threads": defaults["threads"],
         "--timeout": defaults["timeout"],
+        "--keep-alive": defaults["keep-alive"],
         "--access-logfile": "-",
     }
     (cmd,) = [i for i in _dockerfile_stages()["api"] if i.startswith("CMD")]
