@@ -75,6 +75,7 @@ SEED = 20261130
 DEPTH = 50  # Fast's dense leg at top_k 10: min(max(10 × 1, 50), 100) (retrieval.planner)
 DOC_NAMESPACE = uuid.UUID("5d0c7b8e-3f0a-4f4e-9a55-6a3c2a1f0b11")
 BATCH_DOCUMENTS = 1000
+EF_SEARCH_SWEEP = (40, 200, 400)  # besides the configured value (default 100)
 
 
 # --- state -------------------------------------------------------------------------------------
@@ -88,7 +89,15 @@ def load_state() -> dict:
 
 
 def save_point(phase: str, engine: str, size: int, data: dict) -> None:
-    """Record one finished point (merged into ``state.json``)."""
+    """Record one finished point (merged into ``state.json`` under a file lock)."""
+    import fcntl
+
+    with (state_dir() / "state.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _save_point(phase, engine, size, data)
+
+
+def _save_point(phase: str, engine: str, size: int, data: dict) -> None:
     state = load_state()
     state.setdefault(phase, {}).setdefault(engine, {})[str(size)] = data
     path = state_dir() / "state.json"
@@ -334,10 +343,11 @@ def worker_env(engine: str, size: int) -> dict:
 def run_points(phase: str, args) -> int:
     status = 0
     for size in parse_sizes(args.sizes):
-        if str(size) in load_state().get(phase, {}).get(args.engine, {}) and not args.force:
+        recorded = "generate" if phase == "generate-dense" else phase
+        if str(size) in load_state().get(recorded, {}).get(args.engine, {}) and not args.force:
             log(f"{phase} {args.engine} {size}: done before, skipped")
             continue
-        if phase == "generate":
+        if phase in ("generate", "generate-rows"):
             reset_database(args.engine, size)
         cmd = [sys.executable, __file__, "_worker", phase, "--engine", args.engine,
                "--size", str(size), "--queries", str(args.queries), "--warmup", str(args.warmup),
@@ -373,6 +383,13 @@ def worker(args) -> int:
     django.setup()
     if args.phase == "generate":
         data = generate_point(args.engine, args.size)
+    elif args.phase == "generate-rows":
+        data = generate_point(args.engine, args.size, "rows")
+    elif args.phase == "generate-dense":
+        data = generate_point(args.engine, args.size, "dense")
+        rows = load_state()["generate-rows"][args.engine][str(args.size)]
+        data = {**data, "rows": summary(rows), "load_s": round(rows["load_s"] + data["load_s"], 1)}
+        args.phase = "generate"
     else:
         data = measure_point(args.engine, args.size, args.queries, args.warmup, args.max_seconds)
     save_point(args.phase, args.engine, args.size, data)
@@ -385,23 +402,34 @@ def summary(data: dict) -> dict:
 
 
 # --- generate ------------------------------------------------------------------------------------
-def generate_point(engine: str, size: int) -> dict:
+def generate_point(engine: str, size: int, part: str = "all") -> dict:
+    """Fill the space of ``size`` chunks; ``part`` ``"rows"`` writes everything but the dense
+    vectors, ``"dense"`` (after ``"rows"``) migrates again and writes only the vectors and the
+    HNSW index, ``"all"`` both (the two-step path lets the PostgreSQL text and keyword load run
+    before the pgvector migration exists on the branch)."""
     from django.core.management import call_command
     from django.db import connection
 
     from ingestion.services.compilation import advance_publication_head
     from retrieval.indexing import ensure_active_version
+    from spaces.models import KnowledgeSpace
     from spaces.services import Principal, create_space
 
     source = load_source()
     started = time.perf_counter()
     call_command("migrate", verbosity=0)
-    space = create_space(Principal(tenant_id=TENANT), name=f"Scale {size}", slug=f"scale-{size}")
+    if part == "dense":
+        space = KnowledgeSpace.objects.get(tenant_id=TENANT, slug=f"scale-{size}")
+    else:
+        space = create_space(
+            Principal(tenant_id=TENANT), name=f"Scale {size}", slug=f"scale-{size}"
+        )
     version = ensure_active_version(space)
     if (version.model_id, version.dimension) != (source["model_id"], source["dimension"]):
         raise SystemExit(f"space model {version.model_id} differs from {source['model_id']}")
     migrate_s = time.perf_counter() - started
-    dropped = drop_hnsw_indexes() if engine == "postgres" else []
+    write_dense = part in ("all", "dense")
+    dropped = drop_hnsw_indexes() if engine == "postgres" and write_dense else []
     plan = layout(source, size)
     offsets = np.cumsum([0] + [len(d["nodes"]) for d in source["documents"]])
     vectors_of: dict[int, np.ndarray] = {}
@@ -413,19 +441,24 @@ def generate_point(engine: str, size: int) -> dict:
         vectors_of = {
             c: vectors_of[c] if c in vectors_of else copy_vectors(source, c) for c in needed
         }
-        chunks += write_batch(source, space, version, batch, vectors_of, offsets)
+        chunks += write_batch(
+            source, space, version, batch, vectors_of, offsets, rows=part != "dense",
+            dense=write_dense,
+        )  # fmt: skip
         if (start // BATCH_DOCUMENTS) % 20 == 0:
-            log(f"  {engine} {size}: {chunks} chunks, {time.perf_counter() - t0:.0f} s")
+            log(f"  {engine} {size} {part}: {chunks} chunks, {time.perf_counter() - t0:.0f} s")
     load_s = time.perf_counter() - t0
-    advance_publication_head(space.id)
+    if part != "dense":
+        advance_publication_head(space.id)
     t0 = time.perf_counter()
-    rebuilt = rebuild_indexes(dropped) if engine == "postgres" else []
+    rebuilt = rebuild_indexes(dropped) if dropped else []
     index_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE" if engine == "postgres" else "ANALYZE")
     analyze_s = time.perf_counter() - t0
     return {
+        "part": part,
         "chunks": chunks,
         "documents": len(plan),
         "copies": plan[-1][0],
@@ -441,9 +474,9 @@ def generate_point(engine: str, size: int) -> dict:
     }
 
 
-def write_batch(source, space, version, batch, vectors_of, offsets) -> int:
-    """Insert one batch of document copies (documents, jobs, nodes, vectors, keyword rows) in
-    one transaction; returns the nodes written."""
+def write_batch(source, space, version, batch, vectors_of, offsets, *, rows=True, dense=True):
+    """Insert one batch of document copies (documents, jobs, nodes and keyword rows when
+    ``rows``; vectors when ``dense``) in one transaction; returns the nodes of the batch."""
     import hashlib
 
     from django.db import connection, transaction
@@ -496,10 +529,14 @@ def write_batch(source, space, version, batch, vectors_of, offsets) -> int:
     backend = get_search_backend()
     matrix = np.ascontiguousarray(np.vstack(rows), dtype="<f4")
     with transaction.atomic(), connection.cursor() as cursor:
-        fast_insert(cursor, Document, docs, now)
-        fast_insert(cursor, CompilationJob, jobs, now)
-        fast_insert(cursor, KnowledgeNode, nodes, now)
-        if connection.vendor == "sqlite":
+        if rows:
+            fast_insert(cursor, Document, docs, now)
+            fast_insert(cursor, CompilationJob, jobs, now)
+            fast_insert(cursor, KnowledgeNode, nodes, now)
+            backend.index_keywords(indexed)
+        if not dense:
+            pass
+        elif connection.vendor == "sqlite":
             dense = [
                 {
                     "node_id": n.id, "space_id": n.space_id, "index_version": version.number,
@@ -513,7 +550,6 @@ def write_batch(source, space, version, batch, vectors_of, offsets) -> int:
             backend.index_dense(
                 indexed, matrix, index_version=version.number, model_id=version.model_id
             )
-        backend.index_keywords(indexed)
     return len(nodes)
 
 
@@ -689,6 +725,7 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
         hits = dense(vector)
         dense_ms.append((time.perf_counter() - t0) * 1000)
         dense_ids.append([h.node_id.hex for h in hits])
+    sweep = ef_search_sweep(dense, vectors[:count], deadline) if engine == "postgres" else {}
     return {
         "queries_fast": len(fast_ms),
         "queries_dense": len(dense_ms),
@@ -709,7 +746,32 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
         "dense_ms": [round(v, 2) for v in dense_ms],
         "dense_ids": dense_ids,
         "dense_plan": plan,
+        "ef_search_sweep": sweep,
     }
+
+
+def ef_search_sweep(dense, vectors, deadline) -> dict:
+    """The dense leg alone at other ``KNOWLEDGE_PG_HNSW_EF_SEARCH`` values (the backend reads
+    the setting per query; raised to the leg's depth of 50 when smaller): latencies and ids."""
+    from django.conf import settings
+
+    configured = settings.KNOWLEDGE_PG_HNSW_EF_SEARCH
+    out = {}
+    try:
+        for ef in EF_SEARCH_SWEEP:
+            settings.KNOWLEDGE_PG_HNSW_EF_SEARCH = ef
+            times, ids = [], []
+            for vector in vectors:
+                if time.monotonic() > deadline:
+                    break
+                t0 = time.perf_counter()
+                hits = dense(vector)
+                times.append((time.perf_counter() - t0) * 1000)
+                ids.append([h.node_id.hex for h in hits])
+            out[str(ef)] = {"p50_ms": pct(times, 50), "p95_ms": pct(times, 95), "ids": ids}
+    finally:
+        settings.KNOWLEDGE_PG_HNSW_EF_SEARCH = configured
+    return out
 
 
 def explain_dense(queries: list[dict]) -> str | None:
@@ -759,6 +821,14 @@ def cmd_report(args) -> int:
                 if truth is not None:
                     row["recall@10"] = recall(meas["dense_ids"], truth, 10)
                     row["recall@50"] = recall(meas["dense_ids"], truth, 50)
+                    row["ef_search_sweep"] = {
+                        ef: {
+                            "p50_ms": point["p50_ms"], "p95_ms": point["p95_ms"],
+                            "recall@10": recall(point["ids"], truth, 10),
+                            "recall@50": recall(point["ids"], truth, 50),
+                        }
+                        for ef, point in (meas.get("ef_search_sweep") or {}).items()
+                    }  # fmt: skip
             rows.append(row)
     result = {
         "date": dt.date.today().isoformat(),
@@ -823,11 +893,13 @@ def main() -> int:
     sub.add_parser("pg-start", parents=[common])
     sub.add_parser("pg-stop", parents=[common])
     sub.add_parser("generate", parents=[common])
+    sub.add_parser("generate-rows", parents=[common])
+    sub.add_parser("generate-dense", parents=[common])
     sub.add_parser("measure", parents=[common])
     report = sub.add_parser("report", parents=[common])
     report.add_argument("--out", default=None)
     work = sub.add_parser("_worker", parents=[common])
-    work.add_argument("phase", choices=("generate", "measure"))
+    work.add_argument("phase", choices=("generate", "generate-rows", "generate-dense", "measure"))
     work.add_argument("--size", type=int, required=True)
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "knowledgefs.settings")
@@ -836,6 +908,8 @@ def main() -> int:
         "pg-start": cmd_pg_start,
         "pg-stop": cmd_pg_stop,
         "generate": lambda a: run_points("generate", a),
+        "generate-rows": lambda a: run_points("generate-rows", a),
+        "generate-dense": lambda a: run_points("generate-dense", a),
         "measure": lambda a: run_points("measure", a),
         "report": cmd_report,
         "_worker": worker,
