@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 
+import numpy as np
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -193,19 +194,14 @@ def _copy_batch(batch, target, copy, source_number, target_version, backend, *, 
         Document.objects.bulk_create(new_docs, batch_size=500)
         CompilationJob.objects.bulk_create(jobs, batch_size=500)
         KnowledgeNode.objects.bulk_create(new_nodes, batch_size=500)
-        DenseVector.objects.bulk_create(
-            [
-                DenseVector(
-                    node_id=node_id,
-                    space_id=target.id,
-                    index_version=target_version.number,
-                    model_id=target_version.model_id,
-                    dimension=dimension,
-                    vector=vector,
-                )
-                for node_id, vector in dense
-            ],
-            batch_size=500,
-        )
+        # Through the backend: on PostgreSQL it also fills the pgvector column.
+        if dense:
+            by_id = {n.id: n for n in keyword}
+            backend.index_dense(
+                [by_id[node_id] for node_id, _ in dense],
+                np.frombuffer(b"".join(v for _, v in dense), dtype="<f4").reshape(-1, dimension),
+                index_version=target_version.number,
+                model_id=target_version.model_id,
+            )
         backend.index_keywords(keyword)
     return len(new_docs), len(new_nodes)

@@ -12,7 +12,7 @@ components (docs/operations.md, "Readiness"):
 | ``model_runtime`` | the local ONNX model files are installed | one model-catalog page |
 | ``datasource_runtime`` | ``disabled`` (ready) | the client is configured; ``not_probed`` |
 | ``object_storage`` | write, read back and delete a 2-byte object | Dify's storage health |
-| ``search`` | the engine has a search backend (SQLite, PostgreSQL; not MySQL/MariaDB) | same |
+| ``search`` | a search backend: SQLite, PostgreSQL with pgvector ≥ 0.8 (not MySQL) | same |
 
 Bounds: a call to Dify gives up after :data:`PROBE_TIMEOUT_MS` (2 s, inline retries included);
 the checks run concurrently on a small pool and ``/ready`` waits at most
@@ -209,15 +209,23 @@ def check_object_storage() -> Check:
 
 def check_search() -> Check:
     """The default database's engine has a search backend (``retrieval.backends``): SQLite
-    (FTS5) or PostgreSQL (tsvector). MySQL/MariaDB fails: schema and migrations only."""
+    (FTS5) or PostgreSQL (tsvector, and pgvector ≥ 0.8 installed with its column: the reason
+    names the missing extension otherwise). MySQL/MariaDB fails: schema and migrations only."""
     from retrieval.backends import unsupported_reason
 
-    vendor = connections[DEFAULT_DB_ALIAS].vendor
+    connection = connections[DEFAULT_DB_ALIAS]
+    vendor = connection.vendor
     reason = unsupported_reason(vendor)
     if reason is not None:
         return False, "failing", _short(reason)
-    index = "FTS5" if vendor == "sqlite" else "tsvector"
-    return True, "ok", f"{vendor}: {index} keyword index and dense search"
+    if vendor == "postgresql":
+        from retrieval.backends.pgvector import extension_problem
+
+        problem = extension_problem(connection)
+        if problem is not None:
+            return False, "failing", _short(problem)
+        return True, "ok", "postgresql: tsvector keyword index and pgvector HNSW dense search"
+    return True, "ok", f"{vendor}: FTS5 keyword index and dense search"
 
 
 CHECKS: dict[str, Callable[[], Check]] = {

@@ -784,6 +784,23 @@ KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE = bounded_int(
 
 # ---------------------------------------------------------------------------------------------
 # Search backends: PostgreSQL + pgvector (HNSW per model and dimension), docs/scaling.md.
+# HNSW build parameters of each (model, dimension) index (pgvector's defaults: m 16,
+# ef_construction 64; pgvector needs ef_construction >= 2 * m). Read when an index is created.
+KNOWLEDGE_PG_HNSW_M = bounded_int("KNOWLEDGE_PG_HNSW_M", 16, 2, 100)
+KNOWLEDGE_PG_HNSW_EF_CONSTRUCTION = bounded_int("KNOWLEDGE_PG_HNSW_EF_CONSTRUCTION", 64, 4, 1000)
+if KNOWLEDGE_PG_HNSW_EF_CONSTRUCTION < 2 * KNOWLEDGE_PG_HNSW_M:
+    raise ImproperlyConfigured(
+        f"KNOWLEDGE_PG_HNSW_EF_CONSTRUCTION={KNOWLEDGE_PG_HNSW_EF_CONSTRUCTION} must be at least "
+        f"2 * KNOWLEDGE_PG_HNSW_M = {2 * KNOWLEDGE_PG_HNSW_M} (pgvector's rule)"
+    )
+# Candidate list of an HNSW search (hnsw.ef_search; raised to the query's depth when smaller).
+KNOWLEDGE_PG_HNSW_EF_SEARCH = bounded_int("KNOWLEDGE_PG_HNSW_EF_SEARCH", 100, 10, 1000)
+# Most index tuples an iterative scan visits to find enough rows that pass the filters
+# (hnsw.max_scan_tuples, pgvector's default 20000); when it runs out first, the query is
+# answered by an exact scan of the space's rows instead.
+KNOWLEDGE_PG_HNSW_MAX_SCAN_TUPLES = bounded_int(
+    "KNOWLEDGE_PG_HNSW_MAX_SCAN_TUPLES", 20000, 1000, 10000000
+)
 
 # ---------------------------------------------------------------------------------------------
 # Search backends: the Dify vector and text bridge (inventory 7.2-7.3), docs/scaling.md.

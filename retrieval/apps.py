@@ -6,3 +6,6 @@ class RetrievalConfig(AppConfig):
 
     name = "retrieval"
     verbose_name = "Retrieval"
+
+    def ready(self) -> None:
+        from retrieval import checks  # noqa: F401  (registers the system checks)

@@ -164,10 +164,28 @@ def ensure_active_version(
             state=IndexState.ACTIVE,
             activated_at=now,
         )
+        schedule_dense_index(model_id, dimension)
         KnowledgeSpace.objects.filter(id=space.id).update(
             embedding_model_id=model_id, embedding_dimension=dimension
         )
     return active
+
+
+def schedule_dense_index(model_id: str, dimension: int) -> None:
+    """Have the search backend prepare its index of ``(model_id, dimension)`` once the current
+    transaction commits (at once outside one).
+
+    A no-op on SQLite (exact search); on PostgreSQL the HNSW index of that model and dimension
+    (:func:`retrieval.backends.pgvector.ensure_hnsw_index`, built ``CONCURRENTLY`` after the
+    commit, so writers are not blocked). Run-time DDL because models are configured per tenant
+    and space: their pairs are not known when migrations run. A failure is logged and retried
+    by the version's rebuild; queries stay correct without the index (an exact scan).
+    """
+
+    def prepare() -> None:
+        get_search_backend().prepare_dense_index(model_id, dimension)
+
+    transaction.on_commit(prepare, robust=True)
 
 
 # --- the compiler's seam ----------------------------------------------------------------------
@@ -344,6 +362,7 @@ def change_embedding_model(space: KnowledgeSpace, model_id: str) -> IndexVersion
                 state=IndexState.ACTIVE,
                 activated_at=now,
             )
+            schedule_dense_index(model.model_id, model.dimension)
             KnowledgeSpace.objects.filter(id=space.id).update(
                 embedding_model_id=model.model_id,
                 embedding_dimension=model.dimension,
@@ -365,6 +384,7 @@ def change_embedding_model(space: KnowledgeSpace, model_id: str) -> IndexVersion
             state=IndexState.BUILDING,
             progress_at=now,
         )
+        schedule_dense_index(model.model_id, model.dimension)
         transaction.on_commit(lambda: enqueue_rebuild(version.id), robust=True)
     logger.info(
         "space %s: building index v%s with %s beside v%s (%s)",
@@ -489,6 +509,7 @@ def rebuild_index_version(version_id: uuid.UUID | str, *, batch_size: int = REBU
     if version.state != IndexState.BUILDING:
         return version.state
     try:
+        get_search_backend().prepare_dense_index(version.model_id, version.dimension)
         if not _fill(version, _missing(version), batch_size):
             return _state(version.id)
         return cutover(version.id, batch_size=batch_size)

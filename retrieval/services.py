@@ -591,7 +591,7 @@ def recall(
     if documents is not None and not documents:
         return results, timings
     if "dense" in legs and snapshot.version is not None:
-        number, _, dimension = snapshot.version
+        number, model_id, dimension = snapshot.version
         if vector is None:
             t0 = time.perf_counter()
             vector = embed_queries(space, snapshot, [query])[0]
@@ -605,6 +605,7 @@ def recall(
             limit=depth,
             dimension=dimension,
             documents=documents,
+            model_id=model_id,
         )
         timings["dense_ms"] = (time.perf_counter() - t0) * 1000
     if "keyword" in legs:

@@ -410,6 +410,8 @@ def test_the_dense_matrix_never_mixes_dimensions(space_a, caplog):
     with caplog.at_level(logging.ERROR, logger="knowledgefs.retrieval"):
         result = retrieve(space, "subject4 widget4", top_k=100)
     assert result.metrics["dense_candidates"] == 49  # the 4-d row is left out, nothing fails
+    if connection.vendor == "postgresql":
+        return  # pgvector: the statement's ``dimension = 8`` leaves it out (no in-process matrix)
     assert "left out 1 vectors" in caplog.text
     backend = get_search_backend()
     ids, matrix = backend._dense_cache[(space.id, 1, 999)]

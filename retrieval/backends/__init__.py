@@ -45,10 +45,13 @@ def unsupported_reason(vendor: str) -> str | None:
 
 
 def get_search_backend() -> SearchBackend:
-    """The backend for the default database: ``sqlite`` → FTS5, ``postgresql`` → tsvector.
+    """The backend for the default database: ``sqlite`` → FTS5, ``postgresql`` → tsvector and
+    pgvector.
 
     Raises :class:`SearchBackendUnavailable` (503 ``search_backend_unavailable``, details
-    ``{"vendor"}``) on any other engine (MySQL/MariaDB), so a query there is never a 500.
+    ``{"vendor"}``) on any other engine (MySQL/MariaDB), and on PostgreSQL without pgvector ≥ 0.8
+    set up (details ``{"vendor", "extension": "vector"}``, the message names what is missing),
+    so a query there is never a 500.
     """
     vendor = connection.vendor
     if vendor not in _backends:
@@ -60,7 +63,13 @@ def get_search_backend() -> SearchBackend:
 
             _backends[vendor] = SQLiteSearchBackend()
         else:
+            from .pgvector import extension_problem
             from .postgres import PostgresSearchBackend
 
+            problem = extension_problem(connection)
+            if problem is not None:  # checked until it holds, then once per process
+                raise SearchBackendUnavailable(
+                    problem, details={"vendor": vendor, "extension": "vector"}
+                )
             _backends[vendor] = PostgresSearchBackend()
     return _backends[vendor]

@@ -131,6 +131,10 @@ class SearchBackend:
             self._delete_keywords(node_ids)
             DenseVector.objects.filter(node_id__in=node_ids).delete()
 
+    def prepare_dense_index(self, model_id: str, dimension: int) -> None:
+        """Make ready whatever index serves dense queries of ``(model_id, dimension)``: nothing
+        for the exact in-process search; the HNSW index on PostgreSQL. Idempotent."""
+
     def _index_keywords(self, nodes: list[IndexedNode]) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -193,12 +197,14 @@ class SearchBackend:
         limit: int,
         dimension: int | None = None,
         documents: frozenset | None = None,
+        model_id: str | None = None,
     ) -> list[ScoredNode]:
         """Exact cosine top-``limit`` over the space's visible vectors of one index version.
 
         ``dimension`` is the version's; rows of any other dimension are left out of the matrix
         (and logged), so the matrix never mixes dimensions. ``documents`` (``None``: all)
-        restricts the rows to those documents before the top-``limit`` is taken.
+        restricts the rows to those documents before the top-``limit`` is taken. ``model_id``
+        (the version's model) is not needed here; an indexed backend uses it to pick its index.
         """
         key = (space_id, index_version, head_revision)
         node_ids, matrix = self._dense_matrix(
