@@ -54,6 +54,7 @@ import json
 import os
 import pickle
 import platform
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -429,7 +430,17 @@ def generate_point(engine: str, size: int, part: str = "all") -> dict:
         raise SystemExit(f"space model {version.model_id} differs from {source['model_id']}")
     migrate_s = time.perf_counter() - started
     write_dense = part in ("all", "dense")
-    dropped = drop_hnsw_indexes() if engine == "postgres" and write_dense else []
+    dropped = []
+    if engine == "postgres":
+        if part == "dense":
+            with connection.cursor() as cursor:  # a rerun starts from no vectors
+                cursor.execute("DELETE FROM retrieval_densevector WHERE space_id = %s", [space.id])
+        if write_dense:  # the product's own index definition, created if missing
+            from retrieval.backends import get_search_backend
+
+            get_search_backend().prepare_dense_index(version.model_id, version.dimension)
+        kinds = {"rows": ("gin",), "dense": ("hnsw",), "all": ("gin", "hnsw")}[part]
+        dropped = drop_indexes(kinds)
     plan = layout(source, size)
     offsets = np.cumsum([0] + [len(d["nodes"]) for d in source["documents"]])
     vectors_of: dict[int, np.ndarray] = {}
@@ -467,7 +478,7 @@ def generate_point(engine: str, size: int, part: str = "all") -> dict:
         "index_build_s": round(index_s, 1),
         "analyze_s": round(analyze_s, 1),
         "total_s": round(time.perf_counter() - started, 1),
-        "hnsw_indexes": rebuilt,
+        "indexes_built": rebuilt,
         "sizes": storage_sizes(engine),
         "load_avg": os.getloadavg(),
         "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -495,7 +506,7 @@ def write_batch(source, space, version, batch, vectors_of, offsets, *, rows=True
     from retrieval.models import DenseVector
 
     now = timezone.now()
-    docs, jobs, nodes, indexed, rows = [], [], [], [], []
+    docs, jobs, nodes, indexed, vector_rows = [], [], [], [], []
     for copy, index in batch:
         src = source["documents"][index]
         document_id, generation, node_ids = copy_ids(source, copy, index)
@@ -525,9 +536,9 @@ def write_batch(source, space, version, batch, vectors_of, offsets, *, rows=True
                  "generation": generation, **node}
             )  # fmt: skip
             indexed.append(IndexedNode(node_id, space.id, document_id, node["text"]))
-            rows.append(vectors_of[copy][offsets[index] + j])
+            vector_rows.append(vectors_of[copy][offsets[index] + j])
     backend = get_search_backend()
-    matrix = np.ascontiguousarray(np.vstack(rows), dtype="<f4")
+    matrix = np.ascontiguousarray(np.vstack(vector_rows), dtype="<f4")
     with transaction.atomic(), connection.cursor() as cursor:
         if rows:
             fast_insert(cursor, Document, docs, now)
@@ -537,7 +548,7 @@ def write_batch(source, space, version, batch, vectors_of, offsets, *, rows=True
         if not dense:
             pass
         elif connection.vendor == "sqlite":
-            dense = [
+            dense_rows = [
                 {
                     "node_id": n.id, "space_id": n.space_id, "index_version": version.number,
                     "model_id": version.model_id, "dimension": matrix.shape[1],
@@ -545,12 +556,34 @@ def write_batch(source, space, version, batch, vectors_of, offsets, *, rows=True
                 }
                 for i, n in enumerate(indexed)
             ]  # fmt: skip
-            fast_insert(cursor, DenseVector, dense, now)
-        else:  # the backend's own write path (pgvector columns)
-            backend.index_dense(
-                indexed, matrix, index_version=version.number, model_id=version.model_id
-            )
+            fast_insert(cursor, DenseVector, dense_rows, now)
+        else:  # the columns the backend's index_dense writes, by binary COPY
+            copy_dense(cursor, indexed, matrix, version)
     return len(nodes)
+
+
+def copy_dense(cursor, indexed, matrix: np.ndarray, version) -> None:
+    """PostgreSQL: ``COPY … FROM STDIN (FORMAT BINARY)`` of the dense rows into the columns
+    ``PostgresSearchBackend.index_dense`` fills (float32 bytes and the pgvector ``embedding``),
+    so the stored vector is the float32 row bit for bit."""
+    from pgvector.psycopg import register_vector
+
+    raw = cursor.connection  # Django's cursor wrapper -> the psycopg connection
+    raw = getattr(raw, "connection", raw)
+    register_vector(raw)
+    statement = (
+        "COPY retrieval_densevector (node_id, space_id, index_version, model_id, dimension, "
+        "vector, embedding) FROM STDIN WITH (FORMAT BINARY)"
+    )
+    with raw.cursor() as pg, pg.copy(statement) as copy:
+        copy.set_types(["uuid", "uuid", "int4", "varchar", "int4", "bytea", "vector"])
+        dimension = int(matrix.shape[1])
+        for i, node in enumerate(indexed):
+            row = matrix[i]
+            copy.write_row(
+                (node.id, node.space_id, version.number, version.model_id, dimension,
+                 row.tobytes(), row)
+            )  # fmt: skip
 
 
 def fast_insert(cursor, model, rows: list[dict], now) -> None:
@@ -597,27 +630,24 @@ def fast_insert(cursor, model, rows: list[dict], now) -> None:
     )
 
 
-def hnsw_indexes() -> list[tuple[str, str, str]]:
-    """``(schema, index name, definition)`` of every HNSW index in the database."""
+def drop_indexes(methods: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """Drop every index of these access methods (``hnsw``, ``gin``) before a bulk load;
+    returns ``(schema, name, definition)`` for :func:`rebuild_indexes`. Building them once over
+    the loaded table is what an operator's bulk import does (and much faster than inserting
+    into them row by row)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT n.nspname, c.relname, pg_get_indexdef(c.oid) FROM pg_class c "
             "JOIN pg_am am ON am.oid = c.relam JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE am.amname = 'hnsw' ORDER BY 2"
+            "WHERE am.amname = ANY(%s) AND n.nspname = current_schema() ORDER BY 2",
+            [list(methods)],
         )
-        return cursor.fetchall()
-
-
-def drop_hnsw_indexes() -> list[tuple[str, str, str]]:
-    from django.db import connection
-
-    found = hnsw_indexes()
-    with connection.cursor() as cursor:
+        found = cursor.fetchall()
         for schema, name, _ in found:
             cursor.execute(f'DROP INDEX "{schema}"."{name}"')
-    log(f"  dropped HNSW indexes before the load: {[n for _, n, _ in found]}")
+    log(f"  dropped before the load: {[n for _, n, _ in found]}")
     return found
 
 
@@ -677,6 +707,7 @@ def storage_sizes(engine: str) -> dict:
 
 # --- measure -------------------------------------------------------------------------------------
 def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: int) -> dict:
+    from django.core.management import call_command
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -684,6 +715,7 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
     from retrieval.services import resolve_snapshot, retrieve
     from spaces.models import KnowledgeSpace
 
+    call_command("migrate", verbosity=0)  # the merged branch's migrations, if any are new
     deadline = time.monotonic() + max_seconds
     loaded = np.load(state_dir() / "queries.npz", allow_pickle=True)
     texts, vectors = list(loaded["texts"]), loaded["vectors"]
@@ -783,7 +815,8 @@ def explain_dense(queries: list[dict]) -> str | None:
         if "<=>" in sql or "<#>" in sql or "<->" in sql:
             with connection.cursor() as cursor:
                 cursor.execute("EXPLAIN " + sql)
-                return "\n".join(r[0] for r in cursor.fetchall())
+                plan = "\n".join(r[0] for r in cursor.fetchall())
+                return re.sub(r"'\[[^\]]*\]'", "'[…]'", plan)  # the query vector's literal
     return None
 
 
@@ -812,7 +845,7 @@ def cmd_report(args) -> int:
             meas = state.get("measure", {}).get(engine, {}).get(str(size))
             row = {"size": size, "engine": engine, "generate": gen and summary(gen)}
             if gen:
-                row["hnsw"] = gen.get("hnsw_indexes")
+                row["indexes_built"] = gen.get("indexes_built")
                 row["storage"] = gen.get("sizes")
             if meas:
                 row["measure"] = summary(meas)
