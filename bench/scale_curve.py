@@ -388,6 +388,8 @@ def worker(args) -> int:
         data = generate_point(args.engine, args.size, "rows")
     elif args.phase == "generate-dense":
         data = generate_point(args.engine, args.size, "dense")
+        while str(args.size) not in load_state().get("generate-rows", {}).get(args.engine, {}):
+            time.sleep(10)  # the rows load it followed is still finishing (GIN, VACUUM)
         rows = load_state()["generate-rows"][args.engine][str(args.size)]
         data = {**data, "rows": summary(rows), "load_s": round(rows["load_s"] + data["load_s"], 1)}
         args.phase = "generate"
@@ -452,6 +454,8 @@ def generate_point(engine: str, size: int, part: str = "all") -> dict:
         vectors_of = {
             c: vectors_of[c] if c in vectors_of else copy_vectors(source, c) for c in needed
         }
+        if part == "dense":  # may follow a rows load still running: wait for its commit
+            wait_for_nodes(copy_ids(source, *batch[-1])[2][-1])
         chunks += write_batch(
             source, space, version, batch, vectors_of, offsets, rows=part != "dense",
             dense=write_dense,
@@ -483,6 +487,14 @@ def generate_point(engine: str, size: int, part: str = "all") -> dict:
         "load_avg": os.getloadavg(),
         "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def wait_for_nodes(node_id: uuid.UUID, poll_s: float = 5.0) -> None:
+    """Block until ``node_id`` exists (the rows load commits 1,000 documents at a time)."""
+    from ingestion.models import KnowledgeNode
+
+    while not KnowledgeNode.objects.filter(id=node_id).exists():
+        time.sleep(poll_s)
 
 
 def write_batch(source, space, version, batch, vectors_of, offsets, *, rows=True, dense=True):
