@@ -855,9 +855,19 @@ def cmd_report(args) -> int:
             row = {"size": size, "engine": engine, "generate": gen and summary(gen)}
             if gen:
                 row["indexes_built"] = gen.get("indexes_built")
+                rows_state = state.get("generate-rows", {}).get(engine, {}).get(str(size))
+                row["generate_rows"] = rows_state and {
+                    "load_s": rows_state["load_s"],
+                    "indexes_built": rows_state.get("indexes_built")
+                    or rows_state.get("hnsw_indexes"),
+                }
                 row["storage"] = gen.get("sizes")
             if meas:
-                row["measure"] = summary(meas)
+                row["measure"] = {
+                    **summary(meas),
+                    "load_avg_start": meas["load_avg_start"],
+                    "load_avg_end": meas["load_avg_end"],
+                }
                 row["stage_p50_ms"] = meas["stage_p50_ms"]
                 row["dense_plan"] = meas.get("dense_plan")
                 if truth is not None:
@@ -890,27 +900,91 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _ms(value) -> str:
+    return "–" if value is None else f"{value:,.1f} ms"
+
+
+def _gib(value) -> str:
+    return "–" if not value else f"{value / 2**30:.2f} GiB"
+
+
+def _storage(row: dict) -> dict:
+    """Database, dense-vector, ANN-index and keyword bytes of one point."""
+    storage = row.get("storage") or {}
+    rel = storage.get("relations") or {}
+    if row["engine"] == "postgres":
+        hnsw = sum(v["own"] for k, v in rel.items() if k.startswith("retrieval_dense_hnsw_"))
+        dense = (rel.get("retrieval_densevector") or {}).get("total", 0) - hnsw
+        keyword = (rel.get("retrieval_keyword_tsv") or {}).get("total", 0)
+    else:
+        hnsw = 0
+        dense = sum(
+            v["total"] for k, v in rel.items() if "densevector" in k or k.startswith("dense_")
+        )
+        keyword = sum(v["total"] for k, v in rel.items() if k.startswith("retrieval_keyword_fts"))
+    return {"database": storage.get("database"), "dense": dense, "hnsw": hnsw, "keyword": keyword}
+
+
 def markdown(rows: list[dict]) -> str:
+    """Three tables: latency and recall; load, build and sizes; the ef_search sweep."""
     lines = [
-        "| chunks | engine | Fast p50 | Fast p95 | dense leg p50 | dense leg p95 | keyword p50 "
-        "| recall@10 | load + index build | database size |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| chunks | engine | Fast p50 | Fast p95 | Fast queries | dense leg p50 | dense leg p95 "
+        "| keyword leg p50 (in Fast) | recall@10 | recall@50 | load avg (1 min) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        m, g = row.get("measure") or {}, row.get("generate") or {}
-        storage = (row.get("storage") or {}).get("database")
-
-        def ms(v):
-            return "–" if v is None else f"{v:.1f} ms"
-
+        m = row.get("measure") or {}
+        if not m:
+            lines.append(f"| {row['size']:,} | {row['engine']} | not measured |||||||||")
+            continue
+        load = (m.get("load_avg_start") or [None])[0], (m.get("load_avg_end") or [None])[0]
         lines.append(
-            f"| {row['size']:,} | {row['engine']} | {ms(m.get('fast_p50_ms'))} | "
-            f"{ms(m.get('fast_p95_ms'))} | {ms(m.get('dense_p50_ms'))} | "
-            f"{ms(m.get('dense_p95_ms'))} | {ms((row.get('stage_p50_ms') or {}).get('keyword'))} | "
-            f"{row.get('recall@10', '–')} | "
-            f"{g.get('load_s', '–')} s + {g.get('index_build_s', '–')} s | "
-            f"{'–' if storage is None else f'{storage / 2**30:.2f} GiB'} |"
+            f"| {row['size']:,} | {row['engine']} | {_ms(m.get('fast_p50_ms'))} | "
+            f"{_ms(m.get('fast_p95_ms'))} | {m.get('queries_fast')} | "
+            f"{_ms(m.get('dense_p50_ms'))} | {_ms(m.get('dense_p95_ms'))} | "
+            f"{_ms((row.get('stage_p50_ms') or {}).get('keyword'))} | "
+            f"{row.get('recall@10', '–')} | {row.get('recall@50', '–')} | "
+            f"{load[0]:.1f} → {load[1]:.1f} |"
         )
+    lines += [
+        "",
+        "| chunks | engine | load (rows + vectors) | index build | first dense query (cold) "
+        "| database | dense vectors | HNSW index | keyword index |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        g, m = row.get("generate") or {}, row.get("measure") or {}
+        built = row.get("indexes_built") or []
+        build = " + ".join(f"{b['name'].split('_')[2]} {b['build_s']:.0f} s" for b in built)
+        rows_part = (row.get("generate_rows") or {}).get("indexes_built") or []
+        build = " + ".join(
+            [f"{b['name'].split('_')[-1]} {b['build_s']:.0f} s" for b in rows_part]
+            + ([build] if build else [])
+        )
+        st = _storage(row)
+        lines.append(
+            f"| {row['size']:,} | {row['engine']} | {g.get('load_s', '–')} s | {build or '–'} | "
+            f"{_ms(m.get('cold_dense_ms'))} | {_gib(st['database'])} | {_gib(st['dense'])} | "
+            f"{_gib(st['hnsw'])} | {_gib(st['keyword'])} |"
+        )
+    sweep = [r for r in rows if r.get("ef_search_sweep")]
+    if sweep:
+        lines += [
+            "",
+            "| chunks | hnsw.ef_search | dense leg p50 | dense leg p95 | recall@10 | recall@50 |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in sweep:
+            m = row["measure"]
+            points = {**row["ef_search_sweep"], "100 (default)": {
+                "p50_ms": m.get("dense_p50_ms"), "p95_ms": m.get("dense_p95_ms"),
+                "recall@10": row.get("recall@10"), "recall@50": row.get("recall@50")}}  # fmt: skip
+            for ef in sorted(points, key=lambda e: int(e.split()[0])):
+                p = points[ef]
+                lines.append(
+                    f"| {row['size']:,} | {ef} | {_ms(p['p50_ms'])} | {_ms(p['p95_ms'])} | "
+                    f"{p['recall@10']} | {p['recall@50']} |"
+                )
     return "\n".join(lines)
 
 
