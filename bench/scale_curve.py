@@ -728,7 +728,6 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
     from spaces.models import KnowledgeSpace
 
     call_command("migrate", verbosity=0)  # the merged branch's migrations, if any are new
-    deadline = time.monotonic() + max_seconds
     loaded = np.load(state_dir() / "queries.npz", allow_pickle=True)
     texts, vectors = list(loaded["texts"]), loaded["vectors"]
     space = KnowledgeSpace.objects.get(tenant_id=TENANT, slug=f"scale-{size}")
@@ -759,6 +758,7 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
         dense_ms.append((time.perf_counter() - t0) * 1000)
         dense_ids.append([h.node_id.hex for h in hits])
     sweep = ef_search_sweep(dense, vectors[:count]) if engine == "postgres" else {}
+    deadline = time.monotonic() + max_seconds
     for text in texts[:count]:  # then Fast, bounded by the point's time budget
         if time.monotonic() > deadline:
             log(f"  time budget reached after {len(fast_ms)} Fast queries")
