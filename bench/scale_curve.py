@@ -925,6 +925,17 @@ def _storage(row: dict) -> dict:
     return {"database": storage.get("database"), "dense": dense, "hnsw": hnsw, "keyword": keyword}
 
 
+def _load(row: dict) -> str:
+    """The load time; PostgreSQL's two steps (rows, then vectors) separately."""
+    total = (row.get("generate") or {}).get("load_s")
+    rows = (row.get("generate_rows") or {}).get("load_s")
+    if total is None:
+        return "–"
+    if rows is None:
+        return f"{total:,.0f} s"
+    return f"{rows:,.0f} s + {total - rows:,.0f} s"
+
+
 def markdown(rows: list[dict]) -> str:
     """Three tables: latency and recall; load, build and sizes; the ef_search sweep."""
     lines = [
@@ -948,12 +959,12 @@ def markdown(rows: list[dict]) -> str:
         )
     lines += [
         "",
-        "| chunks | engine | load (rows + vectors) | index build | first dense query (cold) "
-        "| database | dense vectors | HNSW index | keyword index |",
+        "| chunks | engine | load (PostgreSQL: rows + vectors) | index build "
+        "| first dense query (cold) | database | dense vectors | HNSW index | keyword index |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        g, m = row.get("generate") or {}, row.get("measure") or {}
+        m = row.get("measure") or {}
         built = row.get("indexes_built") or []
         build = " + ".join(f"{b['name'].split('_')[2]} {b['build_s']:.0f} s" for b in built)
         rows_part = (row.get("generate_rows") or {}).get("indexes_built") or []
@@ -963,7 +974,7 @@ def markdown(rows: list[dict]) -> str:
         )
         st = _storage(row)
         lines.append(
-            f"| {row['size']:,} | {row['engine']} | {g.get('load_s', '–')} s | {build or '–'} | "
+            f"| {row['size']:,} | {row['engine']} | {_load(row)} | {build or '–'} | "
             f"{_ms(m.get('cold_dense_ms'))} | {_gib(st['database'])} | {_gib(st['dense'])} | "
             f"{_gib(st['hnsw'])} | {_gib(st['keyword'])} |"
         )
