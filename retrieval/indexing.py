@@ -177,9 +177,11 @@ def schedule_dense_index(model_id: str, dimension: int) -> None:
 
     A no-op on SQLite (exact search); on PostgreSQL the HNSW index of that model and dimension
     (:func:`retrieval.backends.pgvector.ensure_hnsw_index`, built ``CONCURRENTLY`` after the
-    commit, so writers are not blocked). Run-time DDL because models are configured per tenant
-    and space: their pairs are not known when migrations run. A failure is logged and retried
-    by the version's rebuild; queries stay correct without the index (an exact scan).
+    commit, so writers are not blocked; a pair that has its index costs one catalog lookup).
+    Run-time DDL because models are configured per tenant and space: their pairs are not known
+    when migrations run. Called for an *active* version created directly (a space's first);
+    a *building* version's index is made by its rebuild task on the worker. A failure is logged;
+    queries stay correct without the index (an exact scan).
     """
 
     def prepare() -> None:
@@ -384,7 +386,8 @@ def change_embedding_model(space: KnowledgeSpace, model_id: str) -> IndexVersion
             state=IndexState.BUILDING,
             progress_at=now,
         )
-        schedule_dense_index(model.model_id, model.dimension)
+        # Its HNSW index (PostgreSQL) is built by the rebuild task on the worker, before it
+        # fills the version: no DDL in this request.
         transaction.on_commit(lambda: enqueue_rebuild(version.id), robust=True)
     logger.info(
         "space %s: building index v%s with %s beside v%s (%s)",

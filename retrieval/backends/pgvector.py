@@ -194,6 +194,9 @@ def ensure_hnsw_index(connection, model_id: str, dimension: int) -> str | None:
             with connection.cursor() as cursor:
                 cursor.execute(statement)
         else:
+            # Deferred foreign-key checks of rows this transaction wrote to the table would make
+            # PostgreSQL refuse the index ("pending trigger events"): run them now.
+            connection.check_constraints()
             with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
                 cursor.execute(statement)
     except DatabaseError:

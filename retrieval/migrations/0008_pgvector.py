@@ -8,8 +8,9 @@ existing rows are filled from those bytes in batches; then one partial HNSW inde
 (:mod:`retrieval.backends.pgvector` names and builds them). A server without pgvector stops
 here with a message naming the extension.
 
-Backwards: the HNSW indexes and the column are dropped; the extension too, unless another
-column of the database still uses its types.
+Backwards: the HNSW indexes and the column are dropped. The extension stays: it may serve
+other objects of the database, dropping it needs the privilege that created it, and keeping it
+keeps the type's identity, so migrating forward again gives the same schema.
 """
 
 from django.db import migrations
@@ -78,14 +79,6 @@ def drop_vector_column(apps, schema_editor):
         for name in pgvector.hnsw_indexes(connection):
             cursor.execute(f"DROP INDEX IF EXISTS {name}")
         cursor.execute(f"ALTER TABLE {pgvector.TABLE} DROP COLUMN IF EXISTS {pgvector.COLUMN}")
-        cursor.execute(
-            "SELECT count(*) FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
-            "JOIN pg_class c ON c.oid = a.attrelid "
-            "WHERE t.typname IN ('vector', 'halfvec', 'sparsevec') AND NOT a.attisdropped "
-            "AND c.relkind IN ('r', 'p', 'm', 'v', 'f')"
-        )
-        if cursor.fetchone()[0] == 0:
-            cursor.execute("DROP EXTENSION IF EXISTS vector")
 
 
 class Migration(migrations.Migration):
