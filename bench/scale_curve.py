@@ -22,14 +22,18 @@ point runs in its own subprocess under ``--max-seconds``):
     both engines hold the same node ids. Its vectors are the source vectors plus Gaussian noise
     (``NOISE_SIGMA`` per dimension, seeded per copy), renormalised: copies are near neighbours,
     never duplicates. Rows go in by bulk INSERTs (Django ``bulk_create``, 1,000 documents per
-    transaction) and the product's own write path for the projections
-    (``SearchBackend.index_dense`` / ``index_keywords``). On PostgreSQL every HNSW index is
-    dropped before the load and rebuilt after it with its own definition (timed).
+    transaction; keyword rows through ``SearchBackend.index_keywords``; PostgreSQL vectors by
+    binary ``COPY`` into the columns ``index_dense`` writes). On PostgreSQL the GIN and HNSW
+    indexes are dropped before the load and rebuilt after it with their own definitions (timed).
+``generate-rows`` / ``generate-dense --engine postgres``
+    The same load in two steps (everything but the vectors; then the vectors and the HNSW
+    index); the vector step may follow a rows step still running (it waits for each batch).
 ``measure --engine ...``
-    Per size, in-process (``retrieval.services.retrieve``, mode ``fast``, ``top_k`` 10, both
-    legs, query embedding included) after a cold first dense search and ``--warmup`` queries:
-    ``--queries`` claims one at a time, then the dense leg alone
-    (``SearchBackend.dense_search``, the Fast leg's depth of 50, precomputed query vectors).
+    Per size, after a cold first dense search and ``--warmup`` Fast queries: the dense leg alone
+    (``SearchBackend.dense_search``, the Fast leg's depth of 50, precomputed query vectors) for
+    ``--queries`` claims (PostgreSQL: again at other ``hnsw.ef_search`` values), then Fast
+    in-process (``retrieval.services.retrieve``, mode ``fast``, ``top_k`` 10, both legs, query
+    embedding included) one claim at a time until ``--queries`` or ``--max-seconds``.
 ``report``
     Recall@10 (and @50) of each engine's dense leg against the numpy ground truth, the
     markdown table, ``bench/results/scale-curve-<date>.json``.
@@ -39,7 +43,8 @@ Usage::
     python bench/scale_curve.py prepare
     python bench/scale_curve.py pg-start
     python bench/scale_curve.py generate --engine sqlite --sizes 10000,100000,1000000
-    python bench/scale_curve.py generate --engine postgres --sizes 10000,100000,1000000
+    python bench/scale_curve.py generate-rows --engine postgres --sizes 10000,100000,1000000
+    python bench/scale_curve.py generate-dense --engine postgres --sizes 10000,100000,1000000
     python bench/scale_curve.py measure --engine sqlite --sizes 10000,100000,1000000
     python bench/scale_curve.py measure --engine postgres --sizes 10000,100000,1000000
     python bench/scale_curve.py report
