@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint bench schemathesis loadtest clean unstructured
+.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint bench bench-scale schemathesis loadtest clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -158,6 +158,19 @@ loadtest: install
 			--users $(LOAD_USERS) --duration $(LOAD_DURATION) $(LOAD_ARGS) ;; \
 		*) echo "ENGINE must be sqlite or postgresql, not '$(ENGINE)'" >&2; exit 2 ;; \
 	esac
+
+# Scale curve (docs/benchmarks.md): SQLite exact vs PostgreSQL HNSW at 10k/100k/1M chunks; state
+# in KFS_SCALE_VAR (default /work/scale-var); every phase resumes where it stopped.
+SCALE_SIZES ?= 10000,100000,1000000
+bench-scale: install
+	$(BIN)/python bench/scale_curve.py prepare --sizes $(SCALE_SIZES)
+	$(BIN)/python bench/scale_curve.py pg-start
+	$(BIN)/python bench/scale_curve.py generate --engine sqlite --sizes $(SCALE_SIZES)
+	$(BIN)/python bench/scale_curve.py generate-rows --engine postgres --sizes $(SCALE_SIZES)
+	$(BIN)/python bench/scale_curve.py generate-dense --engine postgres --sizes $(SCALE_SIZES)
+	$(BIN)/python bench/scale_curve.py measure --engine sqlite --sizes $(SCALE_SIZES)
+	$(BIN)/python bench/scale_curve.py measure --engine postgres --sizes $(SCALE_SIZES)
+	$(BIN)/python bench/scale_curve.py report --sizes $(SCALE_SIZES)
 
 clean:
 	rm -rf var/test-* var/pg-test* var/mariadb-test-* var/eval-gate var/load-*
