@@ -14,22 +14,24 @@ interpreter's GIL) and stopped with this script. Steps:
    (``index_dense`` → vector upserts + ledger rows, ``index_keywords`` → text upserts, 64 points
    per request). Indexing throughput is the chunks per second of those two backend calls.
 3. ``--warmup`` untimed then ``--queries`` timed ``retrieval.services.retrieve(space, q,
-   top_k=10, mode="fast")`` calls (queries: 3..6 words of the word list, seeded). Per query: the
-   wall time, and from the server, per route, the requests, the request bytes (Content-Length)
-   and the server's own handler time (read, parse, search, answer). ``kfs_side_ms`` is the wall
-   time minus the server time (an upper bound of the server's share: chunk searches run up to
-   ``KNOWLEDGE_SEARCH_BRIDGE_CONCURRENCY`` at once, the simulated server answers them one at a
-   time under its lock).
+   top_k=10, mode="fast")`` calls (queries: 3..6 words of the word list, seeded). Per query:
+   the wall time; ``wait``, the wall time with at least one request to Dify in flight
+   (:class:`WaitClock`); ``kfs_side`` = wall - wait; ``cpu``, this process's CPU time (the
+   simulated Dify runs in another); and from the server, per route, the requests, the request
+   bytes (Content-Length) and its handler time (read, parse, search, answer; summed over
+   requests, which overlap up to ``KNOWLEDGE_SEARCH_BRIDGE_CONCURRENCY`` at a time).
 
 ``--server stock`` runs ``tests/dify_server.py`` as it is (cosine in pure Python over the asked
 ids; BM25 by building an FTS5 table over the whole collection for every request).
 ``--server indexed`` (default) keeps the contract and the answers but holds each collection's
 vectors in a numpy matrix and its texts in one FTS5 table, rebuilt only after upserts, as a real
-engine would: the server share then stays small and KnowledgeFS's own cost is visible.
+engine would, so the dense leg's server share stays small (BM25 still ranks every matching row
+of the collection before the authorized-id filter, which dominates at 100k chunks).
 
-Bounded: the whole run stops itself after ``--budget`` seconds (default 1500), reporting what it
-measured. Writes ``bench/results/bridge-scale-DATE.json`` (or ``--out``) and prints a markdown
-table. ``--profile`` adds a cProfile of 3 queries at the largest size.
+Bounded: no size is started and no query timed after ``--budget`` seconds (default 1500); what
+was measured is written. The simulated Dify exits on its own 60 s after the budget, or as soon
+as this script ends. Writes ``bench/results/bridge-scale-DATE.json`` (or ``--out``) and prints
+a markdown table. ``--profile`` adds a cProfile of 3 queries at the largest size.
 
 Usage: ``python bench/bridge_scale.py [--sizes 10000,100000] [--queries 30] [--server indexed]``.
 """
