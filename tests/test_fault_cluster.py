@@ -7,16 +7,11 @@ test process plays the recovery schedule by calling the same sweep the schedule 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connection, connections
 from django_q.models import Task
 
 from ingestion import parsing
@@ -25,6 +20,7 @@ from ingestion.models import CompilationJob, Document, KnowledgeNode, RunState
 from ingestion.services import compilation
 from ingestion.services.documents import admit_document
 from retrieval.backends import get_search_backend
+from tests.qcluster_process import QClusterProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
@@ -33,48 +29,11 @@ LEASE = 10  # the smallest lease the settings accept
 TERMINAL = {"succeeded", "failed", "canceled"}
 
 
-class QCluster:
-    """A ``manage.py qcluster`` child in its own process group."""
+class QCluster(QClusterProcess):
+    """A ``manage.py qcluster`` child with the smallest lease the settings accept."""
 
     def __init__(self, objects: Path, log: Path, **env: str) -> None:
-        self.env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.cluster_settings",
-            "KFS_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
-            "KFS_TEST_OBJECTS": str(objects),
-            "KNOWLEDGE_JOB_LEASE_SECONDS": str(LEASE),
-            "LOG_LEVEL": "WARNING",
-            **env,
-        }
-        self.log = log
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> QCluster:
-        connections.close_all()
-        handle = open(self.log, "ab")  # noqa: SIM115 - the child keeps it
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL the whole cluster (sentinel, workers, monitor): nothing runs its cleanup."""
-        if self.process and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        super().__init__(objects, log, **{"KNOWLEDGE_JOB_LEASE_SECONDS": str(LEASE), **env})
 
 
 @pytest.fixture(autouse=True)

@@ -9,17 +9,12 @@ Skipped without redis-server unless ``KFS_REQUIRE_REDIS=1``.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, connections
 from django.utils import timezone
 from django_q.models import OrmQ, Task
 
@@ -28,6 +23,7 @@ from ingestion.services import compilation
 from ingestion.services.documents import admit_document
 from knowledgefs.queue_broker import parse_queue_broker, parse_queue_redis_url
 from tests.conftest import upload
+from tests.qcluster_process import QClusterProcess
 from tests.redis_support import redis_url  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
@@ -37,49 +33,30 @@ QUEUE_KEY = "django_q:knowledgefs:q"  # django-q2's Redis list for the cluster n
 TERMINAL = {"succeeded", "failed", "canceled"}
 
 
-class QCluster:
-    """``manage.py qcluster`` on the Redis broker, in its own process group."""
+class QCluster(QClusterProcess):
+    """``manage.py qcluster`` on the Redis broker, in its own process group; ``stop`` kills."""
 
     def __init__(self, name: str, tmp: Path, objects: Path, redis: str, **env: str) -> None:
         var = tmp / f"var-{name}"
         var.mkdir()
         self.embed_log = tmp / f"embed-{name}.log"
-        self.log = tmp / f"qcluster-{name}.log"
-        self.env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.cluster_settings",
-            "KFS_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
-            "KFS_TEST_OBJECTS": str(objects),
-            "KFS_TEST_EMBED_LOG": str(self.embed_log),
-            "KFS_TEST_WORKERS": "1",
-            "KNOWLEDGE_VAR_DIR": str(var),
-            "KNOWLEDGE_QUEUE_BROKER": "redis",
-            "KNOWLEDGE_QUEUE_REDIS_URL": redis,
-            "LOG_LEVEL": "WARNING",
-            **env,
-        }
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> QCluster:
-        connections.close_all()
-        handle = open(self.log, "ab")  # noqa: SIM115 - the child keeps it
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        super().__init__(
+            objects,
+            tmp / f"qcluster-{name}.log",
+            **{
+                "KFS_TEST_EMBED_LOG": str(self.embed_log),
+                "KFS_TEST_WORKERS": "1",
+                "KNOWLEDGE_VAR_DIR": str(var),
+                "KNOWLEDGE_QUEUE_BROKER": "redis",
+                "KNOWLEDGE_QUEUE_REDIS_URL": redis,
+                **env,
+            },
         )
-        return self
 
     def embed_calls(self) -> int:
         return len(self.embed_log.read_text().splitlines()) if self.embed_log.exists() else 0
 
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+    stop = QClusterProcess.kill
 
 
 @pytest.fixture(autouse=True)
