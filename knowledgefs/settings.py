@@ -80,6 +80,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The admin's CSS and JavaScript under gunicorn (make serve, the image): served from the
+    # apps' static folders, no collectstatic step (WHITENOISE_USE_FINDERS below).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -206,7 +209,10 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+# No collectstatic: whitenoise serves the apps' static folders directly (a STATIC_ROOT that
+# nothing fills would only make it warn at every start).
+STATIC_ROOT = None
+WHITENOISE_USE_FINDERS = True
 
 # --- Model runtime ------------------------------------------------------------------------------
 # local (the embedded default) or dify: models, object storage and datasources through Dify's
