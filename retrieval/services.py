@@ -245,14 +245,12 @@ def retrieve(
     score outside 0..1; nothing falls back silently), ``search_backend_unavailable`` (checked
     first: the database engine has no search backend, i.e. MySQL/MariaDB).
     """
-    from spaces.profiles import require_ready
-    from upgrades.services.reconciliation import require_reconciled
+    from spaces.readiness import require_servable
 
     from . import filters as filtering
 
     get_search_backend()  # 503 search_backend_unavailable first (MySQL/MariaDB)
-    profile = require_ready(space)
-    require_reconciled(space.id)
+    profile = require_servable(space)
     if top_k is None:
         top_k = profile.retrieval_top_k
     if mode is None:

@@ -6,3 +6,11 @@ class SpacesConfig(AppConfig):
 
     name = "spaces"
     verbose_name = "Knowledge spaces"
+
+    def ready(self) -> None:
+        from knowledgefs import runtime
+
+        from .profiles import embedding_model
+
+        # Vector space ids (a Dify embedding profile's index model) are served for their space.
+        runtime.register_space_models(embedding_model)

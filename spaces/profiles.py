@@ -51,10 +51,14 @@ from knowledgefs.runtime import (
     LOCAL_PLUGIN_ID,
     LOCAL_PROVIDER,
     VECTOR_SPACE_PREFIX,
+    EmbeddingModel,
+    UnknownEmbeddingModel,
+    dify_embedding_model,
     get_embedding_model,
     is_registered,
     registered_model_ids,
     runtime_name,
+    uses_dify,
 )
 
 from .models import KnowledgeSpace, Readiness, RetrievalMode, SpaceProfile
@@ -1264,3 +1268,41 @@ def _check_reasoning(runtime, tenant: str, selection: Selection, deadline: _Dead
             field="reasoning",
         )
     return {"plugin_unique_identifier": item.plugin_unique_identifier}
+
+
+def embedding_model(model_id: str, space: Any) -> EmbeddingModel:
+    """The Dify embedding model of ``space``'s profile (a ``KnowledgeSpace`` or its id) for its
+    vector space id ``model_id`` (:func:`knowledgefs.runtime.register_space_models`); raises
+    :class:`UnknownEmbeddingModel` when it is not the space's profile or the runtime is not
+    ``dify``."""
+    space_id = getattr(space, "pk", space)
+    row = (
+        SpaceProfile.objects.filter(space_id=uuid.UUID(str(space_id)), vector_space_id=model_id)
+        .values_list(
+            "space__tenant_id",
+            "embedding_plugin_id",
+            "embedding_provider",
+            "embedding_model",
+            "embedding_dimension",
+        )
+        .first()
+    )
+    if row is None:
+        raise UnknownEmbeddingModel(
+            model_id, f"{model_id!r} is not the embedding profile of knowledge space {space_id}"
+        )
+    tenant_id, plugin_id, provider, model, dimension = row
+    if not uses_dify():
+        raise UnknownEmbeddingModel(
+            model_id,
+            f"{model_id!r} ({plugin_id}/{provider}/{model}) is served through Dify, and this "
+            f"server runs KNOWLEDGE_MODEL_RUNTIME={runtime_name()!r}",
+        )
+    return dify_embedding_model(
+        tenant_id=tenant_id,
+        plugin_id=plugin_id,
+        provider=provider,
+        model=model,
+        model_id=model_id,
+        dimension=dimension,
+    )

@@ -6,3 +6,15 @@ class UpgradesConfig(AppConfig):
 
     name = "upgrades"
     verbose_name = "Dataset upgrades"
+
+    def ready(self) -> None:
+        from knowledgefs.auth import gates
+        from spaces import readiness
+
+        from .services.cutover import cutover_gate
+        from .services.reconciliation import servable_gate
+
+        # A tenant moving off classic Datasets reaches product routes only while its cutover
+        # gate is open; a space that is an unreconciled upgrade target does not serve retrieval.
+        gates.register("workspace_cutover", cutover_gate)
+        readiness.register_gate("upgrade_reconciliation", servable_gate)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import exceptions, permissions
 
 from ..errors import Conflict
-from . import grants
+from . import gates, grants
 from .authentication import refuse
 from .capability import CapabilityError
 from .operations import operation_for, same_id
@@ -22,6 +22,7 @@ class OperationPermission(permissions.BasePermission):
       resource the request names (403 ``resource_not_permitted``); then its grant must not be
       revoked or reused for another tuple (403 ``grant_revoked`` / ``grant_mismatch``), and
       is recorded.
+    - Product operations then pass every tenant gate (:mod:`knowledgefs.auth.gates`).
     - API keys pass here; their space scope is applied in every queryset
       (:func:`spaces.services.get_space`), so a foreign or out-of-scope id is a 404.
     """
@@ -51,18 +52,11 @@ class OperationPermission(permissions.BasePermission):
 
     @staticmethod
     def _check_workspace_gate(principal) -> None:
-        """A tenant moving off classic Datasets (it has a cutover ledger) reaches product routes
-        only while its runtime gate is open: 409 ``workspace_cutover_closed`` otherwise. Native
-        tenants (no ledger) are unaffected; the cost is one indexed lookup."""
-        from upgrades.services.cutover import GATE_CLOSED_CODE, product_route_refusal
-
-        closed = product_route_refusal(principal.tenant_id)
+        """Product routes serve only while every tenant gate (:mod:`knowledgefs.auth.gates`) is
+        open; the first refusal answers 409 with its code."""
+        closed = gates.refusal(principal.tenant_id)
         if closed is not None:
-            raise Conflict(
-                f"product routes of this workspace are closed by its cutover: {closed.reason}",
-                code=GATE_CLOSED_CODE,
-                details={"gate": closed.code},
-            )
+            raise Conflict(closed.message, code=closed.code, details=closed.details)
 
     @staticmethod
     def _check_capability(operation, principal, request, view) -> None:

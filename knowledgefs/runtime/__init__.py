@@ -22,7 +22,6 @@ Models are found by id, in two ways:
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -182,41 +181,24 @@ def dify_embedding_model(
     return found
 
 
+SpaceModels = Callable[[str, Any], EmbeddingModel]
+_space_models: SpaceModels | None = None
+
+
+def register_space_models(resolver: SpaceModels) -> None:
+    """Install the resolver of vector space ids: ``resolver(model_id, space)`` returns the
+    space's profile model or raises :class:`UnknownEmbeddingModel`. The spaces app registers
+    :func:`spaces.profiles.embedding_model` in its ``AppConfig.ready()``; the runtime imports
+    no app."""
+    global _space_models
+    _space_models = resolver
+
+
 def _profile_model(model_id: str, space: Any) -> EmbeddingModel:
     if space is None:
         raise UnknownEmbeddingModel(
             model_id, f"{model_id!r} is a vector space id; it is served only for its space"
         )
-    from spaces.models import SpaceProfile
-
-    space_id = getattr(space, "pk", space)
-    row = (
-        SpaceProfile.objects.filter(space_id=uuid.UUID(str(space_id)), vector_space_id=model_id)
-        .values_list(
-            "space__tenant_id",
-            "embedding_plugin_id",
-            "embedding_provider",
-            "embedding_model",
-            "embedding_dimension",
-        )
-        .first()
-    )
-    if row is None:
-        raise UnknownEmbeddingModel(
-            model_id, f"{model_id!r} is not the embedding profile of knowledge space {space_id}"
-        )
-    tenant_id, plugin_id, provider, model, dimension = row
-    if not uses_dify():
-        raise UnknownEmbeddingModel(
-            model_id,
-            f"{model_id!r} ({plugin_id}/{provider}/{model}) is served through Dify, and this "
-            f"server runs KNOWLEDGE_MODEL_RUNTIME={runtime_name()!r}",
-        )
-    return dify_embedding_model(
-        tenant_id=tenant_id,
-        plugin_id=plugin_id,
-        provider=provider,
-        model=model,
-        model_id=model_id,
-        dimension=dimension,
-    )
+    if _space_models is None:
+        raise RuntimeError("no resolver of vector space ids is registered (is 'spaces' installed?)")
+    return _space_models(model_id, space)

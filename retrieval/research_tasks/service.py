@@ -102,13 +102,10 @@ def _require_searchable(space):
     search backend (503), a ``ready`` profile and no pending upgrade reconciliation (409); see
     :func:`retrieval.services.retrieve`. Returns the ready profile."""
     from retrieval.backends import get_search_backend
-    from spaces.profiles import require_ready
-    from upgrades.services.reconciliation import require_reconciled
+    from spaces.readiness import require_servable
 
     get_search_backend()
-    profile = require_ready(space)
-    require_reconciled(space.id)
-    return profile
+    return require_servable(space)
 
 
 def plan_task(space, body: dict) -> dict:

@@ -33,6 +33,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from knowledgefs.auth.gates import Refusal
 from knowledgefs.errors import Conflict, InvalidInput, NotFound
 from spaces.services import validate_tenant_id
 
@@ -152,6 +153,22 @@ def product_route_refusal(tenant_id: str) -> GateState | None:
     ``workspace_cutover_closed``)."""
     state = workspace_gate(tenant_id)
     return None if state.open or state.code == "no_ledger" else state
+
+
+def cutover_gate(tenant_id: str) -> Refusal | None:
+    """The workspace cutover as a tenant gate (:mod:`knowledgefs.auth.gates`): a refusal with
+    409 ``workspace_cutover_closed`` while the tenant's runtime gate is closed; ``None`` for a
+    native tenant (no ledger) or an open gate. One indexed lookup."""
+    from knowledgefs.auth.gates import Refusal
+
+    closed = product_route_refusal(tenant_id)
+    if closed is None:
+        return None
+    return Refusal(
+        GATE_CLOSED_CODE,
+        f"product routes of this workspace are closed by its cutover: {closed.reason}",
+        {"gate": closed.code},
+    )
 
 
 def ledger_as_dict(ledger: WorkspaceCutoverLedger) -> dict[str, Any]:

@@ -648,6 +648,11 @@ def rearm_dead_lettered(job_id, *, now: datetime | None = None) -> int:
 
 
 # --- retrieval gate -----------------------------------------------------------------------------
+def servable_gate(space) -> None:
+    """:func:`require_reconciled` as the servability gate of :mod:`spaces.readiness`."""
+    require_reconciled(space.id)
+
+
 def require_reconciled(space_id) -> None:
     """Refuse retrieval on a space whose upgrade is not reconciled: 409
     ``space_reconciliation_pending`` naming the job, its status and how many documents are owed
