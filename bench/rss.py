@@ -135,8 +135,8 @@ def child_report() -> dict:
     django.setup()
     from django.conf import settings
 
-    from ingestion.gates import estimate_retained_bytes
     from ingestion.models import Document, ParseArtifact
+    from ingestion.retained_bytes import estimate_retained_bytes
     from spaces.models import KnowledgeSpace
 
     space = KnowledgeSpace.objects.get(tenant_id=TENANT, slug=SLUG)

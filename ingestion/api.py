@@ -8,7 +8,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from knowledgefs.admission import BufferedUploadAdmissionMixin
+from ingestion.upload_admission import BufferedUploadAdmissionMixin
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent

@@ -174,8 +174,9 @@ class ParseArtifact(models.Model):
     page_count = models.PositiveIntegerField(null=True, blank=True)
     pages_without_text = models.JSONField(default=list, blank=True)
     elements = models.JSONField(default=list)
-    # Conservative in-memory size of ``elements`` (ingestion.gates.estimate_retained_bytes),
-    # charged against the retained-artifact budget before a resumed job loads the artifact.
+    # Conservative in-memory size of ``elements``
+    # (ingestion.retained_bytes.estimate_retained_bytes), charged against the retained-artifact
+    # budget before a resumed job loads the artifact.
     retained_bytes = models.PositiveBigIntegerField(default=0)
     # Images the parser rendered or extracted, stored through knowledgefs.storage: a list of
     # {key, kind, name, page_number, mime_type, width, height, bytes, sha256, element_index};
