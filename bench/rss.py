@@ -61,7 +61,7 @@ def child_setup(files: list[str]) -> dict:
     django.setup()
     from django.core.management import call_command
 
-    from ingestion.services.documents import admit_document
+    from ingestion.documents import admit_document
     from spaces import services as spaces
 
     call_command("migrate", verbosity=0)

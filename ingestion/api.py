@@ -15,8 +15,9 @@ from knowledgefs.idempotency import fingerprint, idempotent
 from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
+from . import availability, documents, reports
 from .serializers import DocumentSerializer, JobSerializer
-from .services import availability, compilation, documents, reports
+from .services import compilation
 
 
 class DocumentListView(BufferedUploadAdmissionMixin, APIView):

@@ -29,7 +29,7 @@ class Document(models.Model):
     ``enabled`` is the document's availability: retrieval never returns nodes of a disabled
     document. ``row_version`` (starting at 1) moves forward by one on every change of ``enabled``
     or ``metadata``; writers pass the version they read (compare-and-set, see
-    :mod:`ingestion.services.availability`).
+    :mod:`ingestion.availability`).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)

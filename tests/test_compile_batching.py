@@ -19,9 +19,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from ingestion import memory_gates
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 
 pytestmark = pytest.mark.django_db
 

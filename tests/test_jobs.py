@@ -12,9 +12,9 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule, Task
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from retrieval.backends import get_search_backend
 
 pytestmark = pytest.mark.django_db

@@ -14,9 +14,9 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from ingestion import memory_gates
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, ParseArtifact, Stage
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 
 pytestmark = pytest.mark.django_db
 
@@ -270,8 +270,8 @@ def test_a_batch_hands_back_what_it_cannot_start_in_half_the_worker_timeout(spac
 
 
 def test_a_replace_racing_a_delete_admits_the_bytes_as_a_new_document(space, principal):
+    from ingestion import documents
     from ingestion.models import Document
-    from ingestion.services import documents
 
     first = _admit(space, name="a.txt")
     real = documents._replace

@@ -173,7 +173,7 @@ def update_document(
     ``invalid_request`` when neither field is given, ``invalid_row_version``,
     ``invalid_metadata``, ``invalid_availability``, 409 ``document_version_conflict``.
     """
-    from ingestion.services.documents import get_document
+    from ingestion.documents import get_document
 
     document = get_document(principal, space_id, document_id)
     if enabled is None and metadata is None:

@@ -216,7 +216,7 @@ def _duplicate(existing: Document) -> Conflict:
 
 def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission | None:
     """Recompile ``existing`` under ``filename``; ``None`` if it was deleted meanwhile."""
-    from .compilation import supersede_live_jobs
+    from ingestion.services.compilation import supersede_live_jobs
 
     with transaction.atomic():
         document = lock_for_update(Document.objects.filter(id=existing.id)).first()
@@ -236,7 +236,7 @@ def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission |
 
 
 def _new_job(document: Document, *, enqueue: bool) -> CompilationJob:
-    from .compilation import enqueue_on_commit
+    from ingestion.services.compilation import enqueue_on_commit
 
     job = CompilationJob.objects.create(
         tenant_id=document.tenant_id, space_id=document.space_id, document=document
@@ -363,9 +363,8 @@ def purge_documents(documents: QuerySet[Document]) -> int:
     rows and every later document intact, so the same delete can simply be sent again; nothing
     is left with rows gone and its object kept.
     """
+    from ingestion.services.compilation import advance_publication_head
     from retrieval.backends import get_search_backend
-
-    from .compilation import advance_publication_head
 
     backend = get_search_backend()
     deleted = 0
