@@ -1,4 +1,6 @@
-"""Read-side summaries of compilation for the command line and operators."""
+"""Read-side summaries of compilation for the command line, operators and the API: the public
+job state (:func:`public_state`), job listings by state and per-space counts, as plain values
+(the serializers render them; this module imports none)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,19 @@ PUBLIC_STATES = [
     "canceled",
     "superseded",
 ]
+
+#: Ended run states whose public state is a fixed word.
+PUBLIC_STAGE_STATES = {"succeeded": "published", "failed": "failed", "canceled": "canceled"}
+
+
+def public_state(job: CompilationJob) -> str:
+    """The one word a caller needs: ``published``, ``failed``, ``canceled``, ``superseded``,
+    ``retry_wait``, or the current checkpoint of a live attempt (``queued``, ``parsed``, …)."""
+    if job.run_state in PUBLIC_STAGE_STATES:
+        return PUBLIC_STAGE_STATES[job.run_state]
+    if job.run_state in ("superseded", "retry_wait"):
+        return job.run_state
+    return job.stage
 
 
 def public_state_filter(state: str) -> dict:
@@ -53,8 +68,6 @@ def space_stats(space: KnowledgeSpace) -> dict:
 
     ``nodes`` counts published nodes only (the active generation of each document).
     """
-    from ingestion.serializers import public_state
-
     documents = dict(
         Document.objects.filter(space=space)
         .values_list("state")

@@ -1,20 +1,12 @@
+"""REST serializers of documents and compilation jobs (the job's public state comes from
+:func:`ingestion.reports.public_state`)."""
+
 from __future__ import annotations
 
 from rest_framework import serializers
 
 from .models import CompilationJob, Document
-
-PUBLIC_STAGE_STATES = {"succeeded": "published", "failed": "failed", "canceled": "canceled"}
-
-
-def public_state(job: CompilationJob) -> str:
-    """The one word a caller needs: ``published``, ``failed``, ``canceled``, ``superseded``,
-    ``retry_wait``, or the current checkpoint of a live attempt (``queued``, ``parsed``, …)."""
-    if job.run_state in PUBLIC_STAGE_STATES:
-        return PUBLIC_STAGE_STATES[job.run_state]
-    if job.run_state in ("superseded", "retry_wait"):
-        return job.run_state
-    return job.stage
+from .reports import public_state
 
 
 class JobSerializer(serializers.ModelSerializer):
