@@ -12,8 +12,8 @@ from django.db import connections
 from tqdm import tqdm
 
 from ingestion import documents, reports
+from ingestion.api.serializers import JobSerializer
 from ingestion.models import Document, DocumentState
-from ingestion.serializers import JobSerializer
 from ingestion.services import compilation
 from knowledgefs import downgrades
 from knowledgefs.errors import Conflict, ServiceError

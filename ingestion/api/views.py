@@ -8,6 +8,8 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ingestion import availability, documents, reports
+from ingestion.services import compilation
 from ingestion.upload_admission import BufferedUploadAdmissionMixin
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
 from knowledgefs.errors import InvalidInput
@@ -15,9 +17,7 @@ from knowledgefs.idempotency import fingerprint, idempotent
 from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
-from . import availability, documents, reports
 from .serializers import DocumentSerializer, JobSerializer
-from .services import compilation
 
 
 class DocumentListView(BufferedUploadAdmissionMixin, APIView):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from .models import CompilationJob, Document
-from .reports import public_state
+from ingestion.models import CompilationJob, Document
+from ingestion.reports import public_state
 
 
 class JobSerializer(serializers.ModelSerializer):
