@@ -1,0 +1,3 @@
+"""Re-exports for callers not yet moved (ingestion.api.serializers)."""
+
+from ingestion.api.serializers import DocumentSerializer, JobSerializer  # noqa: F401
