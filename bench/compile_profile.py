@@ -44,9 +44,9 @@ BREAKDOWN = {
     "lease renewal + progress (Held.beat)": ("services/compilation.py", "beat"),
     "lease re-read (Held.refresh)": ("services/compilation.py", "refresh"),
     "attempt counter (Held.start)": ("services/compilation.py", "start"),
-    "gate acquire (MachineSemaphore.acquire)": ("ingestion/gates.py", "acquire"),
-    "gate release, batched (release_all)": ("ingestion/gates.py", "release_all"),
-    "gate release (_release)": ("ingestion/gates.py", "_release"),
+    "gate acquire (MachineSemaphore.acquire)": ("ingestion/memory_gates.py", "acquire"),
+    "gate release, batched (release_all)": ("ingestion/memory_gates.py", "release_all"),
+    "gate release (_release)": ("ingestion/memory_gates.py", "_release"),
     "parse (_parse)": ("services/compilation.py", "_parse"),
     "chunk (_generate_nodes)": ("services/compilation.py", "_generate_nodes"),
     "stage commits (_commit, incl. node/vector/FTS writes)": (
@@ -73,11 +73,11 @@ def statement_kind(sql: str) -> str:
 @contextlib.contextmanager
 def count_ledger_operations():
     """Count ``_locked_ledger`` entries and ledger rewrites per gate while the body runs."""
-    from ingestion import gates
+    from ingestion import memory_gates
 
     opened: collections.Counter = collections.Counter()
     rewritten: collections.Counter = collections.Counter()
-    original_locked = gates._locked_ledger
+    original_locked = memory_gates._locked_ledger
     original_replace = os.replace
 
     @contextlib.contextmanager
@@ -91,12 +91,12 @@ def count_ledger_operations():
             rewritten[Path(dst).name.split(".")[0]] += 1
         return original_replace(src, dst, *args, **kwargs)
 
-    gates._locked_ledger = locked
+    memory_gates._locked_ledger = locked
     os.replace = replace
     try:
         yield opened, rewritten
     finally:
-        gates._locked_ledger = original_locked
+        memory_gates._locked_ledger = original_locked
         os.replace = original_replace
 
 
@@ -120,8 +120,8 @@ def main() -> int:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    from ingestion.documents import admit_document
     from ingestion.services.compilation import drain_queued
-    from ingestion.services.documents import admit_document
     from knowledgefs.runtime import get_embedding_model
 
     try:

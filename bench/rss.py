@@ -61,7 +61,7 @@ def child_setup(files: list[str]) -> dict:
     django.setup()
     from django.core.management import call_command
 
-    from ingestion.services.documents import admit_document
+    from ingestion.documents import admit_document
     from spaces import services as spaces
 
     call_command("migrate", verbosity=0)
@@ -135,8 +135,8 @@ def child_report() -> dict:
     django.setup()
     from django.conf import settings
 
-    from ingestion.gates import estimate_retained_bytes
     from ingestion.models import Document, ParseArtifact
+    from ingestion.retained_bytes import estimate_retained_bytes
     from spaces.models import KnowledgeSpace
 
     space = KnowledgeSpace.objects.get(tenant_id=TENANT, slug=SLUG)

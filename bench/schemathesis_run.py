@@ -51,8 +51,8 @@ def prepare() -> dict[str, str]:
     from django.core.management import call_command
     from django.db import connections
 
+    from ingestion.documents import admit_document
     from ingestion.services.compilation import drain_queued
-    from ingestion.services.documents import admit_document
     from retrieval import golden
     from spaces.services import Principal, create_api_key, create_space
 

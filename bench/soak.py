@@ -112,7 +112,7 @@ def expected_nodes(data: bytes, mime_type: str) -> int:
 
 
 def admit(space, items) -> tuple[list[dict], list[dict]]:
-    from ingestion.services.documents import admit_document
+    from ingestion.documents import admit_document
     from knowledgefs.errors import ServiceError
 
     admitted, rejected = [], []

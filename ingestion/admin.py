@@ -13,9 +13,9 @@ from django.utils.timezone import localtime
 from knowledgefs.errors import ServiceError
 from spaces.models import KnowledgeSpace
 
+from .documents import purge_documents
 from .models import CompilationJob, Document, KnowledgeNode, ParseArtifact, RunState
 from .services import compilation
-from .services.documents import purge_documents
 
 
 @admin.register(Document)

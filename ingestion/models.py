@@ -29,7 +29,7 @@ class Document(models.Model):
     ``enabled`` is the document's availability: retrieval never returns nodes of a disabled
     document. ``row_version`` (starting at 1) moves forward by one on every change of ``enabled``
     or ``metadata``; writers pass the version they read (compare-and-set, see
-    :mod:`ingestion.services.availability`).
+    :mod:`ingestion.availability`).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -174,8 +174,9 @@ class ParseArtifact(models.Model):
     page_count = models.PositiveIntegerField(null=True, blank=True)
     pages_without_text = models.JSONField(default=list, blank=True)
     elements = models.JSONField(default=list)
-    # Conservative in-memory size of ``elements`` (ingestion.gates.estimate_retained_bytes),
-    # charged against the retained-artifact budget before a resumed job loads the artifact.
+    # Conservative in-memory size of ``elements``
+    # (ingestion.retained_bytes.estimate_retained_bytes), charged against the retained-artifact
+    # budget before a resumed job loads the artifact.
     retained_bytes = models.PositiveBigIntegerField(default=0)
     # Images the parser rendered or extracted, stored through knowledgefs.storage: a list of
     # {key, kind, name, page_number, mime_type, width, height, bytes, sha256, element_index};

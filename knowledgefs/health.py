@@ -52,7 +52,9 @@ from django.db.migrations.executor import MigrationExecutor
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import admission, storage
+from ingestion import upload_admission
+
+from . import storage
 from .auth.capability import parse_public_jwks
 from .dify.errors import DifyError, ModelRuntimeError
 from .dify.model_runtime import DifyModelRuntime
@@ -376,7 +378,7 @@ def _log_transition(failing: list[str], checks: dict[str, dict[str, Any]]) -> No
 def diagnostics() -> dict[str, Any]:
     """``/health``'s body, without waiting: ``{"status": "ok", "runtime", "components": {name:
     last result (with its age) or {"ok": false, "state": "unchecked"}}, "uploads": the upload
-    limits and this process's admission gate (knowledgefs.admission.diagnostics)}``. Stale
+    limits and this process's upload admission (ingestion.upload_admission.diagnostics)}``. Stale
     components are checked in the background."""
     now = time.monotonic()
     components: dict[str, dict[str, Any]] = {}
@@ -392,7 +394,7 @@ def diagnostics() -> dict[str, Any]:
         "status": "ok",
         "runtime": selection.runtime_name(),
         "components": components,
-        "uploads": admission.diagnostics(),
+        "uploads": upload_admission.diagnostics(),
     }
 
 

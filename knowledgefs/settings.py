@@ -230,7 +230,7 @@ KNOWLEDGE_EMBEDDING_THREADS = bounded_int(
     64,
 )
 
-# --- Upload admission (production deployment guide; knowledgefs.admission) -------------------
+# --- Upload admission (production deployment guide; ingestion.upload_admission) -------------
 # One per-file limit (15 MiB, at most 50 MiB) drives the file check while the body is read, the
 # request-body limit (a Content-Length above limit + envelope is refused unread) and the 413
 # text. Buffered multipart uploads pass a process-wide gate before their body is read: active
@@ -281,7 +281,8 @@ RETRIEVAL_MAX_QUERY_CHARS = 16000
 
 # --- Jobs, leases and memory bounds (production deployment guide; docs/configuration.md) ------
 # Source materialization (read + parse), machine-wide; the heavy lane (every PDF, anything over
-# 8 MiB) is nested inside it with max(1, N - 1) slots so light documents keep one (ingestion.gates).
+# 8 MiB) is nested inside it with max(1, N - 1) slots so light documents keep one
+# (ingestion.memory_gates).
 KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY = bounded_int(
     "KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY", 2, 1, 8
 )

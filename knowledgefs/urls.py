@@ -4,14 +4,6 @@ probes, and Django admin."""
 from django.contrib import admin
 from django.urls import include, path
 
-from ingestion.api import (
-    DocumentDetailView,
-    DocumentListView,
-    DocumentTextView,
-    JobDetailView,
-    JobListView,
-    JobRetryView,
-)
 from retrieval.answer_api import QueryTraceView, QueryView
 from retrieval.api import GoldenQuestionDetailView, GoldenQuestionListView, RetrievalTestView
 from retrieval.research_tasks import api as research_task_api
@@ -52,22 +44,8 @@ v1 = [
         ProfileValidationView.as_view(),
         name="space-profile-validation",
     ),
-    path(
-        "knowledge-spaces/<str:space_id>/documents",
-        DocumentListView.as_view(),
-        name="document-list",
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/documents/<str:document_id>",
-        DocumentDetailView.as_view(),
-        name="document-detail",
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/documents/<str:document_id>/text",
-        DocumentTextView.as_view(),
-        name="document-text",
-    ),
-    path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
+    # Documents, their text and compilation jobs (ingestion/urls.py).
+    path("", include("ingestion.urls")),
     path(
         "knowledge-spaces/<str:space_id>/retrieval-tests",
         RetrievalTestView.as_view(),
@@ -86,8 +64,6 @@ v1 = [
         GoldenQuestionDetailView.as_view(),
         name="golden-question-detail",
     ),
-    path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),
-    path("jobs/<str:job_id>/retry", JobRetryView.as_view(), name="job-retry"),
     # Research tasks (docs/retrieval.md, "Research tasks").
     path(
         "research-tasks/plan",

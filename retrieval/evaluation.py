@@ -29,9 +29,10 @@ from pathlib import Path
 
 from django.db import transaction
 
+from ingestion import documents
 from ingestion.chunking import CHUNKER_VERSION
 from ingestion.models import Document, DocumentState
-from ingestion.services import compilation, documents
+from ingestion.services import compilation
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, InvalidInput
 from knowledgefs.runtime import get_embedding_model

@@ -283,7 +283,7 @@ def delete_space(principal: Principal, space_id: uuid.UUID | str) -> None:
     database); the space row then goes in one transaction that first purges anything admitted
     meanwhile.
     """
-    from ingestion.services.documents import purge_documents
+    from ingestion.documents import purge_documents
 
     space = get_space(principal, space_id)
     # A classic Dataset upgrade still running into this space would lose its target.

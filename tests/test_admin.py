@@ -11,9 +11,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ingestion.admin import attempt_chain, progress_label
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, RunState, Stage
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from knowledgefs.errors import Conflict
 from spaces.models import ApiKey
 from spaces.services import create_api_key

@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 from django.db import connections
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, RunState
-from ingestion.services.documents import admit_document
 from spaces.models import ApiKey
 from spaces.services import create_api_key, revoke_api_key
 from tests.conftest import compile_all

@@ -8,8 +8,8 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode
-from ingestion.services.documents import admit_document
 from knowledgefs.models import CapabilityGrant
 from knowledgefs.storage import object_storage
 from retrieval.services import retrieve

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from django.db import connection, connections
 
-from ingestion.services.documents import admit_document
+from ingestion.documents import admit_document
 from retrieval.models import AnswerTrace
 from spaces.services import Principal, create_api_key, create_space
 from tests import dify_fixtures

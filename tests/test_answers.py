@@ -18,7 +18,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from ingestion.services.documents import admit_document
+from ingestion.documents import admit_document
 from retrieval import answers
 from retrieval import evidence as ev
 from retrieval.models import AnswerTrace

@@ -25,7 +25,7 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from ingestion.services.documents import admit_document
+from ingestion.documents import admit_document
 from knowledgefs.errors import Conflict, InvalidInput, NotFound
 from spaces import services
 from spaces.models import ApiKey, ApiKeyBinding, BindingType, KnowledgeSpace

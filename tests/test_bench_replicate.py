@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode
-from ingestion.services.documents import admit_document
 from retrieval.backends import get_search_backend
 from retrieval.services import retrieve
 from spaces.models import KnowledgeSpace, PublicationHead

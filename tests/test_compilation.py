@@ -7,9 +7,9 @@ import uuid
 import pytest
 from django.conf import settings
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from retrieval.backends import get_search_backend
 from retrieval.models import DenseVector
 from retrieval.services import retrieve
@@ -183,7 +183,7 @@ def test_an_error_outside_one_jobs_work_fails_the_whole_batch(space, monkeypatch
 
 
 def test_a_document_deleted_between_claim_and_work_does_not_strand_the_batch(space, principal):
-    from ingestion.services.documents import delete_document
+    from ingestion.documents import delete_document
 
     keep = _admit(space, name="keep.txt")
     gone = _admit(space, data=b"short lived document text", name="gone.txt")

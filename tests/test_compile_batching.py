@@ -18,10 +18,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ingestion import gates
+from ingestion import memory_gates
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 
 pytestmark = pytest.mark.django_db
 
@@ -64,7 +64,7 @@ def _kind(sql: str) -> str:
 
 def _tickets(name: str) -> int:
     """How many acquisitions a gate's ledger has admitted or queued (its ticket counter)."""
-    gate = gates.MachineSemaphore(name, 1)
+    gate = memory_gates.MachineSemaphore(name, 1)
     if not gate.ledger_path.exists():
         return 0
     return json.loads(gate.ledger_path.read_text())["next_ticket"] - 1
@@ -93,10 +93,10 @@ def test_a_delivery_issues_statements_and_gate_transactions_per_wave_not_per_doc
     assert kinds["DELETE ingestion_parseartifact"] == 1
     # Gates: one materialization slot per wave, one retained-artifact lease per document (its
     # charge is only known once it is parsed).
-    assert _tickets(gates.MATERIALIZATION_GATE) == waves
-    assert _tickets(gates.RETAINED_ARTIFACT_GATE) == n
-    assert gates.retained_artifact_gate().snapshot()["holders"] == []
-    assert gates.materialization_gate().snapshot()["holders"] == []
+    assert _tickets(memory_gates.MATERIALIZATION_GATE) == waves
+    assert _tickets(memory_gates.RETAINED_ARTIFACT_GATE) == n
+    assert memory_gates.retained_artifact_gate().snapshot()["holders"] == []
+    assert memory_gates.materialization_gate().snapshot()["holders"] == []
 
 
 def test_a_heartbeat_is_three_statements_and_fenced_per_job(space):
@@ -212,11 +212,11 @@ def test_a_wave_still_waits_for_the_materialization_gate(space, settings, monkey
         return real(job, *args)
 
     monkeypatch.setattr(compilation, "_parse", parse)
-    slot = gates.materialization_gate().acquire()  # another worker is parsing
+    slot = memory_gates.materialization_gate().acquire()  # another worker is parsing
     released_at: list[float] = []
 
     def other_worker():
-        gate = gates.materialization_gate()
+        gate = memory_gates.materialization_gate()
         deadline = time.monotonic() + 30
         while not gate.snapshot()["waiters"] and time.monotonic() < deadline:
             time.sleep(0.01)  # until our wave queues for the lane
@@ -238,13 +238,15 @@ def test_a_heavy_document_after_light_ones_takes_its_own_lanes(space, monkeypatc
     heavy = _job(ids[1]).document
     heavy_size = heavy.size_bytes + 1  # the same bytes, told apart by their recorded size
     Document.objects.filter(id=heavy.id).update(size_bytes=heavy_size)
-    monkeypatch.setattr(gates, "is_heavy", lambda mime, size: size == heavy_size)
+    monkeypatch.setattr(memory_gates, "is_heavy", lambda mime, size: size == heavy_size)
     seen = {}
     real = compilation._parse
 
     def parse(job, *args):
-        main = len(gates.materialization_gate().snapshot()["holders"])
-        heavy = gates.MachineSemaphore(gates.MATERIALIZATION_HEAVY_GATE, 1).snapshot()["holders"]
+        main = len(memory_gates.materialization_gate().snapshot()["holders"])
+        heavy = memory_gates.MachineSemaphore(
+            memory_gates.MATERIALIZATION_HEAVY_GATE, 1
+        ).snapshot()["holders"]
         seen[job.id] = (main, len(heavy))
         return real(job, *args)
 
@@ -257,17 +259,17 @@ def test_a_heavy_document_after_light_ones_takes_its_own_lanes(space, monkeypatc
 
 
 def test_release_all_gives_leases_back_in_one_ledger_transaction(monkeypatch):
-    gate = gates.MachineSemaphore("batch-test", 8)
+    gate = memory_gates.MachineSemaphore("batch-test", 8)
     leases = [gate.acquire(10) for _ in range(5)]
     opened = []
-    real = gates._locked_ledger
+    real = memory_gates._locked_ledger
 
     def counting(lock_path, ledger_path):
         opened.append(ledger_path)
         return real(lock_path, ledger_path)
 
-    monkeypatch.setattr(gates, "_locked_ledger", counting)
-    gates.release_all([*leases, None])
+    monkeypatch.setattr(memory_gates, "_locked_ledger", counting)
+    memory_gates.release_all([*leases, None])
     assert len(opened) == 1
     assert all(lease.released for lease in leases)
     assert gate.snapshot()["holders"] == []

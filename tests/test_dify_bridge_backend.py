@@ -243,7 +243,7 @@ def test_a_deleted_document_is_gone_from_the_store_and_from_results(client, brid
 def test_changing_the_embedding_model_rebuilds_into_a_new_scope_and_purges_the_old(
     settings, bridge, space
 ):
-    from ingestion.services.documents import admit_document
+    from ingestion.documents import admit_document
     from retrieval import indexing
     from tests.embedders import FAKE_MODELS, MODEL_A, MODEL_B
 

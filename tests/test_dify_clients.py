@@ -487,7 +487,7 @@ def test_a_given_dimension_is_enforced_from_the_start(dify_server, dify_transpor
 def test_the_existing_compile_and_query_path_runs_on_the_dify_model(
     space, settings, dify_server, dify_transport
 ):
-    from ingestion.services.documents import admit_document
+    from ingestion.documents import admit_document
     from retrieval import indexing
     from retrieval.services import retrieve
     from tests.conftest import compile_all

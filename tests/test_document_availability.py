@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from ingestion.models import Document
-from ingestion.services.availability import (
+from ingestion.availability import (
     StaleRowVersion,
     patch_document_metadata,
     set_document_availability,
 )
-from ingestion.services.documents import admit_document
+from ingestion.documents import admit_document
+from ingestion.models import Document
 from knowledgefs.errors import InvalidInput, NotFound
 from retrieval.services import retrieve
 from tests.conftest import compile_all

@@ -16,9 +16,9 @@ from django_q.models import Task
 
 from ingestion import parsing
 from ingestion.chunking import chunk_elements
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, RunState
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from retrieval.backends import get_search_backend
 from tests.qcluster_process import QClusterProcess
 

@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
+from ingestion.availability import set_document_availability
+from ingestion.documents import admit_document
 from ingestion.models import Document
-from ingestion.services.availability import set_document_availability
-from ingestion.services.documents import admit_document
 from knowledgefs.errors import InvalidInput
 from retrieval import filters
 from retrieval.services import retrieve

@@ -1,4 +1,4 @@
-"""Machine-wide compilation gates (ingestion.gates), exercised by real forked OS processes.
+"""Machine-wide compilation gates (ingestion.memory_gates), exercised by real forked OS processes.
 
 Every child records what it observed in its own file (``enter <t> <charge>`` after its acquire
 returned, ``exit <t>`` before it released; ``t`` is ``time.monotonic()``, shared by all processes
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from ingestion import gates
-from ingestion.gates import (
+from ingestion import memory_gates
+from ingestion.memory_gates import (
     GateAborted,
     MachineSemaphore,
-    estimate_retained_bytes,
     is_heavy,
     materialization_slot,
     retained_artifact_gate,
 )
+from ingestion.retained_bytes import estimate_retained_bytes
 
 FORK = multiprocessing.get_context("fork")
 
@@ -273,12 +273,12 @@ def test_should_abort_makes_a_queued_waiter_give_up(tmp_path):
 
 def test_heavy_lane_admits_one_pdf_at_a_time_while_text_proceeds(settings, tmp_path):
     settings.KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY = 2
-    assert gates.materialization_capacities() == (2, 1)
+    assert memory_gates.materialization_capacities() == (2, 1)
     go1, go2, go_text = tmp_path / "go1", tmp_path / "go2", tmp_path / "go-text"
     pdf1 = start(materialize, True, tmp_path / "pdf1.log", go1)
     wait_for((tmp_path / "pdf1.log").exists, what="the first PDF")
     pdf2 = start(materialize, True, tmp_path / "pdf2.log", go2)
-    heavy = MachineSemaphore(gates.MATERIALIZATION_HEAVY_GATE, 1)
+    heavy = MachineSemaphore(memory_gates.MATERIALIZATION_HEAVY_GATE, 1)
     wait_for(lambda: len(heavy.snapshot()["waiters"]) == 1, what="the second PDF to queue")
     text = start(materialize, False, tmp_path / "text.log", go_text)
     wait_for((tmp_path / "text.log").exists, what="the text document beside the first PDF")
@@ -295,15 +295,15 @@ def test_heavy_lane_admits_one_pdf_at_a_time_while_text_proceeds(settings, tmp_p
 
 def test_with_one_materialization_slot_the_heavy_lane_is_one(settings):
     settings.KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY = 1
-    assert gates.materialization_capacities() == (1, 1)
+    assert memory_gates.materialization_capacities() == (1, 1)
     settings.KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY = 8
-    assert gates.materialization_capacities() == (8, 7)
+    assert memory_gates.materialization_capacities() == (8, 7)
 
 
 def test_materialization_slot_releases_both_lanes_on_error_and_abort(settings):
     settings.KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY = 2
-    main = MachineSemaphore(gates.MATERIALIZATION_GATE, 2)
-    heavy = MachineSemaphore(gates.MATERIALIZATION_HEAVY_GATE, 1)
+    main = MachineSemaphore(memory_gates.MATERIALIZATION_GATE, 2)
+    heavy = MachineSemaphore(memory_gates.MATERIALIZATION_HEAVY_GATE, 1)
     with pytest.raises(RuntimeError), materialization_slot(True):
         assert len(main.snapshot()["holders"]) == len(heavy.snapshot()["holders"]) == 1
         raise RuntimeError("parse failed")
@@ -322,7 +322,7 @@ def test_the_materialization_slot_is_handed_off_after_the_retained_lease(setting
     settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES = 1024 * 1024
     retained = retained_artifact_gate()
     assert (retained.capacity, retained.byte_budget) == (4, 1024 * 1024)
-    main = MachineSemaphore(gates.MATERIALIZATION_GATE, 2)
+    main = MachineSemaphore(memory_gates.MATERIALIZATION_GATE, 2)
     with materialization_slot(False):
         artifact = [{"type": "paragraph", "text": "word " * 1000}]
         lease = retained.acquire(estimate_retained_bytes(artifact, retained.byte_budget))

@@ -9,7 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from ingestion.services.documents import admit_document
+from ingestion.documents import admit_document
 from retrieval.golden import create_question, run_golden, update_question
 from spaces.services import Principal, create_api_key, create_space
 from tests.conftest import compile_all

@@ -18,9 +18,9 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from knowledgefs.errors import InvalidInput
 from knowledgefs.runtime import DEFAULT_MODEL_ID, UnknownEmbeddingModel, get_embedding_model
 from retrieval import indexing

@@ -12,9 +12,9 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule, Task
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from retrieval.backends import get_search_backend
 
 pytestmark = pytest.mark.django_db
@@ -387,7 +387,7 @@ def test_kfs_jobs_stats_cancel_and_retry(space, capsys):
 def test_a_batch_larger_than_the_retained_artifact_limit_runs_in_waves(
     space, settings, monkeypatch
 ):
-    from ingestion import gates
+    from ingestion import memory_gates
 
     settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_CONCURRENCY = 1
     jobs = [
@@ -398,7 +398,7 @@ def test_a_batch_larger_than_the_retained_artifact_limit_runs_in_waves(
     finish = compilation._chunk_wave
 
     def spy(held, wave):
-        holders = gates.retained_artifact_gate().snapshot()["holders"]
+        holders = memory_gates.retained_artifact_gate().snapshot()["holders"]
         waves.append((len(wave), len(holders)))
         return finish(held, wave)
 
@@ -406,11 +406,11 @@ def test_a_batch_larger_than_the_retained_artifact_limit_runs_in_waves(
     compilation.compile_jobs(jobs)
     assert waves == [(1, 1), (1, 1), (1, 1)]  # one retained artifact at a time
     assert set(CompilationJob.objects.values_list("run_state", flat=True)) == {"succeeded"}
-    assert gates.retained_artifact_gate().snapshot()["holders"] == []
+    assert memory_gates.retained_artifact_gate().snapshot()["holders"] == []
 
 
 def test_an_artifact_over_the_byte_budget_runs_alone(space, settings, monkeypatch):
-    from ingestion import gates
+    from ingestion import memory_gates
 
     settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES = 32 * 1024  # below the 1 MiB floor
     big = ("A long paragraph about volcanoes and magma chambers. " * 20 + "\n\n") * 20
@@ -427,7 +427,7 @@ def test_an_artifact_over_the_byte_budget_runs_alone(space, settings, monkeypatc
     compilation.compile_jobs(jobs)
     assert waves == [1, 1]
     assert set(CompilationJob.objects.values_list("run_state", flat=True)) == {"succeeded"}
-    assert gates.retained_artifact_gate().snapshot()["holders"] == []
+    assert memory_gates.retained_artifact_gate().snapshot()["holders"] == []
 
 
 def test_job_list_api_filters_by_state_and_paginates(client, space):

@@ -11,9 +11,9 @@ import time
 import pytest
 from django.db import connection, connections
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, KnowledgeNode, Stage
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 

@@ -13,10 +13,10 @@ from django.conf import settings
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from ingestion import gates
+from ingestion import memory_gates
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, ParseArtifact, Stage
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 
 pytestmark = pytest.mark.django_db
 
@@ -39,15 +39,16 @@ def test_a_wave_never_waits_for_materialization_while_holding_retained_leases(
 ):
     settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_CONCURRENCY = 1
     settings.KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY = 2  # heavy lane: 1 slot
-    monkeypatch.setattr(gates, "is_heavy", lambda mime, size: True)  # e.g. two PDFs
+    monkeypatch.setattr(memory_gates, "is_heavy", lambda mime, size: True)  # e.g. two PDFs
     a = _admit(space, name="a.txt").job.id
     b = _admit(space, data=b"another note about tides " * 40, name="b.txt").job.id
     other: dict = {}
     real_retain = compilation._retain
 
     def other_worker():  # another worker process starting its own wave (see _materialize)
-        with gates.materialization_slot(True):
-            lease = gates.retained_artifact_gate().acquire(0, timeout=8)  # production: no timeout
+        with memory_gates.materialization_slot(True):
+            # production: no timeout
+            lease = memory_gates.retained_artifact_gate().acquire(0, timeout=8)
             other["admitted"] = lease is not None
             if lease:
                 lease.release()
@@ -57,7 +58,7 @@ def test_a_wave_never_waits_for_materialization_while_holding_retained_leases(
         if job_id == a and "thread" not in other:
             other["thread"] = threading.Thread(target=other_worker)
             other["thread"].start()
-            heavy = gates.MachineSemaphore(gates.MATERIALIZATION_HEAVY_GATE, 1)
+            heavy = memory_gates.MachineSemaphore(memory_gates.MATERIALIZATION_HEAVY_GATE, 1)
             while not heavy.snapshot()["waiters"]:  # it queues for the heavy lane we hold
                 time.sleep(0.01)
         return lease
@@ -269,8 +270,8 @@ def test_a_batch_hands_back_what_it_cannot_start_in_half_the_worker_timeout(spac
 
 
 def test_a_replace_racing_a_delete_admits_the_bytes_as_a_new_document(space, principal):
+    from ingestion import documents
     from ingestion.models import Document
-    from ingestion.services import documents
 
     first = _admit(space, name="a.txt")
     real = documents._replace

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document
 from ingestion.parsing import ParseError
 from ingestion.parsing.isolation import IsolationConfig, ParserTimeout, parse_isolated
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from tests.isolation_targets import MARKER
 from tests.pdf_fixtures import bc15_variants, processes_with, wait_gone
 

@@ -19,12 +19,12 @@ from reportlab.lib.utils import ImageReader
 from reportlab.pdfgen import canvas
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Table, TableStyle
 
+from ingestion.documents import admit_document, purge_documents
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact
 from ingestion.parsing import ParseError, parse_with_report
 from ingestion.parsing.ocr import parse_image
 from ingestion.services import compilation
 from ingestion.services.compilation import drain_queued
-from ingestion.services.documents import admit_document, purge_documents
 from knowledgefs import boundary, storage
 from retrieval.services import retrieve
 from tests import dify_fixtures

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, RunState
-from ingestion.services.documents import admit_document
 from retrieval.models import IndexVersion
 from spaces import profiles
 from spaces.models import SpaceProfile

@@ -16,9 +16,9 @@ from django.core.management import CommandError, call_command
 from django.db import IntegrityError, transaction
 from rest_framework.test import APIClient
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, DocumentState, RunState
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from knowledgefs.errors import InvalidInput
 from knowledgefs.runtime import DEFAULT_MODEL_ID, UnknownEmbeddingModel, get_embedding_model
 from retrieval import indexing

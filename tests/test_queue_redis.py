@@ -18,9 +18,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from django_q.models import OrmQ, Task
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from knowledgefs.queue_broker import parse_queue_broker, parse_queue_redis_url
 from tests.conftest import upload
 from tests.qcluster_process import QClusterProcess

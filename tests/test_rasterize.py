@@ -18,10 +18,10 @@ from PIL import Image
 from reportlab.lib.utils import ImageReader
 from reportlab.pdfgen import canvas
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document
 from ingestion.parsing import parse_with_report, rasterize
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from tests.pdf_fixtures import bc14_pdf, live_pids, png_bytes, require_ocr, wait_gone, write_stub
 
 INCH = 72

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from ingestion.services.documents import admit_document
+from ingestion.documents import admit_document
 from knowledgefs.errors import InvalidInput
 from retrieval import reasoning
 from retrieval.research import (

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from ingestion.availability import set_document_availability
+from ingestion.documents import admit_document
 from ingestion.models import Document
-from ingestion.services.availability import set_document_availability
-from ingestion.services.documents import admit_document
 from retrieval.research_tasks import tasks
 from retrieval.research_tasks.models import ResearchTask
 from spaces.services import create_api_key

@@ -20,7 +20,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from ingestion.services.documents import admit_document
+from ingestion.documents import admit_document
 from retrieval.research_tasks import dispatch, runner, service, tasks
 from retrieval.research_tasks.models import ResearchTask, ResearchTaskPartial
 from retrieval.research_tasks.planning import approx_tokens

@@ -7,9 +7,9 @@ import uuid
 import pytest
 
 from ingestion.chunking import canonical_text
+from ingestion.documents import admit_document
 from ingestion.models import Document, ParseArtifact
 from ingestion.parsing import Element
-from ingestion.services.documents import admit_document
 from knowledgefs.errors import InvalidInput
 from retrieval.backends import ScoredNode
 from retrieval.services import fuse, min_max, retrieve

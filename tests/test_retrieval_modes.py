@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from django.core.management import call_command
 
+from ingestion.documents import admit_document
 from ingestion.models import KnowledgeNode
-from ingestion.services.documents import admit_document
 from retrieval.planner import LEG_FLOOR, detect_language, plan
 from retrieval.services import DEEP_EXPANSION_FACTOR, retrieve
 from retrieval.text import keyword_terms, keyword_text

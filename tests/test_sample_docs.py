@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from ingestion.documents import admit_document
 from ingestion.models import Document, KnowledgeNode, ParseArtifact
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from retrieval.services import retrieve
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "sample-docs"

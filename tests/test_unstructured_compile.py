@@ -10,9 +10,9 @@ import zipfile
 
 import pytest
 
+from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact
 from ingestion.services import compilation
-from ingestion.services.documents import admit_document
 from knowledgefs.errors import InvalidInput
 from tests import test_unstructured_client
 

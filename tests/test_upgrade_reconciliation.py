@@ -143,7 +143,7 @@ def test_a_failing_document_waits_its_retry_delay_across_continuations(
 
 
 def test_a_stale_row_version_is_a_typed_conflict(space):
-    from ingestion.services.availability import (
+    from ingestion.availability import (
         StaleRowVersion,
         patch_document_metadata,
         set_document_availability,
@@ -431,7 +431,7 @@ def test_the_task_entry_points_run_the_services(two, django_capture_on_commit_ca
 def test_only_the_batch_documents_are_looked_up(space, settings):
     settings.KNOWLEDGE_UPGRADE_RECONCILE_BATCH_SIZE = 2
     for n in range(6):  # other documents of the space, never listed
-        from ingestion.services.documents import admit_document
+        from ingestion.documents import admit_document
 
         admit_document(space, filename=f"other{n}.txt", data=f"Other {n}.".encode(), enqueue=False)
     job, token = succeeded_job(space, [Legacy(f"{n}.txt", f"Mine {n}.") for n in range(3)])
@@ -539,7 +539,7 @@ def test_retrieval_is_refused_until_reconciled_on_the_api_and_the_cli(space, cli
         space, [Legacy("hidden.txt", "Lagoon secrets live here.", False), Legacy("b.txt", "Bay.")]
     )
     other = create_space(principal, name="Not an upgrade")
-    from ingestion.services.documents import admit_document
+    from ingestion.documents import admit_document
 
     admit_document(other, filename="l.txt", data=b"Lagoon secrets elsewhere.", enqueue=False)
     compile_all()

@@ -304,7 +304,7 @@ def test_a_processing_document_is_picked_again_after_a_crash():
     job = start([legacy_file("a.txt", TEXT_A, doc_id="d-1")])
     step(), step()
     # A worker admitted the file, then died before its checkpoint.
-    from ingestion.services.documents import admit_document
+    from ingestion.documents import admit_document
 
     admit_document(reload(job).space, filename="a.txt", data=TEXT_A)
     UpgradeDocument.objects.filter(job=job).update(status=DocumentStatus.PROCESSING)

@@ -1,4 +1,4 @@
-"""Upload admission against a real gunicorn on loopback (knowledgefs.admission, case BC-04).
+"""Upload admission against a real gunicorn on loopback (ingestion.upload_admission, case BC-04).
 
 Each test starts ``gunicorn knowledgefs.wsgi`` (one gthread worker, the product's settings over
 the test database, small limits and deadlines in its environment) and talks to it over raw
@@ -570,7 +570,7 @@ def test_out_of_range_admission_settings_stop_start_up(tmp_path, variables, mess
 def test_without_a_socket_the_idle_deadline_is_checked_between_reads(settings):
     """Outside gunicorn (no ``gunicorn.socket``) a read that took longer than the idle
     interval is refused once it returns."""
-    from knowledgefs.admission import DeadlineStream
+    from ingestion.upload_admission import DeadlineStream
     from knowledgefs.errors import RequestTimeout
 
     settings.KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS = 200
@@ -591,7 +591,7 @@ def test_without_a_socket_the_idle_deadline_is_checked_between_reads(settings):
 def test_the_gate_admits_in_arrival_order(settings):
     """A large upload at the head of the queue is not overtaken by a small one that would fit:
     both are admitted in arrival order once the holder leaves."""
-    from knowledgefs.admission import AdmissionGate
+    from ingestion.upload_admission import AdmissionGate
 
     settings.KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_CONCURRENCY = 3
     settings.KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES = 3 * MiB

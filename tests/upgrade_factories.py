@@ -1,6 +1,6 @@
 """Upgrade jobs for tests, built directly in the state the staged run leaves them in.
 
-Documents are real: admitted through :func:`ingestion.services.documents.admit_document` into a
+Documents are real: admitted through :func:`ingestion.documents.admit_document` into a
 real space (and compiled when a test queries them). :func:`succeeded_job` commits the job as the
 run does on success: ``succeeded`` together with the first reconciliation lease, in one
 transaction; publishing is the caller's business (a test may skip it: "interrupted before
@@ -17,8 +17,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from ingestion.documents import admit_document
 from ingestion.models import Document
-from ingestion.services.documents import admit_document
 from knowledgefs.errors import Conflict
 from upgrades.models import DocumentStatus, JobStage, JobStatus, UpgradeDocument, UpgradeJob
 

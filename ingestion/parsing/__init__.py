@@ -14,26 +14,22 @@ from __future__ import annotations
 import dataclasses
 
 from .archive import ArchiveRejected
-from .base import (
-    SUPPORTED_MIME_TYPES,
-    Asset,
-    ContentMismatch,
-    CorruptDocument,
-    Element,
-    EmptyDocument,
-    EncodingError,
-    EncryptedDocument,
-    ParseError,
-    ParseReport,
-    ProtectedDocument,
-    TooManyChunks,
-    UnsupportedType,
-    clean_text,
-)
+from .base import SUPPORTED_MIME_TYPES, Asset, Element, ParseReport, clean_text
 from .csv_parser import parse_csv
 from .docx_parser import parse_docx
 from .email_parser import parse_eml, parse_msg
 from .epub_parser import parse_epub
+from .errors import (
+    ContentMismatch,
+    CorruptDocument,
+    EmptyDocument,
+    EncodingError,
+    EncryptedDocument,
+    ParseError,
+    ProtectedDocument,
+    TooManyChunks,
+    UnsupportedType,
+)
 from .html_parser import parse_html
 from .markdown_parser import parse_markdown
 from .pdf_parser import parse_pdf

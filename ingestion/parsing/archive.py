@@ -16,7 +16,8 @@ its declared ``file_size`` and then checks the CRC, so a lying header cannot exp
 The thresholds for routing a container to the remote parser's heavy lane (seed deployment guide:
 "ZIP-backed remote formats become heavy when their admitted body exceeds 8 MiB or a bounded
 central-directory inspection identifies a large container ... more than 64 MiB of declared
-expanded content") are in :func:`is_heavy`.
+expanded content") are in :func:`is_heavy`. Parsers of ZIP-based formats admit their container
+with :func:`admit_zip` and read its images with :func:`zip_images`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import struct
 import zipfile
 from dataclasses import dataclass
 
-from .base import CorruptDocument, ParseError
+from .base import MAX_ASSETS, Asset, image_asset, image_mime_type
+from .errors import CorruptDocument, ParseError
 
 #: Default cap on entries in one container (a 300-slide deck has about 1,500).
 MAX_ENTRIES = 10_000
@@ -172,3 +174,46 @@ def is_heavy(summary: ZipSummary, body_bytes: int) -> bool:
         or summary.declared_bytes > HEAVY_EXPANDED_BYTES
         or summary.entries > HEAVY_ENTRIES
     )
+
+
+def admit_zip(data: bytes, label: str) -> ZipSummary:
+    """Admit a ZIP-based document through :func:`inspect_zip` before
+    its parser opens it (nothing is inflated).
+
+    Raises:
+        ArchiveRejected: (code ``archive_rejected``) ZIP64, multi-disk, too many entries or too
+            large when expanded.
+        CorruptDocument: ``"corrupt or unreadable <label>"`` when it is not a readable ZIP.
+    """
+    try:
+        return inspect_zip(data)
+    except ParseError as exc:
+        if not isinstance(exc, CorruptDocument):
+            raise  # ArchiveRejected
+        raise CorruptDocument(f"corrupt or unreadable {label}") from exc
+    except Exception as exc:  # noqa: BLE001 - e.g. zipfile's NotImplementedError ("zip file version")
+        raise CorruptDocument(f"corrupt or unreadable {label}") from exc
+
+
+def zip_images(data: bytes, names: list[str], cap: int = MAX_ASSETS) -> tuple[list[Asset], int]:
+    """Read the image entries ``names`` of an admitted ZIP as ``Asset(kind="image")`` objects.
+
+    Entries that are not images (by magic or suffix) or cannot be read are skipped. Returns
+    ``(assets, skipped_over_cap)``: at most ``cap`` assets, and how many further images there
+    were.
+    """
+    assets: list[Asset] = []
+    over = 0
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        for name in names:
+            if len(assets) >= cap:
+                over += 1
+                continue
+            try:
+                blob = zf.read(name)
+            except Exception:  # noqa: BLE001 - a damaged image must not sink the document
+                continue
+            mime = image_mime_type(blob, name)
+            if mime is not None and blob:
+                assets.append(image_asset(blob, mime, name))
+    return assets, over

@@ -1,4 +1,5 @@
-"""Shared types of the parsing package: elements, the parse report and the error hierarchy.
+"""Shared types of the parsing package: elements, assets, the parse report and the text and
+image helpers every parser uses. The error hierarchy is in :mod:`ingestion.parsing.errors`.
 
 Pure Python, no Django imports.
 """
@@ -133,93 +134,6 @@ class ParseReport:
     warnings: list[str] = field(default_factory=list)
 
 
-class ParseError(Exception):
-    """Base of every parsing/chunking failure.
-
-    Attributes:
-        code: stable machine-readable string (e.g. ``"corrupt_document"``).
-        message: human-readable explanation, safe to show to an API client.
-    """
-
-    code: str = "parse_error"
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        if code is not None:
-            self.code = code
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class EmptyDocument(ParseError):
-    """The uploaded file has no bytes at all."""
-
-    code = "empty_file"
-
-    def __init__(self, message: str = "empty file") -> None:
-        super().__init__(message)
-
-
-class UnsupportedType(ParseError):
-    """The content is of a type no parser handles; ``mime_type`` names the detected type."""
-
-    code = "unsupported_media_type"
-
-    def __init__(self, mime_type: str, message: str | None = None) -> None:
-        self.mime_type = mime_type
-        if message is None:
-            supported = ", ".join(SUPPORTED_MIME_TYPES)
-            message = f"unsupported media type {mime_type!r}; supported: {supported}"
-        super().__init__(message)
-
-
-class EncodingError(ParseError):
-    """Text bytes whose encoding cannot be determined (binary or random data)."""
-
-    code = "undetectable_encoding"
-
-    def __init__(self, message: str = "could not determine text encoding") -> None:
-        super().__init__(message)
-
-
-class CorruptDocument(ParseError):
-    """A damaged or unreadable file, e.g. ``"corrupt or unreadable PDF"``."""
-
-    code = "corrupt_document"
-
-
-class EncryptedDocument(ParseError):
-    """A PDF that needs a user password to open."""
-
-    code = "encrypted_document"
-
-    def __init__(self, message: str = "encrypted PDF, password required") -> None:
-        super().__init__(message)
-
-
-class ContentMismatch(UnsupportedType):
-    """The file name's extension names one binary format but the content is another known
-    format, e.g. ``"named .pdf but the content is a PNG image"`` (code ``content_mismatch``;
-    an upload answers 415). ``mime_type`` is the detected type."""
-
-    code = "content_mismatch"
-
-
-class ProtectedDocument(ParseError):
-    """A document whose content is encrypted by DRM (e.g. an EPUB with
-    ``META-INF/encryption.xml`` encrypting its content files); code ``drm_protected``."""
-
-    code = "drm_protected"
-
-
-class TooManyChunks(ParseError):
-    """The document would produce more chunks than the per-document cap."""
-
-    code = "too_many_chunks"
-
-
 _WS_RE = re.compile(r"\s+")
 # C0 controls except TAB and LF, DEL, stray U+FEFF and lone surrogates (which cannot be
 # stored as UTF-8); VT/FF become line breaks.
@@ -319,50 +233,3 @@ def image_asset(data: bytes, mime_type: str, name: str, page_number: int | None 
         width=width,
         height=height,
     )
-
-
-def admit_zip(data: bytes, label: str):  # -> archive.ZipSummary (imported lazily: no cycle)
-    """Admit a ZIP-based document through :func:`ingestion.parsing.archive.inspect_zip` before
-    its parser opens it (nothing is inflated).
-
-    Raises:
-        ArchiveRejected: (code ``archive_rejected``) ZIP64, multi-disk, too many entries or too
-            large when expanded.
-        CorruptDocument: ``"corrupt or unreadable <label>"`` when it is not a readable ZIP.
-    """
-    from .archive import inspect_zip
-
-    try:
-        return inspect_zip(data)
-    except ParseError as exc:
-        if not isinstance(exc, CorruptDocument):
-            raise  # ArchiveRejected
-        raise CorruptDocument(f"corrupt or unreadable {label}") from exc
-    except Exception as exc:  # noqa: BLE001 - e.g. zipfile's NotImplementedError ("zip file version")
-        raise CorruptDocument(f"corrupt or unreadable {label}") from exc
-
-
-def zip_images(data: bytes, names: list[str], cap: int = MAX_ASSETS) -> tuple[list[Asset], int]:
-    """Read the image entries ``names`` of an admitted ZIP as ``Asset(kind="image")`` objects.
-
-    Entries that are not images (by magic or suffix) or cannot be read are skipped. Returns
-    ``(assets, skipped_over_cap)``: at most ``cap`` assets, and how many further images there
-    were.
-    """
-    import zipfile
-
-    assets: list[Asset] = []
-    over = 0
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        for name in names:
-            if len(assets) >= cap:
-                over += 1
-                continue
-            try:
-                blob = zf.read(name)
-            except Exception:  # noqa: BLE001 - a damaged image must not sink the document
-                continue
-            mime = image_mime_type(blob, name)
-            if mime is not None and blob:
-                assets.append(image_asset(blob, mime, name))
-    return assets, over

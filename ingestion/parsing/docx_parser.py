@@ -10,16 +10,9 @@ from typing import Any
 import docx
 from docx.oxml.ns import qn
 
-from .base import (
-    MAX_ASSETS,
-    CorruptDocument,
-    Element,
-    ParseReport,
-    SectionStack,
-    admit_zip,
-    collapse_ws,
-    zip_images,
-)
+from .archive import admit_zip, zip_images
+from .base import MAX_ASSETS, Element, ParseReport, SectionStack, collapse_ws
+from .errors import CorruptDocument
 from .tables import render_table
 
 _CORRUPT = "corrupt or unreadable DOCX"
@@ -275,7 +268,7 @@ def _media_names(names: tuple[str, ...]) -> list[str]:
 def parse_docx(data: bytes) -> ParseReport:
     """Parse DOCX bytes into title/heading/paragraph/list/table elements and image assets.
 
-    The container passes :func:`~ingestion.parsing.base.admit_zip` first. Paragraph styles:
+    The container passes :func:`~ingestion.parsing.archive.admit_zip` first. Paragraph styles:
     "Title" -> ``"title"``, "Heading N" -> ``"heading"`` (level N, capped at 6);
     numbered/bulleted or "List*"-styled paragraphs are merged into one ``"list"`` element per
     run of consecutive items (lines ``"- item"``). Tables become one ``"table"`` element each

@@ -21,18 +21,9 @@ from typing import Any
 
 import olefile
 
-from .base import (
-    MAX_ASSETS,
-    Asset,
-    CorruptDocument,
-    Element,
-    ParseError,
-    ParseReport,
-    collapse_ws,
-    image_asset,
-    image_mime_type,
-)
+from .base import MAX_ASSETS, Asset, Element, ParseReport, collapse_ws, image_asset, image_mime_type
 from .encoding import decode_text, decode_text_report
+from .errors import CorruptDocument, ParseError
 from .text_parser import split_paragraphs
 
 _CORRUPT_EML = "corrupt or unreadable e-mail message (EML)"

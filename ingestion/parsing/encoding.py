@@ -34,7 +34,8 @@ from functools import lru_cache
 
 import charset_normalizer
 
-from .base import EncodingError, clean_text
+from .base import clean_text
+from .errors import EncodingError
 
 # Order matters: the UTF-32 LE BOM starts with the UTF-16 LE BOM.
 _BOMS: tuple[tuple[bytes, str], ...] = (

@@ -11,16 +11,9 @@ from urllib.parse import unquote
 
 from lxml import etree
 
-from .base import (
-    CorruptDocument,
-    Element,
-    ParseReport,
-    ProtectedDocument,
-    SectionStack,
-    admit_zip,
-    collapse_ws,
-    zip_images,
-)
+from .archive import admit_zip, zip_images
+from .base import Element, ParseReport, SectionStack, collapse_ws
+from .errors import CorruptDocument, ProtectedDocument
 from .html_parser import parse_html
 
 _CORRUPT = "corrupt or unreadable EPUB"

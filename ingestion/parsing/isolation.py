@@ -53,7 +53,8 @@ from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 
 from . import rasterize
-from .base import ParseError, ParseReport
+from .base import ParseReport
+from .errors import ParseError
 
 #: Modules the forkserver imports once, so each child starts with them loaded.
 PRELOAD = [

@@ -19,7 +19,8 @@ import warnings
 from PIL import Image, UnidentifiedImageError
 
 from . import rasterize
-from .base import CorruptDocument, Element, ParseError, ParseReport, clean_text
+from .base import Element, ParseReport, clean_text
+from .errors import CorruptDocument, ParseError
 from .text_parser import split_paragraphs
 
 #: Pillow formats accepted as image documents.

@@ -35,15 +35,8 @@ from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError
 
 from . import ocr, rasterize
-from .base import (
-    Asset,
-    CorruptDocument,
-    Element,
-    EncryptedDocument,
-    ParseError,
-    ParseReport,
-    clean_text,
-)
+from .base import Asset, Element, ParseReport, clean_text
+from .errors import CorruptDocument, EncryptedDocument, ParseError
 from .tables import render_table
 from .text_parser import split_paragraphs
 

@@ -10,17 +10,9 @@ from typing import Any
 import pptx
 from pptx.enum.shapes import MSO_SHAPE_TYPE, PP_PLACEHOLDER
 
-from .base import (
-    MAX_ASSETS,
-    Asset,
-    CorruptDocument,
-    Element,
-    ParseReport,
-    admit_zip,
-    collapse_ws,
-    image_asset,
-    image_mime_type,
-)
+from .archive import admit_zip
+from .base import MAX_ASSETS, Asset, Element, ParseReport, collapse_ws, image_asset, image_mime_type
+from .errors import CorruptDocument
 from .tables import render_table
 
 _CORRUPT = "corrupt or unreadable PPTX"

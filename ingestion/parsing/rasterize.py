@@ -33,7 +33,7 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from .base import ParseError
+from .errors import ParseError
 
 #: Pixels one rendered page may have (width x height). 25 million holds an A3 page at 300 DPI
 #: (3508 x 4961 = 17.4 M) and a US-letter page at 600 DPI (5100 x 6600 = 33.7 M is over, so

@@ -11,8 +11,9 @@ import filetype
 import olefile
 
 from .archive import ArchiveRejected, inspect_zip
-from .base import ContentMismatch, EmptyDocument, UnsupportedType, image_mime_type
+from .base import image_mime_type
 from .encoding import bom_encoding, guess_bomless_utf16
+from .errors import ContentMismatch, EmptyDocument, UnsupportedType
 
 PDF = "application/pdf"
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"

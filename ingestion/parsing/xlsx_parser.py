@@ -12,7 +12,9 @@ import openpyxl
 from lxml import etree
 from openpyxl.utils.cell import range_boundaries
 
-from .base import CorruptDocument, Element, admit_zip, collapse_ws
+from .archive import admit_zip
+from .base import Element, collapse_ws
+from .errors import CorruptDocument
 from .tables import render_table
 
 _CORRUPT = "corrupt or unreadable XLSX"

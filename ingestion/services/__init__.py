@@ -1,1 +1,2 @@
-"""Ingestion services: document admission (``documents``) and compilation (``compilation``)."""
+"""Ingestion compilation (``compilation``), plus re-exports for callers not yet moved
+(``documents``, ``availability``, ``reports`` now live in ``ingestion/``)."""

@@ -51,7 +51,8 @@ from django.db.models import Case, Count, F, Q, Sum, Value, When
 from django.db.models.functions import Cast, Length
 from django.utils import timezone
 
-from ingestion import gates, parsing, unstructured
+from ingestion import memory_gates as gates
+from ingestion import parsing, unstructured
 from ingestion.chunking import Chunk, chunk_elements
 from ingestion.models import (
     LIVE_RUN_STATES,
@@ -64,6 +65,7 @@ from ingestion.models import (
     Stage,
 )
 from ingestion.parsing.isolation import ParseCanceled
+from ingestion.retained_bytes import estimate_retained_bytes
 from knowledgefs import storage
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, NotFound
@@ -1331,7 +1333,7 @@ def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
         assets=assets,
         ocr_pages=list(report.ocr_pages),
         warnings=[w[:500] for w in report.warnings[:200]],
-        retained_bytes=gates.estimate_retained_bytes(
+        retained_bytes=estimate_retained_bytes(
             elements, settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES
         ),
     )

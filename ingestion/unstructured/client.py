@@ -44,7 +44,8 @@ from typing import Any
 import requests
 import urllib3
 
-from ingestion.parsing.base import EmptyDocument, ParseReport, UnsupportedType
+from ingestion.parsing.base import ParseReport
+from ingestion.parsing.errors import EmptyDocument, UnsupportedType
 from knowledgefs.dify.http import sanitize_message
 from knowledgefs.http_deadline import Deadline, Guard, GuardedAdapter, current, exception_cause
 

@@ -9,7 +9,7 @@ setting or the HTTP status, never the API key or a document's content.
 
 from __future__ import annotations
 
-from ingestion.parsing.base import ParseError
+from ingestion.parsing.errors import ParseError
 
 
 class UnstructuredError(ParseError):

@@ -286,7 +286,7 @@ def _spaces() -> None:
 
 
 def _documents() -> None:
-    from ingestion.serializers import DocumentSerializer, JobSerializer
+    from ingestion.api.serializers import DocumentSerializer, JobSerializer
 
     admitted = inline_serializer(
         name="DocumentAdmission",

@@ -57,12 +57,12 @@ from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
-from ingestion.models import Document
-from ingestion.services.availability import (
+from ingestion.availability import (
     patch_document_metadata,
     set_document_availability,
     validate_metadata_patch,
 )
+from ingestion.models import Document
 from knowledgefs.errors import Conflict, NotFound, ServiceError
 from upgrades.models import DocumentStatus, JobStatus, UpgradeDocument, UpgradeJob
 

@@ -296,8 +296,8 @@ def _admit(job: UpgradeJob, document: UpgradeDocument) -> Admitted:
     """Read the legacy bytes through the storage boundary and admit them into the new space
     (the upload admission path: filename, size, type sniffing, sha256 dedupe, compilation
     queued). The same bytes already in the space link to that document (``deduplicated``)."""
+    from ingestion.documents import admit_document
     from ingestion.models import CompilationJob
-    from ingestion.services.documents import admit_document
 
     if not document.source_key:
         raise DocumentFailure("missing_file_reference", "the document has no storage key")

@@ -118,7 +118,7 @@ def _check_metadata(index: int, document: dict) -> None:
     """Refuse metadata reconciliation would refuse (400 ``invalid_metadata``): the same
     :func:`ingestion.services.availability.validate_metadata_patch` rules, per key so the
     error names it."""
-    from ingestion.services.availability import validate_metadata_patch
+    from ingestion.availability import validate_metadata_patch
 
     for key, value in document["metadata"].items():
         try:

@@ -11,9 +11,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from tqdm import tqdm
 
+from ingestion import documents, reports
+from ingestion.api.serializers import JobSerializer
 from ingestion.models import Document, DocumentState
-from ingestion.serializers import JobSerializer
-from ingestion.services import compilation, documents, reports
+from ingestion.services import compilation
 from knowledgefs import downgrades
 from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message

@@ -44,8 +44,14 @@ from typing import Any
 
 from django.conf import settings
 
-from .errors import InvalidInput, LengthRequired, PayloadTooLarge, RequestTimeout, TooManyRequests
-from .uploads import upload_limit_message
+from knowledgefs.errors import (
+    InvalidInput,
+    LengthRequired,
+    PayloadTooLarge,
+    RequestTimeout,
+    TooManyRequests,
+)
+from knowledgefs.uploads import upload_limit_message
 
 #: Each admitted request reserves this many times its envelope: the stream chunks, the parsed
 #: part (memory or temporary file) and the ``read()`` copy handed to the service (seed guide).

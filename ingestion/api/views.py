@@ -8,7 +8,9 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from knowledgefs.admission import BufferedUploadAdmissionMixin
+from ingestion import availability, documents, reports
+from ingestion.services import compilation
+from ingestion.upload_admission import BufferedUploadAdmissionMixin
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
@@ -16,7 +18,6 @@ from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
 from .serializers import DocumentSerializer, JobSerializer
-from .services import availability, compilation, documents, reports
 
 
 class DocumentListView(BufferedUploadAdmissionMixin, APIView):

@@ -1,0 +1,392 @@
+"""Document admission, listing and deletion.
+
+Admission checks everything before any byte is stored: filename, size
+(``KNOWLEDGE_UPLOAD_MAX_BYTES``), type sniffed from content, duplicate content in the space.
+Then one transaction writes the document and its compilation job; the object is written first
+and deleted again if the transaction fails, so nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import unicodedata
+import uuid
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+
+from ingestion import parsing
+from ingestion.models import (
+    LIVE_RUN_STATES,
+    CompilationJob,
+    Document,
+    DocumentState,
+    KnowledgeNode,
+    ParseArtifact,
+    RunState,
+    Stage,
+)
+from knowledgefs import storage
+from knowledgefs.db import lock_for_update
+from knowledgefs.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from knowledgefs.errors import UnsupportedMediaType as UnsupportedMediaTypeError
+from knowledgefs.uploads import upload_limit_message
+from spaces.models import KnowledgeSpace
+from spaces.services import Principal, get_space
+
+logger = logging.getLogger("knowledgefs.documents")
+
+MAX_FILENAME_CHARS = 512
+DUPLICATE_POLICIES = ("reject", "replace")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The result of admitting a file: the document, its new job, and whether it is new."""
+
+    document: Document
+    job: CompilationJob
+    created: bool
+
+
+def validate_filename(filename: str) -> str:
+    """Return the filename unchanged if it can be shown and stored as metadata.
+
+    Path separators, ``..``, spaces and any script are fine (the name never becomes a path).
+    Refused with 400 ``invalid_filename``: empty names, names over 512 characters, and names with
+    control characters (the message names the code point, e.g. ``U+0000``).
+    """
+    if not filename or not filename.strip():
+        raise InvalidInput("filename is empty", code="invalid_filename")
+    if len(filename) > MAX_FILENAME_CHARS:
+        raise InvalidInput(
+            f"filename is {len(filename)} characters; the limit is {MAX_FILENAME_CHARS}",
+            code="invalid_filename",
+        )
+    for char in filename:
+        category = unicodedata.category(char)
+        if category in ("Cc", "Cs") or char in "\u2028\u2029":
+            raise InvalidInput(
+                f"filename contains the control character U+{ord(char):04X}; rename the file",
+                code="invalid_filename",
+            )
+    return filename
+
+
+def storage_key_for(space: KnowledgeSpace, document_id: uuid.UUID) -> str:
+    """Object key of a document's source bytes: ids only, never the filename."""
+    return f"tenants/{space.tenant_id}/spaces/{space.id}/documents/{document_id}/source"
+
+
+def admit_document(
+    space: KnowledgeSpace,
+    *,
+    filename: str,
+    data: bytes,
+    on_duplicate: str = "reject",
+    metadata: dict | None = None,
+    enqueue: bool = True,
+) -> Admission:
+    """Store a file in ``space`` and queue its compilation; returns an :class:`Admission`.
+
+    Errors (nothing is stored when any is raised): 400 ``invalid_filename``, 400 ``empty_file``, 413
+    ``file_too_large`` (names the limit), 415 ``unsupported_media_type`` (lists the supported types)
+    or ``content_mismatch`` (the extension names another binary format than the content, e.g. "named
+    .pdf but the content is a PNG image"), 400 ``archive_rejected`` (a ZIP-based file refused by the
+    central-directory inspection: ZIP64, too many entries, too large when expanded), 409
+    ``duplicate_document`` with the existing id in ``details`` when the same bytes are already in
+    the space and ``on_duplicate`` is ``"reject"``, 409 ``space_setup_required`` or
+    ``space_validation_failed`` when the space's profile is not usable (a space
+    ``pending-validation`` is admitted: its compilation validates it). With ``"replace"`` the
+    existing document takes the new filename and is compiled again (it stays one document).
+    ``enqueue=False`` leaves the job queued in the database without a queue message, for callers
+    that compile in-process (:func:`ingestion.services.compilation.drain_queued`).
+
+    A failing object storage raises its :class:`~knowledgefs.dify.errors.ObjectStorageError`
+    (the API answers 503 ``storage_unavailable``, 413 ``file_too_large`` or 502
+    ``storage_error``); the object is deleted again first (best effort), so no object is left
+    without its document.
+    """
+    validate_filename(filename)
+    if on_duplicate not in DUPLICATE_POLICIES:
+        raise InvalidInput(
+            f"on_duplicate must be one of {', '.join(DUPLICATE_POLICIES)}",
+            code="invalid_on_duplicate",
+        )
+    if not data:
+        raise InvalidInput("the file is empty (0 bytes)", code="empty_file")
+    limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
+    if len(data) > limit:
+        raise PayloadTooLarge(upload_limit_message(limit))
+    try:
+        mime_type = parsing.sniff_mime_type(data, filename)
+    except parsing.UnsupportedType as exc:
+        # unsupported_media_type, or content_mismatch (a .pdf/.docx/... name on other content)
+        raise UnsupportedMediaTypeError(
+            exc.message,
+            code=exc.code,
+            details={"supported": supported_types(), "detected": exc.mime_type},
+        ) from exc
+    except parsing.ParseError as exc:
+        raise InvalidInput(exc.message, code=exc.code) from exc
+    sha256 = hashlib.sha256(data).hexdigest()
+    _freeze_embedding_model(space)
+
+    existing = Document.objects.filter(space=space, sha256=sha256).first()
+    if existing is not None:
+        if on_duplicate == "reject":
+            raise _duplicate(existing)
+        replaced = _replace(existing, filename=filename, enqueue=enqueue)
+        if replaced is not None:
+            return replaced
+        # The document was deleted since we found it: admit the bytes as a new document.
+
+    document_id = uuid.uuid4()
+    key = storage_key_for(space, document_id)
+    try:
+        # Inside the try: a PUT that fails after Dify stored the bytes (the answer dropped or
+        # late, a timeout) must not leave an object no document row points at.
+        storage.put_object(key, data)
+        with transaction.atomic():
+            document = Document.objects.create(
+                id=document_id,
+                tenant_id=space.tenant_id,
+                space=space,
+                filename=filename,
+                mime_type=mime_type,
+                size_bytes=len(data),
+                sha256=sha256,
+                storage_key=key,
+                metadata=metadata or {},
+            )
+            job = _new_job(document, enqueue=enqueue)
+    except IntegrityError:
+        _discard_object(key, document_id)
+        # A concurrent upload of the same bytes won the unique (space, sha256) race.
+        winner = Document.objects.filter(space=space, sha256=sha256).first()
+        if winner is None:
+            raise
+        if on_duplicate == "reject":
+            raise _duplicate(winner) from None
+        replaced = _replace(winner, filename=filename, enqueue=enqueue)
+        if replaced is None:
+            raise Conflict(
+                "a concurrent upload and deletion of the same content raced; send it again",
+                code="concurrent_change",
+            ) from None
+        return replaced
+    except BaseException:
+        _discard_object(key, document_id)
+        raise
+    return Admission(document=document, job=job, created=True)
+
+
+def _discard_object(key: str, document_id: uuid.UUID) -> None:
+    """Best effort: delete the object of an admission that failed, never masking its error.
+
+    A failure here is logged with the document id and the storage's error code only (no key,
+    no bytes, no Dify message). A PUT Dify is still processing when this DELETE arrives can
+    still store its object afterwards; nothing here can see that.
+    """
+    try:
+        storage.delete_object(key)
+    except Exception as exc:  # noqa: BLE001 - the admission's own error is the one to raise
+        logger.warning(
+            "could not delete the object of failed upload %s: %s",
+            document_id,
+            getattr(exc, "code", type(exc).__name__),
+        )
+
+
+def supported_types() -> list[str]:
+    return sorted(parsing.SUPPORTED_MIME_TYPES)
+
+
+def _duplicate(existing: Document) -> Conflict:
+    return Conflict(
+        f"the same file content is already in this knowledge space as document {existing.id} "
+        f"({existing.filename!r}); pass on_duplicate=replace to replace it",
+        code="duplicate_document",
+        details={"existing_document_id": str(existing.id)},
+    )
+
+
+def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission | None:
+    """Recompile ``existing`` under ``filename``; ``None`` if it was deleted meanwhile."""
+    from ingestion.services.compilation import supersede_live_jobs
+
+    with transaction.atomic():
+        document = lock_for_update(Document.objects.filter(id=existing.id)).first()
+        if document is None:
+            return None
+        supersede_live_jobs(document)
+        document.filename = filename
+        if document.active_generation is None:
+            document.state = DocumentState.QUEUED
+        document.error_code = ""
+        document.error_message = ""
+        document.save(
+            update_fields=["filename", "state", "error_code", "error_message", "updated_at"]
+        )
+        job = _new_job(document, enqueue=enqueue)
+    return Admission(document=document, job=job, created=False)
+
+
+def _new_job(document: Document, *, enqueue: bool) -> CompilationJob:
+    from ingestion.services.compilation import enqueue_on_commit
+
+    job = CompilationJob.objects.create(
+        tenant_id=document.tenant_id, space_id=document.space_id, document=document
+    )
+    if enqueue:
+        enqueue_on_commit(job.id)
+    return job
+
+
+def _freeze_embedding_model(space: KnowledgeSpace) -> None:
+    """Check the space's readiness and freeze its embedding profile (a latch) at its first
+    admission (:func:`spaces.profiles.freeze_for_admission`).
+
+    409 ``space_setup_required`` or ``space_validation_failed`` refuse the upload before
+    anything is stored. A ready space gets its index version 1 (its profile's model) now; a
+    space pending validation gets it from the preflight its first compilation runs. Later model
+    changes go through :func:`retrieval.indexing.change_embedding_model`, never an upload.
+    """
+    from spaces.profiles import freeze_for_admission
+
+    freeze_for_admission(space)
+    space.refresh_from_db(fields=["embedding_model_id", "embedding_dimension"])
+
+
+def documents_in(space: KnowledgeSpace) -> QuerySet[Document]:
+    """Documents of a space, newest first."""
+    return Document.objects.filter(space=space).order_by("-created_at", "-id")
+
+
+def get_document(principal: Principal, space_id, document_id) -> Document:
+    """A document of a space the principal can reach, else 404 ``document_not_found``."""
+    space = get_space(principal, space_id)
+    try:
+        doc_uuid = uuid.UUID(str(document_id))
+    except ValueError:
+        raise NotFound("document not found", code="document_not_found") from None
+    document = Document.objects.filter(id=doc_uuid, space=space).first()
+    if document is None:
+        raise NotFound("document not found", code="document_not_found")
+    return document
+
+
+MAX_TEXT_SLICE = 1_000_000
+
+
+def published_text(
+    principal: Principal, space_id, document_id, *, start: int = 0, end: int | None = None
+) -> dict:
+    """The published canonical text of a document, or a slice of it, for checking citations.
+
+    Citation offsets are half-open code-point offsets into this text. Returns ``{"document_id",
+    "length", "start", "end", "text"}``; at most 1,000,000 characters per call. Raises 409
+    ``document_disabled`` for a disabled document (a disabled document is never served: enable
+    it first; its metadata stays readable on the document routes), 409
+    ``document_not_published`` before the first publication and 400 ``invalid_range``.
+    """
+    from ingestion.chunking import canonical_text
+    from ingestion.parsing import Element
+
+    document = get_document(principal, space_id, document_id)
+    if not document.enabled:
+        raise Conflict(
+            "the document is disabled and its content is not served; enable it first "
+            "(PATCH the document with enabled: true)",
+            code="document_disabled",
+        )
+    if document.active_generation is None:
+        raise Conflict("the document has no published version yet", code="document_not_published")
+    artifact = ParseArtifact.objects.get(job_id=document.active_generation)
+    elements = [
+        Element(**{**e, "section_path": tuple(e["section_path"])}) for e in artifact.elements
+    ]
+    text, _ = canonical_text(elements)
+    end = len(text) if end is None else end
+    if not 0 <= start <= end <= len(text) or end - start > MAX_TEXT_SLICE:
+        raise InvalidInput(
+            f"start and end must satisfy 0 <= start <= end <= {len(text)} and cover at most "
+            f"{MAX_TEXT_SLICE} characters",
+            code="invalid_range",
+        )
+    return {
+        "document_id": str(document.id),
+        "length": len(text),
+        "start": start,
+        "end": end,
+        "text": text[start:end],
+    }
+
+
+def get_job(principal: Principal, job_id) -> CompilationJob:
+    """A compilation job in a space the principal can reach, else 404 ``job_not_found``."""
+    try:
+        job_uuid = uuid.UUID(str(job_id))
+    except ValueError:
+        raise NotFound("job not found", code="job_not_found") from None
+    # The caller's scope is part of the query, so an out-of-scope job is never loaded.
+    jobs = CompilationJob.objects.select_related("document").filter(
+        id=job_uuid, tenant_id=principal.tenant_id
+    )
+    if principal.space_ids is not None:
+        jobs = jobs.filter(space_id__in=principal.space_ids)
+    job = jobs.first()
+    if job is None:
+        raise NotFound("job not found", code="job_not_found")
+    return job
+
+
+def delete_document(principal: Principal, space_id, document_id) -> None:
+    """Delete a document: its jobs stop counting, its nodes leave every index, its bytes go."""
+    document = get_document(principal, space_id, document_id)
+    purge_documents(Document.objects.filter(id=document.id))
+
+
+def purge_documents(documents: QuerySet[Document]) -> int:
+    """Delete documents with their stored objects, nodes and projections; returns the count.
+
+    Document by document, the stored objects go first (the images its parse artifacts
+    reference, then the source: one DELETE each; a missing object counts as deleted), then the
+    rows in one transaction: its live jobs are canceled (a worker still holding one loses its
+    lease and writes nothing more), its nodes leave every index, and the space's publication
+    head moves so that cached indexes are rebuilt. When the storage fails,
+    its error (an ``OSError``; under Dify an :class:`~knowledgefs.dify.errors.ObjectStorageError`,
+    answered 503 ``storage_unavailable`` when a retry may succeed) is raised with that document's
+    rows and every later document intact, so the same delete can simply be sent again; nothing
+    is left with rows gone and its object kept.
+    """
+    from ingestion.services.compilation import advance_publication_head
+    from retrieval.backends import get_search_backend
+
+    backend = get_search_backend()
+    deleted = 0
+    for document in documents.only("id", "storage_key", "space_id"):
+        # Its parse artifacts' images first (they are only reachable through these rows).
+        for assets in ParseArtifact.objects.filter(document=document).values_list(
+            "assets", flat=True
+        ):
+            for asset in assets or []:
+                storage.delete_object(asset["key"])
+        storage.delete_object(document.storage_key)
+        with transaction.atomic():
+            # Lock order everywhere: the document row first, then its jobs.
+            if not lock_for_update(Document.objects.filter(id=document.id)).exists():
+                continue
+            CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES).update(
+                run_state=RunState.CANCELED, stage=Stage.CANCELED, lease_token=None
+            )
+            backend.delete_nodes(
+                list(KnowledgeNode.objects.filter(document=document).values_list("id", flat=True))
+            )
+            document.delete()
+            advance_publication_head(document.space_id)
+        deleted += 1
+    return deleted
