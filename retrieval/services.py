@@ -42,14 +42,11 @@ from spaces.models import KnowledgeSpace, PublicationHead
 
 from .backends import ScoredNode, get_search_backend
 from .models import IndexState, IndexVersion
-from .planner import LEG_FLOOR
+from .planner import FUSION_MULTIPLIER, LEG_FLOOR, RECALL_MULTIPLIER  # noqa: F401
 
 MODES = ("fast", "deep", "research", "auto")
 CONCRETE_MODES = ("fast", "deep", "research")
 LEGS = ("dense", "keyword")
-RECALL_MULTIPLIER = {"fast": 1, "deep": 5, "research": 10}
-# Rerank candidates: min(top_k × FUSION_MULTIPLIER, RETRIEVAL_MAX_TOP_K).
-FUSION_MULTIPLIER = {"fast": 1, "deep": 3, "research": 5}
 PROFILE = object()  # a ``score_threshold`` left to the space's retrieval profile
 # Each leg fetches at least this many candidates (capped at 100): min-max normalisation over a
 # handful of hits is unstable, and an exact keyword match missing from a short dense list would
