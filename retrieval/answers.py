@@ -1,7 +1,7 @@
 """Cited answers: retrieval → evidence bundle → generation → citation normalisation → events.
 
 :func:`start` does everything that can refuse a request before any byte of an answer is sent:
-it validates, retrieves through :func:`retrieval.services.retrieve`, packs the evidence
+it validates, retrieves through :func:`retrieval.modes.retrieve`, packs the evidence
 (:mod:`retrieval.evidence`), sets the answerability state and writes the :class:`AnswerTrace`
 row (``completed=False``). Its errors are ordinary :class:`~knowledgefs.errors.ServiceError`
 values (400/404/409/503 JSON). :func:`events` then generates the answer and yields
@@ -53,7 +53,8 @@ from knowledgefs.errors import InvalidInput, ServiceError
 
 from . import evidence as ev
 from .models import AnswerTrace
-from .services import CONCRETE_MODES, MODES, PROFILE, retrieve
+from .modes import PROFILE, retrieve
+from .recall import CONCRETE_MODES, MODES
 
 logger = logging.getLogger("knowledgefs.answers")
 
@@ -116,7 +117,7 @@ def parse_body(body) -> dict:
 
     400 ``invalid_request`` (not an object), ``invalid_space_id`` (missing or not a string),
     ``invalid_query`` (not a string of 1–16,000 characters), ``invalid_mode``; ``top_k`` and
-    ``score_threshold`` are checked by :func:`retrieval.services.retrieve` (``invalid_top_k``,
+    ``score_threshold`` are checked by :func:`retrieval.modes.retrieve` (``invalid_top_k``,
     ``invalid_score_threshold``).
     """
     if not hasattr(body, "get"):
@@ -207,7 +208,7 @@ def start(
 ) -> AnswerRun:
     """Retrieve and pack the evidence of one answer and write its trace (``completed=False``).
 
-    Raises what :func:`retrieval.services.retrieve` raises (400 ``invalid_*``, 409
+    Raises what :func:`retrieval.modes.retrieve` raises (400 ``invalid_*``, 409
     ``space_*``, 503 ``embedding_model_unavailable``…); a failure after validation (409/503) is
     recorded as a completed trace with a failed ``query.retrieve`` step first, and the error
     carries ``trace_id`` so the view can send ``X-Query-Run-Id``.

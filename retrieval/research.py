@@ -394,7 +394,7 @@ def run_research(
     deadline_s: float | None = None,
     max_model_calls: int | None = None,
 ):
-    """Return a :class:`retrieval.services.RetrievalResult` with ``mode="research"``.
+    """Return a :class:`retrieval.recall.RetrievalResult` with ``mode="research"``.
 
     ``result.metrics`` carries ``research_model_calls`` (calls this run counts against its
     budget, reused ones included), ``research_model_calls_reused`` (taken from ``checkpoint``),
@@ -419,7 +419,7 @@ def run_research(
     from spaces.profiles import require_ready
 
     from . import filters as filtering
-    from .services import validate_request
+    from .recall import validate_request
 
     query, top_k, score_threshold, _ = validate_request(query, top_k, score_threshold, "research")
     filters = filtering.parse(filters)  # 400 before any model call
@@ -507,11 +507,11 @@ class _Retrieval:
 
     def run(self):
         from . import filters as filtering
-        from .services import _rerank_selection, resolve_snapshot
+        from .recall import rerank_selection, resolve_snapshot
 
         run = self.run_
         self.snapshot = resolve_snapshot(run.space)
-        self.rerank = _rerank_selection(run.profile)
+        self.rerank = rerank_selection(run.profile)
         self.allowed = filtering.resolve(run.space, self.filters)
         allowed = self.allowed
         t0 = time.perf_counter()
@@ -549,7 +549,7 @@ class _Retrieval:
         """Embed ``queries`` in one batch, run both legs for each at Research depth within the
         resolved filter, and fuse each query's legs (Fast's min-max fusion). ``record`` adds the
         ``embed``, ``dense`` and ``keyword`` stages (counts and times summed over queries)."""
-        from .services import LEGS, embed_queries, fuse, recall
+        from .recall import LEGS, embed_queries, fuse, recall
 
         run = self.run_
         nothing_allowed = self.allowed is not None and not self.allowed.document_ids
@@ -597,7 +597,7 @@ class _Retrieval:
     def _rerank_new(self, ids: list[uuid.UUID], *, record: bool = True) -> None:
         """Rerank the candidates of ``ids`` not reranked yet, in one call (none without a
         reranker); their scores join :attr:`reranked`. ``record`` adds the ``rerank`` stage."""
-        from .services import _nodes, _rerank
+        from .recall import load_nodes, rerank
 
         t0 = time.perf_counter()
         new = [i for i in ids if i not in self.reranked]
@@ -605,9 +605,9 @@ class _Retrieval:
             if record:
                 self.run_.stage("rerank", "skipped", 0, t0)
             return
-        self.nodes.update(_nodes([i for i in new if i not in self.nodes]))
+        self.nodes.update(load_nodes([i for i in new if i not in self.nodes]))
         pool = [(i, 0.0, {}) for i in new if i in self.nodes]
-        ranked = _rerank(self.run_.space, self.rerank, self.query, pool, self.nodes)
+        ranked = rerank(self.run_.space, self.rerank, self.query, pool, self.nodes)
         for node_id, score, _ in ranked:
             self.reranked[node_id] = score
         self.rerank_calls += 1
@@ -646,14 +646,14 @@ class _Retrieval:
     # -- judge and supplemental round ------------------------------------------------------------
 
     def _judge_and_supplement(self, final: Ranked, filtered: int) -> tuple[Ranked, int]:
-        from .services import _nodes
+        from .recall import load_nodes
 
         run = self.run_
         run.poll()
         t0 = time.perf_counter()
         top = final[:JUDGE_MAX_ITEMS]
         missing = [n for n, _, _ in top if n not in self.nodes]
-        self.nodes.update(_nodes(missing))
+        self.nodes.update(load_nodes(missing))
         texts = [self.nodes[n].text[:JUDGE_MAX_ITEM_CHARS] for n, _, _ in top if n in self.nodes]
         output = run.call("judge", self.selection, _judge_prompt(self.query, self.plan, texts))
         failed = run.checkpoint.get("judge", {}).get("status") == "failed"
@@ -701,13 +701,13 @@ class _Retrieval:
         """Durable runs: write this round's evidence (its ranked, hydrated items and a few
         counts) into the checkpoint at ``rounds[round - 1]`` and save it, so a task can show
         it as partial evidence before the run ends. A resumed run redoing a round rewrites it."""
-        from .services import RetrievalResult, _nodes
+        from .recall import RetrievalResult, load_nodes
 
         run = self.run_
         if run.save is None:
             return
         missing = [n for n, _, _ in final if n not in self.nodes]
-        self.nodes.update(_nodes(missing))
+        self.nodes.update(load_nodes(missing))
         items = self._items(final)
         body = RetrievalResult(mode="research", items=items).as_dict()
         evidence = {
@@ -727,15 +727,15 @@ class _Retrieval:
         run.persist()
 
     def _items(self, final: Ranked):
-        from .services import _hydrate
+        from .recall import hydrate
 
         nodes = {n: self.nodes[n] for n, _, _ in final if n in self.nodes}
-        return _hydrate(final, nodes if len(nodes) == len(final) else None)
+        return hydrate(final, nodes if len(nodes) == len(final) else None)
 
     # -- result ----------------------------------------------------------------------------------
 
     def _result(self, final: Ranked, filtered: int):
-        from .services import RetrievalResult
+        from .recall import RetrievalResult
 
         run = self.run_
         items = self._items(final)
