@@ -9,6 +9,10 @@ worker writes each event as the generator yields it).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+
+from django.conf import settings
 from django.http import StreamingHttpResponse
 from rest_framework.exceptions import NotAcceptable
 from rest_framework.renderers import JSONRenderer
@@ -16,15 +20,64 @@ from rest_framework.response import Response
 from rest_framework.utils.mediatypes import media_type_matches
 
 from knowledgefs.auth.operations import Operation, child, space_from
-from knowledgefs.errors import ServiceError
+from knowledgefs.errors import InvalidInput, ServiceError
 from spaces.services import get_space
 
 from . import answers
 from .api import RouteView, refuse_unknown_members
+from .modes import PROFILE
+from .recall import MODES
 
 QUERY_MEMBERS = ("space_id", "query", "mode", "top_k", "filters", "score_threshold")
 # What the route produces: the stream on success, JSON for every refusal before it.
 PRODUCES = ("text/event-stream", "application/json")
+
+
+def parse_body(body) -> dict:
+    """Check the shape of a ``POST /v1/queries`` body; returns ``{space_id, query, mode, top_k,
+    score_threshold, filters}`` (left-out values ``None``, ``score_threshold`` :data:`PROFILE`).
+
+    400 ``invalid_request`` (not an object), ``invalid_space_id`` (missing or not a string),
+    ``invalid_query`` (not a string of 1–16,000 characters), ``invalid_mode``; ``top_k`` and
+    ``score_threshold`` are checked by :func:`retrieval.modes.retrieve` (``invalid_top_k``,
+    ``invalid_score_threshold``).
+    """
+    if not hasattr(body, "get"):
+        raise InvalidInput("body must be a JSON object", code="invalid_request")
+    space_id = body.get("space_id")
+    if not isinstance(space_id, str) or not space_id.strip():
+        raise InvalidInput("space_id is required (a knowledge space id)", code="invalid_space_id")
+    query = body.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInput("query must be a non-empty string", code="invalid_query")
+    if len(query) > settings.RETRIEVAL_MAX_QUERY_CHARS:
+        raise InvalidInput(
+            f"query is {len(query)} characters; the limit is {settings.RETRIEVAL_MAX_QUERY_CHARS}",
+            code="invalid_query",
+        )
+    mode = body.get("mode")
+    if mode is not None and mode not in MODES:
+        raise InvalidInput(f"mode must be one of: {', '.join(MODES)}", code="invalid_mode")
+    return {
+        "space_id": space_id,
+        "query": query,
+        "mode": mode,
+        "top_k": body.get("top_k"),
+        "score_threshold": body.get("score_threshold", PROFILE),
+        "filters": body.get("filters"),
+    }
+
+
+def sse(run: answers.AnswerRun) -> Iterator[bytes]:
+    """:func:`retrieval.answers.events` as ``text/event-stream`` bytes (``event:`` and one
+    ``data:`` JSON line)."""
+    stream = answers.events(run)
+    try:
+        for name, payload in stream:
+            data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+            yield f"event: {name}\ndata: {data}\n\n".encode()
+    finally:
+        stream.close()  # a client that went away completes the trace now
 
 
 class QueryView(RouteView):
@@ -53,7 +106,7 @@ class QueryView(RouteView):
         ``answer.error``; header ``X-Query-Run-Id`` (the answer trace id)."""
         if isinstance(request.data, dict):
             refuse_unknown_members(request.data, QUERY_MEMBERS, "query")
-        params = answers.parse_body(request.data)
+        params = parse_body(request.data)
         space = get_space(request.user, params["space_id"])
         try:
             run = answers.start(
@@ -72,7 +125,7 @@ class QueryView(RouteView):
             if trace_id:
                 headers["X-Query-Run-Id"] = trace_id
             return Response(exc.as_dict(), status=exc.status, headers=headers)
-        response = StreamingHttpResponse(answers.sse(run), content_type="text/event-stream")
+        response = StreamingHttpResponse(sse(run), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # a proxy in front must not buffer the events
         response["X-Query-Run-Id"] = run.trace_id
