@@ -19,8 +19,9 @@ from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
 from ingestion.services.documents import admit_document
-from retrieval import answer_api, answers
+from retrieval import answers
 from retrieval import evidence as ev
+from retrieval.api import answers as answer_api
 from retrieval.models import AnswerTrace
 from spaces.services import Principal, create_api_key, create_space
 from tests import dify_fixtures

@@ -5,7 +5,7 @@ it validates, retrieves through :func:`retrieval.modes.retrieve`, packs the evid
 (:mod:`retrieval.evidence`), sets the answerability state and writes the :class:`AnswerTrace`
 row (``completed=False``). Its errors are ordinary :class:`~knowledgefs.errors.ServiceError`
 values (400/404/409/503 JSON). :func:`events` then generates the answer and yields
-``(event, payload)`` pairs; the API's ``sse`` (:mod:`retrieval.answer_api`) encodes them as
+``(event, payload)`` pairs; the API's ``sse`` (:mod:`retrieval.api.answers`) encodes them as
 ``text/event-stream``.
 
 Generation (docs/retrieval.md, "Answers"):

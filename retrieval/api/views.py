@@ -14,9 +14,9 @@ from knowledgefs.errors import InvalidInput
 from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
-from . import golden
-from .modes import PROFILE, retrieve
-from .recall import CONCRETE_MODES
+from .. import golden
+from ..modes import PROFILE, retrieve
+from ..recall import CONCRETE_MODES
 
 BODY_MEMBERS = ("query", "mode", "top_k", "score_threshold", "filters", "include_text")
 
