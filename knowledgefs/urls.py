@@ -4,9 +4,6 @@ probes, and Django admin."""
 from django.contrib import admin
 from django.urls import include, path
 
-from retrieval.answer_api import QueryTraceView, QueryView
-from retrieval.api import GoldenQuestionDetailView, GoldenQuestionListView, RetrievalTestView
-from retrieval.research_tasks import api as research_task_api
 from spaces.api import (
     EmbeddingProfileView,
     KnowledgeSpaceDetailView,
@@ -46,51 +43,8 @@ v1 = [
     ),
     # Documents, their text and compilation jobs (ingestion/urls.py).
     path("", include("ingestion.urls")),
-    path(
-        "knowledge-spaces/<str:space_id>/retrieval-tests",
-        RetrievalTestView.as_view(),
-        name="retrieval-test",
-    ),
-    # Answers: cited answers over SSE and their traces (docs/retrieval.md, "Answers").
-    path("queries", QueryView.as_view(), name="query-create"),
-    path("queries/<str:trace_id>", QueryTraceView.as_view(), name="query-trace"),
-    path(
-        "knowledge-spaces/<str:space_id>/golden-questions",
-        GoldenQuestionListView.as_view(),
-        name="golden-question-list",
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/golden-questions/<str:question_id>",
-        GoldenQuestionDetailView.as_view(),
-        name="golden-question-detail",
-    ),
-    # Research tasks (docs/retrieval.md, "Research tasks").
-    path(
-        "research-tasks/plan",
-        research_task_api.ResearchTaskPlanView.as_view(),
-        name="research-task-plan",
-    ),
-    path("research-tasks", research_task_api.ResearchTaskListView.as_view(), name="research-tasks"),
-    path(
-        "research-tasks/<str:task_id>",
-        research_task_api.ResearchTaskDetailView.as_view(),
-        name="research-task-detail",
-    ),
-    path(
-        "research-tasks/<str:task_id>/partials",
-        research_task_api.ResearchTaskPartialsView.as_view(),
-        name="research-task-partials",
-    ),
-    path(
-        "research-tasks/<str:task_id>/resume",
-        research_task_api.ResearchTaskResumeView.as_view(),
-        name="research-task-resume",
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/research-tasks",
-        research_task_api.SpaceResearchTaskListView.as_view(),
-        name="space-research-tasks",
-    ),
+    # Retrieval tests, answers, golden questions and research tasks (retrieval/urls.py).
+    path("", include("retrieval.urls")),
 ]
 
 internal_routes = [

@@ -2,7 +2,7 @@
 are fused and reranked, and the query's language.
 
 Figures (inventory §5.2), with ``top_k`` the request's and the multipliers of
-:data:`retrieval.services.RECALL_MULTIPLIER` / :data:`~retrieval.services.FUSION_MULTIPLIER`
+:data:`RECALL_MULTIPLIER` / :data:`FUSION_MULTIPLIER`
 (Fast 1/1, Deep 5/3, Research 10/5):
 
 - ``dense_top_k = fts_top_k = min(max(top_k × recall, 50), 100)``: the formula
@@ -28,6 +28,9 @@ PLANNER_VERSION = "retrieval-planner-v1"
 #: Each leg reads at least this many candidates (docs/benchmarks.md, "Candidates per leg").
 LEG_FLOOR = 50
 LANGUAGES = ("cjk", "latin", "mixed-cjk-latin", "other")
+RECALL_MULTIPLIER = {"fast": 1, "deep": 5, "research": 10}
+# Rerank candidates: min(top_k × FUSION_MULTIPLIER, RETRIEVAL_MAX_TOP_K).
+FUSION_MULTIPLIER = {"fast": 1, "deep": 3, "research": 5}
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,6 @@ def plan(mode: str, top_k: int, query: str) -> Plan:
     ``mode`` must be concrete (``auto`` resolves first) and ``top_k`` already validated
     (1..``RETRIEVAL_MAX_TOP_K``); raises ``KeyError`` for another mode.
     """
-    from .services import FUSION_MULTIPLIER, RECALL_MULTIPLIER
-
     cap = settings.RETRIEVAL_MAX_TOP_K
     recall, fusion = RECALL_MULTIPLIER[mode], FUSION_MULTIPLIER[mode]
     leg = min(max(top_k * recall, LEG_FLOOR), cap)

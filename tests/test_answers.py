@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 from ingestion.documents import admit_document
 from retrieval import answers
 from retrieval import evidence as ev
+from retrieval.api import answers as answer_api
 from retrieval.models import AnswerTrace
 from spaces.services import Principal, create_api_key, create_space
 from tests import dify_fixtures
@@ -325,7 +326,7 @@ def test_the_trace_keeps_steps_and_evidence_ids_but_no_text(corpus):
 @pytest.mark.django_db
 def test_a_client_that_goes_away_completes_the_trace(corpus):
     run = answers.start(requester(), corpus, QUESTION, top_k=3)
-    stream = answers.sse(run)
+    stream = answer_api.sse(run)
     assert next(stream).startswith(b"event: answer.delta\ndata: ")
     stream.close()  # what the WSGI server does when the client disconnects
     trace = AnswerTrace.objects.get(id=run.trace.id)
@@ -395,7 +396,7 @@ def llm_space(settings, dify_server, client, principal):
     settings.DIFY_INNER_API_URL = dify_server.url
     settings.DIFY_INNER_API_KEY = TEST_INNER_KEY
     dify_server.dimension = 48
-    answers._catalog_sizes.clear()
+    answers.window._catalog_sizes.clear()
     space = create_space(principal, name="Reasoned")
     base = f"/v1/knowledge-spaces/{space.id}"
     for which, body in (("embedding", EMBEDDER), ("retrieval", {"reasoning_model": REASONER})):
@@ -538,9 +539,9 @@ def test_a_retrieval_failure_is_json_and_traced(llm_space, settings, client):
 
 def test_only_figures_and_labels_of_a_retrieval_plan_reach_the_trace():
     plan = {"dense_top_k": 50, "query_language": "latin", "sub_queries": ["annual leave days"]}
-    assert answers._figures(plan) == {"dense_top_k": 50, "query_language": "latin"}
+    assert answers.traces._figures(plan) == {"dense_top_k": 50, "query_language": "latin"}
     stages = [{"name": "rerank", "status": "executed", "candidate_count": 9, "note": "leave"}]
-    assert answers._stages(stages) == [
+    assert answers.traces._stages(stages) == [
         {"name": "rerank", "status": "executed", "candidate_count": 9}
     ]
 
@@ -574,7 +575,7 @@ def test_marker_shaped_text_in_evidence_is_neutralised_visibly():
         "[E1] (notes \uff3bE3\uff3d.txt)\nThe refund window is 30 days \uff3bE2\uff3d for all "
         "customers who keep the receipt.\n"
     )
-    assert answers._MARKER.findall(entry) == ["1"]
+    assert answers.citations._MARKER.findall(entry) == ["1"]
 
 
 @pytest.mark.django_db

@@ -318,7 +318,9 @@ def test_the_cutover_embeds_documents_published_after_the_rebuild_read_its_batch
     ]
     vectors = get_embedding_model(MODEL_A).embed_documents([n.text for n in nodes])
     CompilationJob.objects.filter(id=late.job.id).update(run_state="failed")
-    get_search_backend().index_nodes(nodes, vectors, MODEL_A)  # the one-model entry point
+    indexing.index_projections(  # the one-model entry point
+        nodes, indexing.vectors_for_model(space.id, MODEL_A, vectors)
+    )
     Document.objects.filter(id=late.document.id).update(active_generation=late.job.id)
     assert vectors_of(space, 2).count() == 0
     assert indexing.cutover(building.id) == "active"

@@ -547,13 +547,14 @@ def test_a_spent_budget_stops_model_calls_and_keeps_the_evidence(
     dify, client, principal, monkeypatch
 ):
     from retrieval import research
+    from retrieval.research import run as research_run  # run_research reads DURABLE there
 
     space = reasoned_space(client, principal, dify)
     model = dify.llm_responder = ScriptedModel(
         planner=PLAN, judge=JUDGEMENT, supplemental=SUPPLEMENT
     )
     # A durable policy of two calls: the supplemental planning is never started.
-    monkeypatch.setattr(research, "DURABLE", research.Policy("durable", 2, 180.0, 1, True))
+    monkeypatch.setattr(research_run, "DURABLE", research.Policy("durable", 2, 180.0, 1, True))
     result = run_research(space, QUESTION, top_k=3, score_threshold=None, durable=True)
     assert model.steps() == ["planner", "judge"]
     metrics = result.metrics
@@ -563,7 +564,7 @@ def test_a_spent_budget_stops_model_calls_and_keeps_the_evidence(
     assert len(result.items) == 3
     # A wall clock of 2 s: the planner answers after 1.2 s, leaving less than the 1 s a call
     # needs, so no judge is asked.
-    monkeypatch.setattr(research, "DURABLE", research.Policy("durable", 3, 2.0, 1, True))
+    monkeypatch.setattr(research_run, "DURABLE", research.Policy("durable", 3, 2.0, 1, True))
     dify.reset_observations()
     model.prompts.clear()
     dify.delay(1.2, route=LLM)

@@ -367,7 +367,7 @@ def test_retrieval_test_response_shape_and_stages(client, guide):
 
 
 def test_responses_are_bounded_by_dropping_the_lowest_items():
-    from retrieval.api import bounded
+    from retrieval.api.views import bounded
 
     payload = {"items": [{"text": "x" * 1000} for _ in range(10)], "metrics": {}}
     out = bounded(payload, limit=5000)

@@ -10,9 +10,13 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import connection
 
-from knowledgefs.errors import Unavailable
-
-from .base import IndexedNode, ScoredNode, SearchBackend, SearchBackendError
+from .base import (
+    IndexedNode,
+    ScoredNode,
+    SearchBackend,
+    SearchBackendError,
+    SearchBackendUnavailable,
+)
 
 __all__ = [
     "SUPPORTED_VENDORS",
@@ -30,13 +34,6 @@ __all__ = [
 SUPPORTED_VENDORS = ("sqlite", "postgresql")
 
 _backends: dict[str, SearchBackend] = {}
-
-
-class SearchBackendUnavailable(Unavailable):
-    """503 ``search_backend_unavailable``: the database engine has no search backend (MySQL and
-    MariaDB are supported for the schema, migrations and downgrades only)."""
-
-    code = "search_backend_unavailable"
 
 
 def unsupported_reason(vendor: str) -> str | None:

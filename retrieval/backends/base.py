@@ -17,10 +17,17 @@ import numpy as np
 from django.db.models import F
 
 from ingestion.models import KnowledgeNode
-from knowledgefs.errors import ServiceError
+from knowledgefs.errors import ServiceError, Unavailable
 from retrieval.models import DenseVector
 
 logger = logging.getLogger("knowledgefs.retrieval")
+
+
+class SearchBackendUnavailable(Unavailable):
+    """503 ``search_backend_unavailable``: the database engine has no search backend (MySQL and
+    MariaDB are supported for the schema, migrations and downgrades only)."""
+
+    code = "search_backend_unavailable"
 
 
 class SearchBackendError(ServiceError):
@@ -125,30 +132,6 @@ class SearchBackend:
             batch_size=500,
             ignore_conflicts=ignore_conflicts,
         )
-
-    def index_nodes(self, nodes: list[IndexedNode], vectors: np.ndarray, model_id: str) -> None:
-        """Write keyword and dense projections for nodes embedded with one model.
-
-        For callers that do not know index versions: the vectors go to the space's live
-        versions filled by ``model_id`` and the rest is decided by
-        :func:`retrieval.indexing.index_projections` (an active version of another model is
-        embedded there). The nodes must not be indexed yet: the compilation writes a
-        generation's projections in the same transaction as its checkpoint, and removes them
-        (:meth:`delete_nodes`) whenever it rebuilds the generation's nodes.
-        """
-        from retrieval.indexing import index_projections, vectors_for_model
-
-        if not nodes:
-            return
-        if vectors.shape[0] != len(nodes):
-            raise ValueError(f"{len(nodes)} nodes but {vectors.shape[0]} vectors")
-        by_space: dict[uuid.UUID, list[int]] = {}
-        for i, node in enumerate(nodes):
-            by_space.setdefault(node.space_id, []).append(i)
-        for space_id, rows in by_space.items():
-            index_projections(
-                [nodes[i] for i in rows], vectors_for_model(space_id, model_id, vectors[rows])
-            )
 
     def delete_nodes(self, node_ids: list[uuid.UUID]) -> None:
         """Remove every projection of these nodes, in every index version (call before deleting

@@ -61,7 +61,13 @@ from retrieval.models import DenseVector
 from retrieval.text import keyword_terms, keyword_text
 from spaces.models import KnowledgeSpace
 
-from .base import IndexedNode, ScoredNode, SearchBackend, SearchBackendError
+from .base import (
+    IndexedNode,
+    ScoredNode,
+    SearchBackend,
+    SearchBackendError,
+    SearchBackendUnavailable,
+)
 
 logger = logging.getLogger("knowledgefs.retrieval")
 
@@ -134,8 +140,6 @@ class DifyBridgeBackend(SearchBackend):
         try:
             return DifyTransport()
         except DifyNotConfigured as exc:
-            from . import SearchBackendUnavailable
-
             raise SearchBackendUnavailable(
                 f"KNOWLEDGE_SEARCH_BACKEND=dify but {exc}", details={"backend": "dify"}
             ) from None

@@ -38,8 +38,9 @@ from django.db.models.functions import Length
 
 from knowledgefs.errors import InvalidInput
 from retrieval import reasoning
+from retrieval.planner import RECALL_MULTIPLIER
+from retrieval.recall import MIN_LEG_CANDIDATES
 from retrieval.research import DURABLE, JUDGE_MAX_ITEM_CHARS, JUDGE_MAX_ITEMS, MAX_POOL
-from retrieval.services import MIN_LEG_CANDIDATES, RECALL_MULTIPLIER
 
 from .models import ResearchTask, RunState
 

@@ -83,7 +83,7 @@ def _request(space, body: dict) -> tuple[str, int, Any, dict]:
     """Validate ``query``, ``top_k``, ``filters`` and ``limits`` of a plan or create body; a
     ``top_k`` left out is the space's retrieval-profile ``top_k``, at most 50."""
     from retrieval import filters as filtering
-    from retrieval.services import validate_request
+    from retrieval.recall import validate_request
     from spaces.profiles import profile_of
 
     top_k = body.get("top_k")
@@ -100,7 +100,7 @@ def _request(space, body: dict) -> tuple[str, int, Any, dict]:
 def _require_searchable(space):
     """What a retrieval over the space needs, checked at admission and at every delivery: the
     search backend (503), a ``ready`` profile and no pending upgrade reconciliation (409); see
-    :func:`retrieval.services.retrieve`. Returns the ready profile."""
+    :func:`retrieval.modes.retrieve`. Returns the ready profile."""
     from retrieval.backends import get_search_backend
     from spaces.readiness import require_servable
 

@@ -1,4 +1,4 @@
-"""REST views for retrieval tests (a thin wrapper over :func:`retrieval.services.retrieve`) and
+"""REST views for retrieval tests (a thin wrapper over :func:`retrieval.modes.retrieve`) and
 golden questions (:mod:`retrieval.golden`)."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from knowledgefs.errors import InvalidInput
 from spaces.api import NewestFirstPagination
 from spaces.services import get_space
 
-from . import golden, services
+from .. import golden
+from ..modes import PROFILE, retrieve
+from ..recall import CONCRETE_MODES
 
 BODY_MEMBERS = ("query", "mode", "top_k", "score_threshold", "filters", "include_text")
 
@@ -67,13 +69,13 @@ class RetrievalTestView(RouteView):
         if mode == "auto":
             raise InvalidInput(
                 "mode: auto is not available in retrieval tests (a test runs one concrete "
-                f"mode); use one of: {', '.join(services.CONCRETE_MODES)}",
+                f"mode); use one of: {', '.join(CONCRETE_MODES)}",
                 code="mode_unavailable",
-                details={"field": "mode", "supported": list(services.CONCRETE_MODES)},
+                details={"field": "mode", "supported": list(CONCRETE_MODES)},
             )
-        if mode is not None and mode not in services.CONCRETE_MODES:
+        if mode is not None and mode not in CONCRETE_MODES:
             raise InvalidInput(
-                f"mode must be one of: {', '.join(services.CONCRETE_MODES)}",
+                f"mode must be one of: {', '.join(CONCRETE_MODES)}",
                 code="invalid_mode",
                 details={"field": "mode"},
             )
@@ -84,11 +86,11 @@ class RetrievalTestView(RouteView):
                 code="invalid_request",
                 details={"field": "include_text"},
             )
-        result = services.retrieve(
+        result = retrieve(
             space,
             body.get("query"),
             top_k=body.get("top_k"),
-            score_threshold=body.get("score_threshold", services.PROFILE),
+            score_threshold=body.get("score_threshold", PROFILE),
             mode=mode,
             filters=body.get("filters"),
         )

@@ -1,0 +1,63 @@
+"""The values one answer carries through its run: who asks (:class:`Requester`), how the
+answer is written (:class:`Generator`) and the answer in progress (:class:`AnswerRun`)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from retrieval import evidence as ev
+from retrieval.models import AnswerTrace
+
+
+@dataclass
+class Requester:
+    """Who asks: ``kind`` (``api_key``, ``capability``, ``operator``), ``owner`` label, and the
+    API key or capability grant behind it."""
+
+    tenant_id: str
+    kind: str
+    owner: str
+    api_key_id: uuid.UUID | None = None
+    grant_id: str = ""
+
+    @classmethod
+    def of(cls, principal) -> Requester:
+        return cls(
+            tenant_id=principal.tenant_id,
+            kind=principal.kind,
+            owner=principal.owner,
+            api_key_id=principal.api_key_id,
+            grant_id=principal.grant_id or "",
+        )
+
+
+@dataclass
+class Generator:
+    """How the answer is written: ``kind`` ``llm`` (with ``selection``) or ``extractive``."""
+
+    kind: str
+    selection: object = None
+
+    @property
+    def model(self) -> str | None:
+        return str(self.selection) if self.selection is not None else None
+
+
+@dataclass
+class AnswerRun:
+    """One answer in progress: the request, the retrieval result, the packed bundle, the
+    generator, and the trace row (``trace.id`` is the query run id)."""
+
+    space: object
+    query: str
+    result: object
+    bundle: ev.Bundle
+    generator: Generator
+    trace: AnswerTrace
+    steps: list[dict] = field(default_factory=list)
+    removed: ev.Removals = field(default_factory=ev.Removals)
+
+    @property
+    def trace_id(self) -> str:
+        return str(self.trace.id)

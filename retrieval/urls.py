@@ -1,0 +1,56 @@
+"""Retrieval's product routes, included under ``/v1/`` by knowledgefs.urls: retrieval tests,
+golden questions, cited answers and research tasks."""
+
+from django.urls import path
+
+from .api import research_tasks
+from .api.answers import QueryTraceView, QueryView
+from .api.views import GoldenQuestionDetailView, GoldenQuestionListView, RetrievalTestView
+
+urlpatterns = [
+    path(
+        "knowledge-spaces/<str:space_id>/retrieval-tests",
+        RetrievalTestView.as_view(),
+        name="retrieval-test",
+    ),
+    # Answers: cited answers over SSE and their traces (docs/retrieval.md, "Answers").
+    path("queries", QueryView.as_view(), name="query-create"),
+    path("queries/<str:trace_id>", QueryTraceView.as_view(), name="query-trace"),
+    path(
+        "knowledge-spaces/<str:space_id>/golden-questions",
+        GoldenQuestionListView.as_view(),
+        name="golden-question-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/golden-questions/<str:question_id>",
+        GoldenQuestionDetailView.as_view(),
+        name="golden-question-detail",
+    ),
+    # Research tasks (docs/retrieval.md, "Research tasks").
+    path(
+        "research-tasks/plan",
+        research_tasks.ResearchTaskPlanView.as_view(),
+        name="research-task-plan",
+    ),
+    path("research-tasks", research_tasks.ResearchTaskListView.as_view(), name="research-tasks"),
+    path(
+        "research-tasks/<str:task_id>",
+        research_tasks.ResearchTaskDetailView.as_view(),
+        name="research-task-detail",
+    ),
+    path(
+        "research-tasks/<str:task_id>/partials",
+        research_tasks.ResearchTaskPartialsView.as_view(),
+        name="research-task-partials",
+    ),
+    path(
+        "research-tasks/<str:task_id>/resume",
+        research_tasks.ResearchTaskResumeView.as_view(),
+        name="research-task-resume",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/research-tasks",
+        research_tasks.SpaceResearchTaskListView.as_view(),
+        name="space-research-tasks",
+    ),
+]
