@@ -13,8 +13,11 @@ from spaces.api import (
 )
 from upgrades import cutover_api
 
-from . import health, internal
+from . import health, internal, openapi
 from .openapi.views import OpenApiView
+
+# The route annotations of the OpenAPI document (every schema generation loads this URLconf).
+openapi.register()
 
 handler400 = "knowledgefs.errors.handler400"
 handler403 = "knowledgefs.errors.handler403"

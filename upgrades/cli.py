@@ -1,17 +1,63 @@
-"""``kfs upgrade list|show|retry|abandon|sweep|schedules``: the staged run on the command line (each
-calls a service; wired into ``knowledgefs/management/commands/kfs.py``)."""
+"""``kfs upgrade list|show|retry|abandon|sweep|schedules`` (the staged run) and ``kfs cutover
+show|advance|rollback|recutover TENANT`` (the operator's view of a workspace's cutover ledger) on
+the command line. Each action calls a service; wired into
+``knowledgefs/management/commands/kfs.py``. The module contract (``COMMANDS``,
+``add_parser(sub, name)``, ``handle(command, options)``) is the one of :mod:`spaces.cli`.
+
+A cutover action is one call to :mod:`upgrades.services.cutover`; its answer is the ledger with
+its runtime gate, as JSON."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from upgrades.models import UpgradeJob
+from knowledgefs.errors import InvalidInput
+from upgrades.models import CutoverPhase, UpgradeJob
 from upgrades.serializers import UpgradeJobSerializer
-from upgrades.services import dispatch, snapshot
+from upgrades.services import cutover, dispatch, snapshot
+
+COMMANDS = ("cutover", "upgrade")
 
 
-def add_parser(sub) -> None:
-    """Register ``upgrade`` and its actions on the ``kfs`` sub-parser set."""
+def add_parser(sub, name: str) -> None:
+    """Register the ``kfs`` command ``name`` (one of :data:`COMMANDS`) on ``sub``."""
+    {"cutover": _add_cutover, "upgrade": _add_upgrade}[name](sub)
+
+
+def handle(command, options: dict) -> None:
+    """Run ``kfs upgrade <action>`` or ``kfs cutover <action>``; ``command`` is the management
+    command (for ``emit`` and ``stdout``)."""
+    if options["command"] == "cutover":
+        command.stdout.write(json.dumps(run_cutover(options), indent=2))
+    else:
+        _upgrade(command, options)
+
+
+def _add_cutover(sub) -> None:
+    parser = sub.add_parser("cutover", help="show or move a workspace's cutover ledger")
+    actions = parser.add_subparsers(dest="action", required=True)
+    show = actions.add_parser("show", help="the ledger and its runtime gate")
+    show.add_argument("tenant")
+    phases = CutoverPhase.values
+    advance = actions.add_parser("advance", help="one forward step (compare-and-set)")
+    advance.add_argument("tenant")
+    advance.add_argument("--to", dest="to_phase", required=True, choices=phases)
+    advance.add_argument("--expected-phase", required=True, choices=phases)
+    advance.add_argument("--expected-version", type=int, required=True)
+    advance.add_argument("--ack", help="the remote freeze or activation ack, as JSON")
+    advance.add_argument("--smoke", help='smoke results, as JSON: {"checks": [...]}')
+    rollback = actions.add_parser("rollback", help="roll a cut-over workspace back to frozen")
+    rollback.add_argument("tenant")
+    rollback.add_argument("--expected-phase", required=True, choices=phases)
+    rollback.add_argument("--expected-version", type=int, required=True)
+    recut = actions.add_parser("recutover", help="cut a rolled-back workspace over again")
+    recut.add_argument("tenant")
+    recut.add_argument("--expected-version", type=int, required=True)
+    recut.add_argument("--ack", required=True, help="the activation ack, as JSON")
+
+
+def _add_upgrade(sub) -> None:
     upgrade = sub.add_parser("upgrade", help="classic Dataset upgrades: list, show, retry, sweep")
     actions = upgrade.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", help="a tenant's upgrades, newest first (at most 100)")
@@ -33,6 +79,45 @@ def add_parser(sub) -> None:
     sweep.add_argument("--json", action="store_true")
     schedules = actions.add_parser("schedules", help="create or repair the sweep schedule")
     schedules.add_argument("--json", action="store_true")
+
+
+def _json(text: str | None, option: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidInput(f"{option} is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def run_cutover(options: dict) -> dict:
+    """Carry out one ``kfs cutover`` action; returns the ledger as a dict (service errors
+    propagate with their codes)."""
+    tenant, action = options["tenant"], options["action"]
+    if action == "show":
+        ledger = cutover.get_ledger(tenant)
+    elif action == "advance":
+        ledger = cutover.advance(
+            tenant,
+            expected_phase=options["expected_phase"],
+            expected_cas_version=options["expected_version"],
+            to_phase=options["to_phase"],
+            ack=_json(options["ack"], "--ack"),
+            smoke_results=_json(options["smoke"], "--smoke"),
+        )
+    elif action == "rollback":
+        ledger = cutover.rollback(
+            tenant,
+            expected_phase=options["expected_phase"],
+            expected_cas_version=options["expected_version"],
+        )
+    else:
+        ledger = cutover.recutover(
+            tenant,
+            expected_cas_version=options["expected_version"],
+            ack=_json(options["ack"], "--ack"),
+        )
+    return cutover.ledger_as_dict(ledger)
 
 
 def _line(job: dict) -> str:
@@ -62,8 +147,7 @@ def _is_uuid(value: str) -> bool:
     return True
 
 
-def handle(command, options: dict) -> None:
-    """Run ``kfs upgrade <action>``; ``command`` is the management command (for ``emit``)."""
+def _upgrade(command, options: dict) -> None:
     action = options["action"]
     if action == "list":
         jobs = snapshot.list_upgrades(options["tenant"], status=options.get("status"))[:100]

@@ -3,9 +3,10 @@
 What inference cannot see is declared here, in one place: the three credentials as
 :mod:`knowledgefs.auth` really checks them, the error envelope ``{code, message, details?}`` of
 :mod:`knowledgefs.errors` on every operation, operation ids and tags from the operation registry
-(:mod:`knowledgefs.auth.operations`), and the request and response shapes of views that read
-their bodies by hand (:mod:`knowledgefs.openapi.routes`). ``manage.py spectacular --validate
---fail-on-warn`` must stay silent (tests/test_openapi.py).
+(:mod:`knowledgefs.auth.operations`); the request and response shapes of views that read their
+bodies by hand are the route annotations (:mod:`knowledgefs.openapi.common`, registered by
+:func:`knowledgefs.openapi.register` from knowledgefs/urls.py).
+``manage.py spectacular --validate --fail-on-warn`` must stay silent (tests/test_openapi.py).
 """
 
 from __future__ import annotations
@@ -187,8 +188,3 @@ def only_api_routes(endpoints: list) -> list:
     """Preprocessing hook: the schema covers ``/v1/`` and ``/internal/`` and nothing else
     (not the probes, the admin, or the schema view itself)."""
     return [endpoint for endpoint in endpoints if endpoint[0].startswith(("/v1/", "/internal/"))]
-
-
-# The per-route annotations register themselves on import; the document needs them whenever this
-# inspector is in use.
-from . import routes  # noqa: E402,F401

@@ -1,0 +1,320 @@
+"""``kfs ingest|documents|jobs|stats|retry|cancel|schedules|sweep``: uploads, documents and
+compilation jobs on the command line (each calls a service; wired into
+``knowledgefs/management/commands/kfs.py``). The module contract (``COMMANDS``,
+``add_parser(sub, name)``, ``handle(command, options)``) is the one of :mod:`spaces.cli`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import CommandError
+from tqdm import tqdm
+
+from ingestion import documents, reports
+from ingestion.api.serializers import JobSerializer
+from ingestion.models import Document, DocumentState
+from ingestion.services import compilation
+from knowledgefs.errors import Conflict, ServiceError
+from knowledgefs.uploads import upload_limit_message
+from spaces.cli import space_of
+
+COMMANDS = ("ingest", "documents", "jobs", "stats", "retry", "cancel", "schedules", "sweep")
+
+
+def add_parser(sub, name: str) -> None:
+    """Register the ``kfs`` command ``name`` (one of :data:`COMMANDS`) on ``sub``."""
+    _PARSERS[name](sub)
+
+
+def handle(command, options: dict) -> None:
+    """Run the ``kfs`` command ``options["command"]`` (one of :data:`COMMANDS`)."""
+    _HANDLERS[options["command"]](command, options)
+
+
+def _add_ingest(sub) -> None:
+    ingest = sub.add_parser("ingest", help="upload files or folders into a space")
+    ingest.add_argument("paths", nargs="+", metavar="PATH")
+    ingest.add_argument("--space", required=True, metavar="SLUG")
+    ingest.add_argument("--tenant", required=True)
+    ingest.add_argument(
+        "--wait",
+        action="store_true",
+        help="compile in this process until done; exit 1 if any failed",
+    )
+    ingest.add_argument(
+        "--follow",
+        action="store_true",
+        help="leave compilation to the worker cluster and show its progress until done",
+    )
+    ingest.add_argument("--on-duplicate", choices=["skip", "reject", "replace"], default="skip")
+    ingest.add_argument("--json", action="store_true")
+
+
+def _add_documents(sub) -> None:
+    docs = sub.add_parser("documents", help="list a space's documents")
+    docs.add_argument("--space", required=True, metavar="SLUG")
+    docs.add_argument("--tenant", required=True)
+    docs.add_argument("--json", action="store_true")
+
+
+def _add_jobs(sub) -> None:
+    jobs = sub.add_parser("jobs", help="list a space's compilation jobs with progress")
+    jobs.add_argument("--space", required=True, metavar="SLUG")
+    jobs.add_argument("--tenant", required=True)
+    jobs.add_argument("--state", help="published, failed, canceled, retry_wait, or a stage")
+    jobs.add_argument("--limit", type=int, default=100)
+    jobs.add_argument("--json", action="store_true")
+
+
+def _add_stats(sub) -> None:
+    stats = sub.add_parser("stats", help="document, node and job counts of a space")
+    stats.add_argument("--space", required=True, metavar="SLUG")
+    stats.add_argument("--tenant", required=True)
+    stats.add_argument("--json", action="store_true")
+
+
+def _add_retry(sub) -> None:
+    retry = sub.add_parser("retry", help="retry a failed or canceled job")
+    retry.add_argument("job_id", metavar="JOB_ID")
+    retry.add_argument("--from-start", action="store_true", help="parse again instead of resuming")
+    retry.add_argument("--json", action="store_true")
+
+
+def _add_cancel(sub) -> None:
+    cancel = sub.add_parser("cancel", help="cancel a queued or running job")
+    cancel.add_argument("job_id", metavar="JOB_ID")
+    cancel.add_argument("--json", action="store_true")
+
+
+def _add_schedules(sub) -> None:
+    sched = sub.add_parser(
+        "schedules", help="create or repair the recovery sweep schedule, then show it"
+    )
+    sched.add_argument("--json", action="store_true")
+
+
+def _add_sweep(sub) -> None:
+    sweep = sub.add_parser("sweep", help="run one recovery sweep now")
+    sweep.add_argument("--json", action="store_true")
+
+
+def _ingest(command, options: dict) -> None:
+    space = space_of(options)
+    files = _collect_files(options["paths"])
+    if not files:
+        raise CommandError("no files found under the given paths")
+    admitted, skipped, rejected = [], [], []
+    policy = options["on_duplicate"]
+    limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
+    for path in tqdm(files, desc="upload", unit="file", disable=options["json"]):
+        if path.stat().st_size > limit:  # refused before the file is read
+            rejected.append(
+                {
+                    "path": str(path),
+                    "code": "file_too_large",
+                    "message": upload_limit_message(limit),
+                }
+            )
+            continue
+        try:
+            admission = documents.admit_document(
+                space,
+                filename=path.name,
+                data=path.read_bytes(),
+                on_duplicate="reject" if policy == "skip" else policy,
+                enqueue=not options["wait"],
+            )
+            admitted.append(admission.document.id)
+        except Conflict as exc:
+            if policy != "skip" or exc.code != "duplicate_document":
+                rejected.append({"path": str(path), "code": exc.code, "message": exc.message})
+            else:
+                skipped.append({"path": str(path), "reason": exc.message})
+        except ServiceError as exc:
+            rejected.append({"path": str(path), "code": exc.code, "message": exc.message})
+    if options["wait"] and admitted:
+        with tqdm(total=len(admitted), desc="compile", unit="doc", disable=options["json"]) as bar:
+            compilation.drain_queued(space.id, document_ids=admitted, on_progress=bar.update)
+        # A running worker cluster may have taken some of them: wait for those too.
+        if any(p < 100 for p in reports.latest_job_percents(admitted).values()):
+            _follow(admitted, quiet=options["json"])
+    elif options["follow"] and admitted:
+        _follow(admitted, quiet=options["json"])
+    rows = list(
+        Document.objects.filter(id__in=admitted).values(
+            "id", "filename", "state", "error_code", "error_message", "node_count"
+        )
+    )
+    failed = [r for r in rows if r["state"] == DocumentState.FAILED]
+    payload = {
+        "space": space.slug,
+        "admitted": [{**r, "id": str(r["id"])} for r in rows],
+        "skipped": skipped,
+        "rejected": rejected,
+    }
+    lines = [
+        f"{r['state']:<10} {r['node_count']:>5} nodes  {r['filename']}"
+        + (f"  [{r['error_code']}: {r['error_message']}]" if r["error_code"] else "")
+        for r in rows
+    ]
+    lines += [f"skipped    {s['path']}: already in the space" for s in skipped]
+    lines += [f"rejected   {r['path']}: {r['code']}: {r['message']}" for r in rejected]
+    command.emit(options, payload, "\n".join(lines))
+    if options["wait"] and (failed or rejected):
+        raise CommandError(f"{len(failed)} documents failed, {len(rejected)} files rejected")
+
+
+def _follow(document_ids: list, *, quiet: bool) -> None:
+    """A progress bar over the documents' latest jobs (percent summed) until all ended."""
+    with tqdm(total=100 * len(document_ids), desc="compile", unit="%", disable=quiet) as bar:
+        while True:
+            percents = reports.latest_job_percents(document_ids)
+            done = sum(percents.values())
+            bar.update(done - bar.n)
+            if all(p == 100 for p in percents.values()):
+                return
+            time.sleep(0.5)
+
+
+def _documents(command, options: dict) -> None:
+    space = space_of(options)
+    rows = [
+        {
+            "id": str(d.id),
+            "filename": d.filename,
+            "state": d.state,
+            "error_code": d.error_code or None,
+            "nodes": d.node_count,
+        }
+        for d in documents.documents_in(space)
+    ]
+    command.emit(
+        options,
+        {"items": rows},
+        "\n".join(f"{r['state']:<10} {r['nodes']:>5}  {r['filename']}" for r in rows)
+        or "no documents",
+    )
+
+
+def _jobs(command, options: dict) -> None:
+    space = space_of(options)
+    rows = [
+        _job_row(job)
+        for job in reports.jobs_in(space, state=options["state"])[: max(1, options["limit"])]
+    ]
+    lines = [
+        f"{r['state']:<16} {r['progress']['percent']:>3}%  {r['filename']}  {r['id']}"
+        + (f"  [{r['error_code']}]" if r["error_code"] else "")
+        for r in rows
+    ]
+    command.emit(options, {"items": rows}, "\n".join(lines) or "no jobs")
+
+
+def _stats(command, options: dict) -> None:
+    payload = reports.space_stats(space_of(options))
+    command.emit(options, payload, json.dumps(payload, indent=2))
+
+
+def _retry(command, options: dict) -> None:
+    job = compilation.retry_job(options["job_id"], from_checkpoint=not options["from_start"])
+    command.emit(options, _job_row(job), f"queued attempt {job.attempt_number}: {job.id}")
+
+
+def _cancel(command, options: dict) -> None:
+    job = compilation.cancel_job(options["job_id"])
+    command.emit(options, _job_row(job), f"canceled {job.id}")
+
+
+def _schedules(command, options: dict) -> None:
+    from upgrades.services.reconciliation import ensure_recovery_schedule
+
+    schedule = compilation.ensure_recovery_schedule()
+    payload = {
+        "name": schedule.name,
+        "func": schedule.func,
+        "minutes": schedule.minutes,
+        "next_run": schedule.next_run.isoformat() if schedule.next_run else None,
+    }
+    # The upgrade reconciliation recovery tick (migration upgrades.0020) is repaired too.
+    upgrade = ensure_recovery_schedule()
+    # The research tasks' recovery sweep (migration retrieval.0006) is repaired too.
+    from retrieval.research_tasks.dispatch import ensure_sweep_schedule
+
+    research = ensure_sweep_schedule()
+    payload["also"] = [
+        {"name": s.name, "func": s.func, "minutes": s.minutes} for s in (upgrade, research)
+    ]
+    command.emit(
+        options,
+        payload,
+        f"{schedule.name}: {schedule.func} every {schedule.minutes} min "
+        f"(next {payload['next_run']})\n"
+        f"{upgrade.name}: {upgrade.func} every {upgrade.minutes} min\n"
+        f"{research.name}: {research.func} every {research.minutes} min",
+    )
+
+
+def _sweep(command, options: dict) -> None:
+    report = compilation.recover_jobs().as_dict()
+    command.emit(options, report, json.dumps(report, indent=2))
+
+
+def _job_row(job) -> dict:
+    data = JobSerializer(job).data
+    return {
+        "id": str(job.id),
+        "document_id": str(job.document_id),
+        "filename": job.document.filename,
+        "state": data["state"],
+        "stage": job.stage,
+        "run_state": job.run_state,
+        "progress": data["progress"],
+        "attempt_number": job.attempt_number,
+        "error_code": job.error_code or None,
+        "error_message": job.error_message or None,
+    }
+
+
+def _collect_files(paths: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(
+                sorted(
+                    p
+                    for p in path.rglob("*")
+                    if p.is_file()
+                    and not any(part.startswith(".") for part in p.relative_to(path).parts)
+                )
+            )
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise CommandError(f"no such file or folder: {raw}")
+    return files
+
+
+_PARSERS = {
+    "ingest": _add_ingest,
+    "documents": _add_documents,
+    "jobs": _add_jobs,
+    "stats": _add_stats,
+    "retry": _add_retry,
+    "cancel": _add_cancel,
+    "schedules": _add_schedules,
+    "sweep": _add_sweep,
+}
+_HANDLERS = {
+    "ingest": _ingest,
+    "documents": _documents,
+    "jobs": _jobs,
+    "stats": _stats,
+    "retry": _retry,
+    "cancel": _cancel,
+    "schedules": _schedules,
+    "sweep": _sweep,
+}
