@@ -25,8 +25,10 @@ import numpy as np
 from django.conf import settings
 
 from . import config
+from .envelope import parse_json, unwrap_envelope
 from .errors import DifyError, ModelRuntimeError
-from .http import DifyTransport, iter_frames, parse_json, unwrap_envelope
+from .frames import iter_frames
+from .transport import DifyTransport
 
 TEXT_EMBEDDING = "/inner/api/invoke/text-embedding"
 MULTIMODAL_EMBEDDING = "/inner/api/invoke/multimodal-embedding"
