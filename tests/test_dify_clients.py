@@ -23,6 +23,7 @@ from django.core.exceptions import SuspiciousFileOperation
 from django.core.files.base import ContentFile
 
 from knowledgefs.dify.datasources import DifyDatasources
+from knowledgefs.dify.embedding_model import DifyEmbeddingModel
 from knowledgefs.dify.envelope import parse_json
 from knowledgefs.dify.errors import (
     DatasourceError,
@@ -33,12 +34,7 @@ from knowledgefs.dify.errors import (
     StorageNotFound,
 )
 from knowledgefs.dify.frames import FrameDecoder, encode_frame
-from knowledgefs.dify.model_runtime import (
-    DifyEmbeddingModel,
-    DifyModelRuntime,
-    MultimodalDocument,
-    RerankHit,
-)
+from knowledgefs.dify.model_runtime import DifyModelRuntime, MultimodalDocument, RerankHit
 from knowledgefs.dify.object_storage import DifyObjectStorage
 from knowledgefs.dify.redaction import sanitize_message
 from knowledgefs.dify.transport import DifyTransport

@@ -7,8 +7,8 @@ KnowledgeFS calls Dify's inner API (``DIFY_INNER_API_URL``) with the inner key
 - :mod:`.transport`: the shared transport (pooled session, deadlines, retries), with
   :mod:`.stream` (capped body reads), :mod:`.envelope` (JSON and ``{data, error}``),
   :mod:`.frames` (length-prefixed frames) and :mod:`.redaction` (safe messages);
-- :mod:`.model_runtime`: embeddings, rerank, LLM streams, the model catalog, and
-  ``DifyEmbeddingModel`` for :mod:`knowledgefs.runtime`;
+- :mod:`.model_runtime`: embeddings, rerank, LLM streams and the model catalog;
+  :mod:`.embedding_model`: ``DifyEmbeddingModel`` for :mod:`knowledgefs.runtime`;
 - :mod:`.object_storage`: ``DifyObjectStorage``, a Django ``Storage``;
 - :mod:`.datasources`: credential validation and browsing by Dify-managed ``credential_id``;
 - :mod:`.errors`: typed errors with stable codes and a ``retryable`` flag.
