@@ -1,6 +1,6 @@
 """Whole-call deadlines for ``requests``: a watchdog thread and connection pools that arm it.
 
-Shared by the Dify transport (:mod:`knowledgefs.dify.http`) and the Unstructured-compatible
+Shared by the Dify transport (:mod:`knowledgefs.dify.transport`) and the Unstructured-compatible
 parser client (:mod:`ingestion.unstructured.client`). A caller creates a :class:`Deadline`, a
 :class:`Guard` for the attempt, sets ``current.guard`` in the calling thread around
 ``session.request(...)`` on a session whose adapters are :class:`GuardedAdapter`; the pool arms

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from knowledgefs.dify.http import DifyTransport
+from knowledgefs.dify.transport import DifyTransport
 from tests.dify_server import TEST_INNER_KEY, DifyTestServer
 
 

@@ -23,6 +23,8 @@ from django.core.exceptions import SuspiciousFileOperation
 from django.core.files.base import ContentFile
 
 from knowledgefs.dify.datasources import DifyDatasources
+from knowledgefs.dify.embedding_model import DifyEmbeddingModel
+from knowledgefs.dify.envelope import parse_json
 from knowledgefs.dify.errors import (
     DatasourceError,
     DifyNotConfigured,
@@ -31,20 +33,11 @@ from knowledgefs.dify.errors import (
     ObjectStorageError,
     StorageNotFound,
 )
-from knowledgefs.dify.http import (
-    DifyTransport,
-    FrameDecoder,
-    encode_frame,
-    parse_json,
-    sanitize_message,
-)
-from knowledgefs.dify.model_runtime import (
-    DifyEmbeddingModel,
-    DifyModelRuntime,
-    MultimodalDocument,
-    RerankHit,
-)
+from knowledgefs.dify.frames import FrameDecoder, encode_frame
+from knowledgefs.dify.model_runtime import DifyModelRuntime, MultimodalDocument, RerankHit
 from knowledgefs.dify.object_storage import DifyObjectStorage
+from knowledgefs.dify.redaction import sanitize_message
+from knowledgefs.dify.transport import DifyTransport
 from tests import dify_fixtures
 from tests.dify_server import (
     DATASOURCE,

@@ -30,13 +30,10 @@ error code. Never the key or document content.
 
 from __future__ import annotations
 
-import http.cookiejar
 import json
 import logging
-import os
 import random
 import re
-import threading
 import time
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -46,8 +43,9 @@ import urllib3
 
 from ingestion.parsing.base import ParseReport
 from ingestion.parsing.errors import EmptyDocument, UnsupportedType
-from knowledgefs.dify.http import sanitize_message
-from knowledgefs.http_deadline import Deadline, Guard, GuardedAdapter, current, exception_cause
+from knowledgefs.dify.redaction import sanitize_message
+from knowledgefs.http_deadline import Deadline, Guard, current, exception_cause
+from knowledgefs.http_session import ProcessSession
 
 from .elements import to_report
 from .errors import (
@@ -75,32 +73,12 @@ CHUNK_BYTES = 64 * 1024
 #: At most this much of an error answer is read for its ``detail``.
 ERROR_BODY_BYTES = 16 * 1024
 
-_session_lock = threading.Lock()
-_session: requests.Session | None = None
+_SESSION = ProcessSession(pool_connections=2, pool_maxsize=64)
 
 
 def session() -> requests.Session:
     """The process's pooled session for the parser (guarded pools, no cookies, no proxies)."""
-    global _session
-    with _session_lock:
-        if _session is None:
-            s = requests.Session()
-            s.trust_env = False
-            s.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-            adapter = GuardedAdapter(pool_connections=2, pool_maxsize=64, max_retries=0)
-            s.mount("http://", adapter)
-            s.mount("https://", adapter)
-            _session = s
-        return _session
-
-
-def _after_fork() -> None:
-    global _session, _session_lock
-    _session_lock = threading.Lock()
-    _session = None
-
-
-os.register_at_fork(after_in_child=_after_fork)
+    return _SESSION.get()
 
 
 def parse_remote(data: bytes, mime_type: str, filename: str) -> ParseReport:

@@ -4,10 +4,11 @@ In production KnowledgeFS holds no model, datasource or storage credential. Dify
 KnowledgeFS calls Dify's inner API (``DIFY_INNER_API_URL``) with the inner key
 (``DIFY_INNER_API_KEY``, header ``X-Inner-Api-Key``). One module per Dify surface:
 
-- :mod:`.http`: the shared transport (pooled session, deadlines, capped reads, retries,
-  envelopes, length-prefixed frames);
-- :mod:`.model_runtime`: embeddings, rerank, LLM streams, the model catalog, and
-  ``DifyEmbeddingModel`` for :mod:`knowledgefs.runtime`;
+- :mod:`.transport`: the shared transport (pooled session, deadlines, retries), with
+  :mod:`.stream` (capped body reads), :mod:`.envelope` (JSON and ``{data, error}``),
+  :mod:`.frames` (length-prefixed frames) and :mod:`.redaction` (safe messages);
+- :mod:`.model_runtime`: embeddings, rerank, LLM streams and the model catalog;
+  :mod:`.embedding_model`: ``DifyEmbeddingModel`` for :mod:`knowledgefs.runtime`;
 - :mod:`.object_storage`: ``DifyObjectStorage``, a Django ``Storage``;
 - :mod:`.datasources`: credential validation and browsing by Dify-managed ``credential_id``;
 - :mod:`.errors`: typed errors with stable codes and a ``retryable`` flag.

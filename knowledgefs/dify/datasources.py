@@ -20,9 +20,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import config
+from .envelope import unwrap_envelope
 from .errors import DatasourceError
-from .http import DifyTransport, iter_frames, unwrap_envelope
+from .frames import iter_frames
 from .model_runtime import canonical_provider
+from .transport import DifyTransport
 
 DATASOURCE = "/inner/api/invoke/datasource"
 DATASOURCE_TYPES = ("online_document", "online_drive", "website_crawl")

@@ -7,7 +7,7 @@ error reported by the model or the datasource, a dimension or checksum mismatch 
 
 Messages name the route, the status and the limit involved; they never carry the inner key, the
 texts sent, or the body Dify answered (an error envelope's message is kept only after
-:func:`knowledgefs.dify.http.sanitize_message`).
+:func:`knowledgefs.dify.redaction.sanitize_message`).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ model. Routes (POST, JSON): ``/inner/api/invoke/text-embedding``, ``…/multimod
 ``…/rerank``, ``…/llm`` (answered as a stream of length-prefixed frames) and
 ``…/model-catalog``. Unary answers are Dify's envelope ``{"data": …, "error": ""}``.
 
-:class:`DifyModelRuntime` is the client; :class:`DifyEmbeddingModel` adapts it to the
-:class:`knowledgefs.runtime.EmbeddingModel` protocol the compiler and retrieval use.
+:class:`DifyModelRuntime` is the client; :class:`~knowledgefs.dify.embedding_model.
+DifyEmbeddingModel` adapts it to the :class:`knowledgefs.runtime.EmbeddingModel` protocol.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import math
 import re
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,8 +24,10 @@ import numpy as np
 from django.conf import settings
 
 from . import config
+from .envelope import parse_json, unwrap_envelope
 from .errors import DifyError, ModelRuntimeError
-from .http import DifyTransport, iter_frames, parse_json, unwrap_envelope
+from .frames import iter_frames
+from .transport import DifyTransport
 
 TEXT_EMBEDDING = "/inner/api/invoke/text-embedding"
 MULTIMODAL_EMBEDDING = "/inner/api/invoke/multimodal-embedding"
@@ -46,7 +47,8 @@ def _input_error(message: str) -> ModelRuntimeError:
     return ModelRuntimeError.of("input", message)  # type: ignore[return-value]
 
 
-def _identifier(value: Any, name: str, max_length: int) -> str:
+def checked_identifier(value: Any, name: str, max_length: int) -> str:
+    """``value`` stripped; ``input`` unless a non-empty string of at most ``max_length``."""
     if not isinstance(value, str) or not value.strip() or len(value.strip()) > max_length:
         raise _input_error(f"{name} must be a non-empty string of at most {max_length} characters")
     return value.strip()
@@ -154,7 +156,7 @@ class DifyModelRuntime:
         if not 1 <= texts_per_request <= config.EMBEDDING_TEXTS_PER_REQUEST:
             raise ValueError(f"texts_per_request={texts_per_request} is outside 1..16")
         self.texts_per_request = texts_per_request
-        self.user_id = _identifier(user_id, "user_id", 512)
+        self.user_id = checked_identifier(user_id, "user_id", 512)
 
     # -- embeddings ----------------------------------------------------------------------------
 
@@ -235,7 +237,7 @@ class DifyModelRuntime:
             for document in batch:
                 item = {
                     "content": base64.b64encode(document.content).decode(),
-                    "content_type": _identifier(document.content_type, "content_type", 64),
+                    "content_type": checked_identifier(document.content_type, "content_type", 64),
                 }
                 if document.file_id:
                     item["file_id"] = document.file_id
@@ -395,7 +397,7 @@ class DifyModelRuntime:
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise _input_error("catalog offset must be a non-negative integer")
         payload: dict[str, Any] = {
-            "tenant_id": _identifier(tenant_id, "tenant_id", 512),
+            "tenant_id": checked_identifier(tenant_id, "tenant_id", 512),
             "user_id": self.user_id,
             "model_type": model_type,
             "limit": limit,
@@ -404,7 +406,7 @@ class DifyModelRuntime:
         if provider:
             payload["provider"] = canonical_provider(provider)
         if model:
-            payload["model"] = _identifier(model, "model", 256)
+            payload["model"] = checked_identifier(model, "model", 256)
         data = self._unary(MODEL_CATALOG, payload)
         items = data.get("items") if isinstance(data, dict) else None
         next_offset = data.get("next_offset") if isinstance(data, dict) else None
@@ -422,10 +424,10 @@ class DifyModelRuntime:
 
     def _common(self, tenant_id: str, provider: str, model: str, model_type: str) -> dict:
         return {
-            "tenant_id": _identifier(tenant_id, "tenant_id", 512),
+            "tenant_id": checked_identifier(tenant_id, "tenant_id", 512),
             "user_id": self.user_id,
             "provider": canonical_provider(provider),
-            "model": _identifier(model, "model", 256),
+            "model": checked_identifier(model, "model", 256),
             "model_type": model_type,
         }
 
@@ -550,80 +552,3 @@ def _catalog_item(value: Any) -> CatalogItem:
     return CatalogItem(
         model_type=model_type, capabilities=capabilities, token_limits=token_limits, **strings
     )
-
-
-PROBE_TEXT = "KnowledgeFS embedding dimension probe"
-
-
-class DifyEmbeddingModel:
-    """An embedding model served by Dify, for :mod:`knowledgefs.runtime` (``EmbeddingModel``).
-
-    Bound to one tenant (Dify applies that tenant's model credentials), provider and model.
-    ``model_id`` defaults to ``dify/<provider>/<model>``. ``dimension`` is the one given, or the
-    one observed in the first real answer; when nothing was embedded yet, reading it embeds a
-    short probe text once. Every later answer must have that dimension
-    (``EMBEDDING_DIMENSION_MISMATCH`` otherwise). Vectors are L2-normalised float32;
-    documents are embedded with ``input_type=document``, queries with ``query``.
-    """
-
-    def __init__(
-        self,
-        *,
-        tenant_id: str,
-        provider: str,
-        model: str,
-        model_id: str | None = None,
-        dimension: int | None = None,
-        runtime: DifyModelRuntime | None = None,
-    ) -> None:
-        self.tenant_id = _identifier(tenant_id, "tenant_id", 512)
-        self.provider = canonical_provider(provider)
-        self.model = _identifier(model, "model", 256)
-        self.model_id = model_id or f"dify/{self.provider}/{self.model}"
-        self.runtime = runtime or DifyModelRuntime()
-        self._dimension = dimension
-        self._probe_lock = threading.Lock()
-        self._record_lock = threading.Lock()
-
-    @property
-    def dimension(self) -> int:
-        if self._dimension is None:
-            with self._probe_lock:
-                if self._dimension is None:
-                    self._embed([PROBE_TEXT], "query")
-        assert self._dimension is not None
-        return self._dimension
-
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
-        """``(len(texts), dimension)`` float32, unit rows, in input order."""
-        if not texts:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        return self._embed(list(texts), "document")
-
-    def embed_query(self, text: str) -> np.ndarray:
-        """``(dimension,)`` float32 of unit norm."""
-        return self._embed([text], "query")[0]
-
-    def embed_queries(self, texts: list[str]) -> np.ndarray:
-        """Several queries in one call (``input_type=query``): ``(len(texts), dimension)``."""
-        return self._embed(list(texts), "query")
-
-    def _embed(self, texts: list[str], input_type: str) -> np.ndarray:
-        matrix = self.runtime.embed_texts(
-            tenant_id=self.tenant_id,
-            provider=self.provider,
-            model=self.model,
-            texts=texts,
-            input_type=input_type,
-            expected_dimension=self._dimension,
-        )
-        with self._record_lock:
-            if self._dimension is None:
-                self._dimension = int(matrix.shape[1])
-        if matrix.shape[1] != self._dimension:  # two first calls at once that disagreed
-            raise ModelRuntimeError.of(
-                "dimension",
-                f"{self.model_id} returned {matrix.shape[1]}-d vectors, "
-                f"{self._dimension}-d expected",
-            )
-        return matrix

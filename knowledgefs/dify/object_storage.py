@@ -31,8 +31,10 @@ from django.core.files.storage import Storage
 from django.utils.deconstruct import deconstructible
 
 from . import config
+from .envelope import parse_json
 from .errors import DifyError, ObjectStorageError
-from .http import CHUNK_BYTES, DifyTransport, ResponseStream, parse_json
+from .stream import CHUNK_BYTES, ResponseStream
+from .transport import DifyTransport
 
 OBJECT = "/inner/api/knowledge-fs/storage/object"
 OBJECT_METADATA = "/inner/api/knowledge-fs/storage/object/metadata"

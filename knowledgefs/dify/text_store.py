@@ -22,16 +22,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import config
-from .errors import DifyError, TextStoreError
-from .vector_store import (
-    BridgeClient,
+from .bridge_store import (
     Match,
+    _BridgeStore,
     _by_size,
     chunks,
     identifier,
     tenant_identifier,
     unique_ids,
 )
+from .errors import DifyError, TextStoreError
 
 TEXTS = "/inner/api/knowledge-fs/texts"
 
@@ -75,7 +75,7 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class DifyTextStore(BridgeClient):
+class DifyTextStore(_BridgeStore):
     """Client of ``POST /inner/api/knowledge-fs/texts`` (see the module docstring)."""
 
     route = TEXTS
@@ -151,23 +151,4 @@ class DifyTextStore(BridgeClient):
             raise TextStoreError.of(
                 "input", f"query must be a string of at most {config.BRIDGE_MAX_QUERY_CHARS}"
             )
-        canonical = unique_ids(ids, TextStoreError)
-        if not canonical or not query.strip():
-            return []
-        body_scope = scope.as_json()
-        return self._search_chunks(
-            canonical,
-            limit,
-            lambda piece: {
-                "operation": "search",
-                "scope": body_scope,
-                "ids": piece,
-                "query": query,
-                "limit": limit,
-            },
-        )
-
-    def delete(self, scope: TextScope, ids: Sequence[Any]) -> int:
-        """Delete ``ids`` (2048 per request, each verified invisible by Dify); returns the
-        requests sent."""
-        return self._delete(scope.as_json(), ids)
+        return self._search(scope, ids, limit, lambda: {"query": query}, blank=not query.strip())

@@ -2,7 +2,7 @@
 
 ``KNOWLEDGE_MODEL_RUNTIME=local`` (the embedded default) serves a local all-MiniLM-L6-v2 int8 ONNX
 model; ``dify`` serves each space's embedding profile through Dify's inner model API
-(:class:`knowledgefs.dify.model_runtime.DifyEmbeddingModel`).
+(:class:`knowledgefs.dify.embedding_model.DifyEmbeddingModel`).
 
 Models are found by id, in two ways:
 
@@ -156,7 +156,7 @@ def dify_embedding_model(
 ) -> EmbeddingModel:
     """The pooled :class:`DifyEmbeddingModel` of one tenant and selection, whose ``model_id`` is
     ``model_id`` (a vector space id) and whose vectors must have ``dimension``."""
-    from knowledgefs.dify.model_runtime import DifyEmbeddingModel
+    from knowledgefs.dify.embedding_model import DifyEmbeddingModel
 
     client = model_runtime()  # the shared DifyModelRuntime of this configuration
     key = (id(client), tenant_id, plugin_id, provider, model, model_id, dimension)

@@ -11,7 +11,7 @@
 Settings choose the storage (``knowledgefs.boundary.objects_storage``); this module hands out
 the Dify clients. Each client is built once per process and per configuration (URL, key,
 timeouts, caps) and shared by every thread; the clients hold no per-call state and share one
-pooled HTTP session (``knowledgefs.dify.http``). Under ``local`` the accessors raise
+pooled HTTP session (``knowledgefs.dify.transport``). Under ``local`` the accessors raise
 :class:`CapabilityUnavailable` (code ``capability_unavailable``) rather than return ``None``, so
 a caller that forgot to check :func:`uses_dify` gets a clear error and not an ``AttributeError``.
 """

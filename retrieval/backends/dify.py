@@ -54,8 +54,8 @@ from django.db.models import F
 
 from ingestion.models import KnowledgeNode
 from knowledgefs.dify.errors import DifyError, DifyNotConfigured
-from knowledgefs.dify.http import DifyTransport
 from knowledgefs.dify.text_store import DifyTextStore, TextPoint, TextScope
+from knowledgefs.dify.transport import DifyTransport
 from knowledgefs.dify.vector_store import DifyVectorStore, VectorPoint, VectorScope
 from retrieval.models import DenseVector
 from retrieval.text import keyword_terms, keyword_text
