@@ -6,8 +6,6 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
-from django.db.models.signals import post_save, pre_delete
-from django.dispatch import receiver
 
 SLUG_PATTERN = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
 
@@ -277,23 +275,3 @@ class ApiKeyBinding(models.Model):
         if self.resource_type == BindingType.KNOWLEDGE_FS_SPACE:
             return f"space {self.space_id}"
         return f"dataset {self.dataset_id}"
-
-
-@receiver(post_save, sender=KnowledgeSpace, dispatch_uid="spaces.space_profile")
-def _space_profile(sender, instance: KnowledgeSpace, created: bool, raw: bool = False, **kwargs):
-    """Every new space gets its profile row in the transaction that creates it: the local
-    profile, ``ready``, under ``KNOWLEDGE_MODEL_RUNTIME=local``; ``setup-required`` otherwise."""
-    if created and not raw:
-        from .profiles import create_profile
-
-        create_profile(instance)
-
-
-@receiver(pre_delete, sender=KnowledgeSpace, dispatch_uid="spaces.keys_never_widen")
-def _keys_never_widen(sender, instance: KnowledgeSpace, **kwargs) -> None:
-    """Whatever deletes a space (``delete_space``, a cascade, the shell), the keys bound only to
-    it go first: once their binding cascaded away they would reach the whole tenant. Runs inside
-    the deletion's transaction."""
-    from .services import delete_keys_scoped_only_to
-
-    delete_keys_scoped_only_to(instance)
