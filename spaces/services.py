@@ -29,6 +29,7 @@ from django.utils import timezone
 from knowledgefs.auth.principal import Principal
 from knowledgefs.errors import Conflict, Forbidden, InvalidInput, NotFound
 
+from . import signals
 from .models import (
     SLUG_PATTERN,
     ApiKey,
@@ -276,34 +277,29 @@ def delete_space(principal: Principal, space_id: uuid.UUID | str) -> None:
     bound only to it (:func:`delete_keys_scoped_only_to`; keys bound elsewhere too only lose
     this binding).
 
-    Refused with 409 ``space_upgrade_in_progress`` while a Dataset upgrade into the space is
-    queued or running; a finished upgrade keeps its record with no space. The space is first
-    marked ``deleting_at`` (it can no longer be bound to a key). Documents
-    are purged one by one (each in its own transaction, so a long purge does not hold the
-    database); the space row then goes in one transaction that first purges anything admitted
-    meanwhile.
+    Order: ``space_deletion_requested`` (a receiver may refuse; upgrades does while an
+    upgrade into the space runs), the space marked ``deleting_at`` (no longer bindable),
+    ``space_emptying`` outside a transaction (ingestion purges documents one by one, each in its
+    own transaction), then one transaction under the space's row lock: ``space_emptying`` again
+    (what was admitted meanwhile), the keys, ``space_deleting`` (upgrades detaches finished
+    jobs), the row.
     """
-    from ingestion.services.documents import purge_documents
-
     space = get_space(principal, space_id)
-    # A classic Dataset upgrade still running into this space would lose its target.
-    if space.upgrade_jobs.filter(status__in=["queued", "running"]).exists():
-        raise Conflict(
-            "a Dataset upgrade into this knowledge space is in progress; delete it once the "
-            "upgrade has finished",
-            code="space_upgrade_in_progress",
-        )
+    # A receiver may refuse here (upgrades: an upgrade into the space is queued or running).
+    signals.space_deletion_requested.send(sender=KnowledgeSpace, space=space)
     # From here on the space cannot be bound to an API key (bind_api_key checks under the
     # space's row lock).
     KnowledgeSpace.objects.filter(id=space.id, deleting_at__isnull=True).update(
         deleting_at=timezone.now()
     )
-    purge_documents(space.documents.all())
+    signals.space_emptying.send(sender=KnowledgeSpace, space=space)  # ingestion: documents
     with transaction.atomic():
         KnowledgeSpace.objects.select_for_update().filter(id=space.id).first()
-        purge_documents(space.documents.all())  # admitted while the first purge ran
+        # admitted while the first purge ran
+        signals.space_emptying.send(sender=KnowledgeSpace, space=space)
         delete_keys_scoped_only_to(space)
-        space.upgrade_jobs.update(space=None)  # finished upgrades keep their record
+        # upgrades: finished upgrades keep their record
+        signals.space_deleting.send(sender=KnowledgeSpace, space=space)
         space.delete()
 
 
