@@ -72,13 +72,23 @@ class Readiness(models.TextChoices):
 
 
 class RetrievalMode(models.TextChoices):
-    """Retrieval modes a profile may name; only those in ``retrieval.services.MODES`` are
-    accepted as ``default_mode`` (the others are refused with ``mode_unavailable``)."""
+    """Retrieval modes a request or a profile may name; only the :meth:`concrete` ones are
+    accepted as ``default_mode`` (Auto resolves to one of them: ``mode_unavailable``)."""
 
     FAST = "fast", "Fast"
     DEEP = "deep", "Deep"
     RESEARCH = "research", "Research"
     AUTO = "auto", "Auto"
+
+    @classmethod
+    def all(cls) -> tuple[str, ...]:
+        """Every mode's value, in declaration order."""
+        return tuple(cls.values)
+
+    @classmethod
+    def concrete(cls) -> tuple[str, ...]:
+        """The modes that run as themselves (every mode but Auto), in declaration order."""
+        return tuple(mode for mode in cls.values if mode != cls.AUTO)
 
 
 class SpaceProfile(models.Model):

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from knowledgefs.auth.principal import Principal
@@ -61,6 +60,7 @@ from knowledgefs.runtime import (
     uses_dify,
 )
 
+from . import signals
 from .models import KnowledgeSpace, Readiness, RetrievalMode, SpaceProfile
 
 logger = logging.getLogger("knowledgefs.profiles")
@@ -257,7 +257,7 @@ def profile_of(space: KnowledgeSpace | uuid.UUID | str) -> SpaceProfile:
     return profile
 
 
-def _locked(space_id: uuid.UUID) -> SpaceProfile:
+def locked_profile(space_id: uuid.UUID) -> SpaceProfile:
     """Lock the space row, then its profile row; call inside a transaction."""
     if not lock_for_update(KnowledgeSpace.objects.filter(id=space_id)).exists():
         raise KnowledgeSpace.DoesNotExist(f"knowledge space {space_id} is gone")
@@ -425,8 +425,7 @@ def parse_retrieval_profile(body: Any) -> dict:
     a request's own ``score_threshold`` stays allowed), ``invalid_model_selection``,
     ``capability_unavailable`` (a rerank or reasoning model under the local runtime).
     """
-    from retrieval.services import CONCRETE_MODES as MODES
-
+    modes = RetrievalMode.concrete()
     if not isinstance(body, dict):
         raise InvalidInput("the body must be a JSON object", code="invalid_request")
     unknown = sorted(set(body) - _RETRIEVAL_KEYS - {"revision"})
@@ -440,16 +439,16 @@ def parse_retrieval_profile(body: Any) -> dict:
     mode = body.get("default_mode", RetrievalMode.FAST.value)
     if not isinstance(mode, str) or mode not in RetrievalMode.values:
         raise InvalidInput(
-            f"default_mode must be one of: {', '.join(MODES)}",
+            f"default_mode must be one of: {', '.join(modes)}",
             code="invalid_mode",
             details={"field": "default_mode"},
         )
-    if mode not in MODES:
+    if mode not in modes:
         raise InvalidInput(
             f"default_mode: {mode!r} cannot be a default (auto resolves to the default); "
-            f"supported: {', '.join(MODES)}",
+            f"supported: {', '.join(modes)}",
             code="mode_unavailable",
-            details={"field": "default_mode", "supported": list(MODES)},
+            details={"field": "default_mode", "supported": list(modes)},
         )
     top_k = body.get("top_k", DEFAULT_TOP_K)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
@@ -515,7 +514,8 @@ def parse_retrieval_profile(body: Any) -> dict:
     }
 
 
-def _check_revision(current: int, expected: int | None, what: str) -> None:
+def check_revision(current: int, expected: int | None, what: str) -> None:
+    """409 ``revision_conflict`` unless ``expected`` is None or the ``current`` revision."""
     if expected is not None and expected != current:
         raise Conflict(
             f"the {what} changed since revision {expected} (now {current}); re-read it and retry",
@@ -524,7 +524,8 @@ def _check_revision(current: int, expected: int | None, what: str) -> None:
         )
 
 
-def _expected(revision: Any) -> int | None:
+def parse_revision(revision: Any) -> int | None:
+    """A client's expected revision: None, or a positive integer (else 400)."""
     if revision is None:
         return None
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
@@ -537,121 +538,6 @@ def _expected(revision: Any) -> int | None:
 
 
 # --- changing profiles ----------------------------------------------------------------------
-
-
-def set_embedding_profile(
-    principal: Principal,
-    space_id: uuid.UUID | str,
-    selection: Any,
-    *,
-    expected_revision: int | None = None,
-) -> KnowledgeSpace:
-    """Choose the space's embedding model ``{plugin_id, provider, model}``; returns the space.
-
-    The same selection again changes nothing (also once frozen). Another selection is accepted
-    while nothing was indexed with the current one: before the first document is admitted, and
-    also after (the profile is frozen) as long as no node is published and no index version
-    holds a vector (a mistyped model whose validation failed every document). It bumps the
-    embedding profile's ``revision`` and clears what validation observed; under the local
-    runtime the space is ``ready`` at once, under Dify ``pending-validation``; the space's empty
-    index versions are retired. Errors: 404 ``space_not_found``; 400
-    ``invalid_model_selection``, ``capability_unavailable``, ``unknown_embedding_model``; 409
-    ``embedding_profile_frozen`` once the index holds vectors (its message names what works on
-    this runtime), ``revision_conflict`` when ``expected_revision`` is not the profile's
-    revision.
-    """
-    from retrieval.models import IndexState, IndexVersion
-
-    from .services import get_space
-
-    space = get_space(principal, space_id)
-    expected_revision = _expected(expected_revision)
-    chosen = parse_selection(selection, "embedding")
-    now = timezone.now()
-    with transaction.atomic():
-        profile = _locked(space.id)
-        _check_revision(profile.embedding_revision, expected_revision, "embedding profile")
-        if embedding_selection(profile) == chosen:
-            return space  # the same selection again (frozen or not) changes nothing
-        if profile.embedding_frozen_at is not None and _holds_vectors(space.id):
-            raise _frozen(profile, space.id)
-        fields: dict[str, Any] = {
-            "embedding_plugin_id": chosen.plugin_id,
-            "embedding_provider": chosen.provider,
-            "embedding_model": chosen.model,
-            "embedding_identity": "",
-            "embedding_dimension": None,
-            "vector_space_id": "",
-            "embedding_revision": profile.embedding_revision + 1,
-            "failure": None,
-            "updated_at": now,
-        }
-        if chosen.is_local:
-            fields.update(
-                embedding_identity=chosen.model,
-                vector_space_id=vector_space_id(chosen, local_identity(chosen.model)),
-                state=Readiness.READY,
-                validated_at=now,
-            )
-        else:
-            fields.update(state=Readiness.PENDING_VALIDATION, validated_at=None, capabilities={})
-        SpaceProfile.objects.filter(space_id=space.id).update(**fields)
-        # Nothing was indexed with the previous selection: no index version holds a vector.
-        IndexVersion.objects.filter(
-            space_id=space.id, state__in=(IndexState.ACTIVE, IndexState.BUILDING)
-        ).update(state=IndexState.RETIRED, retired_at=now, vectors_purged_at=now)
-        KnowledgeSpace.objects.filter(id=space.id).update(
-            embedding_model_id="", embedding_dimension=None, updated_at=now
-        )
-    logger.info("space %s: embedding profile set to %s", space.id, chosen)
-    space.refresh_from_db()
-    return space
-
-
-def _holds_vectors(space_id: uuid.UUID) -> bool:
-    """Whether anything was indexed with the space's embedding model: a published node, or a
-    vector in any index version (a running compilation projected it). Locks the live index
-    versions first (the rows a compilation's projection and a cutover lock), so a projection
-    either committed before this check or finds its versions retired. Call inside the
-    transaction, with the profile locked."""
-    from ingestion.models import KnowledgeNode
-    from retrieval.models import DenseVector, IndexState, IndexVersion
-
-    list(
-        IndexVersion.objects.select_for_update()
-        .filter(space_id=space_id, state__in=(IndexState.ACTIVE, IndexState.BUILDING))
-        .values_list("id", flat=True)
-    )
-    published = KnowledgeNode.objects.filter(
-        space_id=space_id, generation=F("document__active_generation")
-    )
-    return published.exists() or DenseVector.objects.filter(space_id=space_id).exists()
-
-
-def _frozen(profile: SpaceProfile, space_id) -> Conflict:
-    """409 ``embedding_profile_frozen`` for another selection of a space that holds vectors; the
-    message names what works on this runtime."""
-    since = profile.embedding_frozen_at.isoformat()
-    if runtime_name() == "local":
-        way = (
-            "to use another registered model, re-index the space with PATCH "
-            f'/v1/knowledge-spaces/{space_id} {{"embedding_model_id": …}} (or kfs space '
-            "set-model), which builds a new index version beside the live one and switches at "
-            "its cutover"
-        )
-    else:
-        way = (
-            "re-indexing a space onto another Dify model is not supported yet: create a new "
-            "space with that embedding profile and upload the documents there (while no node "
-            "of this space is published, for instance when every document failed, the "
-            "selection can still be replaced here)"
-        )
-    return Conflict(
-        f"the embedding profile was frozen when the first document was admitted ({since}) and "
-        f"the space's index holds vectors of this model; {way}",
-        code="embedding_profile_frozen",
-        details={"frozen_at": since},
-    )
 
 
 def _required_models(fields: dict) -> dict[str, Selection]:
@@ -683,11 +569,11 @@ def set_retrieval_profile(
     from .services import get_space
 
     space = get_space(principal, space_id)
-    expected_revision = _expected(expected_revision)
+    expected_revision = parse_revision(expected_revision)
     fields = parse_retrieval_profile(body)
     with transaction.atomic():
-        profile = _locked(space.id)
-        _check_revision(profile.retrieval_revision, expected_revision, "retrieval profile")
+        profile = locked_profile(space.id)
+        check_revision(profile.retrieval_revision, expected_revision, "retrieval profile")
         current = {name: getattr(profile, name) for name in fields}
         if current == fields:
             return space
@@ -750,8 +636,6 @@ def freeze_for_admission(space: KnowledgeSpace) -> SpaceProfile:
     active index version. A ``pending-validation`` space is admitted too: its first compilation
     runs the preflight and creates the index version.
     """
-    from retrieval.indexing import ensure_active_version
-
     profile = profile_of(space)
     if profile.state in (Readiness.SETUP_REQUIRED, Readiness.VALIDATION_FAILED):
         raise _not_ready(profile, space.id)
@@ -768,7 +652,8 @@ def freeze_for_admission(space: KnowledgeSpace) -> SpaceProfile:
                     embedding_frozen_at=profile.embedding_frozen_at
                 )
     if profile.state == Readiness.READY:
-        ensure_active_version(space)
+        # retrieval: the space's active index version (created by the first admission)
+        signals.embedding_profile_ready.send(sender=KnowledgeSpace, space=space)
     return profile
 
 
@@ -829,7 +714,7 @@ def adopt_registered_model(space: KnowledgeSpace, model_id: str, dimension: int)
     as the local profile of that model. Refused with 409 ``embedding_profile_frozen`` once a
     document was admitted (a frozen space without an index is waiting for its validation).
     Call inside that transaction, with the space's row locked."""
-    profile = _locked(space.pk)
+    profile = locked_profile(space.pk)
     selection = local_selection(model_id)
     same = embedding_selection(profile) == selection and profile.embedding_dimension == dimension
     if profile.embedding_frozen_at is not None and not same:
@@ -853,7 +738,7 @@ def follow_cutover(space_id: uuid.UUID, model_id: str, dimension: int) -> None:
 
     if is_vector_space_id(model_id):
         return  # a version of this very profile (other models arrive by registered id)
-    profile = _locked(space_id)
+    profile = locked_profile(space_id)
     if (
         embedding_selection(profile) == local_selection(model_id)
         and profile.embedding_dimension == dimension
@@ -950,11 +835,9 @@ def run_preflight(space: KnowledgeSpace, *, attempts: int = 3) -> SpaceProfile:
 
 
 def _record(space: KnowledgeSpace, snapshot: tuple[int, int], outcome) -> SpaceProfile | None:
-    from retrieval.indexing import ensure_active_version, live_versions
-
     now = timezone.now()
     with transaction.atomic():
-        profile = _locked(space.pk)
+        profile = locked_profile(space.pk)
         if (profile.embedding_revision, profile.retrieval_revision) != snapshot:
             return None  # the profile changed while it was checked: check the new one
         if isinstance(outcome, ProfileFailure):
@@ -971,12 +854,11 @@ def _record(space: KnowledgeSpace, snapshot: tuple[int, int], outcome) -> SpaceP
         else:
             fields = {**outcome, "state": Readiness.READY, "failure": None, "validated_at": now}
         SpaceProfile.objects.filter(space_id=space.pk).update(**fields)
-        if (
-            fields.get("state") == Readiness.READY
-            and profile.embedding_frozen_at is not None
-            and live_versions(space.pk)[0] is None
-        ):
-            ensure_active_version(KnowledgeSpace(id=space.pk))
+        if fields.get("state") == Readiness.READY and profile.embedding_frozen_at is not None:
+            # retrieval: a document waited for this validation; the space gets its index
+            signals.embedding_profile_ready.send(
+                sender=KnowledgeSpace, space=KnowledgeSpace(id=space.pk)
+            )
     return SpaceProfile.objects.get(space_id=space.pk)
 
 

@@ -27,9 +27,7 @@ class KnowledgeSpaceSerializer(serializers.ModelSerializer):
 
     def get_index(self, space) -> dict:
         """``{"active": {number, model_id, dimension} | None, "building": … | None}``."""
-        from retrieval.indexing import index_summary
-
-        return index_summary(space.index_versions.all())
+        return space.index_versions.summary()
 
     def to_representation(self, space) -> dict:
         """The space's fields, then ``readiness``, ``embedding_profile`` and

@@ -16,6 +16,7 @@ import secrets
 import tempfile
 import unicodedata
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -199,26 +200,9 @@ def get_space_by_slug(principal: Principal, slug: str) -> KnowledgeSpace:
     return space
 
 
-def update_space(
-    principal: Principal,
-    space_id: uuid.UUID | str,
-    *,
-    changes: dict,
-    expected_revision: int | None = None,
-) -> KnowledgeSpace:
-    """Apply ``changes`` (``name``, ``description``, ``slug``, ``embedding_model_id``) by
-    compare-and-set on ``revision``.
-
-    With ``expected_revision`` the update applies only if the stored revision still matches,
-    else 409 ``revision_conflict``; without it the current revision is used (last writer wins).
-    ``embedding_model_id`` (400 ``unknown_embedding_model`` unless registered; 400
-    ``capability_unavailable`` unless ``KNOWLEDGE_MODEL_RUNTIME=local``, see
-    :func:`retrieval.indexing.resolve_model`) starts a new index version built beside the live
-    one (:func:`retrieval.indexing.change_embedding_model`); the space's ``embedding_model_id``
-    changes when that version takes over. Asking for the model already in use (whichever the
-    runtime) changes nothing.
-    """
-    space = get_space(principal, space_id)
+def space_fields(changes: dict) -> dict:
+    """The checked row fields of ``changes`` (``name``, ``description``, ``slug``); other keys
+    are left to their owners (``embedding_model_id``: retrieval.embedding_profile)."""
     fields: dict = {}
     if "name" in changes:
         fields["name"] = _clean_name(changes["name"])
@@ -231,16 +215,41 @@ def update_space(
     if "slug" in changes:
         _check_slug(changes["slug"])
         fields["slug"] = changes["slug"]
-    model_id = changes.get("embedding_model_id")
-    model_change = False
-    if model_id is not None:
-        from retrieval.indexing import model_change_needed, resolve_model
+    return fields
 
-        model_change = model_change_needed(space, model_id)
-        if model_change:
-            resolve_model(model_id, space.id)
+
+def update_space(
+    principal: Principal,
+    space_id: uuid.UUID | str,
+    *,
+    changes: dict,
+    expected_revision: int | None = None,
+) -> KnowledgeSpace:
+    """Apply ``changes`` (``name``, ``description``, ``slug``) by compare-and-set on
+    ``revision`` (:func:`apply_space_update`). A model change (``embedding_model_id``) is
+    :func:`retrieval.embedding_profile.update_space`."""
+    if changes.get("embedding_model_id") is not None:
+        raise ValueError("embedding_model_id: use retrieval.embedding_profile.update_space")
+    space = get_space(principal, space_id)
+    return apply_space_update(space, space_fields(changes), expected_revision)
+
+
+def apply_space_update(
+    space: KnowledgeSpace,
+    fields: dict,
+    expected_revision: int | None,
+    *,
+    also: Callable[[KnowledgeSpace], object] | None = None,
+) -> KnowledgeSpace:
+    """Write ``fields`` and bump ``revision`` by compare-and-set; returns the space re-read.
+
+    With ``expected_revision`` the update applies only if the stored revision still matches,
+    else 409; without it the current revision is used (last writer wins). ``also(space)`` runs
+    in the same transaction once the revision was bumped (a model change); nothing to write
+    and no ``also`` changes nothing.
+    """
     revision = space.revision if expected_revision is None else expected_revision
-    if not fields and not model_change:
+    if not fields and also is None:
         if revision != space.revision:
             raise Conflict(
                 f"knowledge space changed since revision {revision}; re-read it and retry",
@@ -253,10 +262,8 @@ def update_space(
     try:
         with transaction.atomic():
             updated = target.update(revision=F("revision") + 1, updated_at=timezone.now(), **fields)
-            if updated and model_change:
-                from retrieval.indexing import change_embedding_model
-
-                change_embedding_model(space, model_id)
+            if updated and also is not None:
+                also(space)
     except IntegrityError:
         if "slug" not in fields:
             raise

@@ -1,8 +1,8 @@
 """The signals spaces sends so that higher apps act on a space without spaces importing them.
 
 Every signal is sent synchronously with ``sender=KnowledgeSpace`` and ``space=`` the instance,
-inside the caller's transaction (if any); a receiver's exception propagates to the sender and
-undoes what the transaction did. Receivers are connected in the receiving app's
+inside the sender's transaction when it holds one; a receiver's exception propagates to the
+sender (and undoes what that transaction did). Receivers are connected in the receiving app's
 ``AppConfig.ready()`` and run in connection order, that is ``INSTALLED_APPS`` order.
 """
 
@@ -26,7 +26,8 @@ space_emptying = Signal()
 space_deleting = Signal()
 
 # args: space
-# Sent where a space's embedding profile becomes usable for vectors (admission freezes it, a
-# preflight records it ``ready``), inside that transaction with the profile row locked:
-# receivers make sure the space has its index version (retrieval).
+# Sent where a space's embedding profile is usable for vectors: by admission once the profile is
+# frozen and ready (after the latch committed), and by a preflight that records a frozen profile
+# ``ready`` (inside its transaction, the space's and the profile's rows locked). Receivers make
+# sure the space has its active index version (retrieval).
 embedding_profile_ready = Signal()

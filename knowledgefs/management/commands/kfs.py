@@ -17,7 +17,7 @@ from ingestion.services import compilation, documents, reports
 from knowledgefs import downgrades
 from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
-from retrieval import answer_cli, evaluation, golden, indexing
+from retrieval import answer_cli, embedding_profile, evaluation, golden, indexing
 from retrieval.services import LEGS, PROFILE, retrieve
 from spaces import profiles
 from spaces import services as spaces
@@ -336,7 +336,7 @@ class Command(BaseCommand):
                 "provider": options["provider"],
                 "model": options["model"],
             }
-            space = profiles.set_embedding_profile(
+            space = embedding_profile.set_embedding_profile(
                 principal, space.id, selection, expected_revision=options["revision"]
             )
         elif action == "set-retrieval-profile":
