@@ -24,11 +24,11 @@ from knowledgefs.auth.principal import Principal
 from knowledgefs.errors import Conflict
 from knowledgefs.runtime import runtime_name
 from spaces.models import KnowledgeSpace, Readiness, SpaceProfile
-from spaces.profiles import (
+from spaces.profiles import locked_profile
+from spaces.selection import (
     check_revision,
     embedding_selection,
     local_identity,
-    locked_profile,
     parse_revision,
     parse_selection,
     vector_space_id,

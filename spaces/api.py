@@ -18,7 +18,7 @@ from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
 from retrieval import embedding_profile
 
-from . import profiles, services
+from . import preflight, profiles, services
 from .serializers import KnowledgeSpaceSerializer, SpaceCreateSerializer, SpaceUpdateSerializer
 
 
@@ -177,5 +177,5 @@ class ProfileValidationView(APIView):
     }
 
     def post(self, request, space_id):
-        space = profiles.validate_space(request.user, space_id)
+        space = preflight.validate_space(request.user, space_id)
         return Response(KnowledgeSpaceSerializer(space).data)

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from django.db import models
 from django.db.models import Q
 
+from knowledgefs.errors import InvalidInput
+
 SLUG_PATTERN = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+
+
+def validate_tenant_id(tenant_id: str) -> str:
+    """Return ``tenant_id`` or raise :class:`InvalidInput` (1–64 of ``A-Za-z0-9_.:-``)."""
+    if not isinstance(tenant_id, str) or not _TENANT_RE.fullmatch(tenant_id):
+        raise InvalidInput(
+            "tenant must be 1-64 characters of letters, digits, '_', '.', ':' or '-'",
+            code="invalid_tenant",
+        )
+    return tenant_id
 
 
 class KnowledgeSpace(models.Model):

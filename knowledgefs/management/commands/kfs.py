@@ -19,7 +19,7 @@ from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
 from retrieval import answer_cli, embedding_profile, evaluation, golden, indexing
 from retrieval.services import LEGS, PROFILE, retrieve
-from spaces import profiles
+from spaces import preflight, profiles
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
 from upgrades import cli as upgrade_cli
@@ -361,7 +361,7 @@ class Command(BaseCommand):
                 principal, space.id, body, expected_revision=options["revision"]
             )
         else:
-            space = profiles.validate_space(principal, space.id)
+            space = preflight.validate_space(principal, space.id)
         described = profiles.describe(profiles.profile_of(space))
         readiness, embedding = described["readiness"], described["embedding_profile"]
         failure = readiness["failure"]
