@@ -38,7 +38,7 @@ logger = logging.getLogger("knowledgefs.apikeys")
 # exactly those resources, of which this service honours the ``knowledge_fs_space`` ones. Every
 # change that can narrow or end a key (revoke, unbind, delete, a space deleted) goes through
 # this section, takes the key's row lock, and invalidates cached authentication results before
-# it commits and again once it has (see "Authentication cache" below).
+# it commits and again once it has (spaces/key_auth.py, "Authentication cache").
 
 _DATASET_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
