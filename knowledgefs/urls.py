@@ -15,13 +15,7 @@ from ingestion.api import (
 from retrieval.answer_api import QueryTraceView, QueryView
 from retrieval.api import GoldenQuestionDetailView, GoldenQuestionListView, RetrievalTestView
 from retrieval.research_tasks import api as research_task_api
-from spaces.api import (
-    EmbeddingProfileView,
-    KnowledgeSpaceDetailView,
-    KnowledgeSpaceListView,
-    ProfileValidationView,
-    RetrievalProfileView,
-)
+from spaces import urls as spaces_urls
 from upgrades import cutover_api
 
 from . import health, internal
@@ -33,25 +27,7 @@ handler404 = "knowledgefs.errors.handler404"
 handler500 = "knowledgefs.errors.handler500"
 
 v1 = [
-    path("knowledge-spaces", KnowledgeSpaceListView.as_view(), name="space-list"),
-    path(
-        "knowledge-spaces/<str:space_id>", KnowledgeSpaceDetailView.as_view(), name="space-detail"
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/embedding-profile",
-        EmbeddingProfileView.as_view(),
-        name="space-embedding-profile",
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/retrieval-profile",
-        RetrievalProfileView.as_view(),
-        name="space-retrieval-profile",
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/profile-validation",
-        ProfileValidationView.as_view(),
-        name="space-profile-validation",
-    ),
+    path("", include(spaces_urls.urlpatterns)),
     path(
         "knowledge-spaces/<str:space_id>/documents",
         DocumentListView.as_view(),
@@ -118,16 +94,7 @@ v1 = [
 ]
 
 internal_routes = [
-    path(
-        "knowledge-spaces/provision",
-        internal.ProvisionSpaceView.as_view(),
-        name="internal-space-provision",
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/delete",
-        internal.DeleteSpaceView.as_view(),
-        name="internal-space-delete",
-    ),
+    path("", include(spaces_urls.internal_urlpatterns)),
     path(
         "capability-grants/<str:grant_id>/revoke",
         internal.RevokeGrantView.as_view(),

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from .models import KnowledgeSpace
+from spaces.models import KnowledgeSpace
 
 
 class KnowledgeSpaceSerializer(serializers.ModelSerializer):
@@ -32,8 +32,8 @@ class KnowledgeSpaceSerializer(serializers.ModelSerializer):
     def to_representation(self, space) -> dict:
         """The space's fields, then ``readiness``, ``embedding_profile`` and
         ``retrieval_profile`` (:func:`spaces.profiles.describe`)."""
-        from .models import SpaceProfile
-        from .profiles import describe, profile_of
+        from spaces.models import SpaceProfile
+        from spaces.profiles import describe, profile_of
 
         data = super().to_representation(space)
         profile = None

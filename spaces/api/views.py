@@ -17,8 +17,8 @@ from knowledgefs.auth.operations import ADMIN_CALLERS, Operation, namespace_wide
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
 from retrieval import embedding_profile
+from spaces import preflight, profiles, services
 
-from . import preflight, profiles, services
 from .serializers import KnowledgeSpaceSerializer, SpaceCreateSerializer, SpaceUpdateSerializer
 
 
