@@ -6,3 +6,16 @@ class IngestionConfig(AppConfig):
 
     name = "ingestion"
     verbose_name = "Ingestion"
+
+    def ready(self) -> None:
+        from spaces import signals
+        from spaces.models import KnowledgeSpace
+
+        from . import receivers
+
+        # A space being deleted loses its documents (spaces.services.delete_space).
+        signals.space_emptying.connect(
+            receivers.purge_space_documents,
+            sender=KnowledgeSpace,
+            dispatch_uid="ingestion.purge_space_documents",
+        )

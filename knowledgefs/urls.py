@@ -1,16 +1,10 @@
 """URL map: the product API under ``/v1/``, Dify's internal routes under ``/internal/``,
-probes, and Django admin."""
+probes, and Django admin. Each app's routes live in its ``urls.py``; this module includes them."""
 
 from django.contrib import admin
 from django.urls import include, path
 
-from spaces.api import (
-    EmbeddingProfileView,
-    KnowledgeSpaceDetailView,
-    KnowledgeSpaceListView,
-    ProfileValidationView,
-    RetrievalProfileView,
-)
+from spaces import urls as spaces_urls
 from upgrades import cutover_api
 
 from . import health, internal, openapi
@@ -25,25 +19,8 @@ handler404 = "knowledgefs.errors.handler404"
 handler500 = "knowledgefs.errors.handler500"
 
 v1 = [
-    path("knowledge-spaces", KnowledgeSpaceListView.as_view(), name="space-list"),
-    path(
-        "knowledge-spaces/<str:space_id>", KnowledgeSpaceDetailView.as_view(), name="space-detail"
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/embedding-profile",
-        EmbeddingProfileView.as_view(),
-        name="space-embedding-profile",
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/retrieval-profile",
-        RetrievalProfileView.as_view(),
-        name="space-retrieval-profile",
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/profile-validation",
-        ProfileValidationView.as_view(),
-        name="space-profile-validation",
-    ),
+    # Knowledge spaces and their profiles (spaces/urls.py).
+    path("", include(spaces_urls.urlpatterns)),
     # Documents, their text and compilation jobs (ingestion/urls.py).
     path("", include("ingestion.urls")),
     # Retrieval tests, answers, golden questions and research tasks (retrieval/urls.py).
@@ -51,16 +28,7 @@ v1 = [
 ]
 
 internal_routes = [
-    path(
-        "knowledge-spaces/provision",
-        internal.ProvisionSpaceView.as_view(),
-        name="internal-space-provision",
-    ),
-    path(
-        "knowledge-spaces/<str:space_id>/delete",
-        internal.DeleteSpaceView.as_view(),
-        name="internal-space-delete",
-    ),
+    path("", include(spaces_urls.internal_urlpatterns)),
     path(
         "capability-grants/<str:grant_id>/revoke",
         internal.RevokeGrantView.as_view(),

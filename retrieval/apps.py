@@ -9,3 +9,14 @@ class RetrievalConfig(AppConfig):
 
     def ready(self) -> None:
         from retrieval import checks  # noqa: F401  (registers the system checks)
+        from spaces import signals
+        from spaces.models import KnowledgeSpace
+
+        from . import receivers
+
+        # A space whose embedding profile became usable gets its active index version.
+        signals.embedding_profile_ready.connect(
+            receivers.index_ready_profile,
+            sender=KnowledgeSpace,
+            dispatch_uid="retrieval.index_ready_profile",
+        )

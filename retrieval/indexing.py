@@ -47,7 +47,7 @@ from knowledgefs.runtime import (
     runtime_name,
 )
 from retrieval.backends import IndexedNode, backend_name, get_search_backend
-from retrieval.models import DenseVector, IndexState, IndexVersion
+from retrieval.models import DenseVector, IndexState, IndexVersion, IndexVersionQuerySet
 from spaces.models import KnowledgeSpace
 
 logger = logging.getLogger("knowledgefs.indexing")
@@ -114,13 +114,7 @@ def live_versions(space_id: uuid.UUID) -> tuple[IndexVersion | None, IndexVersio
 
 def index_summary(versions) -> dict:
     """``{"active": {number, model_id, dimension} | None, "building": … | None}``."""
-    by_state = {v.state: v for v in versions if v.state in _LIVE}
-    return {
-        "active": by_state[IndexState.ACTIVE].as_dict() if IndexState.ACTIVE in by_state else None,
-        "building": (
-            by_state[IndexState.BUILDING].as_dict() if IndexState.BUILDING in by_state else None
-        ),
-    }
+    return IndexVersionQuerySet.summary(versions)  # any iterable of versions
 
 
 def _next_number(space_id: uuid.UUID) -> int:

@@ -22,6 +22,22 @@ class IndexState(models.TextChoices):
     RETIRED = "retired", "Retired"
 
 
+class IndexVersionQuerySet(models.QuerySet):
+    def summary(self) -> dict:
+        """``{"active": {number, model_id, dimension} | None, "building": … | None}`` of the
+        live versions among these (a prefetched ``space.index_versions`` is not queried again)."""
+        live = (IndexState.ACTIVE, IndexState.BUILDING)
+        by_state = {v.state: v for v in self if v.state in live}
+        return {
+            "active": (
+                by_state[IndexState.ACTIVE].as_dict() if IndexState.ACTIVE in by_state else None
+            ),
+            "building": (
+                by_state[IndexState.BUILDING].as_dict() if IndexState.BUILDING in by_state else None
+            ),
+        }
+
+
 class IndexVersion(models.Model):
     """One dense index of a space, filled by one embedding model.
 
@@ -50,6 +66,8 @@ class IndexVersion(models.Model):
     progress_at = models.DateTimeField(null=True, blank=True)
     vectors_purged_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+
+    objects = IndexVersionQuerySet.as_manager()
 
     class Meta:
         constraints = [

@@ -25,14 +25,14 @@ from ingestion.models import KnowledgeNode
 from knowledgefs.dify.errors import DifyError
 from knowledgefs.errors import InvalidInput, Unavailable
 from knowledgefs.runtime import UnknownEmbeddingModel, get_embedding_model
-from spaces.models import KnowledgeSpace, PublicationHead
+from spaces.models import KnowledgeSpace, PublicationHead, RetrievalMode
 
 from .backends import ScoredNode, get_search_backend
 from .models import IndexState, IndexVersion
 from .planner import LEG_FLOOR
 
-MODES = ("fast", "deep", "research", "auto")
-CONCRETE_MODES = ("fast", "deep", "research")
+MODES = RetrievalMode.all()  # ("fast", "deep", "research", "auto")
+CONCRETE_MODES = RetrievalMode.concrete()  # ("fast", "deep", "research")
 LEGS = ("dense", "keyword")
 # Each leg fetches at least this many candidates (capped at 100): min-max normalisation over a
 # handful of hits is unstable, and an exact keyword match missing from a short dense list would

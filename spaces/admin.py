@@ -11,7 +11,7 @@ from django.utils import timezone
 from knowledgefs.auth.principal import Principal
 from knowledgefs.errors import ServiceError
 
-from . import profiles, services
+from . import api_keys, preflight, services
 from .models import (
     ApiKey,
     ApiKeyBinding,
@@ -139,7 +139,7 @@ class KnowledgeSpaceAdmin(admin.ModelAdmin):
     def validate_profiles(self, request, queryset) -> None:
         for space in queryset:
             try:
-                profile = profiles.run_preflight(space)
+                profile = preflight.run_preflight(space)
             except ServiceError as exc:
                 self.message_user(
                     request, f"{space.slug}: {exc.code}: {exc.message}", messages.ERROR
@@ -221,7 +221,7 @@ class KeyStateFilter(admin.SimpleListFilter):
 
 
 class BindingForm(forms.ModelForm):
-    """One new binding; checked by the same rules as ``services.bind_api_key``."""
+    """One new binding; checked by the same rules as ``api_keys.bind_api_key``."""
 
     class Meta:
         model = ApiKeyBinding
@@ -276,7 +276,7 @@ class ApiKeyBindingInline(admin.TabularInline):
 
 
 class ApiKeyCreationForm(forms.ModelForm):
-    """Create a key through ``services.create_api_key``; the secret is shown once."""
+    """Create a key through ``api_keys.create_api_key``; the secret is shown once."""
 
     spaces = forms.ModelMultipleChoiceField(
         queryset=KnowledgeSpace.objects.filter(deleting_at__isnull=True).order_by(
@@ -299,13 +299,13 @@ class ApiKeyCreationForm(forms.ModelForm):
         raw = self.cleaned_data.get("datasets") or ""
         datasets = [d for d in raw.replace(",", " ").split() if d]
         try:
-            return [services.validate_dataset_id(d) for d in datasets]
+            return [api_keys.validate_dataset_id(d) for d in datasets]
         except ServiceError as exc:
             raise ValidationError(exc.message) from None
 
     def clean_name(self) -> str:
         try:
-            return services.validate_key_name(self.cleaned_data.get("name") or "")
+            return api_keys.validate_key_name(self.cleaned_data.get("name") or "")
         except ServiceError as exc:
             raise ValidationError(exc.message) from None
 
@@ -378,7 +378,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             obj.save(update_fields=["name"])
             return
         try:
-            key, secret = services.create_api_key(
+            key, secret = api_keys.create_api_key(
                 form.cleaned_data["tenant_id"],
                 spaces=list(form.cleaned_data.get("spaces") or []),
                 datasets=form.cleaned_data.get("datasets") or [],
@@ -408,7 +408,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         for binding in formset.new_objects:
             is_space = binding.resource_type == BindingType.KNOWLEDGE_FS_SPACE
             try:
-                services.bind_api_key(
+                api_keys.bind_api_key(
                     key,
                     binding.space if is_space else None,
                     dataset_id=None if is_space else binding.dataset_id,
@@ -425,7 +425,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
                 formset.new_objects = formset.changed_objects = formset.deleted_objects = []
                 return
         for binding in formset.deleted_objects:
-            result = services.unbind_api_key(key, binding)
+            result = api_keys.unbind_api_key(key, binding)
             if result.revoked:
                 self.message_user(
                     request,
@@ -436,17 +436,17 @@ class ApiKeyAdmin(admin.ModelAdmin):
         formset.new_objects = formset.changed_objects = formset.deleted_objects = []
 
     def delete_model(self, request, obj) -> None:
-        services.delete_api_key(obj)
+        api_keys.delete_api_key(obj)
 
     def delete_queryset(self, request, queryset) -> None:
         for key in queryset:
-            services.delete_api_key(key)
+            api_keys.delete_api_key(key)
 
     @admin.action(description="Revoke selected keys (immediately)", permissions=["change"])
     def revoke(self, request, queryset) -> None:
         count = 0
         for key in queryset.filter(revoked_at__isnull=True):
-            services.revoke_api_key(key)
+            api_keys.revoke_api_key(key)
             count += 1
         self.message_user(
             request, f"Revoked {count} API keys at {timezone.now():%H:%M:%S} UTC.", messages.SUCCESS

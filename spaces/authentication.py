@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from rest_framework import authentication, exceptions
 
-from .services import authenticate_secret
+from .key_auth import authenticate_secret
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     """Sets ``request.user`` to a :class:`knowledgefs.auth.principal.Principal` of kind
-    ``api_key``, scoped by the key's bindings (:func:`spaces.services.authenticate_secret`,
+    ``api_key``, scoped by the key's bindings (:func:`spaces.key_auth.authenticate_secret`,
     which caches the result until the key is revoked or its bindings change). An unknown or
     revoked key is 401 ``authentication_failed``; the secret is never logged."""
 

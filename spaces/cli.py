@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 
-from retrieval import indexing
-from spaces import profiles
+from retrieval import embedding_profile, indexing
+from spaces import preflight, profiles
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
 
@@ -187,7 +187,7 @@ def _profiles(command, principal, options: dict) -> None:
             "provider": options["provider"],
             "model": options["model"],
         }
-        space = profiles.set_embedding_profile(
+        space = embedding_profile.set_embedding_profile(
             principal, space.id, selection, expected_revision=options["revision"]
         )
     elif action == "set-retrieval-profile":
@@ -212,7 +212,7 @@ def _profiles(command, principal, options: dict) -> None:
             principal, space.id, body, expected_revision=options["revision"]
         )
     else:
-        space = profiles.validate_space(principal, space.id)
+        space = preflight.validate_space(principal, space.id)
     described = profiles.describe(profiles.profile_of(space))
     readiness, embedding = described["readiness"], described["embedding_profile"]
     failure = readiness["failure"]

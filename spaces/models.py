@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from django.db import models
 from django.db.models import Q
-from django.db.models.signals import post_save, pre_delete
-from django.dispatch import receiver
+
+from knowledgefs.errors import InvalidInput
 
 SLUG_PATTERN = r"^[a-z0-9]+(?:-[a-z0-9]+)*$"
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+
+
+def validate_tenant_id(tenant_id: str) -> str:
+    """Return ``tenant_id`` or raise :class:`InvalidInput` (1–64 of ``A-Za-z0-9_.:-``)."""
+    if not isinstance(tenant_id, str) or not _TENANT_RE.fullmatch(tenant_id):
+        raise InvalidInput(
+            "tenant must be 1-64 characters of letters, digits, '_', '.', ':' or '-'",
+            code="invalid_tenant",
+        )
+    return tenant_id
 
 
 class KnowledgeSpace(models.Model):
@@ -74,13 +86,23 @@ class Readiness(models.TextChoices):
 
 
 class RetrievalMode(models.TextChoices):
-    """Retrieval modes a profile may name; only those in ``retrieval.services.MODES`` are
-    accepted as ``default_mode`` (the others are refused with ``mode_unavailable``)."""
+    """Retrieval modes a request or a profile may name; only the :meth:`concrete` ones are
+    accepted as ``default_mode`` (Auto resolves to one of them: ``mode_unavailable``)."""
 
     FAST = "fast", "Fast"
     DEEP = "deep", "Deep"
     RESEARCH = "research", "Research"
     AUTO = "auto", "Auto"
+
+    @classmethod
+    def all(cls) -> tuple[str, ...]:
+        """Every mode's value, in declaration order."""
+        return tuple(cls.values)
+
+    @classmethod
+    def concrete(cls) -> tuple[str, ...]:
+        """The modes that run as themselves (every mode but Auto), in declaration order."""
+        return tuple(mode for mode in cls.values if mode != cls.AUTO)
 
 
 class SpaceProfile(models.Model):
@@ -277,23 +299,3 @@ class ApiKeyBinding(models.Model):
         if self.resource_type == BindingType.KNOWLEDGE_FS_SPACE:
             return f"space {self.space_id}"
         return f"dataset {self.dataset_id}"
-
-
-@receiver(post_save, sender=KnowledgeSpace, dispatch_uid="spaces.space_profile")
-def _space_profile(sender, instance: KnowledgeSpace, created: bool, raw: bool = False, **kwargs):
-    """Every new space gets its profile row in the transaction that creates it: the local
-    profile, ``ready``, under ``KNOWLEDGE_MODEL_RUNTIME=local``; ``setup-required`` otherwise."""
-    if created and not raw:
-        from .profiles import create_profile
-
-        create_profile(instance)
-
-
-@receiver(pre_delete, sender=KnowledgeSpace, dispatch_uid="spaces.keys_never_widen")
-def _keys_never_widen(sender, instance: KnowledgeSpace, **kwargs) -> None:
-    """Whatever deletes a space (``delete_space``, a cascade, the shell), the keys bound only to
-    it go first: once their binding cascaded away they would reach the whole tenant. Runs inside
-    the deletion's transaction."""
-    from .services import delete_keys_scoped_only_to
-
-    delete_keys_scoped_only_to(instance)

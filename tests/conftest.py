@@ -53,7 +53,7 @@ def space(db, principal):
 
 @pytest.fixture
 def api_key(db, tenant) -> str:
-    from spaces.services import create_api_key
+    from spaces.api_keys import create_api_key
 
     return create_api_key(tenant)[1]
 

@@ -15,8 +15,8 @@ from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, RunState, Stage
 from ingestion.services import compilation
 from knowledgefs.errors import Conflict
+from spaces.api_keys import create_api_key
 from spaces.models import ApiKey
-from spaces.services import create_api_key
 from tests.conftest import compile_all
 
 pytestmark = pytest.mark.django_db

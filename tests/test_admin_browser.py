@@ -18,8 +18,8 @@ from django.db import connections
 
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, RunState
+from spaces.api_keys import create_api_key, revoke_api_key
 from spaces.models import ApiKey
-from spaces.services import create_api_key, revoke_api_key
 from tests.conftest import compile_all
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -114,8 +114,8 @@ def test_a_space_cannot_change_tenant_or_slug_in_admin_and_names_are_checked(adm
 
 
 def test_view_only_staff_cannot_revoke_api_keys(tenant):
+    from spaces.api_keys import create_api_key
     from spaces.models import ApiKey
-    from spaces.services import create_api_key
 
     key, _ = create_api_key(tenant)
     viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
@@ -131,7 +131,7 @@ def test_view_only_staff_cannot_revoke_api_keys(tenant):
 def test_an_idempotent_replay_does_not_hand_a_narrowed_key_a_space(tenant, space):
     from rest_framework.test import APIClient
 
-    from spaces.services import bind_api_key, create_api_key
+    from spaces.api_keys import bind_api_key, create_api_key
 
     key, secret = create_api_key(tenant)
     api = APIClient(HTTP_AUTHORIZATION=f"Bearer {secret}", HTTP_IDEMPOTENCY_KEY="create-1")

@@ -23,7 +23,8 @@ from django.db import connection, connections
 
 from ingestion.documents import admit_document
 from retrieval.models import AnswerTrace
-from spaces.services import Principal, create_api_key, create_space
+from spaces.api_keys import create_api_key
+from spaces.services import Principal, create_space
 from tests import dify_fixtures
 from tests.conftest import compile_all
 from tests.dify_server import LLM, TEST_INNER_KEY, envelope_frame

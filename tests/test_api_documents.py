@@ -174,7 +174,7 @@ def test_cross_tenant_documents_and_jobs_are_404(client, space):
     other_space = create_space(Principal(tenant_id="tenant-b"), name="B")
     from rest_framework.test import APIClient
 
-    from spaces.services import create_api_key
+    from spaces.api_keys import create_api_key
 
     other = APIClient(HTTP_AUTHORIZATION=f"Bearer {create_api_key('tenant-b')[1]}")
     assert other.get(f"/v1/jobs/{body['job']['id']}").status_code == 404

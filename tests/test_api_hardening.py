@@ -8,8 +8,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from ingestion.models import Document
+from spaces.api_keys import create_api_key
 from spaces.models import ApiKey
-from spaces.services import create_api_key
 from tests.conftest import multipart_body, upload
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.django_db
 
 
 def test_a_key_narrowed_elsewhere_is_narrowed_at_once(tenant, principal):
-    from spaces.services import create_space, unbind_api_key
+    from spaces.api_keys import unbind_api_key
+    from spaces.services import create_space
 
     a, b = create_space(principal, name="A"), create_space(principal, name="B")
     key, secret = create_api_key(tenant, spaces=[a, b])
@@ -161,7 +162,8 @@ def test_deleting_the_only_space_of_a_scoped_key_removes_the_key(tenant, princip
 
 
 def test_a_scoped_key_left_with_no_spaces_reaches_nothing(tenant, principal):
-    from spaces.services import create_space, unbind_api_key
+    from spaces.api_keys import unbind_api_key
+    from spaces.services import create_space
 
     space = create_space(principal, name="S")
     key, secret = create_api_key(tenant, spaces=[space])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from spaces.services import Principal, create_api_key, create_space, revoke_api_key
+from spaces.api_keys import create_api_key, revoke_api_key
+from spaces.services import Principal, create_space
 
 pytestmark = pytest.mark.django_db
 

@@ -27,18 +27,11 @@ from rest_framework.test import APIClient
 
 from ingestion.documents import admit_document
 from knowledgefs.errors import Conflict, InvalidInput, NotFound
-from spaces import services
+from spaces import api_keys, key_auth
+from spaces.api_keys import bind_api_key, create_api_key, revoke_api_key, unbind_api_key
+from spaces.key_auth import authenticate_secret
 from spaces.models import ApiKey, ApiKeyBinding, BindingType, KnowledgeSpace
-from spaces.services import (
-    Principal,
-    authenticate_secret,
-    bind_api_key,
-    create_api_key,
-    create_space,
-    delete_space,
-    revoke_api_key,
-    unbind_api_key,
-)
+from spaces.services import Principal, create_space, delete_space
 from tests.conftest import upload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +57,7 @@ def listed(client: APIClient) -> list[str]:
 
 
 def cache_entry(secret: str):
-    return cache.get(services._auth_cache_key(hashlib.sha256(secret.encode()).hexdigest()))
+    return cache.get(key_auth._auth_cache_key(hashlib.sha256(secret.encode()).hexdigest()))
 
 
 @pytest.fixture
@@ -276,7 +269,7 @@ def test_an_unbind_racing_a_space_deletion_never_leaves_a_key_without_bindings(t
         try:
             with transaction.atomic():
                 KnowledgeSpace.objects.select_for_update().filter(id=a.id).first()
-                services.delete_keys_scoped_only_to(a)
+                api_keys.delete_keys_scoped_only_to(a)
                 KnowledgeSpace.objects.filter(id=a.id).delete()
                 deleting.set()
                 release.wait(20)
@@ -400,7 +393,7 @@ def test_last_used_at_is_written_at_most_once_a_minute(tenant, monkeypatch):
 
     # Another process whose memo says it is due writes nothing: the row was written this minute.
     written = ApiKey.objects.get(id=key.id).last_used_at
-    cache.delete(services._used_cache_key(hashlib.sha256(secret.encode()).hexdigest()))
+    cache.delete(key_auth._used_cache_key(hashlib.sha256(secret.encode()).hexdigest()))
     assert client.get(SPACES).status_code == 200
     assert ApiKey.objects.get(id=key.id).last_used_at == written
 
@@ -454,7 +447,7 @@ def test_a_key_narrowed_by_another_process_is_narrowed_here_at_once(
     client = api(secret)
     assert client.get(f"{SPACES}/{b.id}").status_code == 200
     code = (
-        "from spaces.models import ApiKey, KnowledgeSpace; from spaces.services import "
+        "from spaces.models import ApiKey, KnowledgeSpace; from spaces.api_keys import "
         f"unbind_api_key; unbind_api_key(ApiKey.objects.get(id='{key.id}'), "
         f"KnowledgeSpace.objects.get(id='{b.id}'))"
     )

@@ -11,7 +11,8 @@ from rest_framework.test import APIClient
 
 from ingestion.documents import admit_document
 from retrieval.golden import create_question, run_golden, update_question
-from spaces.services import Principal, create_api_key, create_space
+from spaces.api_keys import create_api_key
+from spaces.services import Principal, create_space
 from tests.conftest import compile_all
 
 pytestmark = pytest.mark.django_db

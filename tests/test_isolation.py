@@ -16,7 +16,8 @@ from rest_framework.test import APIClient
 
 from ingestion.models import CompilationJob, Document
 from knowledgefs.auth.operations import operation_for
-from spaces.services import Principal, create_api_key, create_space
+from spaces.api_keys import create_api_key
+from spaces.services import Principal, create_space
 from tests import capability as cap
 from tests.conftest import multipart_body, upload
 

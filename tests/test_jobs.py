@@ -329,7 +329,7 @@ def test_job_api_shows_progress_and_cancel_and_retry_work(client, space, api_key
 def test_job_api_is_tenant_bound(space, db):
     from rest_framework.test import APIClient
 
-    from spaces.services import create_api_key
+    from spaces.api_keys import create_api_key
 
     job_id = _admit(space).job.id
     other = APIClient(HTTP_AUTHORIZATION=f"Bearer {create_api_key('tenant-b')[1]}")

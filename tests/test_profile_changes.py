@@ -20,8 +20,9 @@ import pytest
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, RunState
 from retrieval.models import IndexVersion
-from spaces import profiles
+from spaces import preflight
 from spaces.models import SpaceProfile
+from spaces.selection import local_selection
 from spaces.services import create_space
 from tests import dify_fixtures
 from tests.conftest import compile_all, upload
@@ -121,7 +122,7 @@ def test_the_local_runtime_still_reindexes_with_registered_models(client, space,
     assert started.status_code in (200, 202), started.content
     assert started.json()["index"]["building"]["model_id"] == MODEL_A
     # A frozen local profile with vectors points at that route.
-    frozen = put_embedding(client, space, profiles.local_selection(MODEL_A).as_dict())
+    frozen = put_embedding(client, space, local_selection(MODEL_A).as_dict())
     assert frozen.status_code == 409 and frozen.json()["code"] == "embedding_profile_frozen"
     assert "embedding_model_id" in frozen.json()["message"]
 
@@ -177,7 +178,7 @@ def test_once_vectors_exist_the_409_names_what_works_under_dify(dify, client, pr
 def test_a_dimension_outside_the_bound_fails_validation(dify, client, principal):
     space = create_space(principal, name="Huge")
     put_embedding(client, space, OPENAI)
-    dify.add_fault("dimension", TEXT_EMBEDDING, dimension=profiles.MAX_EMBEDDING_DIMENSION + 1,
+    dify.add_fault("dimension", TEXT_EMBEDDING, dimension=preflight.MAX_EMBEDDING_DIMENSION + 1,
                    times=None)  # fmt: skip
     readiness = validate(client, space)["readiness"]
     assert readiness["state"] == "validation-failed"
@@ -187,13 +188,13 @@ def test_a_dimension_outside_the_bound_fails_validation(dify, client, principal)
         "embedding",
         False,
     )
-    assert str(profiles.MAX_EMBEDDING_DIMENSION) in failure["message"]
+    assert str(preflight.MAX_EMBEDDING_DIMENSION) in failure["message"]
     assert profile(space).embedding_dimension is None
     dify.clear_faults()
-    dify.dimension = profiles.MAX_EMBEDDING_DIMENSION  # the bound itself is accepted
+    dify.dimension = preflight.MAX_EMBEDDING_DIMENSION  # the bound itself is accepted
     readiness = validate(client, space)["readiness"]
     assert readiness["state"] == "ready", readiness
-    assert profile(space).embedding_dimension == profiles.MAX_EMBEDDING_DIMENSION
+    assert profile(space).embedding_dimension == preflight.MAX_EMBEDDING_DIMENSION
 
 
 # --- 4. the preflight's deadline and page cap -----------------------------------------------------
@@ -202,7 +203,7 @@ def test_a_dimension_outside_the_bound_fails_validation(dify, client, principal)
 def test_validation_stops_at_its_deadline_leaving_the_state(dify, client, principal, monkeypatch):
     space = create_space(principal, name="Slow")
     put_embedding(client, space, OPENAI)
-    monkeypatch.setattr(profiles, "PREFLIGHT_DEADLINE_SECONDS", 0.3)
+    monkeypatch.setattr(preflight, "PREFLIGHT_DEADLINE_SECONDS", 0.3)
     dify.delay(0.4, route=MODEL_CATALOG, times=None)
     started = time.monotonic()
     readiness = validate(client, space)["readiness"]
@@ -216,7 +217,7 @@ def test_validation_stops_at_its_deadline_leaving_the_state(dify, client, princi
     )
     assert dify.count(TEXT_EMBEDDING) == 0  # no probe was started after the deadline
     dify.clear_faults()
-    monkeypatch.setattr(profiles, "PREFLIGHT_DEADLINE_SECONDS", 20.0)
+    monkeypatch.setattr(preflight, "PREFLIGHT_DEADLINE_SECONDS", 20.0)
     assert validate(client, space)["readiness"]["state"] == "ready"
 
 
@@ -231,4 +232,4 @@ def test_a_catalog_lookup_reads_a_bounded_number_of_pages(dify, client, principa
     readiness = validate(client, space)["readiness"]
     assert readiness["failure"]["code"] == "model_not_found"
     # One budget for the lookup, across the wanted type and the other two.
-    assert dify.count(MODEL_CATALOG) == profiles.CATALOG_MAX_PAGES
+    assert dify.count(MODEL_CATALOG) == preflight.CATALOG_MAX_PAGES

@@ -25,8 +25,10 @@ from retrieval import indexing
 from retrieval.models import IndexVersion
 from retrieval.services import retrieve
 from spaces import profiles
+from spaces.api_keys import create_api_key
 from spaces.models import KnowledgeSpace, SpaceProfile
-from spaces.services import create_api_key, create_space
+from spaces.selection import Selection, local_identity, local_selection, vector_space_id
+from spaces.services import create_space
 from tests import dify_fixtures
 from tests.conftest import compile_all, upload
 from tests.dify_server import LLM, MODEL_CATALOG, RERANK, TEST_INNER_KEY, TEXT_EMBEDDING
@@ -91,8 +93,8 @@ def test_a_local_space_is_ready_with_the_local_profile_and_no_network(client):
         "local",
         DEFAULT_MODEL_ID,
     )
-    selection = profiles.local_selection()
-    assert embedding["vector_space_id"] == profiles.vector_space_id(
+    selection = local_selection()
+    assert embedding["vector_space_id"] == vector_space_id(
         selection, {"model_id": DEFAULT_MODEL_ID}
     )
     assert embedding["vector_space_id"].startswith("embedding-space-sha256:")
@@ -138,12 +140,10 @@ def test_a_local_space_takes_another_registered_model_before_its_first_document(
     client, space, settings
 ):
     settings.KNOWLEDGE_EMBEDDING_MODELS = FAKE_MODELS
-    unknown = put(
-        client, space, "embedding", {**profiles.local_selection().as_dict(), "model": "x"}
-    )
+    unknown = put(client, space, "embedding", {**local_selection().as_dict(), "model": "x"})
     assert unknown.status_code == 400 and unknown.json()["code"] == "unknown_embedding_model"
     assert MODEL_A in unknown.json()["details"]["registered"]
-    chosen = put(client, space, "embedding", profiles.local_selection(MODEL_A).as_dict())
+    chosen = put(client, space, "embedding", local_selection(MODEL_A).as_dict())
     assert chosen.status_code == 200, chosen.content
     assert chosen.json()["readiness"]["state"] == "ready"
     assert chosen.json()["embedding_profile"]["model"] == MODEL_A
@@ -164,7 +164,7 @@ def test_patch_before_the_first_upload_and_a_cutover_keep_the_profile_on_the_act
     assert chosen["embedding_profile"]["model"] == MODEL_A
     assert chosen["embedding_profile"]["dimension"] == 8
     # A PUT before any upload wins: the empty version 1 of the PATCH is retired.
-    put(client, space, "embedding", profiles.local_selection(MODEL_B).as_dict())
+    put(client, space, "embedding", local_selection(MODEL_B).as_dict())
     assert not IndexVersion.objects.filter(space=space, state="active").exists()
     admit_document(space, filename="leave.md", data=LEAVE, enqueue=False)
     compile_all()
@@ -216,7 +216,7 @@ def test_embedding_selections_are_checked_member_by_member(dify, client, princip
         ({**OPENAI, "api_key": "sk-secret"}, "invalid_model_selection", "embedding.api_key"),
         ({**OPENAI, "vector_space_id": "x"}, "invalid_model_selection",
          "embedding.vector_space_id"),
-        (profiles.local_selection().as_dict(), "capability_unavailable", "embedding.plugin_id"),
+        (local_selection().as_dict(), "capability_unavailable", "embedding.plugin_id"),
     ]  # fmt: skip
     for body, code, field in cases:
         answer = put(client, space, "embedding", body)
@@ -393,13 +393,13 @@ def test_validation_records_the_observed_dimension_and_vector_space(dify, client
     embedding = body["embedding_profile"]
     assert embedding["dimension"] == 48  # what the server answered; nobody configured it
     assert embedding["model_identity"] == OPENAI_INSTALL
-    selection = profiles.Selection(**OPENAI)
+    selection = Selection(**OPENAI)
     identity = {
         "plugin_unique_identifier": OPENAI_INSTALL,
         "dimension": 48,
         "distance_metric": "cosine",
     }
-    assert embedding["vector_space_id"] == profiles.vector_space_id(selection, identity)
+    assert embedding["vector_space_id"] == vector_space_id(selection, identity)
     catalog = dify.calls(MODEL_CATALOG)
     assert [c.body["model_type"] for c in catalog] == ["text-embedding"]
     assert catalog[0].body["provider"] == "langgenius/openai/openai"
@@ -407,10 +407,10 @@ def test_validation_records_the_observed_dimension_and_vector_space(dify, client
     assert [c.body["input_type"] for c in probes] == ["document", "query"]
     assert {c.body["tenant_id"] for c in probes + catalog} == {space.tenant_id}
     # Another model or another dimension is another vector space.
-    assert profiles.vector_space_id(selection, {**identity, "dimension": 64}) != embedding[
+    assert vector_space_id(selection, {**identity, "dimension": 64}) != embedding[
         "vector_space_id"]  # fmt: skip
-    other = profiles.Selection(**COHERE_EMBED)
-    assert profiles.vector_space_id(other, identity) != embedding["vector_space_id"]
+    other = Selection(**COHERE_EMBED)
+    assert vector_space_id(other, identity) != embedding["vector_space_id"]
     # Nothing was indexed before a document: the first upload creates version 1 from it.
     assert not IndexVersion.objects.filter(space=space).exists()
     admit_document(space, filename="leave.md", data=LEAVE, enqueue=False)
@@ -755,7 +755,7 @@ def test_profile_routes_take_their_own_capability_actions(settings, principal):
     space = new_space(principal)
     resource = cap.space_resource(str(space.id))
     url = f"{SPACES}/{space.id}"
-    body = profiles.local_selection().as_dict()
+    body = local_selection().as_dict()
     for action, method, path, data, expected in (
         ("knowledge_spaces.update_embedding_profile", "put", "/embedding-profile", body, 200),
         ("knowledge_spaces.update_retrieval_profile", "put", "/retrieval-profile", {}, 200),
@@ -898,10 +898,8 @@ def test_the_migration_gives_existing_spaces_their_local_profile_and_goes_back()
             assert (row.embedding_model, row.embedding_dimension) == (model, dimension)
             assert row.embedding_frozen_at == frozen_at
             assert row.state == "ready" and row.retrieval_top_k == 10
-            selection = profiles.local_selection(model)
-            assert row.vector_space_id == profiles.vector_space_id(
-                selection, profiles.local_identity(model)
-            )
+            selection = local_selection(model)
+            assert row.vector_space_id == vector_space_id(selection, local_identity(model))
 
         executor = MigrationExecutor(connection)
         executor.migrate(BEFORE_PROFILES)

@@ -14,8 +14,8 @@ from django.core.cache import cache
 from django.db import connection
 from rest_framework.test import APIClient
 
-from spaces import services
-from spaces.services import create_api_key
+from spaces import key_auth
+from spaces.api_keys import create_api_key
 from tests.redis_support import redis_url  # noqa: F401 - the fixture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def api(secret: str) -> APIClient:
 
 
 def cached(secret: str):
-    return cache.get(services._auth_cache_key(hashlib.sha256(secret.encode()).hexdigest()))
+    return cache.get(key_auth._auth_cache_key(hashlib.sha256(secret.encode()).hexdigest()))
 
 
 @pytest.mark.django_db(transaction=True)

@@ -11,7 +11,7 @@ from ingestion.documents import admit_document
 from ingestion.models import Document
 from retrieval.research_tasks import tasks
 from retrieval.research_tasks.models import ResearchTask
-from spaces.services import create_api_key
+from spaces.api_keys import create_api_key
 from tests.conftest import compile_all
 
 pytestmark = pytest.mark.django_db

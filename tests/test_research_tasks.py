@@ -24,7 +24,8 @@ from ingestion.documents import admit_document
 from retrieval.research_tasks import dispatch, runner, service, tasks
 from retrieval.research_tasks.models import ResearchTask, ResearchTaskPartial
 from retrieval.research_tasks.planning import approx_tokens
-from spaces.services import Principal, create_api_key, create_space
+from spaces.api_keys import create_api_key
+from spaces.services import Principal, create_space
 from tests import dify_fixtures
 from tests.conftest import compile_all
 from tests.dify_server import LLM, TEST_INNER_KEY

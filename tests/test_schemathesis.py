@@ -42,7 +42,8 @@ MISSING = str(uuid.UUID(int=0))
 def world(settings, tenant, principal):
     """A tenant with a ready space, one compiled document, a golden question and an answer
     trace; returns the headers and the path-parameter values to draw from."""
-    from spaces.services import create_api_key, create_space
+    from spaces.api_keys import create_api_key
+    from spaces.services import create_space
 
     settings.DIFY_INNER_API_KEY = INNER_KEY
     space = create_space(principal, name="Fuzzed space")

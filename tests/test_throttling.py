@@ -8,7 +8,7 @@ from django.core.exceptions import ImproperlyConfigured
 from rest_framework.test import APIClient
 
 from knowledgefs.auth.rates import parse_rate, validate_rates
-from spaces.services import create_api_key
+from spaces.api_keys import create_api_key
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,10 @@ class UpgradesConfig(AppConfig):
 
     def ready(self) -> None:
         from knowledgefs.auth import gates
-        from spaces import readiness
+        from spaces import readiness, signals
+        from spaces.models import KnowledgeSpace
 
+        from . import receivers
         from .services.cutover import cutover_gate
         from .services.reconciliation import servable_gate
 
@@ -18,3 +20,14 @@ class UpgradesConfig(AppConfig):
         # gate is open; a space that is an unreconciled upgrade target does not serve retrieval.
         gates.register("workspace_cutover", cutover_gate)
         readiness.register_gate("upgrade_reconciliation", servable_gate)
+        # A space is not deleted under a running upgrade; finished upgrades outlive it.
+        signals.space_deletion_requested.connect(
+            receivers.refuse_while_upgrading,
+            sender=KnowledgeSpace,
+            dispatch_uid="upgrades.refuse_space_deletion",
+        )
+        signals.space_deleting.connect(
+            receivers.detach_finished_upgrades,
+            sender=KnowledgeSpace,
+            dispatch_uid="upgrades.detach_finished_upgrades",
+        )

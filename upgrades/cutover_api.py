@@ -10,7 +10,7 @@ from __future__ import annotations
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
-from knowledgefs.internal import InternalView, internal
+from knowledgefs.api import InternalView, internal
 
 from .services import cutover
 

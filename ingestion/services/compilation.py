@@ -699,7 +699,7 @@ def _require_ready_profile(held: Held, jobs: dict, pending: list[uuid.UUID]) -> 
     (:func:`spaces.profiles.ensure_ready_for_compile`). When a space is not ready its held jobs
     end with the profile's failure code (retryable for a timeout or 5xx of Dify, else terminal)
     and are left out; returns the jobs that may be compiled."""
-    from spaces.profiles import SpaceNotReady, ensure_ready_for_compile
+    from spaces.readiness import SpaceNotReady, ensure_ready_for_compile
 
     ready = []
     for space_id in dict.fromkeys(jobs[j].space_id for j in pending):

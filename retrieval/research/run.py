@@ -117,7 +117,7 @@ def run_research(
     :class:`ResearchCanceled` when ``should_stop()`` answers ``True`` (between steps, or within
     about a second during a model call, whose connection is shut down).
     """
-    from spaces.profiles import require_ready
+    from spaces.readiness import require_ready
 
     from .. import filters as filtering
     from ..recall import validate_request

@@ -171,7 +171,7 @@ def _map_embedding(space, job: UpgradeJob) -> dict:
     profile and the reason is recorded.
     """
     from knowledgefs.runtime.selection import runtime_name
-    from spaces import profiles
+    from retrieval import embedding_profile
 
     config = job.config_snapshot or {}
     provider = str(config.get("embedding_model_provider") or "")
@@ -186,7 +186,7 @@ def _map_embedding(space, job: UpgradeJob) -> dict:
         plugin_id, short = f"langgenius/{provider}", provider
     selection = {"plugin_id": plugin_id, "provider": short, "model": model}
     try:
-        profiles.set_embedding_profile(
+        embedding_profile.set_embedding_profile(
             Principal(tenant_id=job.tenant_id, kind="internal"), space.id, selection
         )
     except ServiceError as exc:

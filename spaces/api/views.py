@@ -16,8 +16,9 @@ from knowledgefs import pagination
 from knowledgefs.auth.operations import ADMIN_CALLERS, Operation, namespace_wide, space_from
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
+from retrieval import embedding_profile
+from spaces import preflight, profiles, services
 
-from . import profiles, services
 from .serializers import KnowledgeSpaceSerializer, SpaceCreateSerializer, SpaceUpdateSerializer
 
 
@@ -108,7 +109,7 @@ class KnowledgeSpaceDetailView(APIView):
         body.is_valid(raise_exception=True)
         changes = dict(body.validated_data)
         revision = changes.pop("revision", None)
-        space = services.update_space(
+        space = embedding_profile.update_space(
             request.user, space_id, changes=changes, expected_revision=revision
         )
         data = KnowledgeSpaceSerializer(space).data
@@ -142,7 +143,7 @@ class EmbeddingProfileView(APIView):
         services.get_space(request.user, space_id)  # 404 before any 400
         body = _body(request)
         revision = body.pop("revision", None)
-        space = profiles.set_embedding_profile(
+        space = embedding_profile.set_embedding_profile(
             request.user, space_id, body, expected_revision=revision
         )
         return Response(KnowledgeSpaceSerializer(space).data)
@@ -176,5 +177,5 @@ class ProfileValidationView(APIView):
     }
 
     def post(self, request, space_id):
-        space = profiles.validate_space(request.user, space_id)
+        space = preflight.validate_space(request.user, space_id)
         return Response(KnowledgeSpaceSerializer(space).data)
