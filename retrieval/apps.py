@@ -8,4 +8,8 @@ class RetrievalConfig(AppConfig):
     verbose_name = "Retrieval"
 
     def ready(self) -> None:
+        from knowledgefs.jobs import schedules
         from retrieval import checks  # noqa: F401  (registers the system checks)
+        from retrieval.research_tasks import dispatch
+
+        schedules.register(dispatch.SWEEP)

@@ -9,8 +9,10 @@ class UpgradesConfig(AppConfig):
 
     def ready(self) -> None:
         from knowledgefs.auth import gates
+        from knowledgefs.jobs import schedules
         from spaces import readiness
 
+        from .services import dispatch, reconciliation
         from .services.cutover import cutover_gate
         from .services.reconciliation import servable_gate
 
@@ -18,3 +20,6 @@ class UpgradesConfig(AppConfig):
         # gate is open; a space that is an unreconciled upgrade target does not serve retrieval.
         gates.register("workspace_cutover", cutover_gate)
         readiness.register_gate("upgrade_reconciliation", servable_gate)
+        # The staged run's django-q2 schedules (kfs schedules, kfs upgrade schedules).
+        schedules.register(reconciliation.RECOVERY)
+        schedules.register(dispatch.SWEEP)

@@ -26,7 +26,7 @@ import math
 
 from django.conf import settings
 
-from knowledgefs.jobs import claims
+from knowledgefs.jobs import claims, schedules
 from knowledgefs.jobs.claims import UNCLAIMED_SETTLE_SECONDS, SweepReport  # noqa: F401
 
 from .models import ResearchTask, RunState, Stage
@@ -36,6 +36,9 @@ logger = logging.getLogger("knowledgefs.research_tasks")
 RUN_TASK = "retrieval.research_tasks.tasks.run_research_task"
 SWEEP_TASK = "retrieval.research_tasks.tasks.sweep_research_tasks"
 SWEEP_SCHEDULE = "knowledgefs.research_tasks.sweep"
+SWEEP = schedules.Schedule(SWEEP_SCHEDULE, SWEEP_TASK)
+"""The sweep every minute, registered by ``RetrievalConfig.ready()``; migration
+``retrieval.0006_research_tasks`` creates the same row."""
 DELIVERY_MARGIN_SECONDS = 30
 """A delivery's django-q2 timeout is the task's ``timeout_ms`` plus this margin (persisting the
 result and the partials after the Research budget ran out)."""
@@ -120,17 +123,5 @@ sweep = QUEUE.sweep
 
 
 def ensure_sweep_schedule():
-    """Create or repair the django-q2 schedule running :func:`sweep` every minute; returns it.
-    Migration ``retrieval.0006_research_tasks`` creates the same row."""
-    from django_q.models import Schedule
-
-    schedule, _ = Schedule.objects.update_or_create(
-        name=SWEEP_SCHEDULE,
-        defaults={
-            "func": SWEEP_TASK,
-            "schedule_type": Schedule.MINUTES,
-            "minutes": 1,
-            "repeats": -1,
-        },
-    )
-    return schedule
+    """Create or repair the sweep's django-q2 schedule (:data:`SWEEP`); returns it."""
+    return schedules.ensure(SWEEP_SCHEDULE)

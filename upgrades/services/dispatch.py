@@ -31,7 +31,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from knowledgefs.jobs import claims
+from knowledgefs.jobs import claims, schedules
 from knowledgefs.jobs.claims import UNCLAIMED_SETTLE_SECONDS, SweepReport  # noqa: F401
 from upgrades.models import JobStatus, UpgradeJob
 
@@ -40,6 +40,10 @@ logger = logging.getLogger("knowledgefs.upgrades")
 STEP_TASK = "upgrades.tasks.run_upgrade_step"
 SWEEP_TASK = "upgrades.tasks.sweep_upgrades"
 SWEEP_SCHEDULE = "knowledgefs.upgrades.sweep"
+SWEEP = schedules.Schedule(SWEEP_SCHEDULE, SWEEP_TASK)
+"""The sweep every minute (the unit of django-q2 schedules; the bridge specification asks for
+30-60 s), registered by ``UpgradesConfig.ready()``; migration ``upgrades.0006_sweep_schedule``
+creates the same row."""
 MAX_ERROR_MESSAGE_CHARS = 4000
 """``last_error_message`` is truncated to this many characters (the reference's 4,000)."""
 
@@ -151,18 +155,5 @@ def checkpoint(job_id, task_id: str, *, delay_seconds: int = 0, **fields) -> Non
 
 
 def ensure_sweep_schedule():
-    """Create or repair the django-q2 schedule running :func:`sweep` every minute (the unit of
-    django-q2 schedules; the bridge specification asks for 30-60 s); returns it. Migration
-    ``upgrades.0006_sweep_schedule`` creates the same row."""
-    from django_q.models import Schedule
-
-    schedule, _ = Schedule.objects.update_or_create(
-        name=SWEEP_SCHEDULE,
-        defaults={
-            "func": SWEEP_TASK,
-            "schedule_type": Schedule.MINUTES,
-            "minutes": 1,
-            "repeats": -1,
-        },
-    )
-    return schedule
+    """Create or repair the sweep's django-q2 schedule (:data:`SWEEP`); returns it."""
+    return schedules.ensure(SWEEP_SCHEDULE)

@@ -598,7 +598,9 @@ class Command(BaseCommand):
         self.emit(options, _job_row(job), f"canceled {job.id}")
 
     def schedules(self, options: dict) -> None:
-        from upgrades.services.reconciliation import ensure_recovery_schedule
+        from knowledgefs.jobs.schedules import ensure
+        from retrieval.research_tasks.dispatch import SWEEP_SCHEDULE
+        from upgrades.services.reconciliation import RECOVERY_SCHEDULE
 
         schedule = compilation.ensure_recovery_schedule()
         payload = {
@@ -608,11 +610,9 @@ class Command(BaseCommand):
             "next_run": schedule.next_run.isoformat() if schedule.next_run else None,
         }
         # The upgrade reconciliation recovery tick (migration upgrades.0020) is repaired too.
-        upgrade = ensure_recovery_schedule()
+        upgrade = ensure(RECOVERY_SCHEDULE)
         # The research tasks' recovery sweep (migration retrieval.0006) is repaired too.
-        from retrieval.research_tasks.dispatch import ensure_sweep_schedule
-
-        research = ensure_sweep_schedule()
+        research = ensure(SWEEP_SCHEDULE)
         payload["also"] = [
             {"name": s.name, "func": s.func, "minutes": s.minutes} for s in (upgrade, research)
         ]
