@@ -14,7 +14,6 @@ from spaces.api import (
     ProfileValidationView,
     RetrievalProfileView,
 )
-from upgrades import cutover_api
 
 from . import health, internal
 from .openapi.views import OpenApiView
@@ -109,27 +108,7 @@ internal_routes = [
         internal.RevokeGrantView.as_view(),
         name="internal-grant-revoke",
     ),
-    # Upgrade bridge: workspace cutover ledger.
-    path(
-        "workspaces/<str:namespace_id>/cutover",
-        cutover_api.LedgerView.as_view(),
-        name="internal-cutover-ledger",
-    ),
-    path(
-        "workspaces/<str:namespace_id>/cutover/advance",
-        cutover_api.AdvanceView.as_view(),
-        name="internal-cutover-advance",
-    ),
-    path(
-        "workspaces/<str:namespace_id>/cutover/rollback",
-        cutover_api.RollbackView.as_view(),
-        name="internal-cutover-rollback",
-    ),
-    path(
-        "workspaces/<str:namespace_id>/cutover/recutover",
-        cutover_api.RecutoverView.as_view(),
-        name="internal-cutover-recutover",
-    ),
+    # Upgrade bridge: workspace cutover ledger, dataset upgrades, file leases.
     path("", include("upgrades.urls")),
 ]
 

@@ -51,3 +51,14 @@ def test_an_interval_in_seconds_is_rounded_up_to_whole_minutes(settings, monkeyp
     assert schedules.ensure(every.name).minutes == 1
     with pytest.raises(KeyError):
         schedules.ensure("test.nobody")
+
+
+def test_the_dotted_paths_stored_in_schedule_rows_and_messages_still_import():
+    from django.utils.module_loading import import_string
+
+    from upgrades import tasks
+
+    for schedule in schedules.SCHEDULES.values():
+        assert callable(import_string(schedule.func)), schedule.func
+    assert import_string(reconciliation.TASK_FUNCTION) is tasks.reconcile_documents
+    assert import_string(reconciliation.RECOVERY_FUNCTION) is tasks.recover_reconciliations

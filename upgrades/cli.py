@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from upgrades.api.serializers import UpgradeJobSerializer
 from upgrades.models import UpgradeJob
-from upgrades.serializers import UpgradeJobSerializer
 from upgrades.services import dispatch, snapshot
 
 
