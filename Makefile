@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint bench bench-scale schemathesis loadtest clean unstructured
+.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale schemathesis loadtest clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -94,9 +94,20 @@ demo-postgres: install
 serve: migrate
 	bash scripts/serve.sh
 
+# ruff, then the import contracts of pyproject.toml (lint-imports: the apps' floors import only
+# downward, knowledgefs core imports no app; imports inside functions count) and the import
+# graph's own checks (no import circle, every module a floor or the roof; docs/architecture.md).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python scripts/import_graph.py --check
+
+# What is generated from the code: the layers picture (docs/layers.svg) and the settings table
+# of docs/production-deployment.md.
+docs: install
+	$(BIN)/python scripts/import_graph.py --svg docs/layers.svg
+	$(BIN)/python scripts/settings_table.py --write
 
 test-sqlite: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)

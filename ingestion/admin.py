@@ -10,7 +10,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 from django.utils.timezone import localtime
 
-from knowledgefs.errors import ServiceError
+from knowledgefs.admin import ServiceActionMixin
 from spaces.models import KnowledgeSpace
 
 from .documents import purge_documents
@@ -152,7 +152,7 @@ def attempt_chain(job: CompilationJob) -> list[CompilationJob]:
 
 
 @admin.register(CompilationJob)
-class CompilationJobAdmin(admin.ModelAdmin):
+class CompilationJobAdmin(ServiceActionMixin, admin.ModelAdmin):
     list_display = (
         "document_filename",
         "space_slug",
@@ -295,17 +295,9 @@ class CompilationJobAdmin(admin.ModelAdmin):
 
     def _for_each_job(self, request, queryset, operation) -> int:
         """Apply ``operation(job_id)`` to every selected job; warn about each one refused."""
-        done = 0
-        for job_id, filename in queryset.values_list("id", "document__filename"):
-            try:
-                operation(job_id)
-            except ServiceError as exc:
-                self.message_user(
-                    request, f"Job {job_id} ({filename}): {exc.message}", messages.WARNING
-                )
-            else:
-                done += 1
-        return done
+        rows = queryset.values_list("id", "document__filename")
+        labelled = ((job_id, f"Job {job_id} ({filename})") for job_id, filename in rows)
+        return len(self.apply_each(request, labelled, operation))
 
 
 def _jobs(count: int) -> str:

@@ -1,9 +1,50 @@
+"""The core's admin screens, and the mixins every app's admin shares: :class:`ReadOnlyAdminMixin`
+(a screen, or an inline, nobody adds to, edits or deletes from) and :class:`ServiceActionMixin`
+(an action that calls a service per selected row and reports each refusal)."""
+
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from django.contrib import admin, messages
 
 from .auth import grants
+from .errors import ServiceError
 from .models import CapabilityGrant, IdempotencyRecord
+
+
+class ReadOnlyAdminMixin:
+    """No add, change or delete permission (for a ModelAdmin or an inline; put it first)."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class ServiceActionMixin:
+    """Admin actions that call a service once per selected row."""
+
+    def apply_each(
+        self, request, rows: Iterable[tuple[Any, str]], operation: Callable[[Any], Any]
+    ) -> list:
+        """Call ``operation(key)`` for each ``(key, label)`` of ``rows``, in order; a refusal
+        (:class:`~knowledgefs.errors.ServiceError`) becomes the warning ``"{label}: {message}"``
+        and the next row is tried. Returns the results of the calls that succeeded."""
+        results = []
+        for key, label in rows:
+            try:
+                result = operation(key)
+            except ServiceError as exc:
+                self.message_user(request, f"{label}: {exc.message}", messages.WARNING)
+            else:
+                results.append(result)
+        return results
 
 
 @admin.register(IdempotencyRecord)
@@ -19,9 +60,10 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
 
 
 @admin.register(CapabilityGrant)
-class CapabilityGrantAdmin(admin.ModelAdmin):
+class CapabilityGrantAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Grants are written by accepted tokens and Dify's revocations: read-only here, except the
-    revoke action, which goes through :func:`knowledgefs.auth.grants.revoke_grant`."""
+    revoke action, which goes through :func:`knowledgefs.auth.grants.revoke_grant` (never a
+    delete: deleting a revoked grant would let its tokens in again)."""
 
     list_display = (
         "grant_id",
@@ -39,15 +81,6 @@ class CapabilityGrantAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in CapabilityGrant._meta.fields]
     actions = ["revoke_grants"]
     show_full_result_count = False
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False  # deleting a revoked grant would let its tokens in again
 
     def has_revoke_permission(self, request) -> bool:
         """Revoking needs the change permission, although the screen is otherwise read-only."""

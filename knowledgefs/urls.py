@@ -5,7 +5,6 @@ from django.contrib import admin
 from django.urls import include, path
 
 from spaces import urls as spaces_urls
-from upgrades import cutover_api
 
 from . import health, internal, openapi
 from .openapi.views import OpenApiView
@@ -34,27 +33,7 @@ internal_routes = [
         internal.RevokeGrantView.as_view(),
         name="internal-grant-revoke",
     ),
-    # Upgrade bridge: workspace cutover ledger.
-    path(
-        "workspaces/<str:namespace_id>/cutover",
-        cutover_api.LedgerView.as_view(),
-        name="internal-cutover-ledger",
-    ),
-    path(
-        "workspaces/<str:namespace_id>/cutover/advance",
-        cutover_api.AdvanceView.as_view(),
-        name="internal-cutover-advance",
-    ),
-    path(
-        "workspaces/<str:namespace_id>/cutover/rollback",
-        cutover_api.RollbackView.as_view(),
-        name="internal-cutover-rollback",
-    ),
-    path(
-        "workspaces/<str:namespace_id>/cutover/recutover",
-        cutover_api.RecutoverView.as_view(),
-        name="internal-cutover-recutover",
-    ),
+    # Upgrade bridge: workspace cutover ledger, dataset upgrades, file leases.
     path("", include("upgrades.urls")),
 ]
 

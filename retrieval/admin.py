@@ -7,6 +7,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 
+from knowledgefs.admin import ReadOnlyAdminMixin
 from knowledgefs.errors import InvalidInput
 
 from . import golden
@@ -14,7 +15,7 @@ from .models import AnswerTrace, GoldenQuestion, IndexVersion
 
 
 @admin.register(IndexVersion)
-class IndexVersionAdmin(admin.ModelAdmin):
+class IndexVersionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "space",
         "number",
@@ -30,18 +31,9 @@ class IndexVersionAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in IndexVersion._meta.fields]
     show_full_result_count = False
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(AnswerTrace)
-class AnswerTraceAdmin(admin.ModelAdmin):
+class AnswerTraceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Answer runs, newest first (read-only: traces are written by the answer service only)."""
 
     list_display = (
@@ -61,15 +53,6 @@ class AnswerTraceAdmin(admin.ModelAdmin):
     ordering = ("-created_at",)
     readonly_fields = [f.name for f in AnswerTrace._meta.fields]
     show_full_result_count = False
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class GoldenQuestionForm(forms.ModelForm):

@@ -8,7 +8,9 @@ class RetrievalConfig(AppConfig):
     verbose_name = "Retrieval"
 
     def ready(self) -> None:
+        from knowledgefs.jobs import schedules
         from retrieval import checks  # noqa: F401  (registers the system checks)
+        from retrieval.research_tasks import dispatch
         from spaces import signals
         from spaces.models import KnowledgeSpace
 
@@ -20,3 +22,4 @@ class RetrievalConfig(AppConfig):
             sender=KnowledgeSpace,
             dispatch_uid="retrieval.index_ready_profile",
         )
+        schedules.register(dispatch.SWEEP)

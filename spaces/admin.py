@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count
 from django.utils import timezone
 
+from knowledgefs.admin import ReadOnlyAdminMixin
 from knowledgefs.auth.principal import Principal
 from knowledgefs.errors import ServiceError
 
@@ -187,19 +188,12 @@ class KnowledgeSpaceAdmin(admin.ModelAdmin):
 
 
 @admin.register(PublicationHead)
-class PublicationHeadAdmin(admin.ModelAdmin):
+class PublicationHeadAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Read-only: a publication head is moved only by publishing."""
+
     list_display = ("space", "revision", "published_at")
     list_select_related = ("space",)
     readonly_fields = ("space", "revision", "published_at")
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False  # moved only by publishing
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 # --- API keys -------------------------------------------------------------------------------

@@ -35,10 +35,9 @@ from tests.upgrade_support import (
     snapshot_body,
 )
 from upgrades.models import JobStage, UpgradeJob
-from upgrades.reconciliation_tasks import reconcile_documents
 from upgrades.services import reconciliation as rec
 from upgrades.services.reconciliation import require_reconciled
-from upgrades.tasks import run_upgrade_step
+from upgrades.tasks import reconcile_documents, run_upgrade_step
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 

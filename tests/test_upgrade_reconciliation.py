@@ -418,13 +418,11 @@ def test_the_recovery_schedule_exists_after_migrate():
 
 
 def test_the_task_entry_points_run_the_services(two, django_capture_on_commit_callbacks):
-    from upgrades import reconciliation_tasks
+    from upgrades import tasks
 
     job, token = two
-    assert reconciliation_tasks.reconcile_documents(str(job.id), str(token))["status"] == (
-        "completed"
-    )
-    assert reconciliation_tasks.recover_reconciliations() == {"candidates": 0, "issued": []}
+    assert tasks.reconcile_documents(str(job.id), str(token))["status"] == "completed"
+    assert tasks.recover_reconciliations() == {"candidates": 0, "issued": []}
 
 
 # G4 --------------------------------------------------------------------------------------------

@@ -9,10 +9,12 @@ class UpgradesConfig(AppConfig):
 
     def ready(self) -> None:
         from knowledgefs.auth import gates
+        from knowledgefs.jobs import schedules
         from spaces import readiness, signals
         from spaces.models import KnowledgeSpace
 
         from . import receivers
+        from .services import dispatch, reconciliation
         from .services.cutover import cutover_gate
         from .services.reconciliation import servable_gate
 
@@ -31,3 +33,6 @@ class UpgradesConfig(AppConfig):
             sender=KnowledgeSpace,
             dispatch_uid="upgrades.detach_finished_upgrades",
         )
+        # The staged run's django-q2 schedules (kfs schedules, kfs upgrade schedules).
+        schedules.register(reconciliation.RECOVERY)
+        schedules.register(dispatch.SWEEP)

@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from knowledgefs.errors import InvalidInput
+from upgrades.api.serializers import UpgradeJobSerializer
 from upgrades.models import CutoverPhase, UpgradeJob
-from upgrades.serializers import UpgradeJobSerializer
 from upgrades.services import cutover, dispatch, snapshot
 
 COMMANDS = ("cutover", "upgrade")

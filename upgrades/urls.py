@@ -1,29 +1,52 @@
-"""Internal routes of the upgrade bridge, included under ``/internal/`` by knowledgefs.urls."""
+"""Internal routes of the upgrade bridge (the workspace cutover ledger, dataset upgrades, file
+leases), included under ``/internal/`` by knowledgefs.urls."""
 
 from django.urls import path
 
-from . import api
+from .api import cutover, views
 
 urlpatterns = [
-    path("dataset-upgrades", api.UpgradeListView.as_view(), name="internal-upgrade-list"),
+    # Workspace cutover ledger.
+    path(
+        "workspaces/<str:namespace_id>/cutover",
+        cutover.LedgerView.as_view(),
+        name="internal-cutover-ledger",
+    ),
+    path(
+        "workspaces/<str:namespace_id>/cutover/advance",
+        cutover.AdvanceView.as_view(),
+        name="internal-cutover-advance",
+    ),
+    path(
+        "workspaces/<str:namespace_id>/cutover/rollback",
+        cutover.RollbackView.as_view(),
+        name="internal-cutover-rollback",
+    ),
+    path(
+        "workspaces/<str:namespace_id>/cutover/recutover",
+        cutover.RecutoverView.as_view(),
+        name="internal-cutover-recutover",
+    ),
+    # Dataset upgrades and their file leases.
+    path("dataset-upgrades", views.UpgradeListView.as_view(), name="internal-upgrade-list"),
     path(
         "dataset-upgrades/<str:upgrade_id>",
-        api.UpgradeDetailView.as_view(),
+        views.UpgradeDetailView.as_view(),
         name="internal-upgrade-detail",
     ),
     path(
         "dataset-upgrades/<str:upgrade_id>/retry",
-        api.UpgradeRetryView.as_view(),
+        views.UpgradeRetryView.as_view(),
         name="internal-upgrade-retry",
     ),
     path(
         "dataset-upgrades/<str:upgrade_id>/abandon",
-        api.UpgradeAbandonView.as_view(),
+        views.UpgradeAbandonView.as_view(),
         name="internal-upgrade-abandon",
     ),
     path(
         "upgrade-file-leases/<str:upload_file_id>",
-        api.FileLeaseView.as_view(),
+        views.FileLeaseView.as_view(),
         name="internal-upgrade-file-lease",
     ),
 ]

@@ -10,7 +10,7 @@ from .common import BOOLEAN, IDEMPOTENCY_KEY, NAMESPACE_BODY, STRING, annotate, 
 
 def register() -> None:
     """Register the annotations of these routes (once: :func:`knowledgefs.openapi.register`)."""
-    from knowledgefs.internal import ProvisionSerializer
+    from spaces.api.internal import ProvisionSerializer
     from spaces.serializers import KnowledgeSpaceSerializer
 
     annotate(

@@ -6,14 +6,14 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
-from knowledgefs.errors import ServiceError
+from knowledgefs.admin import ServiceActionMixin
 
 from . import service
 from .models import ResearchTask
 
 
 @admin.register(ResearchTask)
-class ResearchTaskAdmin(admin.ModelAdmin):
+class ResearchTaskAdmin(ServiceActionMixin, admin.ModelAdmin):
     list_display = (
         "short_query",
         "space",
@@ -110,15 +110,8 @@ class ResearchTaskAdmin(admin.ModelAdmin):
 
     def _each(self, request, queryset, operation) -> int:
         """Apply ``operation(task_id)`` to every selected task; warn about each one refused."""
-        done = 0
-        for task_id in queryset.values_list("id", flat=True):
-            try:
-                operation(task_id)
-            except ServiceError as exc:
-                self.message_user(request, f"Task {task_id}: {exc.message}", messages.WARNING)
-            else:
-                done += 1
-        return done
+        rows = queryset.values_list("id", flat=True)
+        return len(self.apply_each(request, ((t, f"Task {t}") for t in rows), operation))
 
 
 def _tasks(count: int) -> str:

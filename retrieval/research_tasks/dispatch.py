@@ -1,6 +1,6 @@
-"""Claims, fenced writes and the recovery sweep of research tasks.
-
-The same shapes as the staged upgrade run (:mod:`upgrades.services.dispatch`):
+"""Claims, fenced writes and the recovery sweep of research tasks: a configuration of
+:class:`knowledgefs.jobs.claims.ClaimedRunQueue` (the protocol, shared with the staged upgrade run
+of :mod:`upgrades.services.dispatch`), exposed as this module's functions:
 
 * **claim before enqueue** (:func:`dispatch`): a compare-and-set writes a fresh ``task_id`` and
   ``claimed_at`` on a ``queued`` task without a claim and commits; only then is ``(task id,
@@ -23,15 +23,11 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
-from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import F, Q
-from django.utils import timezone
 
-from knowledgefs.claims import SweepReport, locked_batch
+from knowledgefs.jobs import claims, schedules
+from knowledgefs.jobs.claims import UNCLAIMED_SETTLE_SECONDS, SweepReport  # noqa: F401
 
 from .models import ResearchTask, RunState, Stage
 
@@ -40,46 +36,18 @@ logger = logging.getLogger("knowledgefs.research_tasks")
 RUN_TASK = "retrieval.research_tasks.tasks.run_research_task"
 SWEEP_TASK = "retrieval.research_tasks.tasks.sweep_research_tasks"
 SWEEP_SCHEDULE = "knowledgefs.research_tasks.sweep"
+SWEEP = schedules.Schedule(SWEEP_SCHEDULE, SWEEP_TASK)
+"""The sweep every minute, registered by ``RetrievalConfig.ready()``; migration
+``retrieval.0006_research_tasks`` creates the same row."""
 DELIVERY_MARGIN_SECONDS = 30
 """A delivery's django-q2 timeout is the task's ``timeout_ms`` plus this margin (persisting the
 result and the partials after the Research budget ran out)."""
-UNCLAIMED_SETTLE_SECONDS = 5
-"""An unclaimed ``queued`` task is dispatched by the sweep only once unchanged this long, so the
-sweep does not race the on-commit dispatch of the request that queued it."""
 MAX_ERROR_MESSAGE_CHARS = 4000
 
 
-class ClaimLost(Exception):
+class ClaimLost(claims.ClaimLost):
     """A fenced write found the task no longer ``running`` under this delivery's ``task_id``
     (canceled, taken back by the sweep, or deleted with its space)."""
-
-
-# --- claim and publish --------------------------------------------------------------------------
-
-
-def dispatch(task_pk: uuid.UUID | str) -> str | None:
-    """Claim a ``queued`` unclaimed task with a fresh delivery id, commit, then publish it.
-
-    Returns the delivery id, or ``None`` when there was nothing to claim or the publish failed
-    (the claim is then released so the sweep can try again). Must run outside a transaction
-    unless the broker is the ORM (its message is a row of the same transaction).
-    """
-    if connection.in_atomic_block and not settings.Q_CLUSTER.get("orm"):
-        raise RuntimeError("dispatch() must run after the commit: use dispatch_on_commit()")
-    delivery = uuid.uuid4().hex
-    now = timezone.now()
-    claimed = ResearchTask.objects.filter(
-        id=task_pk, run_state=RunState.QUEUED, task_id__isnull=True
-    ).update(task_id=delivery, claimed_at=now, updated_at=now)
-    if not claimed:
-        return None
-    return delivery if _publish(task_pk, delivery) else None
-
-
-def dispatch_on_commit(task_pk: uuid.UUID | str) -> None:
-    """Dispatch once the surrounding transaction commits (``robust``: a failure is logged, the
-    task stays ``queued`` and the sweep dispatches it)."""
-    transaction.on_commit(lambda: dispatch(task_pk), robust=True)
 
 
 def delivery_timeout_seconds(limits: dict | None) -> int:
@@ -89,186 +57,71 @@ def delivery_timeout_seconds(limits: dict | None) -> int:
     return math.ceil(timeout_ms / 1000) + DELIVERY_MARGIN_SECONDS
 
 
-def _publish(task_pk, delivery: str) -> bool:
-    from django_q.tasks import async_task
-
+def _task_timeout(task_pk) -> int:
     limits = ResearchTask.objects.filter(id=task_pk).values_list("limits", flat=True).first()
-    try:
-        async_task(
-            RUN_TASK,
-            str(task_pk),
-            delivery,
-            task_name=f"research:{delivery}",
-            group="research",
-            timeout=delivery_timeout_seconds(limits),
-        )
-    except Exception:  # noqa: BLE001 - the broker failed: release our claim, the sweep retries
-        logger.exception("could not publish research task %s; releasing the claim", task_pk)
-        release_claim(task_pk, delivery)
-        return False
-    return True
+    return delivery_timeout_seconds(limits)
 
 
-def release_claim(task_pk, delivery: str) -> bool:
-    """Clear the claim only if the task is still ``queued`` under ``delivery``."""
-    return bool(
-        ResearchTask.objects.filter(id=task_pk, run_state=RunState.QUEUED, task_id=delivery).update(
-            task_id=None, claimed_at=None, updated_at=timezone.now()
-        )
+def _failed_fields(code: str, message: str, now) -> dict:
+    """A failed task keeps its checkpoint (a resume continues from it); ``code`` ≤ 64 characters,
+    ``message`` ≤ 4,000."""
+    return {
+        "stage": Stage.FAILED,
+        "error_code": code[:64],
+        "error_message": message[:MAX_ERROR_MESSAGE_CHARS],
+        "finished_at": now,
+    }
+
+
+def _exhausted_message(task: ResearchTask) -> str:
+    return (
+        f"the task was started {task.attempt_count} times without finishing (the "
+        "worker was killed, timed out or lost); resume it once the cause is fixed"
     )
 
 
-# --- delivery start and fenced writes ------------------------------------------------------------
-
-
-def begin(task_pk, delivery: str) -> ResearchTask | None:
-    """Start a delivery: compare-and-set ``queued`` → ``running`` with this ``delivery`` id.
-
-    Sets ``stage`` to ``planning`` (or keeps the progress a checkpoint implies: the runner
-    updates it), ``step_started_at``/``heartbeat_at`` to now, ``started_at`` on the first start,
-    and counts ``attempt_count``. Returns the running task, or ``None`` for a stale, duplicate
-    or canceled delivery (nothing written).
-    """
-    try:
-        task_uuid = uuid.UUID(str(task_pk))
-    except ValueError:
-        return None
-    now = timezone.now()
-    started = ResearchTask.objects.filter(
-        id=task_uuid, run_state=RunState.QUEUED, task_id=delivery
-    ).update(
-        run_state=RunState.RUNNING,
-        stage=Stage.PLANNING,
-        step_started_at=now,
-        heartbeat_at=now,
-        attempt_count=F("attempt_count") + 1,
-        updated_at=now,
-    )
-    if not started:
-        return None
+def _started(task_uuid, now) -> None:
+    """``started_at`` is set on the first start only."""
     ResearchTask.objects.filter(id=task_uuid, started_at__isnull=True).update(started_at=now)
-    return ResearchTask.objects.select_related("space").get(id=task_uuid)
 
 
-def held(task_pk, delivery: str):
-    """The queryset matching the task only while this delivery owns it."""
-    return ResearchTask.objects.filter(id=task_pk, run_state=RunState.RUNNING, task_id=delivery)
+QUEUE = claims.ClaimedRunQueue(
+    model=ResearchTask,
+    state_field="run_state",
+    queued=RunState.QUEUED,
+    running=RunState.RUNNING,
+    failed=RunState.FAILED,
+    task_path=RUN_TASK,
+    group="research",
+    logger=logger,
+    publish_error="could not publish research task %s; releasing the claim",
+    sweep_label="research task sweep",
+    grace_setting="KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS",
+    stale_setting="KNOWLEDGE_RESEARCH_TASK_STALE_SECONDS",
+    attempts_setting="KNOWLEDGE_RESEARCH_TASK_MAX_ATTEMPTS",
+    timeout=_task_timeout,
+    failed_fields=_failed_fields,
+    exhausted_message=_exhausted_message,
+    begin_fields=lambda now: {"stage": Stage.PLANNING, "heartbeat_at": now},
+    after_begin=_started,
+    load=lambda task_uuid: ResearchTask.objects.select_related("space").get(id=task_uuid),
+    requeue_fields={"stage": Stage.QUEUED},
+)
 
-
-def fail(task_pk, delivery: str, code: str, message: str, *, condition: Q | None = None) -> bool:
-    """Fail the task with ``code`` (≤ 64 characters) and ``message`` (≤ 4,000) only while this
-    delivery owns it (and ``condition`` holds); clears the claim, keeps the checkpoint (a resume
-    continues from it). Returns whether the task was failed."""
-    now = timezone.now()
-    rows = held(task_pk, delivery)
-    if condition is not None:
-        rows = rows.filter(condition)
-    return bool(
-        rows.update(
-            run_state=RunState.FAILED,
-            stage=Stage.FAILED,
-            task_id=None,
-            claimed_at=None,
-            step_started_at=None,
-            error_code=code[:64],
-            error_message=message[:MAX_ERROR_MESSAGE_CHARS],
-            finished_at=now,
-            updated_at=now,
-        )
-    )
-
-
-# --- the sweep ----------------------------------------------------------------------------------
-
-
-def sweep(*, batch: int = 200, now=None) -> SweepReport:
-    """One pass of the research tasks' recovery (every minute from the django-q2 schedule).
-
-    * ``queued`` with a claim older than ``KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS``
-      (claimed, never delivered): the claim is cleared by compare-and-set on the same id and the
-      task dispatched through a fresh claim; a late copy of the old message is refused by
-      :func:`begin`.
-    * ``running`` whose delivery started more than ``KNOWLEDGE_RESEARCH_TASK_STALE_SECONDS`` ago
-      (longer than any delivery may run: its worker was killed or lost): failed
-      ``attempts_exhausted`` once ``KNOWLEDGE_RESEARCH_TASK_MAX_ATTEMPTS`` deliveries started,
-      else put back to ``queued`` without a claim and dispatched; the next delivery resumes from
-      the checkpoint.
-    * ``queued`` without a claim, unchanged for a few seconds: dispatched.
-
-    Every change is a compare-and-set, rows are read under ``FOR UPDATE SKIP LOCKED`` where the
-    database has it, so concurrent sweeps never act on one task twice.
-    """
-    now = now or timezone.now()
-    report = SweepReport()
-    to_dispatch: list[uuid.UUID] = []
-    grace = timedelta(seconds=settings.KNOWLEDGE_RESEARCH_TASK_DISPATCH_GRACE_SECONDS)
-    stale = timedelta(seconds=settings.KNOWLEDGE_RESEARCH_TASK_STALE_SECONDS)
-    with transaction.atomic():
-        for task in locked_batch(
-            ResearchTask.objects.filter(
-                run_state=RunState.QUEUED, task_id__isnull=False, claimed_at__lt=now - grace
-            ),
-            batch,
-        ):
-            if release_claim(task.id, task.task_id):
-                report.undelivered_reclaimed += 1
-                to_dispatch.append(task.id)
-    with transaction.atomic():
-        for task in locked_batch(
-            ResearchTask.objects.filter(run_state=RunState.RUNNING).filter(
-                Q(step_started_at__lt=now - stale) | Q(step_started_at__isnull=True)
-            ),
-            batch,
-        ):
-            if task.attempt_count >= settings.KNOWLEDGE_RESEARCH_TASK_MAX_ATTEMPTS:
-                if fail(
-                    task.id,
-                    task.task_id,
-                    "attempts_exhausted",
-                    f"the task was started {task.attempt_count} times without finishing (the "
-                    "worker was killed, timed out or lost); resume it once the cause is fixed",
-                ):
-                    report.attempts_exhausted += 1
-            elif held(task.id, task.task_id).update(
-                run_state=RunState.QUEUED,
-                stage=Stage.QUEUED,
-                task_id=None,
-                claimed_at=None,
-                step_started_at=None,
-                updated_at=now,
-            ):
-                report.stale_requeued += 1
-                to_dispatch.append(task.id)
-    to_dispatch.extend(
-        ResearchTask.objects.filter(
-            run_state=RunState.QUEUED,
-            task_id__isnull=True,
-            updated_at__lt=now - timedelta(seconds=UNCLAIMED_SETTLE_SECONDS),
-        )
-        .exclude(id__in=to_dispatch)
-        .order_by("updated_at")
-        .values_list("id", flat=True)[:batch]
-    )
-    for task_pk in dict.fromkeys(to_dispatch):
-        if dispatch(task_pk):
-            report.dispatched += 1
-    if any(report.as_dict().values()):
-        logger.info("research task sweep: %s", report.as_dict())
-    return report
+dispatch = QUEUE.dispatch
+"""Claim a ``queued`` unclaimed task with a fresh delivery id, commit, then publish it; returns
+the delivery id or ``None``. Outside a transaction (inside one: :func:`dispatch_on_commit`)."""
+dispatch_on_commit = QUEUE.dispatch_on_commit
+_publish = QUEUE._publish
+release_claim = QUEUE.release_claim
+begin = QUEUE.begin
+"""Start a delivery (``queued`` → ``running``, ``stage`` ``planning``, ``heartbeat_at`` and the
+first ``started_at``); returns the running task or ``None`` (nothing written)."""
+held = QUEUE.held
+fail = QUEUE.fail
+sweep = QUEUE.sweep
 
 
 def ensure_sweep_schedule():
-    """Create or repair the django-q2 schedule running :func:`sweep` every minute; returns it.
-    Migration ``retrieval.0006_research_tasks`` creates the same row."""
-    from django_q.models import Schedule
-
-    schedule, _ = Schedule.objects.update_or_create(
-        name=SWEEP_SCHEDULE,
-        defaults={
-            "func": SWEEP_TASK,
-            "schedule_type": Schedule.MINUTES,
-            "minutes": 1,
-            "repeats": -1,
-        },
-    )
-    return schedule
+    """Create or repair the sweep's django-q2 schedule (:data:`SWEEP`); returns it."""
+    return schedules.ensure(SWEEP_SCHEDULE)

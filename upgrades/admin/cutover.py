@@ -14,6 +14,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 
+from knowledgefs.admin import ReadOnlyAdminMixin
 from knowledgefs.errors import ServiceError
 
 from ..models import CleanupAuthorization, WorkspaceCutoverLedger
@@ -22,7 +23,10 @@ from ..services.cutover import gate_state
 
 
 @admin.register(WorkspaceCutoverLedger)
-class WorkspaceCutoverLedgerAdmin(admin.ModelAdmin):
+class WorkspaceCutoverLedgerAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Read-only: a ledger is created by Dify through the internal route, and every change is a
+    compare-and-set step of the service."""
+
     list_display = (
         "tenant_id",
         "phase",
@@ -48,15 +52,6 @@ class WorkspaceCutoverLedgerAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in self.model._meta.fields] + ["gate"]
-
-    def has_add_permission(self, request) -> bool:
-        return False  # created by Dify through the internal route
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False  # every change is a compare-and-set step of the service
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class CleanupRequestForm(forms.ModelForm):

@@ -15,7 +15,7 @@ from django.forms.models import BaseInlineFormSet
 from django.urls import reverse
 from django.utils.html import format_html
 
-from knowledgefs.errors import ServiceError
+from knowledgefs.admin import ReadOnlyAdminMixin, ServiceActionMixin
 from upgrades.models import UpgradeDocument, UpgradeFileLease, UpgradeJob
 from upgrades.services import snapshot
 
@@ -109,7 +109,7 @@ class UpgradeFileLeaseInline(ReadOnlyInline):
 
 
 @admin.register(UpgradeJob)
-class UpgradeJobAdmin(admin.ModelAdmin):
+class UpgradeJobAdmin(ServiceActionMixin, admin.ModelAdmin):
     list_display = (
         "id",
         "tenant_id",
@@ -162,19 +162,18 @@ class UpgradeJobAdmin(admin.ModelAdmin):
 
     @admin.action(description="Retry failed upgrades", permissions=["change"])
     def retry_failed_upgrades(self, request, queryset) -> None:
-        retried = 0
-        for job_id, status in queryset.values_list("id", "status"):
-            try:
-                _, done = snapshot.retry_upgrade(job_id)
-            except ServiceError as exc:
-                self.message_user(request, f"Upgrade {job_id}: {exc.message}", messages.WARNING)
-                continue
-            if done:
-                retried += 1
-            else:
+        rows = queryset.values_list("id", "status")
+
+        def retry(row) -> bool:
+            job_id, status = row
+            _, done = snapshot.retry_upgrade(job_id)
+            if not done:
                 self.message_user(
                     request, f"Upgrade {job_id} is {status}: left unchanged", messages.INFO
                 )
+            return done
+
+        retried = sum(self.apply_each(request, ((r, f"Upgrade {r[0]}") for r in rows), retry))
         if retried:
             self.message_user(
                 request,
@@ -184,14 +183,11 @@ class UpgradeJobAdmin(admin.ModelAdmin):
 
     @admin.action(description="Abandon failed upgrades (allow a new one)", permissions=["change"])
     def abandon_failed_upgrades(self, request, queryset) -> None:
-        abandoned = 0
-        for job_id in queryset.values_list("id", flat=True):
-            try:
-                _, done = snapshot.abandon_upgrade(job_id)
-            except ServiceError as exc:
-                self.message_user(request, f"Upgrade {job_id}: {exc.message}", messages.WARNING)
-                continue
-            abandoned += done
+        rows = queryset.values_list("id", flat=True)
+        results = self.apply_each(
+            request, ((j, f"Upgrade {j}") for j in rows), snapshot.abandon_upgrade
+        )
+        abandoned = sum(done for _, done in results)
         if abandoned:
             self.message_user(request, f"Abandoned {abandoned} upgrade(s).", messages.SUCCESS)
 
@@ -212,7 +208,7 @@ class DeadLetteredFilter(admin.SimpleListFilter):
 
 
 @admin.register(UpgradeDocument)
-class UpgradeDocumentAdmin(admin.ModelAdmin):
+class UpgradeDocumentAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Read-only, paginated list of upgrade documents; ``?job=<upgrade id>`` narrows it to one
     job (the link on the job's page), filters by status and dead-lettered."""
 
@@ -237,12 +233,3 @@ class UpgradeDocumentAdmin(admin.ModelAdmin):
 
     def lookup_allowed(self, lookup, value, request=None) -> bool:
         return lookup in ("job", "job__id__exact") or super().lookup_allowed(lookup, value, request)
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False

@@ -1,4 +1,6 @@
-"""Claims, fenced writes and the sweep of the staged run (docs/upgrades.md, "Staged run").
+"""Claims, fenced writes and the sweep of the staged run (docs/upgrades.md, "Staged run"): a
+configuration of :class:`knowledgefs.jobs.claims.ClaimedRunQueue` (the protocol, shared with the
+research tasks), exposed as this module's functions, plus the staged run's :func:`checkpoint`.
 
 The step claim is the job's ``task_id`` (bridge specification §3.1-§3.3, invariants I1-I8):
 
@@ -22,16 +24,15 @@ The step claim is the job's ``task_id`` (bridge specification §3.1-§3.3, invar
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from knowledgefs.claims import SweepReport, locked_batch
+from knowledgefs.jobs import claims, schedules
+from knowledgefs.jobs.claims import UNCLAIMED_SETTLE_SECONDS, SweepReport  # noqa: F401
 from upgrades.models import JobStatus, UpgradeJob
 
 logger = logging.getLogger("knowledgefs.upgrades")
@@ -39,54 +40,20 @@ logger = logging.getLogger("knowledgefs.upgrades")
 STEP_TASK = "upgrades.tasks.run_upgrade_step"
 SWEEP_TASK = "upgrades.tasks.sweep_upgrades"
 SWEEP_SCHEDULE = "knowledgefs.upgrades.sweep"
+SWEEP = schedules.Schedule(SWEEP_SCHEDULE, SWEEP_TASK)
+"""The sweep every minute (the unit of django-q2 schedules; the bridge specification asks for
+30-60 s), registered by ``UpgradesConfig.ready()``; migration ``upgrades.0006_sweep_schedule``
+creates the same row."""
 MAX_ERROR_MESSAGE_CHARS = 4000
 """``last_error_message`` is truncated to this many characters (the reference's 4,000)."""
-UNCLAIMED_SETTLE_SECONDS = 5
-"""An unclaimed ``queued`` job is dispatched by the sweep only once it has been unchanged this
-long, so the sweep does not race the on-commit dispatch of the request that just queued it."""
 
 
-class ClaimLost(Exception):
+class ClaimLost(claims.ClaimLost):
     """A fenced write found the job no longer ``running`` under this delivery's ``task_id``."""
 
 
 def _now():
     return timezone.now()
-
-
-# --- claim and publish --------------------------------------------------------------------------
-
-
-def dispatch(job_id: uuid.UUID | str, *, now=None) -> str | None:
-    """Claim the job for one delivery, commit, then publish it (I1-I3).
-
-    Returns the delivery's ``task_id``, or ``None`` when there was nothing to claim (not
-    ``queued``, already claimed, or ``next_step_at`` still in the future) or the publish failed
-    (the claim is then released, so the sweep can dispatch it again). ``now`` is the sweep's
-    clock (the due check of ``next_step_at``). Must run outside a
-    transaction (use :func:`dispatch_on_commit` inside one): a claim that has not committed
-    yet must never be visible to a worker as a message (with the ORM broker the message is a
-    row of the same transaction, so it is allowed there).
-    """
-    if connection.in_atomic_block and not settings.Q_CLUSTER.get("orm"):
-        # A message on another broker would be visible before the claim commits.
-        raise RuntimeError("dispatch() must run after the commit: use dispatch_on_commit()")
-    task_id = uuid.uuid4().hex
-    now = now or _now()
-    claimed = (
-        UpgradeJob.objects.filter(id=job_id, status=JobStatus.QUEUED, task_id__isnull=True)
-        .filter(Q(next_step_at__isnull=True) | Q(next_step_at__lte=now))
-        .update(task_id=task_id, claimed_at=now, updated_at=now)
-    )
-    if not claimed:
-        return None
-    return task_id if _publish(job_id, task_id) else None
-
-
-def dispatch_on_commit(job_id: uuid.UUID | str) -> None:
-    """Dispatch the job once the surrounding transaction commits (``robust``: a failure is
-    logged, the job stays ``queued`` and the sweep dispatches it)."""
-    transaction.on_commit(lambda: dispatch(job_id), robust=True)
 
 
 def _broker():
@@ -96,74 +63,73 @@ def _broker():
     return import_string(dotted)() if dotted else None
 
 
-def _publish(job_id, task_id: str) -> bool:
-    """Publish ``(job id, task id)``; on failure release the claim if it is still ours (I2)."""
-    from django_q.tasks import async_task
-
-    try:
-        options = {
-            "task_name": f"upgrade:{task_id}",
-            "group": "upgrade",
-            "timeout": settings.KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS,
-        }
-        broker = _broker()
-        if broker is not None:
-            options["broker"] = broker
-        async_task(STEP_TASK, str(job_id), task_id, **options)
-    except Exception:  # noqa: BLE001 - the broker failed: release our claim, the sweep retries
-        logger.exception("could not publish upgrade step of job %s; releasing the claim", job_id)
-        release_claim(job_id, task_id)
-        return False
-    return True
+def _due(now) -> Q:
+    """A queued job is claimed only once its ``next_step_at`` (a countdown) is absent or due."""
+    return Q(next_step_at__isnull=True) | Q(next_step_at__lte=now)
 
 
-def release_claim(job_id, task_id: str) -> bool:
-    """Clear the claim only if the job is still ``queued`` under ``task_id``; a foreign id or a
-    job that moved on is left alone. Returns whether the claim was released."""
-    return bool(
-        UpgradeJob.objects.filter(id=job_id, status=JobStatus.QUEUED, task_id=task_id).update(
-            task_id=None, claimed_at=None, updated_at=_now()
-        )
+def _failed_fields(code: str, message: str, now) -> dict:
+    """A failed job has no next step and is completed; ``code`` ≤ 128 characters, ``message``
+    ≤ 4,000 (I8, G3: a stale worker cannot fail a healthy job)."""
+    return {
+        "next_step_at": None,
+        "last_error_code": code[:128],
+        "last_error_message": message[:MAX_ERROR_MESSAGE_CHARS],
+        "completed_at": now,
+    }
+
+
+def _exhausted_message(job: UpgradeJob) -> str:
+    return (
+        f"the {job.stage} step was started {job.attempt_count} times without "
+        "finishing (the worker was killed, timed out or lost); fix the cause and "
+        "retry the upgrade"
     )
 
 
-# --- delivery start and fenced writes ------------------------------------------------------------
-
-
-def begin(job_id, task_id: str) -> UpgradeJob | None:
-    """Start a delivery: compare-and-set ``queued`` → ``running`` with this ``task_id`` (I7).
-
-    Counts the attempt (``attempt_count`` counts the deliveries of the current step; a
-    checkpoint resets it) and extends the job's unreleased file leases to now + 7 days. Returns
-    the running job, or ``None`` for a stale or duplicate delivery, which wrote nothing.
-    """
-    from django.db.models import F
-
+def _extend_leases(job_uuid, now) -> None:
+    """A started delivery extends the job's unreleased file leases to now + 7 days."""
     from .leases import extend_leases
 
-    try:
-        job_uuid = uuid.UUID(str(job_id))
-    except ValueError:
-        return None
-    now = _now()
-    with transaction.atomic():
-        started = UpgradeJob.objects.filter(
-            id=job_uuid, status=JobStatus.QUEUED, task_id=task_id
-        ).update(
-            status=JobStatus.RUNNING,
-            step_started_at=now,
-            attempt_count=F("attempt_count") + 1,
-            updated_at=now,
-        )
-        if not started:
-            return None
-        extend_leases(job_uuid, now)
-    return UpgradeJob.objects.get(id=job_uuid)
+    extend_leases(job_uuid, now)
 
 
-def held(job_id, task_id: str):
-    """The queryset matching the job only while this delivery owns it (I8)."""
-    return UpgradeJob.objects.filter(id=job_id, status=JobStatus.RUNNING, task_id=task_id)
+QUEUE = claims.ClaimedRunQueue(
+    model=UpgradeJob,
+    state_field="status",
+    queued=JobStatus.QUEUED,
+    running=JobStatus.RUNNING,
+    failed=JobStatus.FAILED,
+    task_path=STEP_TASK,
+    group="upgrade",
+    logger=logger,
+    publish_error="could not publish upgrade step of job %s; releasing the claim",
+    sweep_label="upgrade sweep",
+    grace_setting="KNOWLEDGE_UPGRADE_DISPATCH_GRACE_SECONDS",
+    stale_setting="KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS",
+    attempts_setting="KNOWLEDGE_UPGRADE_STEP_MAX_ATTEMPTS",
+    timeout=lambda job_id: settings.KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS,
+    broker=_broker,
+    failed_fields=_failed_fields,
+    exhausted_message=_exhausted_message,
+    due=_due,
+    after_begin=_extend_leases,
+    begin_atomic=True,
+)
+
+dispatch = QUEUE.dispatch
+"""Claim the job for one delivery (``queued``, unclaimed, ``next_step_at`` due at ``now``),
+commit, then publish it (I1-I3); returns the task id or ``None``. Outside a transaction (inside
+one: :func:`dispatch_on_commit`)."""
+dispatch_on_commit = QUEUE.dispatch_on_commit
+_publish = QUEUE._publish
+release_claim = QUEUE.release_claim
+begin = QUEUE.begin
+"""Start a delivery: compare-and-set ``queued`` → ``running`` with this ``task_id`` (I7), in one
+transaction with the extension of the job's file leases; returns the job or ``None``."""
+held = QUEUE.held
+fail = QUEUE.fail
+sweep = QUEUE.sweep
 
 
 def checkpoint(job_id, task_id: str, *, delay_seconds: int = 0, **fields) -> None:
@@ -188,115 +154,6 @@ def checkpoint(job_id, task_id: str, *, delay_seconds: int = 0, **fields) -> Non
         raise ClaimLost(str(job_id))
 
 
-def fail(job_id, task_id: str, code: str, message: str) -> bool:
-    """Fail the job with ``code`` and ``message`` (truncated to 4,000 characters) only while this
-    delivery owns it (I8, G3: a stale worker cannot fail a healthy job). Clears the claim and
-    sets ``completed_at``. Returns whether the job was failed."""
-    now = _now()
-    return bool(
-        held(job_id, task_id).update(
-            status=JobStatus.FAILED,
-            task_id=None,
-            claimed_at=None,
-            step_started_at=None,
-            next_step_at=None,
-            last_error_code=code[:128],
-            last_error_message=message[:MAX_ERROR_MESSAGE_CHARS],
-            completed_at=now,
-            updated_at=now,
-        )
-    )
-
-
-# --- the sweep ----------------------------------------------------------------------------------
-
-
-def sweep(*, batch: int = 200, now=None) -> SweepReport:
-    """One pass of the staged run's recovery (scheduled every minute; ``kfs upgrade sweep``).
-
-    * ``queued`` with a claim older than ``KNOWLEDGE_UPGRADE_DISPATCH_GRACE_SECONDS`` (claimed,
-      never delivered: the dispatcher died between claim and publish, or the broker lost the
-      message; G1): the claim is cleared by compare-and-set on the same id, then dispatched
-      through a fresh claim. A late copy of the old message is refused by :func:`begin`.
-    * ``running`` with ``step_started_at`` older than ``KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS``
-      (the worker died; G2): failed ``attempts_exhausted`` once the step was started
-      ``KNOWLEDGE_UPGRADE_STEP_MAX_ATTEMPTS`` times, else put back to ``queued`` without a claim
-      (compare-and-set on the same id) and dispatched.
-    * ``queued`` without a claim whose ``next_step_at`` is due or absent: dispatched.
-
-    Rows are read in bounded batches under ``FOR UPDATE SKIP LOCKED`` where available; every
-    change is a compare-and-set, so concurrent sweeps never act on one job twice.
-    """
-    now = now or _now()
-    report = SweepReport()
-    to_dispatch: list[uuid.UUID] = []
-    grace = timedelta(seconds=settings.KNOWLEDGE_UPGRADE_DISPATCH_GRACE_SECONDS)
-    stale = timedelta(seconds=settings.KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS)
-    with transaction.atomic():
-        for job in locked_batch(
-            UpgradeJob.objects.filter(
-                status=JobStatus.QUEUED, task_id__isnull=False, claimed_at__lt=now - grace
-            ),
-            batch,
-        ):
-            if release_claim(job.id, job.task_id):
-                report.undelivered_reclaimed += 1
-                to_dispatch.append(job.id)
-    with transaction.atomic():
-        for job in locked_batch(
-            UpgradeJob.objects.filter(status=JobStatus.RUNNING).filter(
-                Q(step_started_at__lt=now - stale) | Q(step_started_at__isnull=True)
-            ),
-            batch,
-        ):
-            if job.attempt_count >= settings.KNOWLEDGE_UPGRADE_STEP_MAX_ATTEMPTS:
-                if fail(
-                    job.id,
-                    job.task_id,
-                    "attempts_exhausted",
-                    f"the {job.stage} step was started {job.attempt_count} times without "
-                    "finishing (the worker was killed, timed out or lost); fix the cause and "
-                    "retry the upgrade",
-                ):
-                    report.attempts_exhausted += 1
-            elif held(job.id, job.task_id).update(
-                status=JobStatus.QUEUED,
-                task_id=None,
-                claimed_at=None,
-                step_started_at=None,
-                updated_at=now,
-            ):
-                report.stale_requeued += 1
-                to_dispatch.append(job.id)
-    to_dispatch.extend(
-        UpgradeJob.objects.filter(status=JobStatus.QUEUED, task_id__isnull=True)
-        .filter(Q(next_step_at__isnull=True) | Q(next_step_at__lte=now))
-        .filter(updated_at__lt=now - timedelta(seconds=UNCLAIMED_SETTLE_SECONDS))
-        .exclude(id__in=to_dispatch)
-        .order_by("updated_at")
-        .values_list("id", flat=True)[:batch]
-    )
-    for job_id in dict.fromkeys(to_dispatch):
-        if dispatch(job_id, now=now):
-            report.dispatched += 1
-    if any(report.as_dict().values()):
-        logger.info("upgrade sweep: %s", report.as_dict())
-    return report
-
-
 def ensure_sweep_schedule():
-    """Create or repair the django-q2 schedule running :func:`sweep` every minute (the unit of
-    django-q2 schedules; the bridge specification asks for 30-60 s); returns it. Migration
-    ``upgrades.0006_sweep_schedule`` creates the same row."""
-    from django_q.models import Schedule
-
-    schedule, _ = Schedule.objects.update_or_create(
-        name=SWEEP_SCHEDULE,
-        defaults={
-            "func": SWEEP_TASK,
-            "schedule_type": Schedule.MINUTES,
-            "minutes": 1,
-            "repeats": -1,
-        },
-    )
-    return schedule
+    """Create or repair the sweep's django-q2 schedule (:data:`SWEEP`); returns it."""
+    return schedules.ensure(SWEEP_SCHEDULE)

@@ -64,6 +64,7 @@ from ingestion.availability import (
 )
 from ingestion.models import Document
 from knowledgefs.errors import Conflict, NotFound, ServiceError
+from knowledgefs.jobs import schedules
 from upgrades.models import DocumentStatus, JobStatus, UpgradeDocument, UpgradeJob
 
 logger = logging.getLogger("knowledgefs.upgrades.reconciliation")
@@ -71,6 +72,10 @@ logger = logging.getLogger("knowledgefs.upgrades.reconciliation")
 TASK_FUNCTION = "upgrades.reconciliation_tasks.reconcile_documents"
 RECOVERY_FUNCTION = "upgrades.reconciliation_tasks.recover_reconciliations"
 RECOVERY_SCHEDULE = "knowledgefs.recover_reconciliations"
+RECOVERY = schedules.Schedule(RECOVERY_SCHEDULE, RECOVERY_FUNCTION)
+"""The recovery tick every minute (the unit of django-q2 schedules; within the 30–60 s the
+upgrade spec asks for), registered by ``UpgradesConfig.ready()``; migration ``upgrades.0005``
+creates the same row."""
 MAX_ERROR_CHARS = 4000  # as the job's last_error_message
 
 Clock = Callable[[], datetime]
@@ -606,21 +611,8 @@ def recover_reconciliations(
 
 
 def ensure_recovery_schedule():
-    """Create or repair the django-q2 schedule that runs the recovery tick every minute (the
-    unit of django-q2 schedules; within the 30–60 s the upgrade spec asks for); returns it.
-    Migration ``upgrades.0005`` creates the same schedule."""
-    from django_q.models import Schedule
-
-    schedule, _ = Schedule.objects.update_or_create(
-        name=RECOVERY_SCHEDULE,
-        defaults={
-            "func": RECOVERY_FUNCTION,
-            "schedule_type": Schedule.MINUTES,
-            "minutes": 1,
-            "repeats": -1,
-        },
-    )
-    return schedule
+    """Create or repair the recovery tick's django-q2 schedule (:data:`RECOVERY`); returns it."""
+    return schedules.ensure(RECOVERY_SCHEDULE)
 
 
 # --- operator: dead letter ----------------------------------------------------------------------

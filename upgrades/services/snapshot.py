@@ -191,7 +191,7 @@ def _conflict_or_replay(
 def create_upgrade(data: dict) -> tuple[UpgradeJob, bool]:
     """Snapshot a Dataset and queue its upgrade; returns ``(job, created)``.
 
-    ``data`` is :class:`upgrades.serializers.SnapshotSerializer`'s validated data. In one
+    ``data`` is :class:`upgrades.api.serializers.SnapshotSerializer`'s validated data. In one
     transaction: the job, one row per document (``desired_enabled`` stored as "enabled and not
     archived"), one file lease per distinct ``upload_file_id`` (expiring in 7 days); the first
     step is dispatched after the commit. Errors: 400 ``invalid_tenant``,

@@ -10,13 +10,14 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from knowledgefs.api import InternalView, internal
-from upgrades.serializers import (
+from upgrades.services import leases, snapshot
+
+from .serializers import (
     ListQuerySerializer,
     NamespaceQuerySerializer,
     SnapshotSerializer,
     UpgradeJobSerializer,
 )
-from upgrades.services import leases, snapshot
 
 LIST_LIMIT = 100
 """The list route returns at most this many jobs, newest first."""
