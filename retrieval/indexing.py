@@ -48,7 +48,7 @@ from knowledgefs.runtime import (
 )
 from retrieval.backends import IndexedNode, backend_name, get_search_backend
 from retrieval.models import DenseVector, IndexState, IndexVersion
-from spaces.models import KnowledgeSpace
+from spaces.models import KnowledgeSpace, PublicationHead
 
 logger = logging.getLogger("knowledgefs.indexing")
 
@@ -544,8 +544,6 @@ def cutover(
     space's model fields follow and the publication head moves; after that commit the retired
     version's vectors are deleted.
     """
-    from ingestion.services.compilation import advance_publication_head
-
     version_id = uuid.UUID(str(version_id))
     for attempt in range(1, attempts + 1):
         with transaction.atomic():
@@ -594,7 +592,7 @@ def cutover(
                 from spaces.profiles import follow_cutover
 
                 follow_cutover(space_id, version.model_id, version.dimension)
-                advance_publication_head(space_id)
+                PublicationHead.objects.advance(space_id)
         if not pending:
             logger.info(
                 "space %s: index v%s (%s) is active%s",

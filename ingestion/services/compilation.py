@@ -1645,19 +1645,8 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
             # left behind go in the same commit.
             _drop_other_generations(keep)
             for space_id in {job.space_id for job in published}:
-                advance_publication_head(space_id)
+                PublicationHead.objects.advance(space_id)
     return [job.id for job in published]
-
-
-def advance_publication_head(space_id: uuid.UUID, attempts: int = 20) -> int:
-    """Move the space's publication head by one compare-and-set; returns the new revision."""
-    for _ in range(attempts):
-        head, _ = PublicationHead.objects.get_or_create(space_id=space_id)
-        if PublicationHead.objects.filter(space_id=space_id, revision=head.revision).update(
-            revision=head.revision + 1, published_at=timezone.now()
-        ):
-            return head.revision + 1
-    raise RuntimeError(f"publication head of space {space_id} kept moving; gave up")
 
 
 def fail(

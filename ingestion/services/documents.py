@@ -34,7 +34,7 @@ from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from knowledgefs.errors import UnsupportedMediaType as UnsupportedMediaTypeError
 from knowledgefs.uploads import upload_limit_message
-from spaces.models import KnowledgeSpace
+from spaces.models import KnowledgeSpace, PublicationHead
 from spaces.services import Principal, get_space
 
 logger = logging.getLogger("knowledgefs.documents")
@@ -365,8 +365,6 @@ def purge_documents(documents: QuerySet[Document]) -> int:
     """
     from retrieval.backends import get_search_backend
 
-    from .compilation import advance_publication_head
-
     backend = get_search_backend()
     deleted = 0
     for document in documents.only("id", "storage_key", "space_id"):
@@ -388,6 +386,6 @@ def purge_documents(documents: QuerySet[Document]) -> int:
                 list(KnowledgeNode.objects.filter(document=document).values_list("id", flat=True))
             )
             document.delete()
-            advance_publication_head(document.space_id)
+            PublicationHead.objects.advance(document.space_id)
         deleted += 1
     return deleted
