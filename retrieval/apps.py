@@ -8,4 +8,8 @@ class RetrievalConfig(AppConfig):
     verbose_name = "Retrieval"
 
     def ready(self) -> None:
+        from ingestion.projection import register
         from retrieval import checks  # noqa: F401  (registers the system checks)
+        from retrieval.projector import SearchProjector
+
+        register(SearchProjector())

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
@@ -37,6 +36,7 @@ from django.db.models import Exists, F, Max, OuterRef, Q
 from django.utils import timezone
 
 from ingestion.models import KnowledgeNode
+from ingestion.projection import ProjectionTarget
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import InvalidInput
 from knowledgefs.runtime import (
@@ -57,14 +57,6 @@ CUTOVER_ATTEMPTS = 5  # the last attempt embeds stragglers under the lock instea
 STALL_SECONDS = 600  # a building version without progress for this long is re-enqueued
 PURGE_BATCH = 1000
 _LIVE = (IndexState.ACTIVE, IndexState.BUILDING)
-
-
-@dataclass(frozen=True)
-class ProjectionTarget:
-    """One dense index of a space: its version number and the model that fills it."""
-
-    index_version: int
-    model: EmbeddingModel
 
 
 # --- reading versions -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 from django.conf import settings
 
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
+from ingestion.projection import projector
 from ingestion.services import compilation
 from ingestion.services.documents import admit_document
 from retrieval.backends import get_search_backend
@@ -163,7 +164,7 @@ def test_an_error_outside_one_jobs_work_fails_the_whole_batch(space, monkeypatch
     def broken_model(space_id):
         raise RuntimeError("model files missing")
 
-    monkeypatch.setattr(compilation, "projection_targets", broken_model)
+    monkeypatch.setattr(projector(), "targets", broken_model)
     compilation.compile_jobs(jobs)
     # Retryable: every job of the batch waits to retry, none is left running.
     states = set(CompilationJob.objects.values_list("run_state", "error_code", "error_retryable"))

@@ -13,6 +13,7 @@ from django.utils import timezone
 from django_q.models import OrmQ, Schedule, Task
 
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
+from ingestion.projection import projector
 from ingestion.services import compilation
 from ingestion.services.documents import admit_document
 from retrieval.backends import get_search_backend
@@ -177,7 +178,7 @@ def test_a_due_retry_is_queued_again_and_resumes(space, monkeypatch):
     def flaky(space_id):
         raise ConnectionError("model runtime unreachable")
 
-    monkeypatch.setattr(compilation, "projection_targets", flaky)
+    monkeypatch.setattr(projector(), "targets", flaky)
     compilation.compile_jobs([job_id])
     job = _job(job_id)
     assert (job.run_state, job.stage, job.error_retryable) == (
@@ -204,7 +205,7 @@ def test_a_django_q_timeout_fails_the_held_jobs_as_timeout_and_stops_the_worker(
     def too_slow(space_id):
         raise TimeoutException("Task exceeded maximum timeout value (5 seconds)")
 
-    monkeypatch.setattr(compilation, "projection_targets", too_slow)
+    monkeypatch.setattr(projector(), "targets", too_slow)
     with pytest.raises(TimeoutException):
         compilation.compile_jobs([job_id])
     job = _job(job_id)
@@ -269,7 +270,7 @@ def test_manual_retry_resumes_from_the_parse_checkpoint(space, monkeypatch):
     def broken(space_id):
         raise ConnectionError("model runtime unreachable")
 
-    monkeypatch.setattr(compilation, "projection_targets", broken)
+    monkeypatch.setattr(projector(), "targets", broken)
     compilation.compile_jobs([job_id])
     failed = _job(job_id)
     assert (failed.run_state, failed.error_code) == ("failed", "embedding_unavailable")
@@ -451,7 +452,7 @@ def test_job_list_api_filters_by_state_and_paginates(client, space):
 def test_drain_waits_for_a_due_retry(space, settings, monkeypatch):
     settings.KNOWLEDGE_JOB_RETRY_BACKOFF_SECONDS = 1
     job_id = _admit(space).job.id
-    real = compilation.projection_targets
+    real = projector().targets
     calls = []
 
     def flaky_once(space_id):
@@ -460,7 +461,7 @@ def test_drain_waits_for_a_due_retry(space, settings, monkeypatch):
             raise ConnectionError("model runtime restarting")
         return real(space_id)
 
-    monkeypatch.setattr(compilation, "projection_targets", flaky_once)
+    monkeypatch.setattr(projector(), "targets", flaky_once)
     compilation.drain_queued(space.id)
     job = _job(job_id)
     assert (job.run_state, job.execution_attempts, len(calls)) == ("succeeded", 2, 2)

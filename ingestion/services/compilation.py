@@ -64,11 +64,10 @@ from ingestion.models import (
     Stage,
 )
 from ingestion.parsing.isolation import ParseCanceled
+from ingestion.projection import IndexedNode, ProjectionError, projector
 from knowledgefs import storage
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, NotFound
-from retrieval.backends import IndexedNode, SearchBackendError, get_search_backend
-from retrieval.indexing import index_projections, projection_targets
 from spaces.models import PublicationHead
 
 logger = logging.getLogger("knowledgefs.compilation")
@@ -125,7 +124,7 @@ def classify(exc: BaseException) -> CompilationFailure:
     """Map an unexpected exception to a :class:`CompilationFailure` with its retry class."""
     if isinstance(exc, CompilationFailure):
         return exc
-    if isinstance(exc, SearchBackendError):  # e.g. the Dify bridge: its code and retry class
+    if isinstance(exc, ProjectionError):  # e.g. the Dify bridge: its code and retry class
         return CompilationFailure(exc.code, exc.message, retryable=exc.retryable)
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, TRANSIENT_ERRORS):
@@ -1129,7 +1128,7 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
         return {}
     space_id = jobs[job_ids[0]].space_id
     try:
-        targets = projection_targets(space_id)
+        targets = projector().targets(space_id)
     except Exception as exc:  # noqa: BLE001
         logger.exception("no embedding model for space %s", space_id)
         _end_all(held, job_ids, "embedding_unavailable", exc)
@@ -1196,7 +1195,7 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
         if not batch:
             return
         flat = [IndexedNode(n.id, n.space_id, n.document_id, n.text) for ns, _ in batch for n in ns]
-        index_projections(
+        projector().write(
             flat,
             {
                 t.index_version: np.concatenate([v[t.index_version] for _, v in batch])
@@ -1571,7 +1570,7 @@ def _drop_other_generations(keep: dict[uuid.UUID, uuid.UUID]) -> None:
 def _drop_nodes(queryset) -> None:
     ids = list(queryset.values_list("id", flat=True))
     if ids:
-        get_search_backend().delete_nodes(ids)
+        projector().delete(ids)
         KnowledgeNode.objects.filter(id__in=ids).delete()
 
 
@@ -2001,10 +2000,7 @@ def _remove_orphan_nodes(*, batch: int) -> int:
 
 
 def _recover_index_builds() -> int:
-    from retrieval import indexing
-
-    recover = getattr(indexing, "recover_index_builds", None)
-    return recover() if recover else 0
+    return projector().recover_builds()
 
 
 def drain_queued(

@@ -29,6 +29,7 @@ from ingestion.models import (
     RunState,
     Stage,
 )
+from ingestion.projection import projector
 from knowledgefs import storage
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
@@ -363,9 +364,7 @@ def purge_documents(documents: QuerySet[Document]) -> int:
     rows and every later document intact, so the same delete can simply be sent again; nothing
     is left with rows gone and its object kept.
     """
-    from retrieval.backends import get_search_backend
-
-    backend = get_search_backend()
+    remove_nodes = projector().remover()
     deleted = 0
     for document in documents.only("id", "storage_key", "space_id"):
         # Its parse artifacts' images first (they are only reachable through these rows).
@@ -382,7 +381,7 @@ def purge_documents(documents: QuerySet[Document]) -> int:
             CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES).update(
                 run_state=RunState.CANCELED, stage=Stage.CANCELED, lease_token=None
             )
-            backend.delete_nodes(
+            remove_nodes(
                 list(KnowledgeNode.objects.filter(document=document).values_list("id", flat=True))
             )
             document.delete()
