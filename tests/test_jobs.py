@@ -12,10 +12,12 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule, Task
 
+from ingestion.compilation import pipeline
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
 from ingestion.projection import projector
 from ingestion.services import compilation
 from ingestion.services.documents import admit_document
+from knowledgefs.errors import Conflict
 from retrieval.backends import get_search_backend
 
 pytestmark = pytest.mark.django_db
@@ -255,7 +257,7 @@ def test_a_canceled_running_job_writes_nothing_more(space):
 def test_cancel_of_a_finished_job_is_a_conflict(space):
     job_id = _admit(space).job.id
     compilation.run_job(job_id)
-    with pytest.raises(compilation.Conflict) as info:
+    with pytest.raises(Conflict) as info:
         compilation.cancel_job(job_id)
     assert info.value.code == "job_finished"
 
@@ -296,7 +298,7 @@ def test_retry_of_a_live_or_published_job_is_a_conflict(space, state, code):
     job_id = _admit(space).job.id
     if state == "succeeded":
         compilation.run_job(job_id)
-    with pytest.raises(compilation.Conflict) as info:
+    with pytest.raises(Conflict) as info:
         compilation.retry_job(job_id)
     assert info.value.code == code
 
@@ -403,7 +405,7 @@ def test_a_batch_larger_than_the_retained_artifact_limit_runs_in_waves(
         waves.append((len(wave), len(holders)))
         return finish(held, wave)
 
-    monkeypatch.setattr(compilation, "_chunk_wave", spy)
+    monkeypatch.setattr(pipeline, "_chunk_wave", spy)
     compilation.compile_jobs(jobs)
     assert waves == [(1, 1), (1, 1), (1, 1)]  # one retained artifact at a time
     assert set(CompilationJob.objects.values_list("run_state", flat=True)) == {"succeeded"}
@@ -423,7 +425,7 @@ def test_an_artifact_over_the_byte_budget_runs_alone(space, settings, monkeypatc
     waves = []
     finish = compilation._chunk_wave
     monkeypatch.setattr(
-        compilation, "_chunk_wave", lambda h, w: (waves.append(len(w)), finish(h, w))[1]
+        pipeline, "_chunk_wave", lambda h, w: (waves.append(len(w)), finish(h, w))[1]
     )
     compilation.compile_jobs(jobs)
     assert waves == [1, 1]

@@ -104,7 +104,7 @@ def admit_document(
     ``pending-validation`` is admitted: its compilation validates it). With ``"replace"`` the
     existing document takes the new filename and is compiled again (it stays one document).
     ``enqueue=False`` leaves the job queued in the database without a queue message, for callers
-    that compile in-process (:func:`ingestion.services.compilation.drain_queued`).
+    that compile in-process (:func:`ingestion.compilation.recovery.drain_queued`).
 
     A failing object storage raises its :class:`~knowledgefs.dify.errors.ObjectStorageError`
     (the API answers 503 ``storage_unavailable``, 413 ``file_too_large`` or 502
@@ -217,7 +217,7 @@ def _duplicate(existing: Document) -> Conflict:
 
 def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission | None:
     """Recompile ``existing`` under ``filename``; ``None`` if it was deleted meanwhile."""
-    from .compilation import supersede_live_jobs
+    from ingestion.compilation.operations import supersede_live_jobs
 
     with transaction.atomic():
         document = lock_for_update(Document.objects.filter(id=existing.id)).first()
@@ -237,7 +237,7 @@ def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission |
 
 
 def _new_job(document: Document, *, enqueue: bool) -> CompilationJob:
-    from .compilation import enqueue_on_commit
+    from ingestion.compilation.dispatch import enqueue_on_commit
 
     job = CompilationJob.objects.create(
         tenant_id=document.tenant_id, space_id=document.space_id, document=document
