@@ -304,8 +304,9 @@ def grow(space, version, backend, have: int, want: int, per_doc: int, rng, sim) 
         RunState,
         Stage,
     )
-    from ingestion.services.compilation import _NODE_NAMESPACE, advance_publication_head
+    from ingestion.services.compilation import _NODE_NAMESPACE
     from retrieval.backends.base import IndexedNode
+    from spaces.models import PublicationHead
 
     started = time.perf_counter()
     backend_seconds = 0.0
@@ -370,7 +371,7 @@ def grow(space, version, backend, have: int, want: int, per_doc: int, rng, sim) 
             backend.index_keywords(indexed)
             backend_seconds += time.perf_counter() - t0
         added += len(nodes)
-    advance_publication_head(space.id)
+    PublicationHead.objects.advance(space.id)
     return {
         "chunks": added,
         "backend_seconds": round(backend_seconds, 2),

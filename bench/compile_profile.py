@@ -40,21 +40,21 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "knowledgefs.settings")
 #: The rows overlap where one calls another (noted in the label); "model" is inside "project".
 BREAKDOWN = {
     "model (embed_documents)": ("runtime/local_embedding.py", "embed_documents"),
-    "embed + index stage (_project, incl. model)": ("services/compilation.py", "_project"),
-    "lease renewal + progress (Held.beat)": ("services/compilation.py", "beat"),
-    "lease re-read (Held.refresh)": ("services/compilation.py", "refresh"),
-    "attempt counter (Held.start)": ("services/compilation.py", "start"),
+    "embed + index stage (_project, incl. model)": ("compilation/embed_step.py", "_project"),
+    "lease renewal + progress (Held.beat)": ("compilation/leases.py", "beat"),
+    "lease re-read (Held.refresh)": ("compilation/leases.py", "refresh"),
+    "attempt counter (Held.start)": ("compilation/leases.py", "start"),
     "gate acquire (MachineSemaphore.acquire)": ("ingestion/memory_gates.py", "acquire"),
     "gate release, batched (release_all)": ("ingestion/memory_gates.py", "release_all"),
     "gate release (_release)": ("ingestion/memory_gates.py", "_release"),
-    "parse (_parse)": ("services/compilation.py", "_parse"),
-    "chunk (_generate_nodes)": ("services/compilation.py", "_generate_nodes"),
+    "parse (_parse)": ("compilation/parse_step.py", "_parse"),
+    "chunk (_generate_nodes)": ("compilation/generations.py", "_generate_nodes"),
     "stage commits (_commit, incl. node/vector/FTS writes)": (
-        "services/compilation.py",
+        "compilation/stage_commit.py",
         "_commit",
     ),
-    "publish (publish_many)": ("services/compilation.py", "publish_many"),
-    "claim (claim_many)": ("services/compilation.py", "claim_many"),
+    "publish (publish_many)": ("compilation/publish.py", "publish_many"),
+    "claim (claim_many)": ("compilation/leases.py", "claim_many"),
 }
 
 _TABLE = re.compile(r'(?:FROM|INTO|UPDATE)\s+"?([a-z_0-9]+)"?', re.IGNORECASE)

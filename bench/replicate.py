@@ -32,12 +32,12 @@ from django.db.models import F
 from django.utils import timezone
 
 from ingestion.models import CompilationJob, Document, DocumentState, KnowledgeNode, RunState, Stage
-from ingestion.services.compilation import _NODE_NAMESPACE, advance_publication_head
+from ingestion.services.compilation import _NODE_NAMESPACE
 from retrieval.backends import get_search_backend
 from retrieval.backends.base import IndexedNode
 from retrieval.indexing import ensure_active_version, live_versions
 from retrieval.models import DenseVector
-from spaces.models import KnowledgeSpace
+from spaces.models import KnowledgeSpace, PublicationHead
 
 BATCH_DOCUMENTS = 200
 
@@ -110,7 +110,7 @@ def replicate_space(source: KnowledgeSpace, target: KnowledgeSpace, chunks: int)
             have += nodes
         if have < chunks:
             copy += 1
-    advance_publication_head(target.id)
+    PublicationHead.objects.advance(target.id)
     return {
         "documents": added_docs,
         "chunks": added_nodes,

@@ -418,9 +418,8 @@ def generate_point(engine: str, size: int, part: str = "all") -> dict:
     from django.core.management import call_command
     from django.db import connection
 
-    from ingestion.services.compilation import advance_publication_head
     from retrieval.indexing import ensure_active_version
-    from spaces.models import KnowledgeSpace
+    from spaces.models import KnowledgeSpace, PublicationHead
     from spaces.services import Principal, create_space
 
     source = load_source()
@@ -469,7 +468,7 @@ def generate_point(engine: str, size: int, part: str = "all") -> dict:
             log(f"  {engine} {size} {part}: {chunks} chunks, {time.perf_counter() - t0:.0f} s")
     load_s = time.perf_counter() - t0
     if part != "dense":
-        advance_publication_head(space.id)
+        PublicationHead.objects.advance(space.id)
     t0 = time.perf_counter()
     rebuilt = rebuild_indexes(dropped) if dropped else []
     index_s = time.perf_counter() - t0

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from ingestion.models import Document
 from knowledgefs.errors import Conflict, InvalidInput, NotFound
+from spaces.models import PublicationHead
 
 # Serialized size limit of one document's metadata (JSON, UTF-8): 64 KiB keeps a row small;
 # Dify's legacy document metadata is a handful of short fields.
@@ -106,8 +107,6 @@ def set_document_availability(document_id, enabled: bool, expected_row_version: 
     value the version is only checked, not moved. The publication head of the space advances in
     the same transaction, so cached indexes see the change at once.
     """
-    from ingestion.services.compilation import advance_publication_head
-
     if not isinstance(enabled, bool):
         raise InvalidInput("enabled must be true or false", code="invalid_availability")
     expected = _check_version(expected_row_version)
@@ -122,7 +121,7 @@ def set_document_availability(document_id, enabled: bool, expected_row_version: 
         if row["enabled"] == enabled:
             return expected
         version = _write(doc_id, expected, enabled=enabled)
-        advance_publication_head(row["space_id"])
+        PublicationHead.objects.advance(row["space_id"])
         return version
 
 

@@ -29,12 +29,13 @@ from ingestion.models import (
     RunState,
     Stage,
 )
+from ingestion.projection import projector
 from knowledgefs import storage
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from knowledgefs.errors import UnsupportedMediaType as UnsupportedMediaTypeError
 from knowledgefs.uploads import upload_limit_message
-from spaces.models import KnowledgeSpace
+from spaces.models import KnowledgeSpace, PublicationHead
 from spaces.services import Principal, get_space
 
 logger = logging.getLogger("knowledgefs.documents")
@@ -103,7 +104,7 @@ def admit_document(
     ``pending-validation`` is admitted: its compilation validates it). With ``"replace"`` the
     existing document takes the new filename and is compiled again (it stays one document).
     ``enqueue=False`` leaves the job queued in the database without a queue message, for callers
-    that compile in-process (:func:`ingestion.services.compilation.drain_queued`).
+    that compile in-process (:func:`ingestion.compilation.recovery.drain_queued`).
 
     A failing object storage raises its :class:`~knowledgefs.dify.errors.ObjectStorageError`
     (the API answers 503 ``storage_unavailable``, 413 ``file_too_large`` or 502
@@ -216,7 +217,7 @@ def _duplicate(existing: Document) -> Conflict:
 
 def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission | None:
     """Recompile ``existing`` under ``filename``; ``None`` if it was deleted meanwhile."""
-    from ingestion.services.compilation import supersede_live_jobs
+    from ingestion.compilation.operations import supersede_live_jobs
 
     with transaction.atomic():
         document = lock_for_update(Document.objects.filter(id=existing.id)).first()
@@ -236,7 +237,7 @@ def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission |
 
 
 def _new_job(document: Document, *, enqueue: bool) -> CompilationJob:
-    from ingestion.services.compilation import enqueue_on_commit
+    from ingestion.compilation.dispatch import enqueue_on_commit
 
     job = CompilationJob.objects.create(
         tenant_id=document.tenant_id, space_id=document.space_id, document=document
@@ -363,10 +364,7 @@ def purge_documents(documents: QuerySet[Document]) -> int:
     rows and every later document intact, so the same delete can simply be sent again; nothing
     is left with rows gone and its object kept.
     """
-    from ingestion.services.compilation import advance_publication_head
-    from retrieval.backends import get_search_backend
-
-    backend = get_search_backend()
+    remove_nodes = projector().remover()
     deleted = 0
     for document in documents.only("id", "storage_key", "space_id"):
         # Its parse artifacts' images first (they are only reachable through these rows).
@@ -383,10 +381,10 @@ def purge_documents(documents: QuerySet[Document]) -> int:
             CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES).update(
                 run_state=RunState.CANCELED, stage=Stage.CANCELED, lease_token=None
             )
-            backend.delete_nodes(
+            remove_nodes(
                 list(KnowledgeNode.objects.filter(document=document).values_list("id", flat=True))
             )
             document.delete()
-            advance_publication_head(document.space_id)
+            PublicationHead.objects.advance(document.space_id)
         deleted += 1
     return deleted

@@ -8,6 +8,7 @@ class RetrievalConfig(AppConfig):
     verbose_name = "Retrieval"
 
     def ready(self) -> None:
+        from ingestion.projection import register
         from knowledgefs.jobs import schedules
         from retrieval import checks  # noqa: F401  (registers the system checks)
         from retrieval.research_tasks import dispatch
@@ -15,6 +16,7 @@ class RetrievalConfig(AppConfig):
         from spaces.models import KnowledgeSpace
 
         from . import receivers
+        from .projector import SearchProjector
 
         # A space whose embedding profile became usable gets its active index version.
         signals.embedding_profile_ready.connect(
@@ -23,3 +25,5 @@ class RetrievalConfig(AppConfig):
             dispatch_uid="retrieval.index_ready_profile",
         )
         schedules.register(dispatch.SWEEP)
+        # Compilation and document deletion reach the search backends through this port.
+        register(SearchProjector())

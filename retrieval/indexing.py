@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
@@ -37,6 +36,7 @@ from django.db.models import Exists, F, Max, OuterRef, Q
 from django.utils import timezone
 
 from ingestion.models import KnowledgeNode
+from ingestion.projection import ProjectionTarget
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import InvalidInput
 from knowledgefs.runtime import (
@@ -48,7 +48,7 @@ from knowledgefs.runtime import (
 )
 from retrieval.backends import IndexedNode, backend_name, get_search_backend
 from retrieval.models import DenseVector, IndexState, IndexVersion, IndexVersionQuerySet
-from spaces.models import KnowledgeSpace
+from spaces.models import KnowledgeSpace, PublicationHead
 
 logger = logging.getLogger("knowledgefs.indexing")
 
@@ -57,14 +57,6 @@ CUTOVER_ATTEMPTS = 5  # the last attempt embeds stragglers under the lock instea
 STALL_SECONDS = 600  # a building version without progress for this long is re-enqueued
 PURGE_BATCH = 1000
 _LIVE = (IndexState.ACTIVE, IndexState.BUILDING)
-
-
-@dataclass(frozen=True)
-class ProjectionTarget:
-    """One dense index of a space: its version number and the model that fills it."""
-
-    index_version: int
-    model: EmbeddingModel
 
 
 # --- reading versions -------------------------------------------------------------------------
@@ -538,8 +530,6 @@ def cutover(
     space's model fields follow and the publication head moves; after that commit the retired
     version's vectors are deleted.
     """
-    from ingestion.services.compilation import advance_publication_head
-
     version_id = uuid.UUID(str(version_id))
     for attempt in range(1, attempts + 1):
         with transaction.atomic():
@@ -588,7 +578,7 @@ def cutover(
                 from spaces.profiles import follow_cutover
 
                 follow_cutover(space_id, version.model_id, version.dimension)
-                advance_publication_head(space_id)
+                PublicationHead.objects.advance(space_id)
         if not pending:
             logger.info(
                 "space %s: index v%s (%s) is active%s",

@@ -7,6 +7,7 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from knowledgefs.errors import InvalidInput
 
@@ -58,6 +59,20 @@ class KnowledgeSpace(models.Model):
         return f"{self.slug} ({self.tenant_id})"
 
 
+class PublicationHeadManager(models.Manager):
+    """Moves a space's publication head (the only writer of ``revision``)."""
+
+    def advance(self, space_id: uuid.UUID, attempts: int = 20) -> int:
+        """Move the space's publication head by one compare-and-set; returns the new revision."""
+        for _ in range(attempts):
+            head, _ = self.get_or_create(space_id=space_id)
+            if self.filter(space_id=space_id, revision=head.revision).update(
+                revision=head.revision + 1, published_at=timezone.now()
+            ):
+                return head.revision + 1
+        raise RuntimeError(f"publication head of space {space_id} kept moving; gave up")
+
+
 class PublicationHead(models.Model):
     """The one mutable pointer per space that makes compiled documents visible.
 
@@ -71,6 +86,8 @@ class PublicationHead(models.Model):
     )
     revision = models.PositiveBigIntegerField(default=0)
     published_at = models.DateTimeField(null=True, blank=True)
+
+    objects = PublicationHeadManager()
 
     def __str__(self) -> str:
         return f"head r{self.revision} of {self.space_id}"

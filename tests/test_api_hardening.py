@@ -177,12 +177,12 @@ def test_a_scoped_key_left_with_no_spaces_reaches_nothing(tenant, principal):
 def test_a_queue_failure_after_commit_keeps_the_document_and_its_bytes(
     client, space, object_storage, monkeypatch, django_capture_on_commit_callbacks
 ):
-    from ingestion.services import compilation
+    from ingestion.compilation import dispatch
 
     def broken_dispatch(job_id):
         raise RuntimeError("broker unavailable")
 
-    monkeypatch.setattr(compilation, "dispatch", broken_dispatch)
+    monkeypatch.setattr(dispatch, "dispatch", broken_dispatch)
     with django_capture_on_commit_callbacks(execute=True):
         response = upload(client, space, "kept.txt", b"bytes that must not be lost")
     assert response.status_code == 202

@@ -9,6 +9,7 @@ from django.conf import settings
 
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
+from ingestion.projection import projector
 from ingestion.services import compilation
 from retrieval.backends import get_search_backend
 from retrieval.models import DenseVector
@@ -163,7 +164,7 @@ def test_an_error_outside_one_jobs_work_fails_the_whole_batch(space, monkeypatch
     def broken_model(space_id):
         raise RuntimeError("model files missing")
 
-    monkeypatch.setattr(compilation, "projection_targets", broken_model)
+    monkeypatch.setattr(projector(), "targets", broken_model)
     compilation.compile_jobs(jobs)
     # Retryable: every job of the batch waits to retry, none is left running.
     states = set(CompilationJob.objects.values_list("run_state", "error_code", "error_retryable"))
@@ -192,3 +193,28 @@ def test_a_document_deleted_between_claim_and_work_does_not_strand_the_batch(spa
     compilation._compile_claimed(compilation.Held(tokens), None)
     assert CompilationJob.objects.get(id=keep.job.id).run_state == "succeeded"
     _assert_projections_match_nodes(space)
+
+
+def test_the_projection_port_needs_a_registered_projector(monkeypatch):
+    from ingestion import projection
+
+    assert type(projection.projector()).__name__ == "SearchProjector"  # RetrievalConfig.ready()
+    monkeypatch.setattr(projection, "_registered", None)
+    with pytest.raises(RuntimeError, match="no projector is registered"):
+        projection.projector()
+
+
+def test_a_search_backend_failure_keeps_its_code_and_retry_class_through_the_port():
+    from ingestion.compilation.errors import classify
+    from ingestion.projection import ProjectionError
+    from retrieval.backends import SearchBackendError
+
+    error = SearchBackendError("the vector store is full", code="quota_exceeded", retryable=False)
+    assert isinstance(error, ProjectionError)
+    assert (error.status, error.code, error.retryable) == (503, "quota_exceeded", False)
+    failure = classify(error)
+    assert (failure.code, failure.message, failure.retryable) == (
+        "quota_exceeded",
+        "the vector store is full",
+        False,
+    )

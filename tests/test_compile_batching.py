@@ -19,6 +19,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from ingestion import memory_gates
+from ingestion.compilation import waves
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
 from ingestion.services import compilation
@@ -211,7 +212,7 @@ def test_a_wave_still_waits_for_the_materialization_gate(space, settings, monkey
         parsed_at.append(time.monotonic())
         return real(job, *args)
 
-    monkeypatch.setattr(compilation, "_parse", parse)
+    monkeypatch.setattr(waves, "_parse", parse)
     slot = memory_gates.materialization_gate().acquire()  # another worker is parsing
     released_at: list[float] = []
 
@@ -250,7 +251,7 @@ def test_a_heavy_document_after_light_ones_takes_its_own_lanes(space, monkeypatc
         seen[job.id] = (main, len(heavy))
         return real(job, *args)
 
-    monkeypatch.setattr(compilation, "_parse", parse)
+    monkeypatch.setattr(waves, "_parse", parse)
     compilation.compile_jobs(ids)
     # The light documents share one main-lane slot; the heavy one holds the heavy lane and a
     # main-lane slot of its own, the shared one having been given back first (lock order).

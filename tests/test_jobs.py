@@ -12,9 +12,12 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule, Task
 
+from ingestion.compilation import pipeline
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
+from ingestion.projection import projector
 from ingestion.services import compilation
+from knowledgefs.errors import Conflict
 from retrieval.backends import get_search_backend
 
 pytestmark = pytest.mark.django_db
@@ -177,7 +180,7 @@ def test_a_due_retry_is_queued_again_and_resumes(space, monkeypatch):
     def flaky(space_id):
         raise ConnectionError("model runtime unreachable")
 
-    monkeypatch.setattr(compilation, "projection_targets", flaky)
+    monkeypatch.setattr(projector(), "targets", flaky)
     compilation.compile_jobs([job_id])
     job = _job(job_id)
     assert (job.run_state, job.stage, job.error_retryable) == (
@@ -204,7 +207,7 @@ def test_a_django_q_timeout_fails_the_held_jobs_as_timeout_and_stops_the_worker(
     def too_slow(space_id):
         raise TimeoutException("Task exceeded maximum timeout value (5 seconds)")
 
-    monkeypatch.setattr(compilation, "projection_targets", too_slow)
+    monkeypatch.setattr(projector(), "targets", too_slow)
     with pytest.raises(TimeoutException):
         compilation.compile_jobs([job_id])
     job = _job(job_id)
@@ -254,7 +257,7 @@ def test_a_canceled_running_job_writes_nothing_more(space):
 def test_cancel_of_a_finished_job_is_a_conflict(space):
     job_id = _admit(space).job.id
     compilation.run_job(job_id)
-    with pytest.raises(compilation.Conflict) as info:
+    with pytest.raises(Conflict) as info:
         compilation.cancel_job(job_id)
     assert info.value.code == "job_finished"
 
@@ -269,7 +272,7 @@ def test_manual_retry_resumes_from_the_parse_checkpoint(space, monkeypatch):
     def broken(space_id):
         raise ConnectionError("model runtime unreachable")
 
-    monkeypatch.setattr(compilation, "projection_targets", broken)
+    monkeypatch.setattr(projector(), "targets", broken)
     compilation.compile_jobs([job_id])
     failed = _job(job_id)
     assert (failed.run_state, failed.error_code) == ("failed", "embedding_unavailable")
@@ -295,7 +298,7 @@ def test_retry_of_a_live_or_published_job_is_a_conflict(space, state, code):
     job_id = _admit(space).job.id
     if state == "succeeded":
         compilation.run_job(job_id)
-    with pytest.raises(compilation.Conflict) as info:
+    with pytest.raises(Conflict) as info:
         compilation.retry_job(job_id)
     assert info.value.code == code
 
@@ -402,7 +405,7 @@ def test_a_batch_larger_than_the_retained_artifact_limit_runs_in_waves(
         waves.append((len(wave), len(holders)))
         return finish(held, wave)
 
-    monkeypatch.setattr(compilation, "_chunk_wave", spy)
+    monkeypatch.setattr(pipeline, "_chunk_wave", spy)
     compilation.compile_jobs(jobs)
     assert waves == [(1, 1), (1, 1), (1, 1)]  # one retained artifact at a time
     assert set(CompilationJob.objects.values_list("run_state", flat=True)) == {"succeeded"}
@@ -422,7 +425,7 @@ def test_an_artifact_over_the_byte_budget_runs_alone(space, settings, monkeypatc
     waves = []
     finish = compilation._chunk_wave
     monkeypatch.setattr(
-        compilation, "_chunk_wave", lambda h, w: (waves.append(len(w)), finish(h, w))[1]
+        pipeline, "_chunk_wave", lambda h, w: (waves.append(len(w)), finish(h, w))[1]
     )
     compilation.compile_jobs(jobs)
     assert waves == [1, 1]
@@ -451,7 +454,7 @@ def test_job_list_api_filters_by_state_and_paginates(client, space):
 def test_drain_waits_for_a_due_retry(space, settings, monkeypatch):
     settings.KNOWLEDGE_JOB_RETRY_BACKOFF_SECONDS = 1
     job_id = _admit(space).job.id
-    real = compilation.projection_targets
+    real = projector().targets
     calls = []
 
     def flaky_once(space_id):
@@ -460,7 +463,7 @@ def test_drain_waits_for_a_due_retry(space, settings, monkeypatch):
             raise ConnectionError("model runtime restarting")
         return real(space_id)
 
-    monkeypatch.setattr(compilation, "projection_targets", flaky_once)
+    monkeypatch.setattr(projector(), "targets", flaky_once)
     compilation.drain_queued(space.id)
     job = _job(job_id)
     assert (job.run_state, job.execution_attempts, len(calls)) == ("succeeded", 2, 2)

@@ -11,6 +11,7 @@ import time
 import pytest
 from django.db import connection, connections
 
+from ingestion.compilation import leases
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, KnowledgeNode, Stage
 from ingestion.services import compilation
@@ -66,7 +67,7 @@ def test_two_deliveries_adopting_each_other_do_not_deadlock(space, monkeypatch):
                 pass
         return real()
 
-    monkeypatch.setattr(compilation, "lease_seconds", lease_seconds)
+    monkeypatch.setattr(leases, "lease_seconds", lease_seconds)
     won = {}
     errors = _run(
         [
@@ -91,7 +92,7 @@ def test_claim_and_cancel_of_the_same_job_do_not_deadlock(space, monkeypatch):
             time.sleep(1.0)  # cancel locks the document and waits for the job row
             return "processing"
 
-    monkeypatch.setattr(compilation, "DocumentState", State())
+    monkeypatch.setattr(leases, "DocumentState", State())
 
     def cancel():
         job_locked.wait(10)

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from ingestion import memory_gates
+from ingestion.compilation import pipeline, recovery, waves
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, ParseArtifact, Stage
 from ingestion.services import compilation
@@ -63,7 +64,7 @@ def test_a_wave_never_waits_for_materialization_while_holding_retained_leases(
                 time.sleep(0.01)
         return lease
 
-    monkeypatch.setattr(compilation, "_retain", retain)
+    monkeypatch.setattr(waves, "_retain", retain)
     started = time.monotonic()
     compilation.compile_jobs([a, b])
     other["thread"].join()
@@ -97,8 +98,8 @@ def test_an_artifact_is_not_kept_alive_after_its_wave(space, settings, monkeypat
         alive.append(sum(r() is not None and id(r()) not in own for r in refs))
         return finish(held, wave)
 
-    monkeypatch.setattr(compilation, "_parse", parse)
-    monkeypatch.setattr(compilation, "_chunk_wave", spy)
+    monkeypatch.setattr(waves, "_parse", parse)
+    monkeypatch.setattr(pipeline, "_chunk_wave", spy)
     compilation.compile_jobs(jobs)
     # A wave holds its own leased artifact; nothing parsed in an earlier wave is still alive.
     assert len(alive) == 3 and alive == [0, 0, 0], alive
@@ -118,7 +119,7 @@ def test_the_sweep_does_not_requeue_a_lease_renewed_meanwhile(space, monkeypatch
         assert compilation.heartbeat({job_id: token}) == {job_id}
         return real(task_id)
 
-    monkeypatch.setattr(compilation, "_timeout_recorded", keeper_beats_now)
+    monkeypatch.setattr(recovery, "_timeout_recorded", keeper_beats_now)
     compilation.recover_jobs()
     job = _job(job_id)
     assert (job.run_state, job.lease_token) == ("running", token)
@@ -163,7 +164,7 @@ def test_a_poison_document_does_not_exhaust_the_attempts_of_its_batch(space, mon
             raise Killed
         return real(job, *args)
 
-    monkeypatch.setattr(compilation, "_parse", parse)
+    monkeypatch.setattr(waves, "_parse", parse)
     for _ in range(settings.KNOWLEDGE_JOB_MAX_ATTEMPTS):
         CompilationJob.objects.filter(id=poison).update(run_state="queued", task_id="")
         with pytest.raises(Killed):
@@ -196,7 +197,7 @@ def test_a_batch_mate_canceled_before_its_turn_never_parses(space, monkeypatch):
             compilation.cancel_job(b)  # acknowledged before b's turn comes
         return artifact
 
-    monkeypatch.setattr(compilation, "_parse", parse)
+    monkeypatch.setattr(waves, "_parse", parse)
     compilation.compile_jobs([a, b])
     assert parsed == [a]
 
@@ -214,7 +215,7 @@ def test_a_timeout_does_not_fail_batch_mates_that_never_started(space, settings,
     def slow(held, jobs, job_ids, nodes):
         raise TimeoutException("Task exceeded maximum timeout value (5 seconds)")
 
-    monkeypatch.setattr(compilation, "_project", slow)
+    monkeypatch.setattr(pipeline, "_project", slow)
     with pytest.raises(TimeoutException):
         compilation.compile_jobs(ids)
 
@@ -237,7 +238,7 @@ def test_a_hung_worker_stops_renewing_its_lease_and_the_sweep_takes_the_job_back
         release.wait(30)  # a parser that never answers
         return real(job, *args)
 
-    monkeypatch.setattr(compilation, "_parse", hangs)
+    monkeypatch.setattr(waves, "_parse", hangs)
     worker = threading.Thread(target=lambda: compilation.compile_jobs([job_id]))
     worker.start()
     try:

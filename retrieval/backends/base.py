@@ -17,6 +17,7 @@ import numpy as np
 from django.db.models import F
 
 from ingestion.models import KnowledgeNode
+from ingestion.projection import IndexedNode, ProjectionError
 from knowledgefs.errors import ServiceError, Unavailable
 from retrieval.models import DenseVector
 
@@ -30,10 +31,11 @@ class SearchBackendUnavailable(Unavailable):
     code = "search_backend_unavailable"
 
 
-class SearchBackendError(ServiceError):
+class SearchBackendError(ServiceError, ProjectionError):
     """A backend's store failed: ``status`` (503, or 413 for a quota), a stable ``code``,
     ``retryable`` (a later attempt may succeed; a compilation then retries) and, when set,
-    ``retry_after`` seconds (sent as ``Retry-After``)."""
+    ``retry_after`` seconds (sent as ``Retry-After``). It is an
+    :class:`~ingestion.projection.ProjectionError`: compilation classifies it through the port."""
 
     status = 503
     code = "search_backend_unavailable"
@@ -53,16 +55,6 @@ class SearchBackendError(ServiceError):
         self.retryable = retryable
         if retry_after is not None:
             self.headers = {"Retry-After": str(retry_after)}
-
-
-@dataclass(frozen=True)
-class IndexedNode:
-    """What a backend needs to index one node."""
-
-    id: uuid.UUID
-    space_id: uuid.UUID
-    document_id: uuid.UUID
-    text: str
 
 
 @dataclass(frozen=True)

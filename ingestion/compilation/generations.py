@@ -1,0 +1,96 @@
+"""Node generations: chunking an artifact into a job's nodes, and removing generations.
+
+A generation is one job's nodes of its document; node ids are UUIDv5 of the generation and the
+chunk index, so a resumed attempt rebuilds the same ids. Removing a generation removes its nodes
+from every projection (through :mod:`ingestion.projection`), then its rows and its parse
+artifact, whose assets are deleted after the commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+
+from ingestion import parsing
+from ingestion.chunking import Chunk, chunk_elements
+from ingestion.compilation.assets import _delete_assets_on_commit
+from ingestion.compilation.errors import CompilationFailure
+from ingestion.models import CompilationJob, KnowledgeNode, ParseArtifact
+from ingestion.projection import projector
+
+_NODE_NAMESPACE = uuid.UUID("8f6d2a44-5c1e-4f7a-9f0e-3b9d6c2a7e10")
+
+
+def _elements_from(artifact: ParseArtifact) -> list[parsing.Element]:
+    return [
+        parsing.Element(**{**e, "section_path": tuple(e.get("section_path") or ())})
+        for e in artifact.elements
+    ]
+
+
+def _generate_nodes(job: CompilationJob, artifact: ParseArtifact) -> list[KnowledgeNode]:
+    """Chunk the artifact; returns unsaved nodes (a job at ``parsed`` has none stored yet)."""
+    try:
+        chunks = chunk_elements(
+            _elements_from(artifact),
+            target_chars=settings.KNOWLEDGE_CHUNK_TARGET_CHARS,
+            overlap_chars=settings.KNOWLEDGE_CHUNK_OVERLAP_CHARS,
+        )
+    except parsing.ParseError as exc:
+        raise CompilationFailure(exc.code, exc.message) from exc
+    if not chunks:
+        message = "the document contains no extractable text"
+        if artifact.pages_without_text:
+            pages = ", ".join(str(p) for p in artifact.pages_without_text[:20])
+            message += f"; pages without a text layer: {pages}"
+        raise CompilationFailure("no_extractable_text", message)
+    return [_node(job, chunk) for chunk in chunks]
+
+
+def _node(job: CompilationJob, chunk: Chunk) -> KnowledgeNode:
+    return KnowledgeNode(
+        id=uuid.uuid5(_NODE_NAMESPACE, f"{job.id}:{chunk.index}"),
+        space_id=job.space_id,
+        document_id=job.document_id,
+        generation=job.id,
+        chunk_index=chunk.index,
+        kind=chunk.kind,
+        text=chunk.text,
+        start_offset=chunk.start_offset,
+        end_offset=chunk.end_offset,
+        page_number=chunk.page_number,
+        section_path=list(chunk.section_path),
+    )
+
+
+def _drop_generation(document_id: uuid.UUID, generation: uuid.UUID) -> None:
+    """Remove one generation's nodes, their projections and its parse artifact."""
+    _drop_nodes(KnowledgeNode.objects.filter(document_id=document_id, generation=generation))
+    artifacts = ParseArtifact.objects.filter(job_id=generation)
+    _delete_assets_on_commit(artifacts.values_list("assets", flat=True))
+    artifacts.delete()
+
+
+def _drop_other_generations(keep: dict[uuid.UUID, uuid.UUID]) -> None:
+    """Remove every node, projection and artifact of these documents not of their kept generation.
+
+    ``keep`` maps document id → the generation (job id) it keeps. A node's or artifact's
+    generation is always a job of its own document, so "of these documents, not of any kept
+    generation" is exactly each document's "not its own kept generation": one SELECT and one
+    DELETE per table for the whole batch.
+    """
+    if not keep:
+        return
+    kept = list(keep.values())
+    _drop_nodes(KnowledgeNode.objects.filter(document_id__in=keep).exclude(generation__in=kept))
+    artifacts = ParseArtifact.objects.filter(document_id__in=keep).exclude(job_id__in=kept)
+    _delete_assets_on_commit(artifacts.values_list("assets", flat=True))
+    artifacts.delete()
+
+
+def _drop_nodes(queryset) -> None:
+    ids = list(queryset.values_list("id", flat=True))
+    if ids:
+        projector().delete(ids)
+        KnowledgeNode.objects.filter(id__in=ids).delete()

@@ -1,0 +1,157 @@
+"""The parse step: read a document's source and parse it into an unsaved parse artifact.
+
+Complex formats go to the Unstructured-compatible service when it is configured, everything
+else to the isolated native parser; every parser failure becomes a :class:`CompilationFailure`
+with the parser's code and retry class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import asdict
+
+from django.conf import settings
+
+from ingestion import parsing, unstructured
+from ingestion.compilation.assets import store_assets
+from ingestion.compilation.errors import CompilationFailure
+from ingestion.compilation.leases import Held
+from ingestion.models import CompilationJob, Document, ParseArtifact
+from ingestion.retained_bytes import estimate_retained_bytes
+from knowledgefs import storage
+
+
+def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
+    """Read and parse the document; returns an unsaved :class:`ParseArtifact`.
+
+    Complex formats go to the Unstructured-compatible parser when ``UNSTRUCTURED_API_URL`` is
+    set (:func:`_parse_remote`), everything else to the isolated native parser. A job at
+    ``queued`` has no artifact yet: the artifact is only ever written in the same transaction
+    as the ``parsed`` checkpoint.
+    """
+    document = job.document
+    try:
+        data = storage.read_object(
+            document.storage_key,
+            max_bytes=max(document.size_bytes, settings.KNOWLEDGE_UPLOAD_MAX_BYTES),
+        )
+    except FileNotFoundError:
+        raise CompilationFailure(
+            "source_missing", "the stored source file of this document is missing"
+        ) from None
+    except OSError as exc:
+        raise CompilationFailure(  # no server paths in the message
+            "source_unavailable",
+            f"could not read the stored source ({type(exc).__name__}: {exc.strerror or 'error'})",
+            retryable=True,
+        ) from exc
+    if unstructured.enabled() and unstructured.routes(document.mime_type):
+        report = _parse_remote(data, document, held)
+    else:
+        report = _parse_isolated(data, document.mime_type, _stop_check(job, held))
+    elements = [_element_dict(e) for e in report.elements]
+    artifact_hash = hashlib.sha256(
+        json.dumps(elements, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()
+    assets = store_assets(job, report.assets)
+    # Ids, not instances: assigning the job would cache the artifact on it (a one-to-one
+    # reverse cache) and keep it alive as long as the batch holds the job.
+    return ParseArtifact(
+        job_id=job.id,
+        document_id=document.id,
+        parser=report.parser,
+        artifact_hash=artifact_hash,
+        page_count=report.page_count,
+        pages_without_text=list(report.pages_without_text),
+        elements=elements,
+        assets=assets,
+        ocr_pages=list(report.ocr_pages),
+        warnings=[w[:500] for w in report.warnings[:200]],
+        retained_bytes=estimate_retained_bytes(
+            elements, settings.KNOWLEDGE_DOCUMENT_RETAINED_ARTIFACT_MAX_BYTES
+        ),
+    )
+
+
+# Parse failures a later attempt may cure: the rasterizer's process group was killed, so a retry
+# cannot pile up work (unlike a parser that may still be running, see TRANSIENT_ERRORS).
+RETRYABLE_PARSE_CODES = frozenset({"rasterization_timeout", "ocr_timeout"})
+
+
+def _stop_check(job: CompilationJob, held: Held | None):
+    """``should_stop`` for the isolated parse: the job was canceled or taken over (a lease
+    read at most once a second); ``None`` without a lease holder."""
+    if held is None:
+        return None
+    return lambda: held.is_lost(job.id)
+
+
+def _parse_isolated(data: bytes, mime_type: str, should_stop=None) -> parsing.ParseReport:
+    """Parse in the isolated child (:mod:`ingestion.parsing.isolation`); failures mapped to
+    :class:`CompilationFailure`: the parser's code (retryable only for
+    :data:`RETRYABLE_PARSE_CODES`), or the terminal ``parser_timeout`` after the hard limit.
+    When ``should_stop`` answers true (the job was canceled) the parse is killed within about
+    a second and :class:`~ingestion.parsing.isolation.ParseCanceled` propagates."""
+    from ingestion.parsing import isolation, rasterize
+
+    try:
+        return isolation.parse_isolated(
+            data,
+            mime_type,
+            config=isolation.IsolationConfig.from_settings(),
+            raster=rasterize.RasterConfig.from_settings(),
+            should_stop=should_stop,
+        )
+    except parsing.ParseError as exc:
+        raise CompilationFailure(
+            exc.code, exc.message, retryable=exc.code in RETRYABLE_PARSE_CODES
+        ) from exc
+    except TimeoutError as exc:
+        # Terminal on purpose: a document that needs longer than the limit will again.
+        raise CompilationFailure(
+            "parser_timeout", f"the parser did not answer in time ({exc}); retry manually"
+        ) from exc
+
+
+def _parse_remote(data: bytes, document: Document, held: Held | None) -> parsing.ParseReport:
+    """Parse through the Unstructured-compatible service (:mod:`ingestion.unstructured`).
+
+    The call is bounded by its own total deadline (600 s, 2,400 s heavy), so the lease keeper
+    is told to expect no progress for that long. Failures become :class:`CompilationFailure`
+    with the client's code; only ``parser_unavailable`` is retryable (transport timeouts are
+    terminal: the parser may still be working). A format the service does not support
+    (HTTP 415) is parsed natively instead, with a warning in the artifact.
+    """
+    from ingestion.unstructured.errors import ParserRejected, UnstructuredError
+
+    if held is not None:
+        held.expect_quiet(
+            max(
+                settings.UNSTRUCTURED_REQUEST_TIMEOUT_MS,
+                settings.UNSTRUCTURED_HEAVY_REQUEST_TIMEOUT_MS,
+            )
+            / 1000
+        )
+    try:
+        return unstructured.parse_remote(data, document.mime_type, document.filename)
+    except ParserRejected as exc:
+        if exc.status != 415:
+            raise CompilationFailure(exc.code, exc.message) from exc
+        report = _parse_isolated(data, document.mime_type)
+        note = "the remote parser does not support this format (HTTP 415); parsed natively"
+        return dataclasses.replace(report, warnings=[note, *report.warnings])
+    except UnstructuredError as exc:
+        raise CompilationFailure(exc.code, exc.message, retryable=exc.retryable) from exc
+    except parsing.ParseError as exc:  # refused before sending, e.g. archive_rejected
+        raise CompilationFailure(exc.code, exc.message) from exc
+    finally:
+        if held is not None:
+            held.touch()
+
+
+def _element_dict(element: parsing.Element) -> dict:
+    data = asdict(element)
+    data["section_path"] = list(element.section_path)
+    return data
