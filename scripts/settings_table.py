@@ -1,10 +1,11 @@
 """The operator settings table of ``docs/production-deployment.md``, generated from the code.
 
-Reads ``knowledgefs/settings.py`` as source text (``ast``: nothing is imported or run, so no
-environment is needed) and finds every read of the environment: ``bounded_int("NAME", default,
+Reads the modules of the ``knowledgefs/settings/`` package as source text, in the order its
+``__init__.py`` imports them (``ast``: nothing is imported or run, so no environment is needed),
+and finds every read of the environment: ``bounded_int("NAME", default,
 low, high)``, ``env.str/bool/int/list("NAME", default=…)``, ``os.environ.get("NAME", …)`` and the
 compatibility aliases of ``_with_alias("NAME", "ALIAS")``. Each becomes one row: the name, the
-default and, for ``bounded_int``, the accepted range, grouped under the settings module's section
+default and, for ``bounded_int``, the accepted range, grouped under the settings modules' section
 headers in code order. The meaning column (and the values column of settings that are not
 ``bounded_int``) is prose: kept from the document, or taken from ``docs/configuration.md`` for a
 setting new to the table.
@@ -15,7 +16,7 @@ Usage::
     python scripts/settings_table.py --check    # exit 1, naming each difference with the doc
     python scripts/settings_table.py --write    # rewrite the table in the doc, prose kept
 
-``tests/test_docs_settings.py`` runs ``--check``, so a setting added to ``settings.py`` (or a
+``tests/test_docs_settings.py`` runs ``--check``, so a setting added to the settings (or a
 changed default or range) fails the suite until the table is regenerated.
 """
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = ROOT / "knowledgefs" / "settings.py"
+SETTINGS = ROOT / "knowledgefs" / "settings"
 DOC = ROOT / "docs" / "production-deployment.md"
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 
@@ -65,7 +66,7 @@ DERIVED_DEFAULTS: dict[str, tuple[str, str]] = {
     "LOG_LEVEL": ("'INFO' | 'WARNING'", "`WARNING` (root), `INFO` (`knowledgefs.*`)"),
 }
 
-#: Section headers of settings.py shown under another title (the header names the Django
+#: Section headers of the settings shown under another title (the header names the Django
 #: setting, the environment variable in it is something else).
 SECTION_TITLES = {"REST framework": "Logging"}
 
@@ -90,7 +91,7 @@ class Setting:
     bounds: tuple[int | str, int | str] | None = None  # (low, high); a name for another setting
 
 
-# --- reading settings.py ------------------------------------------------------------------------
+# --- reading the settings modules ---------------------------------------------------------------
 
 
 def _sections(source: str) -> list[tuple[int, str]]:
@@ -159,12 +160,36 @@ def _number(name: str, value: int) -> str:
     return f"{value}{_unit(name, value)}"
 
 
-class _Reader:
-    """Collects the environment reads of one settings module, in source order."""
+def settings_modules(path: Path) -> list[Path]:
+    """The files to read for ``path``: a settings package's modules in the order its
+    ``__init__.py`` imports them (``from <package>.<module> import …``), or one module file."""
+    if not path.is_dir():
+        return [path]
+    modules: list[Path] = []
+    for node in ast.parse((path / "__init__.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.level == 0 and not node.module.startswith("knowledgefs.settings."):
+                continue
+            module = path / f"{node.module.rsplit('.', 1)[-1]}.py"
+            if module not in modules:
+                modules.append(module)
+    return modules
 
-    def __init__(self, source: str) -> None:
-        self.tree = ast.parse(source)
-        self.sections = _sections(source)
+
+class _Reader:
+    """Collects the environment reads of the settings modules, in source order: the sources
+    are read as one text, one after another (lines number through all of them)."""
+
+    def __init__(self, sources: list[str]) -> None:
+        sources = [source if source.endswith("\n") else source + "\n" for source in sources]
+        self.tree = ast.Module(body=[], type_ignores=[])
+        offset = 0
+        for source in sources:
+            tree = ast.parse(source)
+            ast.increment_lineno(tree, offset)
+            self.tree.body += tree.body
+            offset += source.count("\n")
+        self.sections = _sections("".join(sources))
         self.aliases: dict[str, tuple[str, str]] = {}  # a variable holding _with_alias(a, b)
         self.env_of: dict[str, str] = {}  # settings variable -> environment variable
         self.reads: dict[str, list[tuple[str, ast.Call]]] = {}
@@ -334,10 +359,11 @@ def _describe(reader: _Reader, name: str) -> tuple[str, str | None, tuple | None
 
 
 def read_settings(path: Path = SETTINGS) -> list[Setting]:
-    """Every environment variable ``path`` reads, in source order.
+    """Every environment variable the settings at ``path`` (the package or one module file)
+    read, in source order.
 
     Raises :class:`SettingsTableError` for a default the table cannot show."""
-    reader = _Reader(path.read_text(encoding="utf-8"))
+    reader = _Reader([module.read_text(encoding="utf-8") for module in settings_modules(path)])
     reader.read()
     aliases = {alias: primary for primary, alias in reader.pairs}
     settings = []

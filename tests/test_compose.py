@@ -4,8 +4,8 @@ The Compose file is validated against the Compose specification schema that chec
 vendors; then the structure the production deployment guide requires is asserted: port 8787 on
 the internal network only, health checks, readiness gate, profile names, the parser's CPU and
 memory caps, an unprivileged image user, commands that exist, and env examples that hold only
-settings ``knowledgefs/settings.py`` reads (never Dify-owned credentials). Finally the settings
-are really loaded with the example files, as the containers would load them.
+settings the ``knowledgefs/settings/`` package reads (never Dify-owned credentials). Finally the
+settings are really loaded with the example files, as the containers would load them.
 """
 
 from __future__ import annotations
@@ -63,12 +63,12 @@ def _env_names(path: Path) -> dict[str, str]:
 
 
 def _settings_reads() -> set[str]:
-    """Environment variables ``knowledgefs/settings.py`` reads: the first string argument of
-    ``env.<type>(…)``, ``bounded_int(…)``, ``os.environ.get(…)``, ``database_from_url(…)`` and
-    both of ``_with_alias(…)``."""
-    tree = ast.parse((ROOT / "knowledgefs" / "settings.py").read_text())
+    """Environment variables the ``knowledgefs/settings/`` modules read: the first string
+    argument of ``env.<type>(…)``, ``bounded_int(…)``, ``os.environ.get(…)``,
+    ``database_from_url(…)`` and both of ``_with_alias(…)``."""
+    modules = sorted((ROOT / "knowledgefs" / "settings").glob("*.py"))
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in (n for path in modules for n in ast.walk(ast.parse(path.read_text()))):
         if not isinstance(node, ast.Call):
             continue
         func = node.func

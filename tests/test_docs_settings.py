@@ -1,6 +1,6 @@
-"""docs/production-deployment.md stays true to knowledgefs/settings.py.
+"""docs/production-deployment.md stays true to the knowledgefs/settings/ package.
 
-The operator settings table is generated from the settings module's source by
+The operator settings table is generated from the settings modules' source by
 ``scripts/settings_table.py``; these tests run that script as a subprocess against the real
 files (and against altered copies, to prove it notices a new setting, a changed default or
 range, a removed row), check that docs/configuration.md gives the same defaults and ranges, and
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from tests.conftest import shared_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "settings_table.py"
-SETTINGS = ROOT / "knowledgefs" / "settings.py"
+SETTINGS = ROOT / "knowledgefs" / "settings"
 DOC = ROOT / "docs" / "production-deployment.md"
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 
@@ -133,7 +134,7 @@ def test_variables_read_outside_settings_py_are_named_in_the_guide():
     names = set()
     for package in ("knowledgefs", "spaces", "ingestion", "retrieval", "upgrades"):
         for path in (ROOT / package).rglob("*.py"):
-            if path == SETTINGS:
+            if SETTINGS in path.parents:
                 continue
             source = path.read_text(encoding="utf-8")
             names |= set(re.findall(r"os\.environ\.get\(\s*\"([A-Z][A-Z0-9_]+)\"", source))
@@ -174,9 +175,29 @@ def test_a_removed_row_and_a_row_for_nothing_fail_the_check(tmp_path):
     assert "KNOWLEDGE_OCR_THREADS: in the table but not read by settings.py" in result.stderr
 
 
+def _settings_copy(tmp_path: Path) -> Path:
+    """A copy of the settings package under ``tmp_path``."""
+    return Path(
+        shutil.copytree(
+            SETTINGS, tmp_path / "settings", ignore=shutil.ignore_patterns("__pycache__")
+        )
+    )
+
+
 def _settings_with(tmp_path: Path, *lines: str) -> Path:
-    path = tmp_path / "settings.py"
-    path.write_text(SETTINGS.read_text(encoding="utf-8") + "\n".join(lines) + "\n", "utf-8")
+    """The settings package with ``lines`` added at the end of its last module."""
+    path = _settings_copy(tmp_path)
+    last = table.settings_modules(path)[-1]
+    last.write_text(last.read_text(encoding="utf-8") + "\n".join(lines) + "\n", "utf-8")
+    return path
+
+
+def _settings_replacing(tmp_path: Path, old: str, new: str) -> Path:
+    """The settings package with ``old`` (found in exactly one module) replaced by ``new``."""
+    path = _settings_copy(tmp_path)
+    holding = [m for m in table.settings_modules(path) if old in m.read_text(encoding="utf-8")]
+    assert len(holding) == 1, holding
+    holding[0].write_text(holding[0].read_text(encoding="utf-8").replace(old, new), "utf-8")
     return path
 
 
@@ -219,11 +240,8 @@ def test_a_new_setting_in_code_fails_the_check_until_it_is_documented(tmp_path):
 
 
 def test_a_changed_range_in_code_fails_the_check(tmp_path):
-    source = SETTINGS.read_text(encoding="utf-8")
     old = '"KNOWLEDGE_JOB_MAX_ATTEMPTS", 3, 1, 10'
-    assert old in source
-    settings = tmp_path / "settings.py"
-    settings.write_text(source.replace(old, '"KNOWLEDGE_JOB_MAX_ATTEMPTS", 3, 1, 20'), "utf-8")
+    settings = _settings_replacing(tmp_path, old, '"KNOWLEDGE_JOB_MAX_ATTEMPTS", 3, 1, 20')
     result = run("--check", "--settings", settings)
     assert result.returncode == 1
     assert "KNOWLEDGE_JOB_MAX_ATTEMPTS: range '1 – 10' in the table, '1 – 20' in code" in (
@@ -232,11 +250,8 @@ def test_a_changed_range_in_code_fails_the_check(tmp_path):
 
 
 def test_a_derived_default_that_changed_must_be_described_again(tmp_path):
-    source = SETTINGS.read_text(encoding="utf-8")
     old = "KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS + 60, 60, 7200"
-    assert old in source
-    settings = tmp_path / "settings.py"
-    settings.write_text(source.replace(old, old.replace("+ 60,", "+ 120,")), "utf-8")
+    settings = _settings_replacing(tmp_path, old, old.replace("+ 60,", "+ 120,"))
     result = run("--check", "--settings", settings)
     assert result.returncode == 1
     assert (
