@@ -155,7 +155,7 @@ def svg(edges: dict[str, set[str]]) -> str:
     floor_edges, roof_edges = app_edges(edges)
     modules = Counter(m.split(".")[0] for m in edges if not is_roof(m))
     roof_modules = Counter(m.split(".")[0] for m in edges if is_roof(m))
-    width, box_w, box_h, gap = 760, 300, 54, 46
+    width, box_w, box_h, gap = 920, 320, 54, 46
     height = 80 + (len(APPS) + 1) * (box_h + gap)
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -190,14 +190,15 @@ def svg(edges: dict[str, set[str]]) -> str:
         y2 = y_of[lower]
         out.append(f'<line x1="200" y1="{y1}" x2="200" y2="{y2 - 2}" stroke="#555" '
                    f'marker-end="url(#a)"/>')  # fmt: skip
-    notes = []
     for upper in reversed(APPS):
         below = [f"{b} {n}" for (a, b), n in sorted(floor_edges.items()) if a == upper]
-        if below:
-            notes.append((upper, "imports " + ", ".join(below)))
-    for upper, text in notes:
-        out.append(f'<text x="{40 + box_w + 180}" y="{y_of[upper] + 30}" fill="#333" '
-                   f'font-size="12">{escape(text)}</text>')  # fmt: skip
+        if not below:
+            continue
+        x, y = 40 + box_w + 180, y_of[upper] + 22
+        out.append(f'<text x="{x}" y="{y}" fill="#333" font-size="12">imports into the floors '
+                   f"below (module pairs):</text>")  # fmt: skip
+        out.append(f'<text x="{x}" y="{y + 18}" fill="#333" font-size="12">'
+                   f"{escape(', '.join(below))}</text>")  # fmt: skip
     upward = sum(n for (a, b), n in floor_edges.items() if APPS.index(b) > APPS.index(a))
     out.append(f'<text x="20" y="{height - 14}" fill="#333">floor imports pointing up: {upward}; '
                f'roof imports into the apps: {sum(roof_edges.values())}</text>')  # fmt: skip
