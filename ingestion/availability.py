@@ -102,10 +102,9 @@ def _write(document_id: uuid.UUID, expected: int, **values) -> int:
 def set_document_availability(document_id, enabled: bool, expected_row_version: int) -> int:
     """Turn a document on (``True``) or off (``False``); returns the new ``row_version``.
 
-    Raises 400 ``invalid_availability`` / ``invalid_row_version``, 404 ``document_not_found``,
-    409 ``document_version_conflict`` (:class:`StaleRowVersion`). When the flag already has that
-    value the version is only checked, not moved. The publication head of the space advances in
-    the same transaction, so cached indexes see the change at once.
+    Fenced on ``expected_row_version`` (:class:`StaleRowVersion` otherwise). When the flag
+    already has that value the version is only checked, not moved. The publication head of the
+    space advances in the same transaction, so cached indexes see the change at once.
     """
     if not isinstance(enabled, bool):
         raise InvalidInput("enabled must be true or false", code="invalid_availability")
@@ -129,9 +128,8 @@ def patch_document_metadata(document_id, patch: dict, expected_row_version: int)
     """Merge ``patch`` into the document's metadata (a ``null`` value removes the key); returns
     the new ``row_version``.
 
-    Raises 400 ``invalid_metadata`` (see :func:`validate_metadata_patch`; also when the result
-    exceeds 64 KiB of JSON), ``invalid_row_version``, 404 ``document_not_found``, 409
-    ``document_version_conflict``. A patch that changes nothing keeps the version.
+    Rules of :func:`validate_metadata_patch`; the merged result is at most 64 KiB of JSON.
+    Fenced on ``expected_row_version``. A patch that changes nothing keeps the version.
     """
     patch = validate_metadata_patch(patch)
     expected = _check_version(expected_row_version)
@@ -168,9 +166,7 @@ def update_document(
     availability, chaining the row version, both or neither in one transaction; returns the
     document as stored.
 
-    Raises 404 ``document_not_found`` (also for a document outside the principal's reach), 400
-    ``invalid_request`` when neither field is given, ``invalid_row_version``,
-    ``invalid_metadata``, ``invalid_availability``, 409 ``document_version_conflict``.
+    At least one field is required; a document outside the principal's reach is not found.
     """
     from ingestion.documents import get_document
 

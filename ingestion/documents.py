@@ -93,23 +93,15 @@ def admit_document(
 ) -> Admission:
     """Store a file in ``space`` and queue its compilation; returns an :class:`Admission`.
 
-    Errors (nothing is stored when any is raised): 400 ``invalid_filename``, 400 ``empty_file``, 413
-    ``file_too_large`` (names the limit), 415 ``unsupported_media_type`` (lists the supported types)
-    or ``content_mismatch`` (the extension names another binary format than the content, e.g. "named
-    .pdf but the content is a PNG image"), 400 ``archive_rejected`` (a ZIP-based file refused by the
-    central-directory inspection: ZIP64, too many entries, too large when expanded), 409
-    ``duplicate_document`` with the existing id in ``details`` when the same bytes are already in
-    the space and ``on_duplicate`` is ``"reject"``, 409 ``space_setup_required`` or
-    ``space_validation_failed`` when the space's profile is not usable (a space
-    ``pending-validation`` is admitted: its compilation validates it). With ``"replace"`` the
-    existing document takes the new filename and is compiled again (it stays one document).
+    Nothing is stored when it raises (codes: docs/api.md). The same bytes already in the space
+    are refused with ``on_duplicate="reject"``; with ``"replace"`` the existing document takes
+    the new filename and is compiled again (it stays one document). A space
+    ``pending-validation`` is admitted: its compilation validates it.
     ``enqueue=False`` leaves the job queued in the database without a queue message, for callers
     that compile in-process (:func:`ingestion.compilation.recovery.drain_queued`).
 
-    A failing object storage raises its :class:`~knowledgefs.dify.errors.ObjectStorageError`
-    (the API answers 503 ``storage_unavailable``, 413 ``file_too_large`` or 502
-    ``storage_error``); the object is deleted again first (best effort), so no object is left
-    without its document.
+    A failing object storage raises its :class:`~knowledgefs.dify.errors.ObjectStorageError`;
+    the object is deleted again first (best effort), so no object is left without its document.
     """
     validate_filename(filename)
     if on_duplicate not in DUPLICATE_POLICIES:
@@ -289,10 +281,9 @@ def published_text(
     """The published canonical text of a document, or a slice of it, for checking citations.
 
     Citation offsets are half-open code-point offsets into this text. Returns ``{"document_id",
-    "length", "start", "end", "text"}``; at most 1,000,000 characters per call. Raises 409
-    ``document_disabled`` for a disabled document (a disabled document is never served: enable
-    it first; its metadata stays readable on the document routes), 409
-    ``document_not_published`` before the first publication and 400 ``invalid_range``.
+    "length", "start", "end", "text"}``; at most 1,000,000 characters per call. A disabled
+    document is never served (its metadata stays readable on the document routes), nor one
+    before its first publication.
     """
     from ingestion.chunking import canonical_text
     from ingestion.parsing import Element

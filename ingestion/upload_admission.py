@@ -405,10 +405,10 @@ def declared_length(request: Any) -> int:
 def admit_upload(request: Any) -> Admission:
     """Admit one buffered multipart upload before its body is read (``request``: Django's).
 
-    Order: 411 without Content-Length; 413 ``file_too_large`` when the declared body is above
-    ``KNOWLEDGE_UPLOAD_MAX_BYTES + KNOWLEDGE_UPLOAD_ENVELOPE_BYTES`` (never read); then the
-    gate (413 ``upload_reservation_too_large`` / 429 ``upload_admission_busy``); then the
-    body stream is put under the read deadlines. The caller must :meth:`Admission.release`.
+    Order: Content-Length required (411); a declared body above ``KNOWLEDGE_UPLOAD_MAX_BYTES +
+    KNOWLEDGE_UPLOAD_ENVELOPE_BYTES`` bytes is refused unread (413); then the gate (413/429);
+    then the body stream is put under the read deadlines. The caller must
+    :meth:`Admission.release`.
     """
     declared = declared_length(request)
     limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES

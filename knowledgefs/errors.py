@@ -197,13 +197,10 @@ _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
 def dify_error_response(exc: DifyError, context: dict[str, Any] | None = None) -> Response:
     """The API answer for a failed call to Dify's inner API that reached a request.
 
-    Never a 500: a retryable failure (timeout, connection, 408/409/425/429/5xx) is 503
-    ``storage_unavailable`` / ``model_runtime_unavailable`` / ``datasource_unavailable`` with
-    ``Retry-After``; Dify's 413 on a write is 413 ``file_too_large``; anything else (checksum
-    mismatch, invalid answer, refused request) is 502 ``storage_error`` / ``model_runtime_error``
-    / ``datasource_error``. ``details.dify_code`` is the boundary's stable code
-    (docs/dify-boundary.md). The message is ours: Dify's text, the route and the key stay in the
-    log.
+    Never a 500: a retryable failure (timeout, connection, 408/409/425/429/5xx) is a 503 with
+    ``Retry-After``, Dify's 413 on a write a 413, anything else a 502 (codes: docs/api.md).
+    ``details.dify_code`` is the boundary's stable code (docs/dify-boundary.md). The message is
+    ours: Dify's text, the route and the key stay in the log.
     """
     available, failed, what = next(
         (a, f, w) for cls, a, f, w in _DIFY_SURFACES if isinstance(exc, cls)

@@ -43,9 +43,8 @@ def fingerprint(*parts: str | bytes) -> str:
 def idempotent(request, request_fingerprint: str, handler: Callable[[], Response]) -> Response:
     """Run ``handler`` once per ``Idempotency-Key``; without the header just run it.
 
-    Raises 400 ``invalid_idempotency_key``, 409 ``idempotency_key_in_progress`` (the first
-    request with this key has not finished) and 422 ``idempotency_key_reused`` (the key was used
-    for a different request).
+    A replay of the same key and request answers the stored response; a key still running or
+    used for another request is refused (codes: docs/api.md).
     """
     key = request.META.get(HEADER)
     if key is None:

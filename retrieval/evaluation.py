@@ -198,8 +198,8 @@ def evaluate(
 
     Returns the metrics dict printed by ``kfs eval``: ``ndcg@10``, ``recall@100``, ``mrr@10``
     (means over the judged queries, 4 decimals), ``query_p50_ms``/``query_p95_ms`` (wall time of
-    :func:`retrieval.services.retrieve`) and the run's description. 400 ``invalid_mode`` /
-    ``invalid_top_k`` before anything is ingested.
+    :func:`retrieval.services.retrieve`) and the run's description. ``mode`` and ``top_k`` are
+    checked before anything is ingested.
     """
 
     from .services import MODES, validate_top_k

@@ -32,9 +32,8 @@ a date-time outside 0001-01-01T00:00:00Z … 9999-12-31T23:59:59.999999Z once mo
 (``9999-12-31T23:59:59-14:00``). Request values outside those ranges are refused (400
 ``invalid_filter`` naming the condition and the range).
 
-Errors (400): ``invalid_filter`` (the message names ``filters.<member>`` or
-``filters.conditions[<i>].<field>``), ``too_many_filter_conditions`` (more than 50),
-``too_many_filter_values`` (more than 100 ids, types or ``in`` values).
+At most 50 conditions and 100 ids, types or ``in`` values per list; a refusal is a 400 whose
+message names ``filters.<member>`` or ``filters.conditions[<i>].<field>`` (codes: docs/api.md).
 
 :func:`resolve` turns filters into the set of allowed documents with one ORM query (the
 space's enabled, published documents; ids, types and dates in SQL, metadata conditions

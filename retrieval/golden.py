@@ -178,9 +178,8 @@ def questions_in(space: KnowledgeSpace):
 def create_question(space: KnowledgeSpace, body) -> GoldenQuestion:
     """Create a golden question from ``{"question", "expected_evidence", "tags"?, "metadata"?}``.
 
-    400 ``invalid_request`` (not an object, or unknown members), ``invalid_question``,
-    ``invalid_expected_evidence``, ``invalid_tags``, ``invalid_metadata``; 409
-    ``golden_question_limit`` once the space holds ``KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE``.
+    Each member is checked by its ``validate_*`` (400; unknown members refused); a space holds
+    at most ``KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE`` questions (409).
     """
     body = _object(body, allowed=FIELDS)
     values = {
@@ -222,9 +221,8 @@ def update_question(
     ``metadata``); ``revision`` moves on by one.
 
     With ``expected_revision`` (``If-Match`` or the body's ``revision``) the update applies only
-    while the stored revision matches: 409 ``revision_conflict`` otherwise. 400 as for
-    :func:`create_question`, and ``invalid_revision`` for a revision that is not a positive
-    integer.
+    while the stored revision matches (compare-and-set); a revision is a positive integer.
+    Members are checked as for :func:`create_question`.
     """
     body = _object(body, allowed=(*FIELDS, "revision"))
     if expected_revision is None:
@@ -371,9 +369,9 @@ def run_golden(
     Returns ``{"kind": "golden", "tenant", "space", "mode", "top_k", "tags", "question_set"
     (:func:`question_set`), "questions", "passed",
     "hit_rate@k", "recall@k", "mrr@k", "query_p50_ms", "query_p95_ms", "results": [...]}``
-    (metric names carry the real ``k``, e.g. ``hit_rate@10``). 400 ``no_golden_questions`` when
-    none is selected: an empty run must not pass a gate; 400 ``invalid_top_k`` outside 1..100.
-    Errors of ``retrieve`` propagate.
+    (metric names carry the real ``k``, e.g. ``hit_rate@10``). ``top_k`` 1..100. A selection of
+    no question is refused (400): an empty run must not pass a gate. Errors of ``retrieve``
+    propagate.
     """
     from .evaluation import percentile
     from .services import retrieve

@@ -121,10 +121,8 @@ def create_api_key(
 
     ``spaces`` (spaces of the same tenant) and ``datasets`` (Dify dataset ids) become its
     bindings; with neither the key is unrestricted within its tenant. The secret
-    ``kfs_<prefix><random>`` is returned once; only its SHA-256 is stored. Errors:
-    ``invalid_tenant``, ``invalid_name`` (over 120 characters), ``invalid_binding`` (another
-    tenant's space, a malformed dataset id), ``space_not_bindable`` (a space gone or being
-    deleted). Key and bindings are written in one transaction.
+    ``kfs_<prefix><random>`` is returned once; only its SHA-256 is stored. ``name``: at most
+    120 characters. Key and bindings are written in one transaction.
     """
     validate_tenant_id(tenant_id)
     name = validate_key_name(name)
@@ -170,10 +168,8 @@ def bind_api_key(
     """Bind ``key`` to one more resource (a space of its tenant, or a Dify dataset id); returns
     the binding (the existing one if it was already bound).
 
-    Binding an unrestricted key **narrows** it to that one resource. Errors:
-    ``api_key_not_found``, ``api_key_revoked`` (409), ``invalid_binding`` (neither or both
-    targets, another tenant's space, a malformed dataset id), ``space_not_bindable`` (409: the
-    space is gone or being deleted). Cached authentication results are invalidated.
+    Binding an unrestricted key **narrows** it to that one resource; exactly one target.
+    Cached authentication results are invalidated.
     """
     if (space is None) == (dataset_id is None):
         raise InvalidInput("bind to exactly one space or one dataset", code="invalid_binding")
@@ -213,9 +209,8 @@ def unbind_api_key(
 
     If it was the key's last binding the key is **revoked in the same transaction** (a key with
     no bindings would otherwise reach the whole tenant); ``UnbindResult.revoked`` says so. A
-    binding already gone is not an error (``removed`` False). Errors: ``api_key_not_found``,
-    ``invalid_binding`` (a binding of another key). Cached authentication results are
-    invalidated before the commit and again after it.
+    binding already gone is not an error (``removed`` False). Cached authentication results
+    are invalidated before the commit and again after it.
     """
     with transaction.atomic():
         locked = _lock_key(key)
@@ -268,7 +263,7 @@ def revoke_api_key(key_or_prefix: ApiKey | str) -> ApiKey:
 
     Effective on the next request in every process: cached authentication results are
     invalidated before the revocation commits and again after it. Revoking a revoked key
-    changes nothing. Errors: ``api_key_not_found``.
+    changes nothing.
     """
     key = get_api_key(key_or_prefix)
     with transaction.atomic():
@@ -297,7 +292,6 @@ def list_api_keys(tenant_id: str) -> QuerySet[ApiKey]:
     """A tenant's keys, newest first, with their bindings (and bound spaces) prefetched.
 
     Never exposes secrets; :func:`describe_api_key` turns one into a JSON-ready dict.
-    Errors: ``invalid_tenant``.
     """
     validate_tenant_id(tenant_id)
     return (

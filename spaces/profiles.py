@@ -188,9 +188,8 @@ def set_retrieval_profile(
     A change bumps the retrieval profile's ``revision``; the same profile again changes
     nothing. Selecting a rerank or reasoning model that was not validated yet makes a space that
     has its embedding selection ``pending-validation`` (run the preflight: ``POST
-    …/profile-validation``); removing the model whose validation failed does the same. Errors:
-    404 ``space_not_found``, the 400s of :func:`parse_retrieval_profile`, 409
-    ``revision_conflict``.
+    …/profile-validation``); removing the model whose validation failed does the same. With
+    ``expected_revision`` the write applies only at that revision (compare-and-set).
     """
     from .services import get_space
 
@@ -256,8 +255,8 @@ def not_ready(profile: SpaceProfile, space_id) -> SpaceNotReady:
 def freeze_for_admission(space: KnowledgeSpace) -> SpaceProfile:
     """Admission's check and latch; call before a document is stored.
 
-    Refuses a space that is ``setup-required`` or ``validation-failed`` (409
-    ``space_setup_required`` / ``space_validation_failed``). Otherwise sets
+    Refuses (409 :class:`SpaceNotReady`) a space that is ``setup-required`` or
+    ``validation-failed``. Otherwise sets
     ``embedding_frozen_at`` if it is not set yet (a latch in its own commit: it stays set even
     if this upload then fails) and, when the profile is ``ready``, makes sure the space has its
     active index version. A ``pending-validation`` space is admitted too: its first compilation

@@ -45,8 +45,8 @@ def require_servable(space: KnowledgeSpace) -> SpaceProfile:
 
 
 def require_ready(space: KnowledgeSpace) -> SpaceProfile:
-    """The space's profile if it is ``ready``, else 409 ``space_setup_required``,
-    ``space_pending_validation`` or ``space_validation_failed`` (used by retrieval)."""
+    """The space's profile if it is ``ready``, else 409 :class:`SpaceNotReady` naming the state
+    (used by retrieval)."""
     profile = profile_of(space)
     if profile.state != Readiness.READY:
         raise not_ready(profile, space.pk)

@@ -218,14 +218,11 @@ def parse_retrieval_profile(body: Any) -> dict:
     ``default_mode`` (``fast``, ``deep`` or ``research``; ``auto`` is refused with
     ``mode_unavailable``: it resolves to the default), ``reasoning_model`` (selection or null),
     ``rerank`` (``{enabled: false, model: null}``), ``score_threshold`` (null = off, else 0..1),
-    ``top_k`` (10; 1..100). Rules, each a 400 naming the field: ``invalid_mode``,
-    ``mode_unavailable``, ``invalid_top_k``, ``invalid_score_threshold``, ``invalid_rerank``,
-    ``rerank_model_required`` (rerank enabled without a model),
-    ``score_threshold_requires_rerank`` (a threshold without an enabled rerank, whatever
-    ``default_mode``: the profile's threshold applies to requests in every mode, and without a
-    reranker Fast's, Deep's and Research's scores are all relative to the query's candidates;
-    a request's own ``score_threshold`` stays allowed), ``invalid_model_selection``,
-    ``capability_unavailable`` (a rerank or reasoning model under the local runtime).
+    ``top_k`` (10; 1..100). Each rule refused is a 400 naming the field (codes: docs/api.md,
+    "Space profiles"). An enabled rerank needs a model; a threshold needs an enabled rerank,
+    whatever ``default_mode`` (the profile's threshold applies in every mode, and without a
+    reranker every mode's scores are relative to the query's candidates; a request's own
+    ``score_threshold`` stays allowed); the local runtime serves no rerank or reasoning model.
     """
     modes = RetrievalMode.concrete()
     if not isinstance(body, dict):

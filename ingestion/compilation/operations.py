@@ -89,8 +89,7 @@ def cancel_job(job_id) -> CompilationJob:
     checkpoint or finish it tries is refused. Nodes and projections it built are removed; the
     document keeps its published generation if it has one, else becomes ``canceled``.
 
-    Raises :class:`NotFound` (``job_not_found``) or :class:`Conflict` (``job_finished``, 409)
-    when the attempt already ended.
+    Raises :class:`NotFound`, or :class:`Conflict` (409) when the attempt already ended.
     """
     with transaction.atomic():
         job = _job_for_update(job_id)
@@ -129,9 +128,8 @@ def retry_job(job_id, *, from_checkpoint: bool = True) -> CompilationJob:
     always rebuilt, because a failed attempt's partial nodes are removed. The new attempt links
     to the old one (``retry_of``) and is dispatched after the commit.
 
-    Raises :class:`NotFound`, or :class:`Conflict` (409): ``job_live`` (still running or
-    queued), ``job_succeeded`` (already published) or ``job_superseded`` (a newer upload or
-    attempt replaced it).
+    Raises :class:`NotFound`, or :class:`Conflict` (409) for an attempt still live, already
+    published, or replaced by a newer upload or attempt.
     """
     with transaction.atomic():
         job = _job_for_update(job_id)

@@ -130,15 +130,11 @@ def parse_image(data: bytes) -> ParseReport:
     the rasterizer's pixel budget (:data:`~ingestion.parsing.rasterize.DEFAULT_MAX_PIXELS`) is
     downscaled to fit before OCR. Returns a report with ``page_count=1``, paragraph elements on
     page 1 marked ``{"ocr": True}`` and ``ocr_pages=[1]``; when Tesseract fails or finds nothing,
-    no elements, ``pages_without_text=[1]`` and a warning (compilation then fails
-    ``no_extractable_text``).
+    no elements, ``pages_without_text=[1]`` and a warning (compilation then fails).
 
-    Raises:
-        ImageTooLarge: ``image_too_large``, over Pillow's decompression-bomb limit.
-        CorruptDocument: ``corrupt_image``, not a decodable image of an accepted format.
-        OcrTimeout: ``ocr_timeout`` (retryable), Tesseract ran past its limit.
-        ParseError: ``ocr_unavailable``, "the image cannot be read: OCR is unavailable
-            (tesseract not installed)".
+    Raises :class:`ParseError` subclasses (codes: docs/api.md): over Pillow's
+    decompression-bomb limit, not a decodable image, Tesseract past its limit (retryable), or
+    Tesseract not installed.
     """
     config = rasterize.current()
     image = _open_image(data)

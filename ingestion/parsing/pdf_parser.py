@@ -142,16 +142,10 @@ def parse_pdf(data: bytes) -> ParseReport:
     Returns a :class:`ParseReport` (parser ``"pypdf"``) with ``page_count``, the pages without
     a text layer, ``ocr_pages``, ``assets`` and ``warnings``.
 
-    Raises:
-        EncryptedPdf: ``encrypted_pdf``, the PDF needs a user password.
-        CorruptPdf: ``corrupt_pdf``, "corrupt or unreadable PDF" (damaged, truncated beyond
-            repair, or no page could be read).
-        ParseError: ``no_extractable_text``, "the PDF has no pages" (a valid PDF of 0 pages);
-            ``ocr_unavailable`` when the document has no text at all and its pages without a
-            text layer went unread only because Tesseract is not installed.
-        OcrTimeout: ``ocr_timeout``, a Tesseract run exceeded the per-operation limit.
-        RasterizationTimeout: ``rasterization_timeout``, a Poppler operation ran past its limit
-            (seed: 30 s); its process group was killed.
+    Raises :class:`ParseError` subclasses (codes: docs/api.md): a user password needed, a
+    damaged PDF or no readable page, 0 pages, no text at all only because Tesseract is not
+    installed, a Tesseract or Poppler run past its per-operation limit (Poppler's seed: 30 s;
+    its process group is killed).
     """
     try:
         return _parse_pdf(data)

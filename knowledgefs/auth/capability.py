@@ -162,11 +162,7 @@ def verify_token(token: str, *, jwks_text: str, now: float | None = None) -> Cap
     """Verify a capability v2 token against the public key set; returns its claims.
 
     ``jwks_text`` is the configured JWKS JSON. ``now`` (Unix seconds) is for tests. Raises
-    :class:`CapabilityError` (401) with one of the codes ``invalid_token``,
-    ``unsupported_algorithm``, ``invalid_token_type``, ``unknown_signing_key``,
-    ``invalid_signature``, ``token_expired``, ``token_not_yet_valid``, ``invalid_issuer``,
-    ``invalid_audience``, ``missing_claim``, ``invalid_token_times``, ``token_lifetime_too_long``
-    or ``invalid_claims``.
+    :class:`CapabilityError` (401; codes: docs/security.md#error-codes).
     """
     if len(token) > MAX_TOKEN_BYTES or not token.isascii():
         raise CapabilityError("invalid_token", "the bearer token is not a capability token")

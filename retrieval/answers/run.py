@@ -65,9 +65,8 @@ def start(
 ) -> AnswerRun:
     """Retrieve and pack the evidence of one answer and write its trace (``completed=False``).
 
-    Raises what :func:`retrieval.modes.retrieve` raises (400 ``invalid_*``, 409
-    ``space_*``, 503 ``embedding_model_unavailable``…); a failure after validation (409/503) is
-    recorded as a completed trace with a failed ``query.retrieve`` step first, and the error
+    Raises what :func:`retrieval.modes.retrieve` raises; a failure after validation (409/503)
+    is recorded as a completed trace with a failed ``query.retrieve`` step first, and the error
     carries ``trace_id`` so the view can send ``X-Query-Run-Id``.
     """
     if source not in SOURCES:

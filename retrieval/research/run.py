@@ -113,7 +113,7 @@ def run_research(
     ``deadline_s`` (seconds of wall clock the caller has left, e.g. a task's ``timeout_ms``)
     and ``max_model_calls`` can only tighten the policy's budget (60 s/180 s, 3 calls); running
     into either is reported as ``budget_exhausted`` like the policy's own. Errors are those of
-    ``retrieve`` (400/409/503); model failures never raise, they degrade. Raises
+    ``retrieve``; model failures never raise, they degrade. Raises
     :class:`ResearchCanceled` when ``should_stop()`` answers ``True`` (between steps, or within
     about a second during a model call, whose connection is shut down).
     """

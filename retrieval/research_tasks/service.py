@@ -125,9 +125,9 @@ def create_task(
     ``filters`` (:mod:`retrieval.filters`, checked here, handed to Research as sent),
     ``limits`` (see :func:`planning.validate_limits`). With ``idempotency_key`` the tenant's task
     created under that key is returned (``created`` ``False``) when the same owner sent the same
-    body; another body or owner is 422 ``idempotency_key_reused``. Errors: 400 (body), 409/503
-    (the space cannot be searched), 422 :class:`LimitsExceeded`, 429 ``research_task_limit``
-    (:func:`_require_capacity`; resumes are not counted against it).
+    body; another body or owner is refused. The space must be searchable
+    (:func:`_require_searchable`) and the caller within :func:`_require_capacity` (resumes are
+    not counted against it).
     """
     query, top_k, filters, limits = _request(space, body)
     digest = fingerprint(
@@ -308,7 +308,7 @@ def cancel_task(task_pk) -> ResearchTask:
 def resume_task(task_pk) -> ResearchTask:
     """Queue a ``failed`` or ``canceled`` task again; it resumes from its checkpoint, so no
     finished model call is repeated. Attempts start over; ``resume_count`` grows. Dispatched
-    after the commit. 409 ``research_task_completed`` or ``research_task_live``."""
+    after the commit. A completed or live task is refused (409)."""
     now = timezone.now()
     with transaction.atomic():
         task = ResearchTask.objects.filter(id=task_pk).first()

@@ -10,9 +10,8 @@ cleanup weeks later). A start needs an unexpired approval and a workspace in
 ``irreversible_cleanup_at`` by one compare-and-set on the ledger (so a rollback is refused from
 then on) and records the ledger version that write produced.
 
-Error codes: 404 ``authorization_not_found`` / ``ledger_not_found``; 400 ``invalid_evidence``,
-``invalid_operator``, ``invalid_reason``; 403 ``four_eyes_required``; 409 ``stale_version``,
-``invalid_status``, ``approval_expired``, ``ledger_not_ready``, ``cleanup_already_open``.
+Operators are named in 1-150 characters. Refusal codes: docs/upgrades.md, "Cleanup
+authorizations".
 """
 
 from __future__ import annotations
@@ -117,9 +116,8 @@ def request_cleanup(
     tenant_id: str, *, requested_by: str, reason: str = "", now: dt.datetime | None = None
 ) -> CleanupAuthorization:
     """Ask for a cleanup of the tenant's legacy data. The ledger must be ``observing`` or
-    ``ready_for_cleanup`` (409 ``ledger_not_ready``) and have no other open authorization (409
-    ``cleanup_already_open``; checked under the ledger's row lock). ``reason``: at most 2,000
-    characters (400 ``invalid_reason``)."""
+    ``ready_for_cleanup`` and have no other open authorization (checked under the ledger's row
+    lock); ``reason``: at most 2,000 characters. Refusals: docs/upgrades.md."""
     now = now or timezone.now()
     requested_by = _operator(requested_by, "requested_by")
     reason = _reason(reason)
@@ -173,10 +171,10 @@ def start(
     evidence: dict,
     now=None,
 ) -> CleanupAuthorization:
-    """Start an approved cleanup while its approval is unexpired (409 ``approval_expired``).
+    """Start an approved cleanup while its approval is unexpired (else 409).
 
     One transaction: the ledger's ``irreversible_cleanup_at`` is set by a compare-and-set on the
-    ledger (``ready_for_cleanup``, gate open; else 409 ``ledger_not_ready``), then the
+    ledger (``ready_for_cleanup``, gate open; else 409), then the
     authorization moves to ``started`` recording the ledger's new version; if the second write
     loses its race the first is rolled back.
     """

@@ -303,11 +303,8 @@ def advance(
     ``ack`` is the freeze ack for ``frozen`` and the activation ack for ``cutover`` (module
     notes); ``smoke_results`` (``{"checks": [{"name": str, "passed": bool}, ...]}``, 1-100
     checks, all passed) for ``observing``; ``ready_for_cleanup`` needs the observation window
-    and the maximum task expiry to have passed. Errors: 404 ``ledger_not_found``; 400
-    ``invalid_phase`` / ``invalid_version`` / ``invalid_ack`` / ``invalid_smoke_results``; 409
-    ``invalid_transition``, ``stale_version``, ``ack_mismatch``, ``smoke_checks_failed``,
-    ``observation_not_elapsed``, ``task_ttl_not_elapsed``, ``gate_closed``. Nothing is written
-    on any error.
+    and the maximum task expiry to have passed. Nothing is written on any error (codes:
+    docs/api.md, "Workspace cutover").
     """
     now = _now(now)
     ledger = _expect(tenant_id, expected_phase, expected_cas_version)
@@ -474,8 +471,7 @@ def rollback(
     From ``cutover``, ``observing`` or ``ready_for_cleanup``, at the expected version, while now
     is before ``rollback_cutoff_at`` and no irreversible cleanup has started. One UPDATE: phase
     ``frozen``, ``rolled_back_at`` = now, ``product_routes_enabled`` false; the other switches,
-    the activation and freeze evidence are kept. Errors: 409 ``rollback_not_allowed`` (phase),
-    ``rollback_cutoff_passed``, ``irreversible_cleanup_started``, ``stale_version``.
+    the activation and freeze evidence are kept. Refusals are 409 (codes: docs/api.md).
     """
     now = _now(now)
     ledger = _expect(tenant_id, expected_phase, expected_cas_version)

@@ -194,9 +194,8 @@ def create_upgrade(data: dict) -> tuple[UpgradeJob, bool]:
     ``data`` is :class:`upgrades.api.serializers.SnapshotSerializer`'s validated data. In one
     transaction: the job, one row per document (``desired_enabled`` stored as "enabled and not
     archived"), one file lease per distinct ``upload_file_id`` (expiring in 7 days); the first
-    step is dispatched after the commit. Errors: 400 ``invalid_tenant``,
-    ``missing_file_reference``; 422 ``unsupported_data_source``; 409 ``idempotency_key_reused``,
-    ``upgrade_in_progress``, ``retry_required``, ``already_upgraded``.
+    step is dispatched after the commit. One upgrade per Dataset (codes of the refusals:
+    docs/api.md, "Internal routes").
     """
     tenant = validate_tenant_id(data["namespace_id"])
     replay = UpgradeJob.objects.filter(
@@ -338,10 +337,8 @@ def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJ
     from ``validating``: every document back to ``pending``, a replacement space is created
     (:func:`upgrades.services.runner.space_slug`) and every file lease is active again (a
     released legacy file that Dify already deleted fails its document ``legacy_file_missing``).
-    ``queued``/``running`` jobs are returned unchanged (``retried`` false); 409
-    ``upgrade_already_succeeded`` for a succeeded job, 409 ``upgrade_in_progress`` when another
-    upgrade of the Dataset became active meanwhile, ``upgrade_abandoned`` for an abandoned job;
-    404 ``upgrade_not_found``.
+    ``queued``/``running`` jobs are returned unchanged (``retried`` false); a succeeded or
+    abandoned job, or one whose Dataset has another active upgrade meanwhile, is refused (409).
     """
     if tenant_id is not None:
         job = get_upgrade(tenant_id, upgrade_id)
@@ -440,9 +437,8 @@ def abandon_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[Upgrad
     The job stays ``failed`` with ``last_error_code`` :data:`ABANDONED`; its file leases are
     released (the job never reads them again). A new snapshot of the Dataset is then accepted
     (G6 as decided here: one upgrade per Dataset, except after a failed and abandoned one), and
-    discovery answers ``can_upgrade``. Repeating it changes nothing (``changed`` false). 409
-    ``upgrade_in_progress`` for a queued or running job, ``upgrade_already_succeeded`` for a
-    succeeded one; 404 ``upgrade_not_found``.
+    discovery answers ``can_upgrade``. Repeating it changes nothing (``changed`` false). A
+    queued, running or succeeded job is refused (409).
     """
     job = _find(upgrade_id, tenant_id)
     if job.status == JobStatus.SUCCEEDED:
