@@ -10,7 +10,7 @@ from knowledgefs.jobs import schedules
 from knowledgefs.jobs.schedules import Schedule
 from retrieval.research_tasks import dispatch as research
 from upgrades.services import dispatch as upgrade
-from upgrades.services import reconciliation
+from upgrades.services import reconciliation_runner as reconciliation
 
 pytestmark = pytest.mark.django_db
 
