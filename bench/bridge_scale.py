@@ -501,7 +501,7 @@ def run(args, var: Path, sim: Simulator, deadline: float) -> int:  # noqa: ANN00
     from django.core.management import call_command
 
     from retrieval.backends import get_search_backend
-    from retrieval.indexing import ensure_active_version
+    from retrieval.index_versions import ensure_active_version
     from spaces.services import Principal, create_space
 
     call_command("migrate", verbosity=0)

@@ -35,7 +35,7 @@ from ingestion.models import CompilationJob, Document, DocumentState, KnowledgeN
 from ingestion.services.compilation import _NODE_NAMESPACE
 from retrieval.backends import get_search_backend
 from retrieval.backends.base import IndexedNode
-from retrieval.indexing import ensure_active_version, live_versions
+from retrieval.index_versions import ensure_active_version, live_versions
 from retrieval.models import DenseVector
 from spaces.models import KnowledgeSpace, PublicationHead
 

@@ -8,10 +8,12 @@ class IngestionConfig(AppConfig):
     verbose_name = "Ingestion"
 
     def ready(self) -> None:
+        from knowledgefs.jobs import schedules
         from spaces import signals
         from spaces.models import KnowledgeSpace
 
         from . import receivers
+        from .compilation import dispatch
 
         # A space being deleted loses its documents (spaces.services.delete_space).
         signals.space_emptying.connect(
@@ -19,3 +21,5 @@ class IngestionConfig(AppConfig):
             sender=KnowledgeSpace,
             dispatch_uid="ingestion.purge_space_documents",
         )
+        # The compilation recovery sweep's django-q2 schedule (kfs schedules).
+        schedules.register(dispatch.RECOVERY)

@@ -229,7 +229,7 @@ def _cancel(command, options: dict) -> None:
 
 
 def _schedules(command, options: dict) -> None:
-    from upgrades.services.reconciliation import ensure_recovery_schedule
+    from upgrades.services.reconciliation_runner import ensure_recovery_schedule
 
     schedule = compilation.ensure_recovery_schedule()
     payload = {

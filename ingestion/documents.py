@@ -246,7 +246,7 @@ def _freeze_embedding_model(space: KnowledgeSpace) -> None:
     409 ``space_setup_required`` or ``space_validation_failed`` refuse the upload before
     anything is stored. A ready space gets its index version 1 (its profile's model) now; a
     space pending validation gets it from the preflight its first compilation runs. Later model
-    changes go through :func:`retrieval.indexing.change_embedding_model`, never an upload.
+    changes go through :func:`retrieval.index_versions.change_embedding_model`, never an upload.
     """
     from spaces.profiles import freeze_for_admission
 
@@ -262,14 +262,7 @@ def documents_in(space: KnowledgeSpace) -> QuerySet[Document]:
 def get_document(principal: Principal, space_id, document_id) -> Document:
     """A document of a space the principal can reach, else 404 ``document_not_found``."""
     space = get_space(principal, space_id)
-    try:
-        doc_uuid = uuid.UUID(str(document_id))
-    except ValueError:
-        raise NotFound("document not found", code="document_not_found") from None
-    document = Document.objects.filter(id=doc_uuid, space=space).first()
-    if document is None:
-        raise NotFound("document not found", code="document_not_found")
-    return document
+    return Document.objects.get_in_space(space, document_id, what="document")
 
 
 MAX_TEXT_SLICE = 1_000_000

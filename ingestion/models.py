@@ -7,6 +7,7 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from knowledgefs.db import SpaceScopedQuerySet
 from spaces.models import KnowledgeSpace
 
 
@@ -52,6 +53,8 @@ class Document(models.Model):
     row_version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = SpaceScopedQuerySet.as_manager()
 
     class Meta:
         constraints = [

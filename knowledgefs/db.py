@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.db import connection
 from django.db.models import QuerySet
+
+from knowledgefs.errors import NotFound
 
 
 def lock_for_update(queryset: QuerySet) -> QuerySet:
@@ -19,3 +23,20 @@ def lock_for_update(queryset: QuerySet) -> QuerySet:
     if connection.features.has_select_for_no_key_update:
         return queryset.select_for_update(no_key=True)
     return queryset.select_for_update()
+
+
+class SpaceScopedQuerySet(QuerySet):
+    """Rows that belong to one knowledge space (a ``space`` foreign key)."""
+
+    def get_in_space(self, space, ident, *, what: str):
+        """The row ``ident`` of ``space``, else 404 ``<what>_not_found`` (spaces as underscores):
+        also for an id that is not a UUID and for another space's row."""
+        code = what.replace(" ", "_") + "_not_found"
+        try:
+            ident = uuid.UUID(str(ident))
+        except ValueError:
+            raise NotFound(f"{what} not found", code=code) from None
+        row = self.filter(id=ident, space=space).first()
+        if row is None:
+            raise NotFound(f"{what} not found", code=code)
+        return row

@@ -3,7 +3,7 @@
 A Dify-served space replaces its embedding selection while nothing was indexed with it
 (:func:`set_embedding_profile`, ``PUT …/embedding-profile``); a local space re-indexes onto
 another registered model beside the live index (:func:`update_space` with
-``embedding_model_id``, ``PATCH``; :func:`retrieval.indexing.change_embedding_model`). Both
+``embedding_model_id``, ``PATCH``; :func:`retrieval.index_versions.change_embedding_model`). Both
 retire index versions under their locks: the space's row, then its profile's, then the live
 index versions (the order of every writer; spaces/profiles.py). The spaces views and ``kfs``
 call these (the roof); spaces itself never imports retrieval.
@@ -35,7 +35,7 @@ from spaces.selection import (
 )
 from spaces.services import apply_space_update, get_space, space_fields
 
-from .indexing import change_embedding_model, model_change_needed, resolve_model
+from .index_versions import change_embedding_model, model_change_needed, resolve_model
 from .models import DenseVector, IndexState, IndexVersion
 
 logger = logging.getLogger("knowledgefs.profiles")

@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from ingestion.models import Document
 from knowledgefs.db import lock_for_update
-from knowledgefs.errors import Conflict, InvalidInput, NotFound
+from knowledgefs.errors import Conflict, InvalidInput
 from spaces.models import KnowledgeSpace
 from spaces.services import Principal, get_space
 
@@ -204,14 +204,7 @@ def get_question(principal: Principal, space_id, question_id) -> GoldenQuestion:
     """The question if the principal reaches its space; 404 ``space_not_found`` or
     ``golden_question_not_found`` (also for another space's or tenant's question)."""
     space = get_space(principal, space_id)
-    try:
-        ident = uuid.UUID(str(question_id))
-    except ValueError:
-        raise NotFound("golden question not found", code="golden_question_not_found") from None
-    question = GoldenQuestion.objects.filter(id=ident, space=space).first()
-    if question is None:
-        raise NotFound("golden question not found", code="golden_question_not_found")
-    return question
+    return GoldenQuestion.objects.get_in_space(space, question_id, what="golden question")
 
 
 def update_question(

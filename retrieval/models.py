@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import Q
 
 from ingestion.models import KnowledgeNode
+from knowledgefs.db import SpaceScopedQuerySet
 from spaces.models import KnowledgeSpace
 
 
@@ -206,6 +207,8 @@ class GoldenQuestion(models.Model):
     revision = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = SpaceScopedQuerySet.as_manager()
 
     class Meta:
         indexes = [

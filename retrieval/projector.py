@@ -1,6 +1,7 @@
 """Retrieval's implementation of ingestion's projection port (:mod:`ingestion.projection`).
 
-Each operation delegates to the index-version functions of :mod:`retrieval.indexing` or to the
+Each operation delegates to the index-version functions (:mod:`retrieval.index_projection`,
+:mod:`retrieval.index_versions`) or to the
 search backend (:func:`retrieval.backends.get_search_backend`), looked up when called. Registered
 by ``RetrievalConfig.ready()``.
 """
@@ -13,19 +14,19 @@ from collections.abc import Callable
 import numpy as np
 
 from ingestion.projection import IndexedNode, ProjectionTarget
-from retrieval import backends, indexing
+from retrieval import backends, index_projection, index_versions
 
 
 class SearchProjector:
     """Projections of knowledge nodes in the index versions and the search backend."""
 
     def targets(self, space_id: uuid.UUID) -> list[ProjectionTarget]:
-        """:func:`retrieval.indexing.projection_targets`."""
-        return indexing.projection_targets(space_id)
+        """:func:`retrieval.index_projection.projection_targets`."""
+        return index_projection.projection_targets(space_id)
 
     def write(self, nodes: list[IndexedNode], vectors: dict[int, np.ndarray]) -> None:
-        """:func:`retrieval.indexing.index_projections`."""
-        indexing.index_projections(nodes, vectors)
+        """:func:`retrieval.index_projection.index_projections`."""
+        index_projection.index_projections(nodes, vectors)
 
     def remover(self) -> Callable[[list[uuid.UUID]], None]:
         """The search backend's ``delete_nodes`` (resolving the backend raises now)."""
@@ -36,6 +37,6 @@ class SearchProjector:
         backends.get_search_backend().delete_nodes(node_ids)
 
     def recover_builds(self) -> int:
-        """:func:`retrieval.indexing.recover_index_builds` (0 where it does not exist)."""
-        recover = getattr(indexing, "recover_index_builds", None)
+        """:func:`retrieval.index_versions.recover_index_builds` (0 where it does not exist)."""
+        recover = getattr(index_versions, "recover_index_builds", None)
         return recover() if recover else 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from spaces.models import KnowledgeSpace
 
-from .indexing import ensure_active_version
+from .index_versions import ensure_active_version
 
 
 def index_ready_profile(sender, space: KnowledgeSpace, **kwargs) -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from retrieval import indexing
+from retrieval import index_builds
 
 
 def rebuild_index(version_id: str) -> str:
     """Fill a building index version and cut over to it (safe to deliver twice); returns its
     resulting state."""
-    return indexing.rebuild_index_version(version_id)
+    return index_builds.rebuild_index_version(version_id)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from retrieval import embedding_profile, indexing
+from retrieval import embedding_profile, index_builds, index_versions
+from retrieval.models import IndexVersion
 from spaces import preflight, profiles
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
@@ -132,10 +133,10 @@ def _space(command, options: dict) -> None:
     principal = spaces.Principal(tenant_id=spaces.validate_tenant_id(options["tenant"]))
     if options["action"] == "set-model":
         space = spaces.get_space_by_slug(principal, options["slug"])
-        version = indexing.change_embedding_model(space, options["model_id"])
+        version = index_versions.change_embedding_model(space, options["model_id"])
         if options["wait"] and version.state == "building":
-            indexing.rebuild_index_version(version.id)
-        summary = indexing.index_summary([v for v in indexing.live_versions(space.id) if v])
+            index_builds.rebuild_index_version(version.id)
+        summary = IndexVersion.objects.filter(space_id=space.id).summary()
         command.emit(
             options,
             summary,

@@ -217,3 +217,25 @@ def test_a_scan_without_a_text_layer_fails_naming_its_pages(client, space, setti
     assert (document.state, document.error_code) == ("failed", "no_extractable_text")
     assert "pages without a text layer: 1" in document.error_message
     assert not KnowledgeNode.objects.exists()
+
+
+def test_get_in_space_is_the_one_404_for_a_row_outside_its_space(client, space, principal):
+    import uuid
+
+    from knowledgefs.errors import NotFound
+    from spaces.services import create_space
+
+    response = upload(client, space, "notes.txt", b"Scoped lookups.\n")
+    document = Document.objects.get(id=response.json()["document"]["id"])
+    other = create_space(principal, name="Other space")
+    assert Document.objects.get_in_space(space, str(document.id), what="document") == document
+    for ident in ("not-a-uuid", uuid.uuid4()):
+        with pytest.raises(NotFound) as missing:
+            Document.objects.get_in_space(space, ident, what="document")
+        assert (missing.value.code, missing.value.message) == (
+            "document_not_found",
+            "document not found",
+        )
+    with pytest.raises(NotFound) as elsewhere:
+        Document.objects.get_in_space(other, document.id, what="document")
+    assert elsewhere.value.code == "document_not_found"

@@ -244,11 +244,11 @@ def test_changing_the_embedding_model_rebuilds_into_a_new_scope_and_purges_the_o
     settings, bridge, space
 ):
     from ingestion.documents import admit_document
-    from retrieval import indexing
+    from retrieval import index_builds, index_versions
     from tests.embedders import FAKE_MODELS, MODEL_A, MODEL_B
 
     settings.KNOWLEDGE_EMBEDDING_MODELS = FAKE_MODELS
-    indexing.change_embedding_model(space, MODEL_A)  # version 1: 8-d
+    index_versions.change_embedding_model(space, MODEL_A)  # version 1: 8-d
     sections = "\n\n".join(
         f"# Topic {i}\n\nParagraph {i} talks about subject{i} and widget{i % 7}." for i in range(50)
     )
@@ -257,8 +257,8 @@ def test_changing_the_embedding_model_rebuilds_into_a_new_scope_and_purges_the_o
     nodes = _published(space.id)
     old = {c: s for c, s in bridge.bridge.collections().items() if s["dimension"] == 8}
     assert len(nodes) == 50 and len(old) == 1
-    building = indexing.change_embedding_model(space, MODEL_B)  # version 2: 4-d, rebuilt
-    assert indexing.rebuild_index_version(building.id, batch_size=16) == "active"
+    building = index_versions.change_embedding_model(space, MODEL_B)  # version 2: 4-d, rebuilt
+    assert index_builds.rebuild_index_version(building.id, batch_size=16) == "active"
     points_v2 = {
         pid
         for name, points in bridge.bridge.vectors.items()

@@ -481,7 +481,7 @@ def test_the_existing_compile_and_query_path_runs_on_the_dify_model(
     space, settings, dify_server, dify_transport
 ):
     from ingestion.documents import admit_document
-    from retrieval import indexing
+    from retrieval import index_versions
     from retrieval.services import retrieve
     from tests.conftest import compile_all
 
@@ -495,7 +495,7 @@ def test_the_existing_compile_and_query_path_runs_on_the_dify_model(
         )  # fmt: skip
 
     settings.KNOWLEDGE_EMBEDDING_MODELS = {model_id: factory}
-    version = indexing.change_embedding_model(space, model_id)
+    version = index_versions.change_embedding_model(space, model_id)
     assert (version.model_id, version.dimension, version.state) == (model_id, 64, "active")
     admit_document(
         space,

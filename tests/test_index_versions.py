@@ -23,7 +23,7 @@ from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
 from ingestion.services import compilation
 from knowledgefs.errors import InvalidInput
 from knowledgefs.runtime import DEFAULT_MODEL_ID, UnknownEmbeddingModel, get_embedding_model
-from retrieval import indexing
+from retrieval import index_builds, index_projection, index_versions
 from retrieval.backends import IndexedNode, get_search_backend
 from retrieval.models import DenseVector, IndexVersion
 from retrieval.services import retrieve
@@ -52,7 +52,7 @@ def fake_models(settings):
 @pytest.fixture
 def space_a(space):
     """A space whose index is filled by model A (chosen before the first upload)."""
-    version = indexing.change_embedding_model(space, MODEL_A)
+    version = index_versions.change_embedding_model(space, MODEL_A)
     assert (version.number, version.state, version.dimension) == (1, "active", 8)
     return space
 
@@ -118,7 +118,7 @@ def test_bc19_switching_the_model_mid_job_never_mixes_dimensions(space_a, fake_m
     head = PublicationHead.objects.get(space=space).revision
 
     # ...when the knowledge base is switched to B.
-    building = indexing.change_embedding_model(space, MODEL_B)
+    building = index_versions.change_embedding_model(space, MODEL_B)
     assert (building.number, building.state, building.dimension) == (2, "building", 4)
     space.refresh_from_db()
     assert space.embedding_model_id == MODEL_A  # still serving A
@@ -142,7 +142,7 @@ def test_bc19_switching_the_model_mid_job_never_mixes_dimensions(space_a, fake_m
 
     # The rebuild embeds what B lacks (the seed document) and cuts over.
     fake_models[MODEL_B].reset()
-    assert indexing.rebuild_index_version(building.id, batch_size=8) == "active"
+    assert index_builds.rebuild_index_version(building.id, batch_size=8) == "active"
     assert fake_models[MODEL_B].texts_embedded == 1
     states = dict(IndexVersion.objects.filter(space=space).values_list("number", "state"))
     assert states == {1: "retired", 2: "active"}
@@ -161,8 +161,8 @@ def test_bc19_switching_the_model_mid_job_never_mixes_dimensions(space_a, fake_m
     # A second run of the same rebuild changes nothing.
     rows = set(vectors_of(space).values_list("id", "node_id", "index_version"))
     fake_models[MODEL_B].reset()
-    assert indexing.rebuild_index_version(building.id, batch_size=8) == "active"
-    assert indexing.cutover(building.id) == "active"
+    assert index_builds.rebuild_index_version(building.id, batch_size=8) == "active"
+    assert index_builds.cutover(building.id) == "active"
     assert fake_models[MODEL_B].calls == 0
     assert set(vectors_of(space).values_list("id", "node_id", "index_version")) == rows
 
@@ -180,8 +180,8 @@ def test_a_job_that_embedded_with_the_old_model_is_carried_over_by_the_cutover(s
     big = _admit(space, FIFTY_SECTIONS, "fifty.md")
     # Projected with A only (the switch came after its embedding), not yet published.
     compilation.compile_jobs([big.job.id], until=Stage.PROJECTION_BUILT)
-    building = indexing.change_embedding_model(space, MODEL_B)
-    assert indexing.rebuild_index_version(building.id, batch_size=8) == "active"
+    building = index_versions.change_embedding_model(space, MODEL_B)
+    assert index_builds.rebuild_index_version(building.id, batch_size=8) == "active"
     # The cutover embedded the in-flight nodes for B too.
     assert vectors_of(space, 2).filter(node__generation=big.job.id).count() == 50
     _requeue(big.job.id)
@@ -207,8 +207,8 @@ def test_a_job_whose_old_version_retired_while_it_embedded_restarts_on_the_new_o
     def embed_then_switch(texts):
         out = original(texts)
         if not switched:  # the whole switch completes while the job is still embedding with A
-            switched.append(indexing.change_embedding_model(space, MODEL_B))
-            assert indexing.rebuild_index_version(switched[0].id) == "active"
+            switched.append(index_versions.change_embedding_model(space, MODEL_B))
+            assert index_builds.rebuild_index_version(switched[0].id) == "active"
         return out
 
     model_a.embed_documents = embed_then_switch
@@ -230,7 +230,7 @@ def test_bc19_switching_from_another_thread_while_a_slow_job_embeds(principal, f
     from spaces.services import create_space
 
     space = create_space(principal, name="Threaded")
-    indexing.change_embedding_model(space, MODEL_A)
+    index_versions.change_embedding_model(space, MODEL_A)
     _admit(space, FIFTY_SECTIONS, "fifty.md")
     fake_models[MODEL_A].delay = 0.01  # 50 chunks: about half a second of embedding
     errors = []
@@ -249,12 +249,12 @@ def test_bc19_switching_from_another_thread_while_a_slow_job_embeds(principal, f
     while fake_models[MODEL_A].calls < 2 and time.monotonic() < deadline:
         time.sleep(0.005)
     assert fake_models[MODEL_A].calls >= 2, "the job never started embedding"
-    building = indexing.change_embedding_model(space, MODEL_B)  # mid-job
+    building = index_versions.change_embedding_model(space, MODEL_B)  # mid-job
     thread.join(60)
     assert not thread.is_alive() and not errors
     assert Document.objects.get(space=space).state == "published"
     assert retrieve(space, "subject5", top_k=1).metrics["index_version"] == 1
-    assert indexing.rebuild_index_version(building.id, batch_size=8) == "active"
+    assert index_builds.rebuild_index_version(building.id, batch_size=8) == "active"
     assert_one_dimension(space)
     assert_fully_indexed(space, 2)
     assert set(vectors_of(space).values_list("dimension", flat=True)) == {4}
@@ -270,11 +270,11 @@ def test_a_rebuild_killed_halfway_resumes_without_duplicates(space_a, fake_model
     space = space_a
     _admit(space, FIFTY_SECTIONS, "fifty.md")
     compile_all()
-    building = indexing.change_embedding_model(space, MODEL_B)
+    building = index_versions.change_embedding_model(space, MODEL_B)
     model_b = fake_models[MODEL_B]
     model_b.fail_after_calls = 3  # the worker dies during its fourth batch
     with pytest.raises(EmbedderKilled):
-        indexing.rebuild_index_version(building.id, batch_size=8)
+        index_builds.rebuild_index_version(building.id, batch_size=8)
     building.refresh_from_db()
     assert building.state == "building"
     assert "EmbedderKilled" in building.last_error
@@ -282,7 +282,7 @@ def test_a_rebuild_killed_halfway_resumes_without_duplicates(space_a, fake_model
     assert retrieve(space, "subject1", top_k=1).metrics["index_version"] == 1
 
     model_b.fail_after_calls = None
-    assert indexing.rebuild_index_version(building.id, batch_size=8) == "active"
+    assert index_builds.rebuild_index_version(building.id, batch_size=8) == "active"
     assert model_b.texts_embedded == 50  # 24 before the crash + 26 after: nothing twice
     ids = list(vectors_of(space, 2).values_list("node_id", flat=True))
     assert len(ids) == len(set(ids)) == 50
@@ -294,13 +294,13 @@ def test_two_rebuilds_of_one_version_write_each_vector_once(space_a, fake_models
     space = space_a
     _admit(space, FIFTY_SECTIONS, "fifty.md")
     compile_all()
-    building = indexing.change_embedding_model(space, MODEL_B)
-    missing = list(indexing._missing(building).values_list("id", "document_id", "text")[:10])
+    building = index_versions.change_embedding_model(space, MODEL_B)
+    missing = list(index_builds._missing(building).values_list("id", "document_id", "text")[:10])
     matrix = fake_models[MODEL_B].embed_documents([m[2] for m in missing])
-    assert indexing._write_vectors(building, missing, matrix)
-    assert indexing._write_vectors(building, missing, matrix)  # a racing run: ignored
+    assert index_builds._write_vectors(building, missing, matrix)
+    assert index_builds._write_vectors(building, missing, matrix)  # a racing run: ignored
     assert vectors_of(space, 2).count() == 10
-    assert indexing.rebuild_index_version(building.id) == "active"
+    assert index_builds.rebuild_index_version(building.id) == "active"
     assert vectors_of(space, 2).count() == 50
 
 
@@ -308,7 +308,7 @@ def test_the_cutover_embeds_documents_published_after_the_rebuild_read_its_batch
     space = space_a
     _admit(space, SEED, "seed.txt")
     compile_all()
-    building = indexing.change_embedding_model(space, MODEL_B)
+    building = index_versions.change_embedding_model(space, MODEL_B)
     # Simulate a compiler that did not know about version 2: it writes A's vectors only.
     late = _admit(space, FIFTY_SECTIONS, "fifty.md")
     compilation.compile_jobs([late.job.id], until=Stage.NODES_GENERATED)
@@ -318,12 +318,12 @@ def test_the_cutover_embeds_documents_published_after_the_rebuild_read_its_batch
     ]
     vectors = get_embedding_model(MODEL_A).embed_documents([n.text for n in nodes])
     CompilationJob.objects.filter(id=late.job.id).update(run_state="failed")
-    indexing.index_projections(  # the one-model entry point
-        nodes, indexing.vectors_for_model(space.id, MODEL_A, vectors)
+    index_projection.index_projections(  # the one-model entry point
+        nodes, index_projection.vectors_for_model(space.id, MODEL_A, vectors)
     )
     Document.objects.filter(id=late.document.id).update(active_generation=late.job.id)
     assert vectors_of(space, 2).count() == 0
-    assert indexing.cutover(building.id) == "active"
+    assert index_builds.cutover(building.id) == "active"
     assert_fully_indexed(space, 2)
     assert vectors_of(space, 2).count() == 51
 
@@ -332,19 +332,19 @@ def test_recovery_re_enqueues_a_stalled_build_once(space_a):
     from django_q.models import OrmQ
 
     space = space_a
-    building = indexing.change_embedding_model(space, MODEL_B)
-    assert indexing.recover_index_builds() == 0  # fresh: progress was just recorded
+    building = index_versions.change_embedding_model(space, MODEL_B)
+    assert index_versions.recover_index_builds() == 0  # fresh: progress was just recorded
     IndexVersion.objects.filter(id=building.id).update(
         progress_at=timezone.now() - timedelta(hours=1)
     )
     queued = OrmQ.objects.count()
-    assert indexing.recover_index_builds() == 1
+    assert index_versions.recover_index_builds() == 1
     assert OrmQ.objects.count() == queued + 1
-    assert indexing.recover_index_builds() == 0  # claimed: the next sweep leaves it alone
+    assert index_versions.recover_index_builds() == 0  # claimed: the next sweep leaves it alone
     from retrieval.tasks import rebuild_index
 
     assert rebuild_index(str(building.id)) == "active"
-    assert indexing.recover_index_builds() == 0
+    assert index_versions.recover_index_builds() == 0
 
 
 # --- choosing and changing the model ------------------------------------------------------------
@@ -368,22 +368,22 @@ def test_changing_to_the_active_model_is_a_no_op_and_a_new_choice_replaces_a_bui
     _admit(space, SEED, "seed.txt")
     compile_all()
     active = IndexVersion.objects.get(space=space, state="active")
-    assert indexing.change_embedding_model(space, MODEL_A) == active
+    assert index_versions.change_embedding_model(space, MODEL_A) == active
     assert IndexVersion.objects.filter(space=space).count() == 1
-    first = indexing.change_embedding_model(space, MODEL_B)
-    assert indexing.change_embedding_model(space, MODEL_B) == first  # already building
-    indexing._fill(first, indexing._missing(first), 8)
+    first = index_versions.change_embedding_model(space, MODEL_B)
+    assert index_versions.change_embedding_model(space, MODEL_B) == first  # already building
+    index_builds._fill(first, index_builds._missing(first), 8)
     assert vectors_of(space, first.number).count() == 1
     # Back to A while B builds: the build is dropped with its vectors.
-    assert indexing.change_embedding_model(space, MODEL_A) == active
+    assert index_versions.change_embedding_model(space, MODEL_A) == active
     first.refresh_from_db()
     assert first.state == "retired"
-    indexing.purge_retired_vectors(space.id)  # what the commit hook does
+    index_versions.purge_retired_vectors(space.id)  # what the commit hook does
     assert not vectors_of(space, first.number).exists()
-    assert indexing.rebuild_index_version(first.id) == "retired"  # a late delivery: nothing
+    assert index_builds.rebuild_index_version(first.id) == "retired"  # a late delivery: nothing
     assert IndexVersion.objects.get(space=space, state="active") == active
     with pytest.raises(InvalidInput) as error:
-        indexing.change_embedding_model(space, "no/such-model")
+        index_versions.change_embedding_model(space, "no/such-model")
     assert error.value.code == "unknown_embedding_model"
     assert MODEL_B in error.value.details["registered"]
 
@@ -428,7 +428,7 @@ def test_a_matrix_of_the_wrong_dimension_is_refused(space_a):
     DenseVector.objects.all().delete()
     item = IndexedNode(node.id, node.space_id, node.document_id, node.text)
     with pytest.raises(ValueError, match="refusing 4-d vectors"):
-        indexing.index_projections([item], {1: np.ones((1, 4), dtype=np.float32)})
+        index_projection.index_projections([item], {1: np.ones((1, 4), dtype=np.float32)})
     assert not DenseVector.objects.exists()
 
 
@@ -474,7 +474,7 @@ def test_patching_the_embedding_model_starts_a_build(client, fake_models):
     assert stale.status_code == 409
 
     building = IndexVersion.objects.get(space=space, state="building")
-    assert indexing.rebuild_index_version(building.id) == "active"
+    assert index_builds.rebuild_index_version(building.id) == "active"
     done = client.get(url).json()
     assert done["index"] == {
         "active": {"number": 2, "model_id": MODEL_B, "dimension": 4},

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 from django_q.models import Schedule as ScheduleRow
 
+from ingestion.compilation import dispatch as compilation
 from knowledgefs.jobs import schedules
 from knowledgefs.jobs.schedules import Schedule
 from retrieval.research_tasks import dispatch as research
 from upgrades.services import dispatch as upgrade
-from upgrades.services import reconciliation
+from upgrades.services import reconciliation_runner as reconciliation
 
 pytestmark = pytest.mark.django_db
 
@@ -62,3 +63,30 @@ def test_the_dotted_paths_stored_in_schedule_rows_and_messages_still_import():
         assert callable(import_string(schedule.func)), schedule.func
     assert import_string(reconciliation.TASK_FUNCTION) is tasks.reconcile_documents
     assert import_string(reconciliation.RECOVERY_FUNCTION) is tasks.recover_reconciliations
+
+
+def test_compilation_registers_its_recovery_sweep_and_ensure_writes_the_row_it_always_wrote(
+    settings,
+):
+    registered = schedules.SCHEDULES[compilation.RECOVERY_SCHEDULE]
+    assert registered is compilation.RECOVERY
+    assert (registered.name, registered.func) == (
+        "knowledgefs.recover_jobs",
+        "ingestion.tasks.recover_jobs",
+    )
+    migrated = ScheduleRow.objects.get(name=compilation.RECOVERY_SCHEDULE)  # ingestion.0003
+    settings.KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS = 30
+    row = compilation.ensure_recovery_schedule()
+    assert row.pk == migrated.pk
+    assert (row.name, row.func, row.schedule_type, row.minutes, row.repeats) == (
+        migrated.name,
+        migrated.func,
+        migrated.schedule_type,
+        migrated.minutes,
+        migrated.repeats,
+    )
+    settings.KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS = 150  # ceil(150 / 60) minutes
+    assert (
+        schedules.ensure(compilation.RECOVERY_SCHEDULE).minutes,
+        ScheduleRow.objects.filter(name=compilation.RECOVERY_SCHEDULE).count(),
+    ) == (3, 1)

@@ -138,28 +138,28 @@ def test_a_stage_commit_and_a_cancel_do_not_deadlock(space, monkeypatch):
 
 
 def test_a_projection_commit_and_a_cutover_do_not_deadlock(space, settings, monkeypatch):
-    from retrieval import indexing
+    from retrieval import index_builds, index_projection, index_versions
     from tests.embedders import FAKE_MODELS, MODEL_A, MODEL_B
 
     settings.KNOWLEDGE_EMBEDDING_MODELS = FAKE_MODELS
-    indexing.change_embedding_model(space, MODEL_A)
+    index_versions.change_embedding_model(space, MODEL_A)
     job = _admit(space, 1)
     compilation.compile_jobs([job.id], until=Stage.NODES_GENERATED)
     CompilationJob.objects.filter(id=job.id).update(run_state="queued", task_id="")
-    building = indexing.change_embedding_model(space, MODEL_B)  # its rebuild is not run here
+    building = index_versions.change_embedding_model(space, MODEL_B)  # its rebuild is not run here
     entered = threading.Event()
-    real_check = indexing._check_dimension
+    real_check = index_versions._check_dimension
 
     def check(version, matrix):  # inside index_projections: the version rows are locked
         entered.set()
         time.sleep(1.0)  # the cutover locks the space row and waits for the version rows
         return real_check(version, matrix)
 
-    monkeypatch.setattr(indexing, "_check_dimension", check)
+    monkeypatch.setattr(index_projection, "_check_dimension", check)
 
     def cut():
         entered.wait(10)
-        indexing.cutover(building.id)
+        index_builds.cutover(building.id)
 
     errors = _run([lambda: compilation.compile_jobs([job.id]), cut])
     assert errors == [], errors

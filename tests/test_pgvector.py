@@ -3,7 +3,7 @@
 PostgreSQL only (skipped with the reason on SQLite). The corpora are written straight into the
 tables (documents, nodes, then the backend's own ``index_dense``) with seeded random unit
 vectors, so that a few thousand rows take a second; everything else is real: the migration's
-column, the indexes :mod:`retrieval.indexing` creates, the backend's SQL, the planner.
+column, the indexes :mod:`retrieval.index_versions` creates, the backend's SQL, the planner.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from ingestion.models import Document, DocumentState, KnowledgeNode
 from knowledgefs.health import check_search
 from knowledgefs.runtime import DEFAULT_MODEL_ID
-from retrieval import backends, indexing
+from retrieval import backends, index_versions
 from retrieval.backends import IndexedNode, SearchBackend, get_search_backend
 from retrieval.backends import pgvector as pgv
 from retrieval.backends.postgres import dense_statement
@@ -49,7 +49,7 @@ def fill(space, model_id, *, documents, per_document, seed, capture):
     commit hook, as in production) and ``documents × per_document`` published nodes with seeded
     random unit vectors. Returns ``(version, [document ids], {node id: document id})``."""
     with capture(execute=True):
-        version = indexing.change_embedding_model(space, model_id)
+        version = index_versions.change_embedding_model(space, model_id)
     rng = np.random.default_rng(seed)
     docs, nodes = [], []
     for d in range(documents):

@@ -21,7 +21,7 @@ from ingestion.models import CompilationJob, Document, DocumentState, RunState
 from ingestion.services import compilation
 from knowledgefs.errors import InvalidInput
 from knowledgefs.runtime import DEFAULT_MODEL_ID, UnknownEmbeddingModel, get_embedding_model
-from retrieval import indexing
+from retrieval import index_builds, index_versions
 from retrieval.models import IndexVersion
 from retrieval.services import retrieve
 from spaces import profiles
@@ -170,9 +170,9 @@ def test_patch_before_the_first_upload_and_a_cutover_keep_the_profile_on_the_act
     compile_all()
     assert IndexVersion.objects.get(space=space, state="active").model_id == MODEL_B
     # After the freeze a model change is a re-index; the profile follows the cutover.
-    version = indexing.change_embedding_model(space, MODEL_A)
+    version = index_versions.change_embedding_model(space, MODEL_A)
     assert profile(space).embedding_model == MODEL_B
-    indexing.rebuild_index_version(version.id)
+    index_builds.rebuild_index_version(version.id)
     after = client.get(url).json()
     assert after["index"]["active"]["model_id"] == MODEL_A
     assert (after["embedding_profile"]["model"], after["embedding_profile"]["dimension"]) == (

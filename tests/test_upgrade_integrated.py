@@ -35,8 +35,8 @@ from tests.upgrade_support import (
     snapshot_body,
 )
 from upgrades.models import JobStage, UpgradeJob
-from upgrades.services import reconciliation as rec
-from upgrades.services.reconciliation import require_reconciled
+from upgrades.services import reconciliation_runner as rec
+from upgrades.services.reconciliation_gate import require_reconciled
 from upgrades.tasks import reconcile_documents, run_upgrade_step
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]

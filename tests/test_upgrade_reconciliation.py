@@ -19,7 +19,8 @@ from django_q.models import OrmQ, Schedule
 from ingestion.models import Document
 from tests.upgrade_factories import Legacy, SteppingClock, succeeded_job
 from upgrades.models import JobStatus, UpgradeDocument, UpgradeJob
-from upgrades.services import reconciliation as rec
+from upgrades.services import reconciliation_gate, reconciliation_ledger
+from upgrades.services import reconciliation_runner as rec
 
 pytestmark = pytest.mark.django_db
 
@@ -187,7 +188,7 @@ def test_publication_failure_after_success_is_recovered_after_expiry(
     assert new_token != str(token) and row.reconcile_attempt_count == 2
     assert rec.run_delivery(job.id, token).status == "rejected"  # the old token is dead
     assert rec.run_delivery(job_id, new_token).status == "completed"
-    rec.require_reconciled(job.space_id)  # the gate is open
+    reconciliation_gate.require_reconciled(job.space_id)  # the gate is open
 
 
 # 20 --------------------------------------------------------------------------------------------
@@ -217,13 +218,14 @@ def test_a_succeeded_job_with_nothing_owed_is_still_marked_done(
     space, django_capture_on_commit_callbacks
 ):
     job, _ = succeeded_job(space, [Legacy("a.txt", "Alpha.", handed_off=False)], lease=False)
-    with pytest.raises(rec.ReconciliationPending):
-        rec.require_reconciled(space.id)
+    with pytest.raises(reconciliation_gate.ReconciliationPending):
+        reconciliation_gate.require_reconciled(space.id)
     with django_capture_on_commit_callbacks(execute=True):
         rec.recover_reconciliations()
     ((job_id, token),) = _published()
     assert rec.run_delivery(job_id, token).status == "completed"
-    rec.require_reconciled(space.id)  # a failed hand-off has no document: it holds nothing
+    # A failed hand-off has no document: it holds nothing.
+    reconciliation_gate.require_reconciled(space.id)
 
 
 # 21 --------------------------------------------------------------------------------------------
@@ -470,8 +472,8 @@ def test_dead_letter_after_capped_attempts_then_rearm(
     row = _job(job)
     assert row.reconcile_dead_lettered_at is not None and row.reconcile_completed_at is None
     assert rec.recover_reconciliations().issued == []  # recovery leaves it to the operator
-    with pytest.raises(rec.ReconciliationPending) as refused:
-        rec.require_reconciled(space.id)
+    with pytest.raises(reconciliation_gate.ReconciliationPending) as refused:
+        reconciliation_gate.require_reconciled(space.id)
     assert refused.value.details == {
         "job_id": str(job.id),
         "job_status": "succeeded",
@@ -482,7 +484,7 @@ def test_dead_letter_after_capped_attempts_then_rearm(
     assert "re-arm dead-lettered reconciliation" in refused.value.message
     # The operator repairs the snapshot and re-arms; recovery does the rest.
     UpgradeDocument.objects.filter(id=gone.id).update(metadata_snapshot={"lang": "en"})
-    assert rec.rearm_dead_lettered(job.id) == 1
+    assert reconciliation_ledger.rearm_dead_lettered(job.id) == 1
     doc.refresh_from_db()
     assert (doc.state_dead_lettered_at, doc.state_reconcile_attempt_count) == (None, 0)
     with django_capture_on_commit_callbacks(execute=True):
@@ -490,14 +492,14 @@ def test_dead_letter_after_capped_attempts_then_rearm(
     assert rec.run_delivery(job.id, _published()[-1][1]).status == "completed"
     fresh = Document.objects.get(id=doc.document_id)
     assert (fresh.enabled, fresh.metadata) == (False, {"lang": "en"})
-    rec.require_reconciled(space.id)
+    reconciliation_gate.require_reconciled(space.id)
 
 
 def test_rearm_of_an_unknown_job_is_404():
     from knowledgefs.errors import NotFound
 
     with pytest.raises(NotFound) as missing:
-        rec.rearm_dead_lettered(uuid.uuid4())
+        reconciliation_ledger.rearm_dead_lettered(uuid.uuid4())
     assert missing.value.code == "upgrade_job_not_found"
 
 
@@ -567,8 +569,8 @@ def test_retrieval_is_refused_until_reconciled_on_the_api_and_the_cli(space, cli
 
 def test_a_space_whose_upgrade_is_still_running_is_gated(space):
     job, _ = succeeded_job(space, [Legacy("a.txt", "Alpha.")], status=JobStatus.RUNNING)
-    with pytest.raises(rec.ReconciliationPending) as refused:
-        rec.require_reconciled(space.id)
+    with pytest.raises(reconciliation_gate.ReconciliationPending) as refused:
+        reconciliation_gate.require_reconciled(space.id)
     assert refused.value.message == (
         f"retrieval on this space is paused: its upgrade (job {job.id}) is running; documents are "
         "reconciled once it succeeds"
@@ -610,7 +612,7 @@ def test_a_document_deleted_by_the_tenant_owes_nothing_and_the_gate_opens(space,
         "were applied; nothing of it can be served, so nothing is owed"
     )
     assert second.state_reconciled_at is not None and second.state_reconcile_error is None
-    rec.require_reconciled(space.id)  # the gate is open
+    reconciliation_gate.require_reconciled(space.id)  # the gate is open
     compile_all()
     response = client.post(
         f"/v1/knowledge-spaces/{space.id}/retrieval-tests", {"query": "kelp bay"}, format="json"
@@ -624,7 +626,7 @@ def test_a_dead_lettered_document_deleted_later_completes_after_rearm(space, set
     job, token = succeeded_job(space, [Legacy("bad.txt", "Broken walrus.", True, "not an object")])
     assert rec.run_delivery(job.id, token).status == "dead_lettered"
     _docs(job)[0].document.delete()
-    assert rec.rearm_dead_lettered(job.id) == 1
+    assert reconciliation_ledger.rearm_dead_lettered(job.id) == 1
     report = rec.recover_reconciliations()
     assert report.issued == [str(job.id)]
     assert rec.run_delivery(job.id, _job(job).reconcile_lease_token).status == "completed"

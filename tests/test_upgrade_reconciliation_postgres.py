@@ -14,7 +14,7 @@ from django_q.models import OrmQ
 
 from tests.upgrade_factories import Legacy, succeeded_job
 from upgrades.models import UpgradeJob
-from upgrades.services import reconciliation as rec
+from upgrades.services import reconciliation_runner as rec
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 

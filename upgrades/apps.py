@@ -14,9 +14,9 @@ class UpgradesConfig(AppConfig):
         from spaces.models import KnowledgeSpace
 
         from . import receivers
-        from .services import dispatch, reconciliation
+        from .services import dispatch, reconciliation_runner
         from .services.cutover import cutover_gate
-        from .services.reconciliation import servable_gate
+        from .services.reconciliation_gate import servable_gate
 
         # A tenant moving off classic Datasets reaches product routes only while its cutover
         # gate is open; a space that is an unreconciled upgrade target does not serve retrieval.
@@ -34,5 +34,5 @@ class UpgradesConfig(AppConfig):
             dispatch_uid="upgrades.detach_finished_upgrades",
         )
         # The staged run's django-q2 schedules (kfs schedules, kfs upgrade schedules).
-        schedules.register(reconciliation.RECOVERY)
+        schedules.register(reconciliation_runner.RECOVERY)
         schedules.register(dispatch.SWEEP)

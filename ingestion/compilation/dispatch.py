@@ -9,7 +9,6 @@ claim. Also the django-q2 schedule of the recovery sweep.
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 
 from django.conf import settings
@@ -17,6 +16,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ingestion.models import CompilationJob, RunState
+from knowledgefs.jobs import schedules
 
 logger = logging.getLogger("knowledgefs.compilation")
 
@@ -75,24 +75,16 @@ def _enqueue(job_id: uuid.UUID, delivery: str) -> bool:
 
 
 RECOVERY_SCHEDULE = "knowledgefs.recover_jobs"
+RECOVERY = schedules.Schedule(
+    RECOVERY_SCHEDULE,
+    "ingestion.tasks.recover_jobs",
+    seconds_setting="KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS",
+)
+"""The recovery sweep every ``KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS`` rounded up to whole minutes
+(the unit of django-q2 schedules), registered by ``IngestionConfig.ready()``; migration
+``ingestion.0003`` creates the same row."""
 
 
 def ensure_recovery_schedule():
-    """Create or repair the django-q2 schedule that runs :func:`recover_jobs`; returns it.
-
-    The interval is ``KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS`` rounded up to whole minutes (the
-    unit of django-q2 schedules); migration ``ingestion.0003`` creates the same schedule.
-    """
-    from django_q.models import Schedule
-
-    minutes = max(1, math.ceil(settings.KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS / 60))
-    schedule, _ = Schedule.objects.update_or_create(
-        name=RECOVERY_SCHEDULE,
-        defaults={
-            "func": "ingestion.tasks.recover_jobs",
-            "schedule_type": Schedule.MINUTES,
-            "minutes": minutes,
-            "repeats": -1,
-        },
-    )
-    return schedule
+    """Create or repair the recovery sweep's django-q2 schedule (:data:`RECOVERY`); returns it."""
+    return schedules.ensure(RECOVERY_SCHEDULE)

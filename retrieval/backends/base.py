@@ -101,8 +101,9 @@ class SearchBackend:
         """Write one index version's vectors of ``nodes`` (``vectors`` shape ``(n, dim)``).
 
         Every row gets the matrix's dimension, so one call never mixes dimensions; the caller
-        (:mod:`retrieval.indexing`) checks it against the version. ``ignore_conflicts`` keeps a
-        vector another writer stored first (rebuilds); the compiler's own writes never collide.
+        (:mod:`retrieval.index_versions`) checks it against the version. ``ignore_conflicts``
+        keeps a vector another writer stored first (rebuilds); the compiler's own writes never
+        collide.
         """
         if not nodes:
             return

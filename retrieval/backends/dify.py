@@ -17,7 +17,7 @@ Both are sent in requests of at most 64 points: indexing N nodes costs ``ceil(N/
 requests plus ``ceil(N/64)`` vector requests per index version being filled.
 
 The ledger: a :class:`~retrieval.models.DenseVector` row is still written per node and version,
-with an empty ``vector`` (the vector itself is only in Dify). :mod:`retrieval.indexing` keeps
+with an empty ``vector`` (the vector itself is only in Dify). :mod:`retrieval.index_versions` keeps
 using these rows unchanged to find what a rebuild must embed, to check a cutover is complete and
 to know which scopes a node's vectors are in when it is deleted or its version retired.
 
@@ -288,7 +288,7 @@ class DifyBridgeBackend(SearchBackend):
         self, space_id: uuid.UUID, index_version: int, rows: list[tuple[uuid.UUID, int]]
     ) -> None:
         """Delete a retired version's points (``rows``: ``(node id, dimension)``) from Dify
-        before :func:`retrieval.indexing.purge_retired_vectors` deletes their ledger rows."""
+        before :func:`retrieval.index_versions.purge_retired_vectors` deletes their ledger rows."""
         by_dimension: dict[int, list[uuid.UUID]] = defaultdict(list)
         for node_id, dimension in rows:
             by_dimension[dimension].append(node_id)

@@ -18,7 +18,7 @@ every process creates the same index and ``IF NOT EXISTS`` makes creation idempo
 Why DDL at run time: embedding models are configured per tenant and space (a local model, or
 any model of a Dify plugin, whose dimension is only known once it answered), so the set of
 ``(model, dimension)`` pairs is not known when migrations run. The migration creates the
-indexes of the pairs that exist then plus the default local model's; :mod:`retrieval.indexing`
+indexes of the pairs that exist then plus the default local model's; :mod:`retrieval.index_versions`
 calls :func:`ensure_hnsw_index` whenever it creates an index version, and the rebuild task
 calls it again before filling a version (a crash between the two leaves no pair without its
 index for long). Outside a transaction the index is built ``CONCURRENTLY`` (writers are not

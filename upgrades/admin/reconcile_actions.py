@@ -21,7 +21,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.utils import timezone
 
-from upgrades.services import reconciliation
+from upgrades.services import reconciliation_ledger
 
 
 @admin.action(description="Re-arm dead-lettered reconciliation", permissions=["change"])
@@ -31,7 +31,7 @@ def rearm_dead_lettered_reconciliation(modeladmin, request, queryset):
     total = 0
     jobs = 0
     for job_id in queryset.values_list("id", flat=True):
-        count = reconciliation.rearm_dead_lettered(job_id)
+        count = reconciliation_ledger.rearm_dead_lettered(job_id)
         total += count
         jobs += 1 if count else 0
     modeladmin.message_user(

@@ -558,12 +558,12 @@ def _succeed(job: UpgradeJob, task_id: str, counts: dict) -> None:
 
 def publish_reconcile(job_id, token) -> bool:
     """Publish the first reconciliation delivery carrying its lease token
-    (:func:`upgrades.services.reconciliation.publish`, with the delivery's hard timeout); a
+    (:func:`upgrades.services.reconciliation_runner.publish`, with the delivery's hard timeout); a
     failure is logged and swallowed: the lease expires and the reconciliation recovery schedule
     re-issues it."""
-    from upgrades.services import reconciliation
+    from upgrades.services import reconciliation_runner
 
-    return reconciliation.publish(job_id, token)
+    return reconciliation_runner.publish(job_id, token)
 
 
 def _completed(job: UpgradeJob, task_id: str) -> Outcome:

@@ -1,5 +1,7 @@
-"""Document reconciliation after a successful upgrade: availability and metadata of every handed-off
-document, delivered under a job-level lease, recovered by a schedule, gated at retrieval.
+"""Document reconciliation after a successful upgrade, the durable runner: availability and
+metadata of every handed-off document, delivered under a job-level lease and recovered by a
+schedule (which documents are owed: :mod:`upgrades.services.reconciliation_ledger`; the
+retrieval gate: :mod:`upgrades.services.reconciliation_gate`).
 
 Lifecycle of a job's reconciliation lease (columns ``reconcile_*`` on :class:`UpgradeJob`):
 
@@ -23,25 +25,7 @@ Lifecycle of a job's reconciliation lease (columns ``reconcile_*`` on :class:`Up
 * ``dead-lettered``: nothing is owed but some documents exhausted
   ``KNOWLEDGE_UPGRADE_RECONCILE_MAX_ATTEMPTS``; ``reconcile_dead_lettered_at`` is set, recovery
   leaves the job alone and the space stays gated until an operator re-arms it
-  (:func:`rearm_dead_lettered`).
-
-Owed documents are the job's ``succeeded`` hand-offs with ``state_reconciled_at`` and
-``state_dead_lettered_at`` NULL. A succeeded hand-off whose new document is gone (the tenant
-deleted it: the link is NULL or the row is missing) owes nothing either: nothing of it can be
-served, so it is reconciled with the note ``document_deleted: …`` in ``state_reconcile_error``
-instead of failing until the dead letter. Legacy documents with the same bytes are deduplicated
-onto ONE new document at hand-off; they are reconciled as one group with one merged state
-(enabled when any of them is desired enabled; metadata merged in legacy-document order, the
-first value of a key wins) and checkpointed together with the note ``document_merged: …``
-naming every overridden value.
-
-A hand-off that **failed** owes nothing: the run links a new document only when the hand-off
-succeeds, so there is nothing that could be served with the wrong availability; it shows in the
-job's ``failed_documents`` and does not hold the gate.
-
-Retrieval on a space is refused (409 ``space_reconciliation_pending``) while any upgrade job whose
-target is that space has no ``reconcile_completed_at``: before success nothing is reconciled yet,
-and after it until every owed document is applied (:func:`require_reconciled`).
+  (:func:`upgrades.services.reconciliation_ledger.rearm_dead_lettered`).
 """
 
 from __future__ import annotations
@@ -63,9 +47,14 @@ from ingestion.availability import (
     validate_metadata_patch,
 )
 from ingestion.models import Document
-from knowledgefs.errors import Conflict, NotFound, ServiceError
+from knowledgefs.errors import NotFound, ServiceError
 from knowledgefs.jobs import schedules
 from upgrades.models import DocumentStatus, JobStatus, UpgradeDocument, UpgradeJob
+from upgrades.services.reconciliation_ledger import (
+    dead_lettered_documents,
+    due_documents,
+    owed_documents,
+)
 
 logger = logging.getLogger("knowledgefs.upgrades.reconciliation")
 
@@ -79,14 +68,6 @@ creates the same row."""
 MAX_ERROR_CHARS = 4000  # as the job's last_error_message
 
 Clock = Callable[[], datetime]
-
-
-class ReconciliationPending(Conflict):
-    """409 ``space_reconciliation_pending``: the space is the target of an upgrade whose documents'
-    availability and metadata are not all applied yet; ``details`` carries ``job_id``,
-    ``job_status``, ``owed_documents`` and ``dead_lettered_documents``."""
-
-    code = "space_reconciliation_pending"
 
 
 class _LeaseLost(Exception):
@@ -154,37 +135,6 @@ class RecoveryReport:
 
     def as_dict(self) -> dict:
         return {"candidates": self.candidates, "issued": self.issued}
-
-
-# --- queries ------------------------------------------------------------------------------------
-def owed_documents(job_id) -> QuerySet[UpgradeDocument]:
-    """The job's document checkpoints still owed: handed off, not reconciled, not dead-lettered."""
-    return UpgradeDocument.objects.filter(
-        job_id=job_id,
-        status=DocumentStatus.SUCCEEDED,
-        state_reconciled_at__isnull=True,
-        state_dead_lettered_at__isnull=True,
-    )
-
-
-def due_documents(job_id, now: datetime) -> QuerySet[UpgradeDocument]:
-    """Owed documents a delivery may try now: never tried, or whose last failed attempt is at
-    least ``KNOWLEDGE_UPGRADE_RECONCILE_RETRY_DELAY_SECONDS`` old (``updated_at``), so one
-    failing document cannot spend its capped attempts on back-to-back continuations."""
-    delay = timedelta(seconds=settings.KNOWLEDGE_UPGRADE_RECONCILE_RETRY_DELAY_SECONDS)
-    return owed_documents(job_id).filter(
-        Q(state_reconcile_attempt_count=0) | Q(updated_at__lte=now - delay)
-    )
-
-
-def dead_lettered_documents(job_id) -> QuerySet[UpgradeDocument]:
-    """The job's handed-off documents that exhausted their attempts and are not reconciled."""
-    return UpgradeDocument.objects.filter(
-        job_id=job_id,
-        status=DocumentStatus.SUCCEEDED,
-        state_reconciled_at__isnull=True,
-        state_dead_lettered_at__isnull=False,
-    )
 
 
 def _lease_seconds() -> int:
@@ -613,73 +563,3 @@ def recover_reconciliations(
 def ensure_recovery_schedule():
     """Create or repair the recovery tick's django-q2 schedule (:data:`RECOVERY`); returns it."""
     return schedules.ensure(RECOVERY_SCHEDULE)
-
-
-# --- operator: dead letter ----------------------------------------------------------------------
-def rearm_dead_lettered(job_id, *, now: datetime | None = None) -> int:
-    """Give a job's dead-lettered documents a fresh set of attempts and clear the job's dead
-    letter, so the next recovery tick re-issues its lease; returns the documents re-armed.
-
-    Raises 404 ``upgrade_job_not_found``. A job without dead letters is left as it is (0).
-    """
-    now = now or timezone.now()
-    with transaction.atomic():
-        if not UpgradeJob.objects.filter(id=job_id).exists():
-            raise NotFound("upgrade job not found", code="upgrade_job_not_found")
-        count = dead_lettered_documents(job_id).update(
-            state_dead_lettered_at=None,
-            state_reconcile_attempt_count=0,
-            updated_at=now,
-        )
-        cleared = UpgradeJob.objects.filter(
-            id=job_id, reconcile_dead_lettered_at__isnull=False
-        ).update(reconcile_dead_lettered_at=None, updated_at=now)
-    if count or cleared:
-        logger.info("re-armed %d dead-lettered documents of upgrade job %s", count, job_id)
-    return count
-
-
-# --- retrieval gate -----------------------------------------------------------------------------
-def servable_gate(space) -> None:
-    """:func:`require_reconciled` as the servability gate of :mod:`spaces.readiness`."""
-    require_reconciled(space.id)
-
-
-def require_reconciled(space_id) -> None:
-    """Refuse retrieval on a space whose upgrade is not reconciled: 409
-    ``space_reconciliation_pending`` naming the job, its status and how many documents are owed
-    or dead-lettered. One indexed query (``upgrade_job.space_id``) when the space is not an
-    unfinished upgrade target, which is every space but a few.
-    """
-    row = (
-        UpgradeJob.objects.filter(space_id=space_id, reconcile_completed_at__isnull=True)
-        .values_list("id", "status")
-        .first()
-    )
-    if row is None:
-        return
-    job_id, status = row
-    owed = owed_documents(job_id).count()
-    dead = dead_lettered_documents(job_id).count()
-    if status != JobStatus.SUCCEEDED:
-        why = f"its upgrade (job {job_id}) is {status}; documents are reconciled once it succeeds"
-    elif dead:
-        why = (
-            f"{dead} documents of upgrade job {job_id} are dead-lettered after repeated failures "
-            f"and {owed} more are owed; an operator must re-arm them (admin action 're-arm "
-            "dead-lettered reconciliation')"
-        )
-    else:
-        why = (
-            f"{owed} documents of upgrade job {job_id} still owe their availability and metadata; "
-            "retrieval opens once they are applied"
-        )
-    raise ReconciliationPending(
-        f"retrieval on this space is paused: {why}",
-        details={
-            "job_id": str(job_id),
-            "job_status": status,
-            "owed_documents": owed,
-            "dead_lettered_documents": dead,
-        },
-    )

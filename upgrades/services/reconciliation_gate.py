@@ -1,0 +1,67 @@
+"""The retrieval gate of reconciliation: a space that is the target of an unreconciled upgrade
+serves no retrieval.
+
+Retrieval on a space is refused (409 ``space_reconciliation_pending``) while any upgrade job whose
+target is that space has no ``reconcile_completed_at``: before success nothing is reconciled yet,
+and after it until every owed document is applied (:func:`require_reconciled`).
+"""
+
+from __future__ import annotations
+
+from knowledgefs.errors import Conflict
+from upgrades.models import JobStatus, UpgradeJob
+from upgrades.services.reconciliation_ledger import dead_lettered_documents, owed_documents
+
+
+class ReconciliationPending(Conflict):
+    """409 ``space_reconciliation_pending``: the space is the target of an upgrade whose documents'
+    availability and metadata are not all applied yet; ``details`` carries ``job_id``,
+    ``job_status``, ``owed_documents`` and ``dead_lettered_documents``."""
+
+    code = "space_reconciliation_pending"
+
+
+# --- retrieval gate -----------------------------------------------------------------------------
+def servable_gate(space) -> None:
+    """:func:`require_reconciled` as the servability gate of :mod:`spaces.readiness`."""
+    require_reconciled(space.id)
+
+
+def require_reconciled(space_id) -> None:
+    """Refuse retrieval on a space whose upgrade is not reconciled: 409
+    ``space_reconciliation_pending`` naming the job, its status and how many documents are owed
+    or dead-lettered. One indexed query (``upgrade_job.space_id``) when the space is not an
+    unfinished upgrade target, which is every space but a few.
+    """
+    row = (
+        UpgradeJob.objects.filter(space_id=space_id, reconcile_completed_at__isnull=True)
+        .values_list("id", "status")
+        .first()
+    )
+    if row is None:
+        return
+    job_id, status = row
+    owed = owed_documents(job_id).count()
+    dead = dead_lettered_documents(job_id).count()
+    if status != JobStatus.SUCCEEDED:
+        why = f"its upgrade (job {job_id}) is {status}; documents are reconciled once it succeeds"
+    elif dead:
+        why = (
+            f"{dead} documents of upgrade job {job_id} are dead-lettered after repeated failures "
+            f"and {owed} more are owed; an operator must re-arm them (admin action 're-arm "
+            "dead-lettered reconciliation')"
+        )
+    else:
+        why = (
+            f"{owed} documents of upgrade job {job_id} still owe their availability and metadata; "
+            "retrieval opens once they are applied"
+        )
+    raise ReconciliationPending(
+        f"retrieval on this space is paused: {why}",
+        details={
+            "job_id": str(job_id),
+            "job_status": status,
+            "owed_documents": owed,
+            "dead_lettered_documents": dead,
+        },
+    )
