@@ -32,7 +32,7 @@ point runs in its own subprocess under ``--max-seconds``):
     Per size, after a cold first dense search and ``--warmup`` Fast queries: the dense leg alone
     (``SearchBackend.dense_search``, the Fast leg's depth of 50, precomputed query vectors) for
     ``--queries`` claims (PostgreSQL: again at other ``hnsw.ef_search`` values), then Fast
-    in-process (``retrieval.services.retrieve``, mode ``fast``, ``top_k`` 10, both legs, query
+    in-process (``retrieval.modes.retrieve``, mode ``fast``, ``top_k`` 10, both legs, query
     embedding included) one claim at a time until ``--queries`` or ``--max-seconds``.
 ``report``
     Recall@10 (and @50) of each engine's dense leg against the numpy ground truth, the
@@ -151,7 +151,7 @@ def copy_vectors(source: dict, copy: int) -> np.ndarray:
 
 def copy_ids(source: dict, copy: int, index: int) -> tuple[uuid.UUID, uuid.UUID, list[uuid.UUID]]:
     """``(document id, generation, node ids)`` of copy ``copy`` of document ``index``."""
-    from ingestion.services.compilation import _NODE_NAMESPACE
+    from ingestion.compilation.generations import _NODE_NAMESPACE
 
     doc = source["documents"][index]
     document_id = uuid.uuid5(DOC_NAMESPACE, f"doc:{copy}:{doc['id']}")
@@ -728,7 +728,8 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
     from django.test.utils import CaptureQueriesContext
 
     from retrieval.backends import get_search_backend
-    from retrieval.services import resolve_snapshot, retrieve
+    from retrieval.modes import retrieve
+    from retrieval.recall import resolve_snapshot
     from spaces.models import KnowledgeSpace
 
     call_command("migrate", verbosity=0)  # the merged branch's migrations, if any are new

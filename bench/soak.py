@@ -247,7 +247,7 @@ def run_pass(
     settle_minutes: float,
     stamp: str,
 ) -> dict:
-    from ingestion.services import compilation
+    from ingestion.compilation.recovery import recover_jobs
     from spaces import services as spaces
 
     principal = spaces.Principal(tenant_id=TENANT)
@@ -344,7 +344,7 @@ def run_pass(
                 next_kill = time.monotonic() + rng.uniform(3, 8)
             if now >= next_sweep:
                 s = time.monotonic()
-                report = compilation.recover_jobs().as_dict()
+                report = recover_jobs().as_dict()
                 if any(report.values()):
                     sweeps.append({"t": round(s - t0, 3), **report})
                 next_sweep = s + SWEEP_SECONDS
