@@ -13,7 +13,7 @@ interpreter's GIL) and stopped with this script. Steps:
    documents, the rows in bulk and the projections through the backend's real write path
    (``index_dense`` → vector upserts + ledger rows, ``index_keywords`` → text upserts, 64 points
    per request). Indexing throughput is the chunks per second of those two backend calls.
-3. ``--warmup`` untimed then ``--queries`` timed ``retrieval.services.retrieve(space, q,
+3. ``--warmup`` untimed then ``--queries`` timed ``retrieval.modes.retrieve(space, q,
    top_k=10, mode="fast")`` calls (queries: 3..6 words of the word list, seeded). Per query:
    the wall time; ``wait``, the wall time with at least one request to Dify in flight
    (:class:`WaitClock`); ``kfs_side`` = wall - wait; ``cpu``, this process's CPU time (the
@@ -296,6 +296,7 @@ def grow(space, version, backend, have: int, want: int, per_doc: int, rng, sim) 
     from django.db import transaction
     from django.utils import timezone
 
+    from ingestion.compilation.generations import _NODE_NAMESPACE
     from ingestion.models import (
         CompilationJob,
         Document,
@@ -304,7 +305,6 @@ def grow(space, version, backend, have: int, want: int, per_doc: int, rng, sim) 
         RunState,
         Stage,
     )
-    from ingestion.services.compilation import _NODE_NAMESPACE
     from retrieval.backends.base import IndexedNode
     from spaces.models import PublicationHead
 
@@ -386,7 +386,7 @@ def measure(space, queries: list[str], warmup: int, sim, clock, deadline: float)
     """Run the queries (``warmup`` first, untimed); per query the wall time, this process's CPU
     time, the time waited on Dify (:class:`WaitClock`) and the server's counters. Stops early
     past ``deadline``."""
-    from retrieval.services import retrieve
+    from retrieval.modes import retrieve
 
     for q in queries[:warmup]:
         retrieve(space, q, top_k=10, mode="fast")
@@ -445,7 +445,7 @@ def profile(space, queries: list[str]) -> list[str]:  # noqa: ANN001
     import io
     import pstats
 
-    from retrieval.services import retrieve
+    from retrieval.modes import retrieve
 
     profiler = cProfile.Profile()
     profiler.enable()

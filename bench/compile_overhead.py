@@ -50,9 +50,9 @@ def main() -> int:
     django.setup()
     from django.core.management import call_command
 
+    from ingestion.compilation.recovery import drain_queued
     from ingestion.documents import admit_document
     from ingestion.models import KnowledgeNode
-    from ingestion.services.compilation import drain_queued
     from knowledgefs.runtime import get_embedding_model
     from spaces.services import create_space
 

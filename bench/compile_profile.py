@@ -120,8 +120,8 @@ def main() -> int:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    from ingestion.compilation.recovery import drain_queued
     from ingestion.documents import admit_document
-    from ingestion.services.compilation import drain_queued
     from knowledgefs.runtime import get_embedding_model
 
     try:

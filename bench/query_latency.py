@@ -167,9 +167,11 @@ def main() -> int:
     from django.db import connection
 
     from bench.replicate import replicate_space
+    from knowledgefs.auth.principal import Principal
     from retrieval.evaluation import load_dataset, prepare_space
+    from spaces.api_keys import create_api_key
     from spaces.models import KnowledgeSpace
-    from spaces.services import Principal, create_api_key, create_space, delete_space
+    from spaces.services import create_space, delete_space
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "data" / "scifact"))

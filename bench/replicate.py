@@ -31,8 +31,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from ingestion.compilation.generations import _NODE_NAMESPACE
 from ingestion.models import CompilationJob, Document, DocumentState, KnowledgeNode, RunState, Stage
-from ingestion.services.compilation import _NODE_NAMESPACE
 from retrieval.backends import get_search_backend
 from retrieval.backends.base import IndexedNode
 from retrieval.index_versions import ensure_active_version, live_versions

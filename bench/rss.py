@@ -78,12 +78,12 @@ def child_compile() -> dict:
     import django
 
     django.setup()
-    from ingestion.services import compilation
+    from ingestion.compilation.recovery import drain_queued
     from spaces.models import KnowledgeSpace
 
     space = KnowledgeSpace.objects.get(tenant_id=TENANT, slug=SLUG)
     started = time.perf_counter()
-    jobs = compilation.drain_queued(space.id)
+    jobs = drain_queued(space.id)
     return {"jobs": jobs, "compile_seconds": round(time.perf_counter() - started, 2), **_status()}
 
 

@@ -51,10 +51,12 @@ def prepare() -> dict[str, str]:
     from django.core.management import call_command
     from django.db import connections
 
+    from ingestion.compilation.recovery import drain_queued
     from ingestion.documents import admit_document
-    from ingestion.services.compilation import drain_queued
+    from knowledgefs.auth.principal import Principal
     from retrieval import golden
-    from spaces.services import Principal, create_api_key, create_space
+    from spaces.api_keys import create_api_key
+    from spaces.services import create_space
 
     call_command("migrate", verbosity=0)
     space = create_space(Principal(tenant_id=TENANT), name="Schemathesis")

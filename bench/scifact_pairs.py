@@ -66,7 +66,7 @@ def main() -> int:
         recall_at_k,
         space_slug,
     )
-    from retrieval.services import retrieve
+    from retrieval.modes import retrieve
     from spaces.models import KnowledgeSpace
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

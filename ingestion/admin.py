@@ -13,9 +13,9 @@ from django.utils.timezone import localtime
 from knowledgefs.admin import ServiceActionMixin
 from spaces.models import KnowledgeSpace
 
+from .compilation import operations
 from .documents import purge_documents
 from .models import CompilationJob, Document, KnowledgeNode, ParseArtifact, RunState
-from .services import compilation
 
 
 @admin.register(Document)
@@ -283,13 +283,13 @@ class CompilationJobAdmin(ServiceActionMixin, admin.ModelAdmin):
 
     @admin.action(description="Retry selected jobs", permissions=["change"])
     def retry_jobs(self, request, queryset) -> None:
-        done = self._for_each_job(request, queryset, compilation.retry_job)
+        done = self._for_each_job(request, queryset, operations.retry_job)
         if done:
             self.message_user(request, f"Queued a new attempt for {_jobs(done)}.", messages.SUCCESS)
 
     @admin.action(description="Cancel selected jobs", permissions=["change"])
     def cancel_jobs(self, request, queryset) -> None:
-        done = self._for_each_job(request, queryset, compilation.cancel_job)
+        done = self._for_each_job(request, queryset, operations.cancel_job)
         if done:
             self.message_user(request, f"Canceled {_jobs(done)}.", messages.SUCCESS)
 

@@ -15,8 +15,8 @@ from tqdm import tqdm
 
 from ingestion import documents, reports
 from ingestion.api.serializers import JobSerializer
+from ingestion.compilation import dispatch, operations, recovery
 from ingestion.models import Document, DocumentState
-from ingestion.services import compilation
 from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
 from spaces.cli import space_of
@@ -137,7 +137,7 @@ def _ingest(command, options: dict) -> None:
             rejected.append({"path": str(path), "code": exc.code, "message": exc.message})
     if options["wait"] and admitted:
         with tqdm(total=len(admitted), desc="compile", unit="doc", disable=options["json"]) as bar:
-            compilation.drain_queued(space.id, document_ids=admitted, on_progress=bar.update)
+            recovery.drain_queued(space.id, document_ids=admitted, on_progress=bar.update)
         # A running worker cluster may have taken some of them: wait for those too.
         if any(p < 100 for p in reports.latest_job_percents(admitted).values()):
             _follow(admitted, quiet=options["json"])
@@ -219,19 +219,19 @@ def _stats(command, options: dict) -> None:
 
 
 def _retry(command, options: dict) -> None:
-    job = compilation.retry_job(options["job_id"], from_checkpoint=not options["from_start"])
+    job = operations.retry_job(options["job_id"], from_checkpoint=not options["from_start"])
     command.emit(options, _job_row(job), f"queued attempt {job.attempt_number}: {job.id}")
 
 
 def _cancel(command, options: dict) -> None:
-    job = compilation.cancel_job(options["job_id"])
+    job = operations.cancel_job(options["job_id"])
     command.emit(options, _job_row(job), f"canceled {job.id}")
 
 
 def _schedules(command, options: dict) -> None:
     from upgrades.services.reconciliation_runner import ensure_recovery_schedule
 
-    schedule = compilation.ensure_recovery_schedule()
+    schedule = dispatch.ensure_recovery_schedule()
     payload = {
         "name": schedule.name,
         "func": schedule.func,
@@ -258,7 +258,7 @@ def _schedules(command, options: dict) -> None:
 
 
 def _sweep(command, options: dict) -> None:
-    report = compilation.recover_jobs().as_dict()
+    report = recovery.recover_jobs().as_dict()
     command.emit(options, report, json.dumps(report, indent=2))
 
 

@@ -183,7 +183,7 @@ class ParseArtifact(models.Model):
     retained_bytes = models.PositiveBigIntegerField(default=0)
     # Images the parser rendered or extracted, stored through knowledgefs.storage: a list of
     # {key, kind, name, page_number, mime_type, width, height, bytes, sha256, element_index};
-    # the objects live exactly as long as this row (ingestion.services.compilation).
+    # the objects live exactly as long as this row (ingestion.compilation).
     assets = models.JSONField(default=list, blank=True)
     # Pages whose text came from OCR, and the parser's client-safe notes (e.g. "page 2: no text
     # layer (OCR unavailable: rasterizer off)").

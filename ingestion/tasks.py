@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ingestion.services import compilation
+from ingestion.compilation import pipeline, recovery
 
 
 def compile_document(job_id: str, delivery_id: str | None = None) -> str:
     """Compile the job if ``delivery_id`` still claims it (safe to deliver twice); run state."""
-    return compilation.run_job(job_id, delivery_id)
+    return pipeline.run_job(job_id, delivery_id)
 
 
 def recover_jobs() -> dict[str, int]:
     """The recovery sweep (scheduled every minute by migration ``ingestion.0003``)."""
-    return compilation.recover_jobs().as_dict()
+    return recovery.recover_jobs().as_dict()

@@ -1,17 +1,11 @@
 """The core's internal route for Dify (``/internal/…``, inner API key only): revoking a
 capability grant. The base view is :mod:`knowledgefs.api`; the spaces' internal views are
-spaces/api/internal.py (re-exported here for the OpenAPI annotations not yet moved)."""
+:mod:`spaces.api.internal`."""
 
 from __future__ import annotations
 
 from rest_framework import serializers
 from rest_framework.response import Response
-
-from spaces.api.internal import (  # noqa: F401  (re-exports for knowledgefs/openapi/routes.py)
-    DeleteSpaceView,
-    ProvisionSerializer,
-    ProvisionSpaceView,
-)
 
 from .api import InternalView, internal
 from .auth import grants

@@ -17,7 +17,8 @@ from tqdm import tqdm
 
 from knowledgefs.auth.principal import Principal
 from retrieval import answers, evaluation, golden
-from retrieval.services import LEGS, PROFILE, retrieve
+from retrieval.modes import PROFILE, retrieve
+from retrieval.recall import LEGS
 from spaces import services as spaces
 from spaces.cli import space_of
 
@@ -36,7 +37,7 @@ FILTERS_HELP = (
 
 def threshold_value(text: str):
     """``--threshold``: ``off``/``null``/``none`` → ``None`` (no threshold), else a float (its
-    range, 0..1, is checked by :func:`retrieval.services.retrieve`: ``invalid_score_threshold``).
+    range, 0..1, is checked by :func:`retrieval.modes.retrieve`: ``invalid_score_threshold``).
     Raises ``argparse.ArgumentTypeError`` naming the accepted forms."""
     import argparse
 

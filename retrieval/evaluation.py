@@ -31,15 +31,16 @@ from django.db import transaction
 
 from ingestion import documents
 from ingestion.chunking import CHUNKER_VERSION
+from ingestion.compilation.recovery import drain_queued
 from ingestion.models import Document, DocumentState
-from ingestion.services import compilation
 from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, InvalidInput
 from knowledgefs.runtime import get_embedding_model
 from spaces.models import KnowledgeSpace
 from spaces.services import Principal, create_space, delete_space
 
-from .services import LEGS, retrieve
+from .modes import retrieve
+from .recall import LEGS
 
 EVAL_TENANT = "kfs-eval"
 
@@ -177,7 +178,7 @@ def prepare_space(
         if on_progress:
             on_progress("compile", done, total)
 
-    compilation.drain_queued(space.id, on_progress=compiled)
+    drain_queued(space.id, on_progress=compiled)
     return space, time.perf_counter() - started, False
 
 
@@ -198,11 +199,11 @@ def evaluate(
 
     Returns the metrics dict printed by ``kfs eval``: ``ndcg@10``, ``recall@100``, ``mrr@10``
     (means over the judged queries, 4 decimals), ``query_p50_ms``/``query_p95_ms`` (wall time of
-    :func:`retrieval.services.retrieve`) and the run's description. ``mode`` and ``top_k`` are
+    :func:`retrieval.modes.retrieve`) and the run's description. ``mode`` and ``top_k`` are
     checked before anything is ingested.
     """
 
-    from .services import MODES, validate_top_k
+    from .recall import MODES, validate_top_k
 
     if mode not in MODES:
         raise InvalidInput(f"mode must be one of: {', '.join(MODES)}", code="invalid_mode")

@@ -294,7 +294,7 @@ def _norm(text: str) -> str:
 
 
 def matches(evidence: dict, item) -> bool:
-    """Whether a returned :class:`retrieval.services.RetrievalItem` satisfies every constraint
+    """Whether a returned :class:`retrieval.recall.RetrievalItem` satisfies every constraint
     of one expected evidence item."""
     if "document_id" in evidence and item.citation["document_id"] != evidence["document_id"]:
         return False
@@ -357,7 +357,7 @@ def run_golden(
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     """Run every golden question of the space (those carrying all ``tags``, when given) through
-    :func:`retrieval.services.retrieve` with ``mode`` and ``top_k`` (threshold off).
+    :func:`retrieval.modes.retrieve` with ``mode`` and ``top_k`` (threshold off).
 
     Returns ``{"kind": "golden", "tenant", "space", "mode", "top_k", "tags", "question_set"
     (:func:`question_set`), "questions", "passed",
@@ -367,7 +367,7 @@ def run_golden(
     propagate.
     """
     from .evaluation import percentile
-    from .services import retrieve
+    from .modes import retrieve
 
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 100:
         raise InvalidInput(f"top_k must be an integer from 1 to 100, not {top_k!r}",

@@ -14,7 +14,7 @@ import json
 
 from retrieval import embedding_profile, index_builds, index_versions
 from retrieval.models import IndexVersion
-from spaces import preflight, profiles
+from spaces import api_keys, preflight, profiles
 from spaces import services as spaces
 from spaces.models import KnowledgeSpace
 
@@ -229,12 +229,12 @@ def _profiles(command, principal, options: dict) -> None:
 
 def _apikey(command, options: dict) -> None:
     if options["action"] == "revoke":
-        key = spaces.describe_api_key(spaces.revoke_api_key(options["key"]))
+        key = api_keys.describe_api_key(api_keys.revoke_api_key(options["key"]))
         command.emit(options, key, f"revoked key {key['prefix']}… of tenant {key['tenant_id']}")
         return
     tenant = spaces.validate_tenant_id(options["tenant"])
     if options["action"] == "list":
-        rows = [spaces.describe_api_key(k) for k in spaces.list_api_keys(tenant)]
+        rows = [api_keys.describe_api_key(k) for k in api_keys.list_api_keys(tenant)]
         command.emit(
             options,
             {"items": rows},
@@ -243,7 +243,7 @@ def _apikey(command, options: dict) -> None:
         return
     principal = spaces.Principal(tenant_id=tenant)
     bound = [spaces.get_space_by_slug(principal, slug) for slug in options["space"]]
-    key, secret = spaces.create_api_key(
+    key, secret = api_keys.create_api_key(
         tenant, spaces=bound, datasets=options["dataset"], name=options["name"]
     )
     payload = {
@@ -251,7 +251,7 @@ def _apikey(command, options: dict) -> None:
         "prefix": key.prefix,
         "secret": secret,
         "tenant_id": tenant,
-        "bindings": spaces.describe_api_key(key)["bindings"],
+        "bindings": api_keys.describe_api_key(key)["bindings"],
         # earlier names of the same values
         "key": secret,
         "spaces": [s.slug for s in bound],

@@ -6,9 +6,9 @@ deleted (by whatever path) first loses the keys bound only to it.
 
 from __future__ import annotations
 
+from .api_keys import delete_keys_scoped_only_to
 from .models import KnowledgeSpace
 from .profiles import create_profile
-from .services import delete_keys_scoped_only_to
 
 
 def space_profile(sender, instance: KnowledgeSpace, created: bool, raw: bool = False, **kwargs):

@@ -22,13 +22,7 @@ from knowledgefs.auth.principal import Principal
 from knowledgefs.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 from . import signals
-from .api_keys import (  # noqa: F401  (all but delete_keys_…: re-exports for kfs)
-    create_api_key,
-    delete_keys_scoped_only_to,
-    describe_api_key,
-    list_api_keys,
-    revoke_api_key,
-)
+from .api_keys import delete_keys_scoped_only_to
 from .models import (
     SLUG_PATTERN,
     KnowledgeSpace,

@@ -91,6 +91,6 @@ def upload(client: APIClient, space, filename: str, data: bytes, **params):
 
 def compile_all() -> int:
     """Compile every queued job in this process (the worker's code path, without the queue)."""
-    from ingestion.services.compilation import drain_queued
+    from ingestion.compilation.recovery import drain_queued
 
     return drain_queued()

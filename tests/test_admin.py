@@ -11,9 +11,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ingestion.admin import attempt_chain, progress_label
+from ingestion.compilation import operations
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, RunState, Stage
-from ingestion.services import compilation
 from knowledgefs.errors import Conflict
 from spaces.api_keys import create_api_key
 from spaces.models import ApiKey
@@ -202,7 +202,7 @@ def test_the_job_actions_report_every_conflict_the_service_raises(admin_client, 
     def refuse(job_id):
         raise Conflict("the job is being compiled", code="job_live")
 
-    monkeypatch.setattr(compilation, "retry_job", refuse)
+    monkeypatch.setattr(operations, "retry_job", refuse)
     page = run_action(admin_client, "retry_jobs", *jobs).content.decode()
     for job in jobs:
         assert f"Job {job.id} ({job.document.filename}): the job is being compiled" in page

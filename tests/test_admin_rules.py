@@ -12,7 +12,7 @@ from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode
 from knowledgefs.models import CapabilityGrant
 from knowledgefs.storage import object_storage
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from tests.conftest import compile_all
 
 pytestmark = pytest.mark.django_db

@@ -52,7 +52,7 @@ STEPS = ["query.route", "query.embed", "query.retrieve", "query.answer", "query.
 
 
 def item(node_id: str, text: str, score: float, filename: str = "f.txt"):
-    """A retrieval item as :func:`retrieval.services.retrieve` returns them."""
+    """A retrieval item as :func:`retrieval.modes.retrieve` returns them."""
     return SimpleNamespace(
         node_id=node_id,
         text=text,
@@ -611,7 +611,7 @@ DALY = (
 
 @pytest.mark.django_db
 def test_items_carry_the_raw_dense_cosine_and_keep_their_order(corpus):
-    from retrieval.services import retrieve
+    from retrieval.modes import retrieve
 
     result = retrieve(corpus, QUESTION, mode="fast", top_k=3, score_threshold=None)
     top = result.items[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ingestion.models import CompilationJob, Document, KnowledgeNode
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from tests.conftest import compile_all, upload
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from retrieval.auto import resolve_mode
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from spaces.profiles import profile_of
 from tests import dify_fixtures
 from tests.dify_server import LLM

@@ -11,7 +11,7 @@ import pytest
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode
 from retrieval.backends import get_search_backend
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from spaces.models import KnowledgeSpace, PublicationHead
 from spaces.services import create_space, delete_space
 from tests.conftest import compile_all

@@ -112,7 +112,7 @@ def test_space_set_model_builds_and_cuts_over_with_wait(tmp_path, settings):
 
 def test_query_threshold_takes_a_number_or_off():
     from knowledgefs.management.commands.kfs import Command
-    from retrieval.services import PROFILE
+    from retrieval.modes import PROFILE
 
     parser = Command().create_parser("manage.py", "kfs")
     base = ["query", "x", "--space", "s", "--tenant", "t"]

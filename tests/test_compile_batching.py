@@ -20,9 +20,15 @@ from django.test.utils import CaptureQueriesContext
 
 from ingestion import memory_gates
 from ingestion.compilation import waves
+from ingestion.compilation.embed_step import _embedding_lengths
+from ingestion.compilation.leases import Held, _checkpoint_many, claim_many, heartbeat
+from ingestion.compilation.operations import cancel_job
+from ingestion.compilation.parse_step import _parse
+from ingestion.compilation.pipeline import compile_jobs
+from ingestion.compilation.progress import _progress
+from ingestion.compilation.publish import publish_many
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
-from ingestion.services import compilation
 
 pytestmark = pytest.mark.django_db
 
@@ -75,7 +81,7 @@ def test_a_delivery_issues_statements_and_gate_transactions_per_wave_not_per_doc
     n, waves = 12, 3  # 4 retained artifacts per wave
     ids = [_admit(space, i) for i in range(n)]
     with CaptureQueriesContext(connection) as captured:
-        compilation.compile_jobs(ids)
+        compile_jobs(ids)
     assert {_job(j).run_state for j in ids} == {"succeeded"}
     kinds = collections.Counter(_kind(q["sql"]) for q in captured.captured_queries)
 
@@ -102,16 +108,16 @@ def test_a_delivery_issues_statements_and_gate_transactions_per_wave_not_per_doc
 
 def test_a_heartbeat_is_three_statements_and_fenced_per_job(space):
     ids = [_admit(space, i) for i in range(10)]
-    tokens = compilation.claim_many(ids, "w")
+    tokens = claim_many(ids, "w")
     stale = ids[3]
     CompilationJob.objects.filter(id=stale).update(lease_token=uuid.uuid4())  # re-issued
     before = _job(stale)
     progress = {
-        j: compilation._progress("embedding", "e", 50 + i, nodes_total=10, nodes_embedded=i)
+        j: _progress("embedding", "e", 50 + i, nodes_total=10, nodes_embedded=i)
         for i, j in enumerate(ids[:6])
     }
     with CaptureQueriesContext(connection) as captured:
-        still = compilation.heartbeat(tokens, progress=progress)
+        still = heartbeat(tokens, progress=progress)
     statements = [q["sql"] for q in captured.captured_queries]
     assert len([s for s in statements if s.split()[0] in ("UPDATE", "SELECT")]) == 3, statements
 
@@ -134,12 +140,12 @@ def test_a_heartbeat_is_three_statements_and_fenced_per_job(space):
 
 def test_a_batched_checkpoint_skips_a_job_whose_token_is_stale(space):
     ids = [_admit(space, i) for i in range(4)]
-    tokens = compilation.claim_many(ids, "w")
+    tokens = claim_many(ids, "w")
     stale = ids[1]
     CompilationJob.objects.filter(id=stale).update(lease_token=uuid.uuid4())
     before = _job(stale).progress
     with CaptureQueriesContext(connection) as captured:
-        done = compilation._checkpoint_many(
+        done = _checkpoint_many(
             tokens,
             stage=Stage.PARSED,
             per_job={"progress": {j: {"phase": "parsed", "n": i} for i, j in enumerate(ids)}},
@@ -157,16 +163,16 @@ def test_a_batched_checkpoint_skips_a_job_whose_token_is_stale(space):
 
 def test_a_batched_publish_skips_a_stale_or_canceled_job_and_costs_the_same_for_more_jobs(space):
     ids = [_admit(space, i) for i in range(8)]
-    compilation.compile_jobs(ids, until=Stage.PROJECTION_BUILT)
+    compile_jobs(ids, until=Stage.PROJECTION_BUILT)
     jobs = {j: _job(j) for j in ids}
     stale, canceled = ids[4], ids[6]
     CompilationJob.objects.filter(id=stale).update(lease_token=uuid.uuid4())
-    compilation.cancel_job(canceled)
+    cancel_job(canceled)
 
     def publish(job_ids):
         items = [(jobs[j], jobs[j].lease_token, 3) for j in job_ids]
         with CaptureQueriesContext(connection) as captured:
-            published = compilation.publish_many(items)
+            published = publish_many(items)
         return published, len(captured.captured_queries)
 
     assert publish(ids[:1])[0] == ids[:1]  # creates the space's publication head
@@ -193,9 +199,9 @@ def test_a_batched_publish_skips_a_stale_or_canceled_job_and_costs_the_same_for_
 
 def test_starting_work_counts_one_attempt_and_refuses_a_lost_lease(space):
     a, b = _admit(space, 1), _admit(space, 2)
-    held = compilation.Held(compilation.claim_many([a, b], "w"))
+    held = Held(claim_many([a, b], "w"))
     CompilationJob.objects.filter(id=b).update(lease_token=uuid.uuid4())
-    assert held.start(a, compilation._progress("parsing", "p", 5)) is True
+    assert held.start(a, _progress("parsing", "p", 5)) is True
     assert held.start(a) is True  # the same delivery again: no second attempt
     assert held.start(b) is False
     assert (_job(a).execution_attempts, _job(a).progress["phase"]) == (1, "parsing")
@@ -206,7 +212,7 @@ def test_a_wave_still_waits_for_the_materialization_gate(space, settings, monkey
     settings.KNOWLEDGE_DOCUMENT_MATERIALIZATION_MAX_CONCURRENCY = 1
     ids = [_admit(space, i) for i in range(3)]
     parsed_at: list[float] = []
-    real = compilation._parse
+    real = _parse
 
     def parse(job, *args):
         parsed_at.append(time.monotonic())
@@ -227,7 +233,7 @@ def test_a_wave_still_waits_for_the_materialization_gate(space, settings, monkey
     thread = threading.Thread(target=other_worker)
     thread.start()
     try:
-        compilation.compile_jobs(ids)
+        compile_jobs(ids)
     finally:
         thread.join(30)
     assert released_at and len(parsed_at) == 3 and min(parsed_at) > released_at[0]
@@ -241,7 +247,7 @@ def test_a_heavy_document_after_light_ones_takes_its_own_lanes(space, monkeypatc
     Document.objects.filter(id=heavy.id).update(size_bytes=heavy_size)
     monkeypatch.setattr(memory_gates, "is_heavy", lambda mime, size: size == heavy_size)
     seen = {}
-    real = compilation._parse
+    real = _parse
 
     def parse(job, *args):
         main = len(memory_gates.materialization_gate().snapshot()["holders"])
@@ -252,7 +258,7 @@ def test_a_heavy_document_after_light_ones_takes_its_own_lanes(space, monkeypatc
         return real(job, *args)
 
     monkeypatch.setattr(waves, "_parse", parse)
-    compilation.compile_jobs(ids)
+    compile_jobs(ids)
     # The light documents share one main-lane slot; the heavy one holds the heavy lane and a
     # main-lane slot of its own, the shared one having been given back first (lock order).
     assert seen == {ids[0]: (1, 0), ids[1]: (1, 1), ids[2]: (1, 0)}
@@ -304,10 +310,10 @@ def test_embedding_batches_are_sorted_by_the_models_word_pieces(space, monkeypat
         return real(batch)
 
     monkeypatch.setattr(model, "embed_documents", spy)
-    compilation.compile_jobs(ids)
+    compile_jobs(ids)
     assert {_job(j).run_state for j in ids} == {"succeeded"}
     streamed = [text for batch in calls for text in batch]
     counts = model.token_counts(streamed)
     assert counts == sorted(counts)
     assert [len(t) for t in streamed] != sorted(len(t) for t in streamed)  # not by characters
-    assert compilation._embedding_lengths(object(), ["ab", "c"]) == [2, 1]  # no counter: chars
+    assert _embedding_lengths(object(), ["ab", "c"]) == [2, 1]  # no counter: chars

@@ -31,7 +31,7 @@ from knowledgefs.dify.vector_store import DifyVectorStore, VectorPoint, VectorSc
 from retrieval.backends import get_search_backend
 from retrieval.backends.dify import DifyBridgeBackend, vector_space_id
 from retrieval.models import DenseVector
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from spaces.models import KnowledgeSpace
 from tests import dify_fixtures
 from tests.conftest import compile_all, upload

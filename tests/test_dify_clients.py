@@ -482,7 +482,7 @@ def test_the_existing_compile_and_query_path_runs_on_the_dify_model(
 ):
     from ingestion.documents import admit_document
     from retrieval import index_versions
-    from retrieval.services import retrieve
+    from retrieval.modes import retrieve
     from tests.conftest import compile_all
 
     model_id = "dify/langgenius/openai/openai/text-embedding-3-small"

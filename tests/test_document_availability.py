@@ -13,7 +13,7 @@ from ingestion.availability import (
 from ingestion.documents import admit_document
 from ingestion.models import Document
 from knowledgefs.errors import InvalidInput, NotFound
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from tests.conftest import compile_all
 
 pytestmark = pytest.mark.django_db

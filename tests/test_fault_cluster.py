@@ -16,9 +16,10 @@ from django_q.models import Task
 
 from ingestion import parsing
 from ingestion.chunking import chunk_elements
+from ingestion.compilation.dispatch import ensure_recovery_schedule
+from ingestion.compilation.recovery import recover_jobs
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, RunState
-from ingestion.services import compilation
 from retrieval.backends import get_search_backend
 from tests.qcluster_process import QClusterProcess
 
@@ -94,7 +95,7 @@ def _wait(condition, seconds: float, step: float = 0.02, sweep: bool = False):
         if value:
             return value
         if sweep:
-            compilation.recover_jobs()
+            recover_jobs()
         time.sleep(step)
     return None
 
@@ -203,7 +204,7 @@ def test_the_cluster_runs_the_recovery_schedule_itself(space, clusters):
 
     from ingestion.migrations import __name__ as _  # noqa: F401 - the package exists
 
-    compilation.ensure_recovery_schedule()
+    ensure_recovery_schedule()
     (job,) = _documents(space, count=1, paragraphs=2)
     # A worker died holding the job long ago; no message is queued for it.
     CompilationJob.objects.filter(id=job.id).update(

@@ -12,7 +12,7 @@ from ingestion.documents import admit_document
 from ingestion.models import Document
 from knowledgefs.errors import InvalidInput
 from retrieval import filters
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from tests.conftest import compile_all
 
 META = {

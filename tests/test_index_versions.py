@@ -18,15 +18,16 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
+from ingestion.compilation.pipeline import compile_jobs
+from ingestion.compilation.recovery import drain_queued
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
-from ingestion.services import compilation
 from knowledgefs.errors import InvalidInput
 from knowledgefs.runtime import DEFAULT_MODEL_ID, UnknownEmbeddingModel, get_embedding_model
 from retrieval import index_builds, index_projection, index_versions
 from retrieval.backends import IndexedNode, get_search_backend
 from retrieval.models import DenseVector, IndexVersion
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from spaces.models import KnowledgeSpace, PublicationHead
 from tests.conftest import compile_all
 from tests.embedders import FAKE_MODELS, MODEL_A, MODEL_B, EmbedderKilled
@@ -113,7 +114,7 @@ def test_bc19_switching_the_model_mid_job_never_mixes_dimensions(space_a, fake_m
     compile_all()
     big = _admit(space, FIFTY_SECTIONS, "fifty.md")
     # The worker chunks the 50-section document and is about to embed it with A...
-    compilation.compile_jobs([big.job.id], until=Stage.NODES_GENERATED)
+    compile_jobs([big.job.id], until=Stage.NODES_GENERATED)
     assert KnowledgeNode.objects.filter(generation=big.job.id).count() == 50
     head = PublicationHead.objects.get(space=space).revision
 
@@ -131,7 +132,7 @@ def test_bc19_switching_the_model_mid_job_never_mixes_dimensions(space_a, fake_m
 
     # The job finishes: its nodes are embedded for both versions and published.
     _requeue(big.job.id)
-    compilation.compile_jobs([big.job.id])
+    compile_jobs([big.job.id])
     assert CompilationJob.objects.get(id=big.job.id).run_state == "succeeded"
     assert vectors_of(space, 1).filter(node__generation=big.job.id).count() == 50
     assert vectors_of(space, 2).filter(node__generation=big.job.id).count() == 50
@@ -179,13 +180,13 @@ def test_a_job_that_embedded_with_the_old_model_is_carried_over_by_the_cutover(s
     compile_all()
     big = _admit(space, FIFTY_SECTIONS, "fifty.md")
     # Projected with A only (the switch came after its embedding), not yet published.
-    compilation.compile_jobs([big.job.id], until=Stage.PROJECTION_BUILT)
+    compile_jobs([big.job.id], until=Stage.PROJECTION_BUILT)
     building = index_versions.change_embedding_model(space, MODEL_B)
     assert index_builds.rebuild_index_version(building.id, batch_size=8) == "active"
     # The cutover embedded the in-flight nodes for B too.
     assert vectors_of(space, 2).filter(node__generation=big.job.id).count() == 50
     _requeue(big.job.id)
-    compilation.compile_jobs([big.job.id])
+    compile_jobs([big.job.id])
     assert Document.objects.get(id=big.document.id).state == "published"
     assert set(vectors_of(space).values_list("index_version", "dimension")) == {(2, 4)}
     assert_fully_indexed(space, 2)
@@ -199,7 +200,7 @@ def test_a_job_whose_old_version_retired_while_it_embedded_restarts_on_the_new_o
 ):
     space = space_a
     big = _admit(space, FIFTY_SECTIONS, "fifty.md")
-    compilation.compile_jobs([big.job.id], until=Stage.NODES_GENERATED)
+    compile_jobs([big.job.id], until=Stage.NODES_GENERATED)
     model_a = fake_models[MODEL_A]
     original = model_a.embed_documents
     switched = []
@@ -214,7 +215,7 @@ def test_a_job_whose_old_version_retired_while_it_embedded_restarts_on_the_new_o
     model_a.embed_documents = embed_then_switch
     try:
         _requeue(big.job.id)
-        compilation.compile_jobs([big.job.id])
+        compile_jobs([big.job.id])
     finally:
         del model_a.embed_documents
     assert switched and CompilationJob.objects.get(id=big.job.id).run_state == "succeeded"
@@ -237,7 +238,7 @@ def test_bc19_switching_from_another_thread_while_a_slow_job_embeds(principal, f
 
     def worker():
         try:
-            compilation.drain_queued(space.id)
+            drain_queued(space.id)
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -311,7 +312,7 @@ def test_the_cutover_embeds_documents_published_after_the_rebuild_read_its_batch
     building = index_versions.change_embedding_model(space, MODEL_B)
     # Simulate a compiler that did not know about version 2: it writes A's vectors only.
     late = _admit(space, FIFTY_SECTIONS, "fifty.md")
-    compilation.compile_jobs([late.job.id], until=Stage.NODES_GENERATED)
+    compile_jobs([late.job.id], until=Stage.NODES_GENERATED)
     nodes = [
         IndexedNode(n.id, n.space_id, n.document_id, n.text)
         for n in KnowledgeNode.objects.filter(generation=late.job.id)

@@ -13,10 +13,16 @@ from django.utils import timezone
 from django_q.models import OrmQ, Schedule, Task
 
 from ingestion.compilation import pipeline
+from ingestion.compilation.dispatch import RECOVERY_SCHEDULE, TASK_FUNCTION, dispatch
+from ingestion.compilation.errors import LeaseLost
+from ingestion.compilation.failures import fail
+from ingestion.compilation.leases import Held, _checkpoint, claim_many
+from ingestion.compilation.operations import cancel_job, retry_job
+from ingestion.compilation.publish import publish_many
+from ingestion.compilation.recovery import drain_queued, recover_jobs
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
 from ingestion.projection import projector
-from ingestion.services import compilation
 from knowledgefs.errors import Conflict
 from retrieval.backends import get_search_backend
 
@@ -45,12 +51,12 @@ def _queued_messages() -> list[tuple]:
 
 def test_dispatch_claims_before_it_enqueues(space):
     job_id = _admit(space).job.id
-    delivery = compilation.dispatch(job_id)
+    delivery = dispatch(job_id)
     job = _job(job_id)
     assert delivery and job.task_id == delivery and job.dispatched_at is not None
     assert _queued_messages() == [(str(job_id), delivery)]
     # A second dispatch finds the claim and enqueues nothing.
-    assert compilation.dispatch(job_id) is None
+    assert dispatch(job_id) is None
     assert len(_queued_messages()) == 1
 
 
@@ -61,27 +67,27 @@ def test_a_failed_enqueue_releases_the_claim(space, monkeypatch):
         raise ConnectionError("broker unreachable")
 
     monkeypatch.setattr("django_q.tasks.async_task", broker_down)
-    assert compilation.dispatch(job_id) is None
+    assert dispatch(job_id) is None
     job = _job(job_id)
     assert (job.run_state, job.task_id, job.dispatched_at) == ("queued", "", None)
 
 
 def test_a_delivery_starts_only_with_its_own_claim(space):
     job_id = _admit(space).job.id
-    delivery = compilation.dispatch(job_id)
-    assert compilation.run_job(job_id, "not-the-claim") == "queued"  # a stray message
+    delivery = dispatch(job_id)
+    assert pipeline.run_job(job_id, "not-the-claim") == "queued"  # a stray message
     assert _job(job_id).execution_attempts == 0
-    assert compilation.run_job(job_id, delivery) == "succeeded"
+    assert pipeline.run_job(job_id, delivery) == "succeeded"
     # The same message delivered twice: exactly one did the work.
-    assert compilation.run_job(job_id, delivery) == "succeeded"
+    assert pipeline.run_job(job_id, delivery) == "succeeded"
     assert _job(job_id).execution_attempts == 1
 
 
 def test_two_concurrent_deliveries_of_one_attempt_do_the_work_once(space):
     job_id = _admit(space).job.id
-    delivery = compilation.dispatch(job_id)
-    first = compilation.claim_many({job_id: delivery}, "worker-a")
-    second = compilation.claim_many({job_id: delivery}, "worker-b")
+    delivery = dispatch(job_id)
+    first = claim_many({job_id: delivery}, "worker-a")
+    second = claim_many({job_id: delivery}, "worker-b")
     assert list(first) == [job_id] and second == {}
 
 
@@ -90,17 +96,17 @@ def test_two_concurrent_deliveries_of_one_attempt_do_the_work_once(space):
 
 def test_sweep_redelivers_an_attempt_claimed_but_never_delivered(space):
     job_id = _admit(space).job.id
-    delivery = compilation.dispatch(job_id)
+    delivery = dispatch(job_id)
     OrmQ.objects.all().delete()  # the broker lost the message
     old = timezone.now() - timedelta(seconds=settings.KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS + 1)
     CompilationJob.objects.filter(id=job_id).update(dispatched_at=old)
-    report = compilation.recover_jobs()
+    report = recover_jobs()
     assert report.redispatched_undelivered == 1
     assert _job(job_id).task_id == delivery  # same claim: a delayed copy would work as well
     assert _queued_messages() == [(str(job_id), delivery)]
-    assert compilation.recover_jobs().redispatched_undelivered == 0  # not again within grace
-    assert compilation.run_job(job_id, delivery) == "succeeded"
-    assert compilation.run_job(job_id, delivery) == "succeeded"  # the other copy: nothing
+    assert recover_jobs().redispatched_undelivered == 0  # not again within grace
+    assert pipeline.run_job(job_id, delivery) == "succeeded"
+    assert pipeline.run_job(job_id, delivery) == "succeeded"  # the other copy: nothing
     assert _job(job_id).execution_attempts == 1
 
 
@@ -109,31 +115,31 @@ def test_sweep_dispatches_a_job_whose_claim_was_released(space):
     CompilationJob.objects.filter(id=job_id).update(
         updated_at=timezone.now() - timedelta(seconds=30)
     )
-    assert compilation.recover_jobs().dispatched == 1
+    assert recover_jobs().dispatched == 1
     assert _job(job_id).task_id
 
 
 def test_sweep_requeues_an_expired_lease_and_the_stale_worker_is_fenced(space):
     job_id = _admit(space).job.id
-    compilation.compile_jobs([job_id], until=Stage.NODES_GENERATED)  # the worker "dies"
+    pipeline.compile_jobs([job_id], until=Stage.NODES_GENERATED)  # the worker "dies"
     stale_token = _job(job_id).lease_token
     CompilationJob.objects.filter(id=job_id).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
-    report = compilation.recover_jobs()
+    report = recover_jobs()
     assert (report.requeued_expired, report.dispatched) == (1, 1)
     job = _job(job_id)
     assert (job.run_state, job.stage, job.lease_token) == ("queued", "nodes_generated", None)
-    compilation.run_job(job_id, job.task_id)
+    pipeline.run_job(job_id, job.task_id)
     job = _job(job_id)
     assert (job.run_state, job.execution_attempts) == ("succeeded", 2)
     nodes = KnowledgeNode.objects.filter(document_id=job.document_id).count()
     assert nodes == Document.objects.get().node_count
     assert get_search_backend().projection_counts(space.id) == {"keyword": nodes, "dense": nodes}
     # The stale worker wakes up: its checkpoint and its failure are refused.
-    with pytest.raises(compilation.LeaseLost):
-        compilation._checkpoint(job_id, stale_token, stage=Stage.PROJECTION_BUILT)
-    assert compilation.fail(job_id, stale_token, "late", "late failure") is False
+    with pytest.raises(LeaseLost):
+        _checkpoint(job_id, stale_token, stage=Stage.PROJECTION_BUILT)
+    assert fail(job_id, stale_token, "late", "late failure") is False
     assert _job(job_id).run_state == "succeeded"
 
 
@@ -141,11 +147,11 @@ def test_a_job_whose_worker_keeps_dying_fails_with_a_reason(space):
     job_id = _admit(space).job.id
     for _ in range(settings.KNOWLEDGE_JOB_MAX_ATTEMPTS):
         CompilationJob.objects.filter(id=job_id).update(run_state="queued", task_id="")
-        compilation.compile_jobs([job_id], until=Stage.PARSED)
+        pipeline.compile_jobs([job_id], until=Stage.PARSED)
         CompilationJob.objects.filter(id=job_id).update(
             lease_expires_at=timezone.now() - timedelta(seconds=1)
         )
-    report = compilation.recover_jobs()
+    report = recover_jobs()
     assert report.failed_expired == 1
     job = _job(job_id)
     assert (job.run_state, job.error_code) == ("failed", "worker_lost")
@@ -155,12 +161,12 @@ def test_a_job_whose_worker_keeps_dying_fails_with_a_reason(space):
 
 def test_an_expired_lease_of_a_timed_out_task_fails_instead_of_running_again(space):
     job_id = _admit(space).job.id
-    delivery = compilation.dispatch(job_id)
-    compilation.compile_jobs({job_id: delivery}, until=Stage.PARSED)
+    delivery = dispatch(job_id)
+    pipeline.compile_jobs({job_id: delivery}, until=Stage.PARSED)
     Task.objects.create(
         id=uuid.uuid4().hex,
         name=f"compile:{delivery}",
-        func=compilation.TASK_FUNCTION,
+        func=TASK_FUNCTION,
         started=timezone.now(),
         stopped=timezone.now(),
         success=False,
@@ -169,7 +175,7 @@ def test_an_expired_lease_of_a_timed_out_task_fails_instead_of_running_again(spa
     CompilationJob.objects.filter(id=job_id).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
-    assert compilation.recover_jobs().failed_expired == 1
+    assert recover_jobs().failed_expired == 1
     job = _job(job_id)
     assert (job.run_state, job.error_code) == ("failed", "timeout")
 
@@ -181,7 +187,7 @@ def test_a_due_retry_is_queued_again_and_resumes(space, monkeypatch):
         raise ConnectionError("model runtime unreachable")
 
     monkeypatch.setattr(projector(), "targets", flaky)
-    compilation.compile_jobs([job_id])
+    pipeline.compile_jobs([job_id])
     job = _job(job_id)
     assert (job.run_state, job.stage, job.error_retryable) == (
         "retry_wait",
@@ -190,12 +196,12 @@ def test_a_due_retry_is_queued_again_and_resumes(space, monkeypatch):
     )
     backoff = settings.KNOWLEDGE_JOB_RETRY_BACKOFF_SECONDS
     assert timedelta(seconds=backoff - 2) < job.next_attempt_at - timezone.now()
-    assert compilation.recover_jobs().retries_due == 0  # not due yet
+    assert recover_jobs().retries_due == 0  # not due yet
     monkeypatch.undo()
-    assert compilation.recover_jobs(now=job.next_attempt_at + timedelta(seconds=1)).retries_due == 1
+    assert recover_jobs(now=job.next_attempt_at + timedelta(seconds=1)).retries_due == 1
     job = _job(job_id)
     assert job.run_state == "queued" and job.task_id
-    compilation.run_job(job_id, job.task_id)
+    pipeline.run_job(job_id, job.task_id)
     assert _job(job_id).run_state == "succeeded"
 
 
@@ -209,20 +215,20 @@ def test_a_django_q_timeout_fails_the_held_jobs_as_timeout_and_stops_the_worker(
 
     monkeypatch.setattr(projector(), "targets", too_slow)
     with pytest.raises(TimeoutException):
-        compilation.compile_jobs([job_id])
+        pipeline.compile_jobs([job_id])
     job = _job(job_id)
     assert (job.run_state, job.error_code) == ("failed", "timeout")
 
 
 def test_the_sweep_schedule_exists_after_migrate_and_kfs_schedules_repairs_it(capsys):
     assert Schedule.objects.filter(
-        name=compilation.RECOVERY_SCHEDULE, func="ingestion.tasks.recover_jobs"
+        name=RECOVERY_SCHEDULE, func="ingestion.tasks.recover_jobs"
     ).exists()
     Schedule.objects.all().delete()
     call_command("kfs", "schedules", "--json")
     shown = json.loads(capsys.readouterr().out)
     assert shown["func"] == "ingestion.tasks.recover_jobs" and shown["minutes"] >= 1
-    assert Schedule.objects.filter(name=compilation.RECOVERY_SCHEDULE).count() == 1
+    assert Schedule.objects.filter(name=RECOVERY_SCHEDULE).count() == 1
 
 
 # --- cancel ---------------------------------------------------------------------------------
@@ -230,35 +236,35 @@ def test_the_sweep_schedule_exists_after_migrate_and_kfs_schedules_repairs_it(ca
 
 def test_a_job_canceled_while_queued_never_starts(space):
     admission = _admit(space)
-    delivery = compilation.dispatch(admission.job.id)
-    canceled = compilation.cancel_job(admission.job.id)
+    delivery = dispatch(admission.job.id)
+    canceled = cancel_job(admission.job.id)
     assert (canceled.run_state, canceled.stage) == ("canceled", "canceled")
-    assert compilation.run_job(admission.job.id, delivery) == "canceled"
+    assert pipeline.run_job(admission.job.id, delivery) == "canceled"
     assert _job(admission.job.id).execution_attempts == 0
     assert Document.objects.get().state == "canceled"
 
 
 def test_a_canceled_running_job_writes_nothing_more(space):
     job_id = _admit(space).job.id
-    compilation.compile_jobs([job_id], until=Stage.NODES_GENERATED)
+    pipeline.compile_jobs([job_id], until=Stage.NODES_GENERATED)
     token = _job(job_id).lease_token
-    compilation.cancel_job(job_id)
+    cancel_job(job_id)
     assert KnowledgeNode.objects.count() == 0  # partial nodes removed with the cancel
     # The worker carries on with the token it held: nothing it does lands.
-    held = compilation.Held({job_id: token})
-    compilation._compile_claimed(held, None)
+    held = Held({job_id: token})
+    pipeline._compile_claimed(held, None)
     job = _job(job_id)
     assert (job.run_state, job.stage) == ("canceled", "canceled")
     assert KnowledgeNode.objects.count() == 0
     assert get_search_backend().projection_counts(space.id) == {"keyword": 0, "dense": 0}
-    assert compilation.publish_many([(job, token, 10)]) == []
+    assert publish_many([(job, token, 10)]) == []
 
 
 def test_cancel_of_a_finished_job_is_a_conflict(space):
     job_id = _admit(space).job.id
-    compilation.run_job(job_id)
+    pipeline.run_job(job_id)
     with pytest.raises(Conflict) as info:
-        compilation.cancel_job(job_id)
+        cancel_job(job_id)
     assert info.value.code == "job_finished"
 
 
@@ -273,16 +279,16 @@ def test_manual_retry_resumes_from_the_parse_checkpoint(space, monkeypatch):
         raise ConnectionError("model runtime unreachable")
 
     monkeypatch.setattr(projector(), "targets", broken)
-    compilation.compile_jobs([job_id])
+    pipeline.compile_jobs([job_id])
     failed = _job(job_id)
     assert (failed.run_state, failed.error_code) == ("failed", "embedding_unavailable")
     artifact = ParseArtifact.objects.get(job_id=job_id)  # kept for the retry
     monkeypatch.undo()
-    attempt = compilation.retry_job(job_id)
+    attempt = retry_job(job_id)
     assert (attempt.stage, attempt.run_state, attempt.retry_of_id) == ("parsed", "queued", job_id)
     assert attempt.attempt_number == 2
     assert ParseArtifact.objects.get(id=artifact.id).job_id == attempt.id
-    compilation.run_job(attempt.id)
+    pipeline.run_job(attempt.id)
     attempt.refresh_from_db()
     assert attempt.run_state == "succeeded"
     assert attempt.execution_attempts == 1
@@ -297,9 +303,9 @@ def test_manual_retry_resumes_from_the_parse_checkpoint(space, monkeypatch):
 def test_retry_of_a_live_or_published_job_is_a_conflict(space, state, code):
     job_id = _admit(space).job.id
     if state == "succeeded":
-        compilation.run_job(job_id)
+        pipeline.run_job(job_id)
     with pytest.raises(Conflict) as info:
-        compilation.retry_job(job_id)
+        retry_job(job_id)
     assert info.value.code == code
 
 
@@ -308,7 +314,7 @@ def test_retry_of_a_live_or_published_job_is_a_conflict(space, state, code):
 
 def test_job_api_shows_progress_and_cancel_and_retry_work(client, space, api_key):
     job_id = _admit(space).job.id
-    compilation.compile_jobs([job_id], until=Stage.NODES_GENERATED)
+    pipeline.compile_jobs([job_id], until=Stage.NODES_GENERATED)
     body = client.get(f"/v1/jobs/{job_id}").json()
     assert body["state"] == "nodes_generated" and body["run_state"] == "running"
     nodes = KnowledgeNode.objects.count()
@@ -349,7 +355,7 @@ def test_kfs_jobs_stats_cancel_and_retry(space, capsys):
     good = _admit(space, name="good.txt").job.id
     bad = _admit(space, data=b"\x00\x01\x02" * 100, name="bad.txt").job.id
     waiting = _admit(space, data=b"another document about tides " * 20, name="later.txt").job.id
-    compilation.compile_jobs([good, bad])
+    pipeline.compile_jobs([good, bad])
     args = ["--space", space.slug, "--tenant", space.tenant_id, "--json"]
     call_command("kfs", "jobs", *args)
     items = json.loads(capsys.readouterr().out)["items"]
@@ -398,7 +404,7 @@ def test_a_batch_larger_than_the_retained_artifact_limit_runs_in_waves(
         for n in range(3)
     ]
     waves = []
-    finish = compilation._chunk_wave
+    finish = pipeline._chunk_wave
 
     def spy(held, wave):
         holders = memory_gates.retained_artifact_gate().snapshot()["holders"]
@@ -406,7 +412,7 @@ def test_a_batch_larger_than_the_retained_artifact_limit_runs_in_waves(
         return finish(held, wave)
 
     monkeypatch.setattr(pipeline, "_chunk_wave", spy)
-    compilation.compile_jobs(jobs)
+    pipeline.compile_jobs(jobs)
     assert waves == [(1, 1), (1, 1), (1, 1)]  # one retained artifact at a time
     assert set(CompilationJob.objects.values_list("run_state", flat=True)) == {"succeeded"}
     assert memory_gates.retained_artifact_gate().snapshot()["holders"] == []
@@ -423,11 +429,11 @@ def test_an_artifact_over_the_byte_budget_runs_alone(space, settings, monkeypatc
         _admit(space, data=b"a small note about tides " * 10, name="small.txt").job.id,
     ]
     waves = []
-    finish = compilation._chunk_wave
+    finish = pipeline._chunk_wave
     monkeypatch.setattr(
         pipeline, "_chunk_wave", lambda h, w: (waves.append(len(w)), finish(h, w))[1]
     )
-    compilation.compile_jobs(jobs)
+    pipeline.compile_jobs(jobs)
     assert waves == [1, 1]
     assert set(CompilationJob.objects.values_list("run_state", flat=True)) == {"succeeded"}
     assert memory_gates.retained_artifact_gate().snapshot()["holders"] == []
@@ -438,7 +444,7 @@ def test_job_list_api_filters_by_state_and_paginates(client, space):
         _admit(space, data=f"note {n} on tides ".encode() * 30, name=f"{n}.txt").job.id
         for n in range(3)
     ]
-    compilation.compile_jobs([ids[0]])  # only this one (run_job would take its siblings)
+    pipeline.compile_jobs([ids[0]])  # only this one (run_job would take its siblings)
     response = client.get(f"/v1/knowledge-spaces/{space.id}/jobs?limit=2")
     assert response.status_code == 200
     page = response.json()
@@ -464,6 +470,6 @@ def test_drain_waits_for_a_due_retry(space, settings, monkeypatch):
         return real(space_id)
 
     monkeypatch.setattr(projector(), "targets", flaky_once)
-    compilation.drain_queued(space.id)
+    drain_queued(space.id)
     job = _job(job_id)
     assert (job.run_state, job.execution_attempts, len(calls)) == ("succeeded", 2, 2)

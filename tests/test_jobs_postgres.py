@@ -12,9 +12,10 @@ import pytest
 from django.db import connection, connections
 
 from ingestion.compilation import leases
+from ingestion.compilation.operations import cancel_job
+from ingestion.compilation.pipeline import compile_jobs
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, KnowledgeNode, Stage
-from ingestion.services import compilation
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -56,7 +57,7 @@ def test_two_deliveries_adopting_each_other_do_not_deadlock(space, monkeypatch):
     x, y = _admit(space, 1).id, _admit(space, 2).id
     barrier = threading.Barrier(2, timeout=10)
     calls = threading.local()
-    real = compilation.lease_seconds
+    real = leases.lease_seconds
 
     def lease_seconds():  # called per job just before its UPDATE: line both threads up
         calls.n = getattr(calls, "n", 0) + 1
@@ -71,8 +72,8 @@ def test_two_deliveries_adopting_each_other_do_not_deadlock(space, monkeypatch):
     won = {}
     errors = _run(
         [
-            lambda: won.update(a=compilation.claim_many({x: None, y: None}, "a")),  # run_job(x)
-            lambda: won.update(b=compilation.claim_many({y: None, x: None}, "b")),  # run_job(y)
+            lambda: won.update(a=leases.claim_many({x: None, y: None}, "a")),  # run_job(x)
+            lambda: won.update(b=leases.claim_many({y: None, x: None}, "b")),  # run_job(y)
         ]
     )
     assert errors == [], errors
@@ -96,9 +97,9 @@ def test_claim_and_cancel_of_the_same_job_do_not_deadlock(space, monkeypatch):
 
     def cancel():
         job_locked.wait(10)
-        compilation.cancel_job(job.id)
+        cancel_job(job.id)
 
-    errors = _run([lambda: compilation.claim_many({job.id: None}, "w"), cancel])
+    errors = _run([lambda: leases.claim_many({job.id: None}, "w"), cancel])
     assert errors == [], errors
 
 
@@ -127,10 +128,10 @@ def test_a_stage_commit_and_a_cancel_do_not_deadlock(space, monkeypatch):
 
     def cancel():
         entered.wait(10)
-        compilation.cancel_job(job.id)
+        cancel_job(job.id)
 
     try:
-        errors = _run([lambda: compilation.compile_jobs([job.id]), cancel])
+        errors = _run([lambda: compile_jobs([job.id]), cancel])
     finally:
         logging.getLogger("knowledgefs.compilation").removeHandler(handler)
     assert errors == [] and deadlocks == [], (errors, deadlocks)
@@ -144,7 +145,7 @@ def test_a_projection_commit_and_a_cutover_do_not_deadlock(space, settings, monk
     settings.KNOWLEDGE_EMBEDDING_MODELS = FAKE_MODELS
     index_versions.change_embedding_model(space, MODEL_A)
     job = _admit(space, 1)
-    compilation.compile_jobs([job.id], until=Stage.NODES_GENERATED)
+    compile_jobs([job.id], until=Stage.NODES_GENERATED)
     CompilationJob.objects.filter(id=job.id).update(run_state="queued", task_id="")
     building = index_versions.change_embedding_model(space, MODEL_B)  # its rebuild is not run here
     entered = threading.Event()
@@ -161,6 +162,6 @@ def test_a_projection_commit_and_a_cutover_do_not_deadlock(space, settings, monk
         entered.wait(10)
         index_builds.cutover(building.id)
 
-    errors = _run([lambda: compilation.compile_jobs([job.id]), cut])
+    errors = _run([lambda: compile_jobs([job.id]), cut])
     assert errors == [], errors
     assert CompilationJob.objects.get(id=job.id).run_state == "succeeded"

@@ -15,9 +15,12 @@ from django_q.models import OrmQ
 
 from ingestion import memory_gates
 from ingestion.compilation import pipeline, recovery, waves
+from ingestion.compilation.dispatch import dispatch
+from ingestion.compilation.leases import heartbeat
+from ingestion.compilation.operations import cancel_job
+from ingestion.compilation.parse_step import _parse
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, ParseArtifact, Stage
-from ingestion.services import compilation
 
 pytestmark = pytest.mark.django_db
 
@@ -44,7 +47,7 @@ def test_a_wave_never_waits_for_materialization_while_holding_retained_leases(
     a = _admit(space, name="a.txt").job.id
     b = _admit(space, data=b"another note about tides " * 40, name="b.txt").job.id
     other: dict = {}
-    real_retain = compilation._retain
+    real_retain = waves._retain
 
     def other_worker():  # another worker process starting its own wave (see _materialize)
         with memory_gates.materialization_slot(True):
@@ -66,7 +69,7 @@ def test_a_wave_never_waits_for_materialization_while_holding_retained_leases(
 
     monkeypatch.setattr(waves, "_retain", retain)
     started = time.monotonic()
-    compilation.compile_jobs([a, b])
+    pipeline.compile_jobs([a, b])
     other["thread"].join()
     assert other["admitted"], (
         f"deadlock: broken only by the other worker's 8 s timeout "
@@ -82,7 +85,7 @@ def test_an_artifact_is_not_kept_alive_after_its_wave(space, settings, monkeypat
         for n in range(3)
     ]
     refs = []
-    real_parse = compilation._parse
+    real_parse = _parse
 
     def parse(job, *args):
         artifact = real_parse(job, *args)
@@ -90,7 +93,7 @@ def test_an_artifact_is_not_kept_alive_after_its_wave(space, settings, monkeypat
         return artifact
 
     alive = []
-    finish = compilation._chunk_wave
+    finish = pipeline._chunk_wave
 
     def spy(held, wave):
         gc.collect()
@@ -100,7 +103,7 @@ def test_an_artifact_is_not_kept_alive_after_its_wave(space, settings, monkeypat
 
     monkeypatch.setattr(waves, "_parse", parse)
     monkeypatch.setattr(pipeline, "_chunk_wave", spy)
-    compilation.compile_jobs(jobs)
+    pipeline.compile_jobs(jobs)
     # A wave holds its own leased artifact; nothing parsed in an earlier wave is still alive.
     assert len(alive) == 3 and alive == [0, 0, 0], alive
 
@@ -108,19 +111,19 @@ def test_an_artifact_is_not_kept_alive_after_its_wave(space, settings, monkeypat
 # 3. The sweep requeues a job whose lease was renewed after the sweep read it.
 def test_the_sweep_does_not_requeue_a_lease_renewed_meanwhile(space, monkeypatch):
     job_id = _admit(space).job.id
-    compilation.compile_jobs([job_id], until=Stage.NODES_GENERATED)
+    pipeline.compile_jobs([job_id], until=Stage.NODES_GENERATED)
     token = _job(job_id).lease_token
     CompilationJob.objects.filter(id=job_id).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
-    real = compilation._timeout_recorded
+    real = recovery._timeout_recorded
 
     def keeper_beats_now(task_id):  # the worker's keeper renews between read and write
-        assert compilation.heartbeat({job_id: token}) == {job_id}
+        assert heartbeat({job_id: token}) == {job_id}
         return real(task_id)
 
     monkeypatch.setattr(recovery, "_timeout_recorded", keeper_beats_now)
-    compilation.recover_jobs()
+    recovery.recover_jobs()
     job = _job(job_id)
     assert (job.run_state, job.lease_token) == ("running", token)
 
@@ -128,11 +131,11 @@ def test_the_sweep_does_not_requeue_a_lease_renewed_meanwhile(space, monkeypatch
 # 4. A heartbeat after a cancel writes nothing (the UPDATE itself is conditioned on the token).
 def test_a_heartbeat_writes_nothing_after_a_cancel(space):
     job_id = _admit(space).job.id
-    compilation.compile_jobs([job_id], until=Stage.NODES_GENERATED)
+    pipeline.compile_jobs([job_id], until=Stage.NODES_GENERATED)
     token = _job(job_id).lease_token
-    compilation.cancel_job(job_id)
-    assert compilation.heartbeat({job_id: token}) == set()
-    assert compilation.heartbeat({job_id: token}, progress={job_id: {"percent": 99}}) == set()
+    cancel_job(job_id)
+    assert heartbeat({job_id: token}) == set()
+    assert heartbeat({job_id: token}, progress={job_id: {"percent": 99}}) == set()
     job = _job(job_id)
     assert job.run_state == "canceled"
     assert job.lease_expires_at is None and job.progress_percent != 99
@@ -142,19 +145,19 @@ def test_a_heartbeat_writes_nothing_after_a_cancel(space):
 #    longer than the grace the job is pushed to the back again and again.
 def test_a_message_still_in_the_broker_is_not_invalidated_by_the_sweep(space):
     job_id = _admit(space).job.id
-    first = compilation.dispatch(job_id)
+    first = dispatch(job_id)
     old = timezone.now() - timedelta(seconds=settings.KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS + 1)
     CompilationJob.objects.filter(id=job_id).update(dispatched_at=old)
-    compilation.recover_jobs()  # the message is still queued behind a long backlog
+    recovery.recover_jobs()  # the message is still queued behind a long backlog
     assert OrmQ.objects.count() == 2
-    assert compilation.run_job(job_id, first) == "succeeded"
+    assert pipeline.run_job(job_id, first) == "succeeded"
 
 
 # 6. A document that kills its worker spends its own attempts, not its batch-mates'.
 def test_a_poison_document_does_not_exhaust_the_attempts_of_its_batch(space, monkeypatch):
     poison = _admit(space, name="poison.txt").job.id
     innocent = _admit(space, data=b"an innocent note on tides " * 30, name="ok.txt").job.id
-    real = compilation._parse
+    real = _parse
 
     class Killed(BaseException):  # the worker dies while parsing the poison document
         pass
@@ -168,12 +171,12 @@ def test_a_poison_document_does_not_exhaust_the_attempts_of_its_batch(space, mon
     for _ in range(settings.KNOWLEDGE_JOB_MAX_ATTEMPTS):
         CompilationJob.objects.filter(id=poison).update(run_state="queued", task_id="")
         with pytest.raises(Killed):
-            compilation.run_job(poison)
+            pipeline.run_job(poison)
         CompilationJob.objects.filter(run_state="running").update(
             lease_expires_at=timezone.now() - timedelta(seconds=1)
         )
         # An interrupt gives held jobs back; a real kill leaves them running until the sweep.
-        compilation.recover_jobs()
+        recovery.recover_jobs()
     poisoned, job = _job(poison), _job(innocent)
     assert poisoned.execution_attempts == settings.KNOWLEDGE_JOB_MAX_ATTEMPTS
     assert job.execution_attempts <= 1 and job.run_state != "failed", (
@@ -188,17 +191,17 @@ def test_a_batch_mate_canceled_before_its_turn_never_parses(space, monkeypatch):
     a = _admit(space, name="a.txt").job.id
     b = _admit(space, data=b"another note about tides " * 40, name="b.txt").job.id
     parsed = []
-    real = compilation._parse
+    real = _parse
 
     def parse(job, *args):
         parsed.append(job.id)
         artifact = real(job, *args)
         if job.id == a:
-            compilation.cancel_job(b)  # acknowledged before b's turn comes
+            cancel_job(b)  # acknowledged before b's turn comes
         return artifact
 
     monkeypatch.setattr(waves, "_parse", parse)
-    compilation.compile_jobs([a, b])
+    pipeline.compile_jobs([a, b])
     assert parsed == [a]
 
 
@@ -217,7 +220,7 @@ def test_a_timeout_does_not_fail_batch_mates_that_never_started(space, settings,
 
     monkeypatch.setattr(pipeline, "_project", slow)
     with pytest.raises(TimeoutException):
-        compilation.compile_jobs(ids)
+        pipeline.compile_jobs(ids)
 
     # A delivery of several jobs gives them all back; each started one is then delivered alone.
     assert [_job(j).run_state for j in ids] == ["queued"] * 3
@@ -232,18 +235,18 @@ def test_a_hung_worker_stops_renewing_its_lease_and_the_sweep_takes_the_job_back
     settings.KNOWLEDGE_JOB_STALL_SECONDS = 1
     job_id = _admit(space).job.id
     release = threading.Event()
-    real = compilation._parse
+    real = _parse
 
     def hangs(job, *args):
         release.wait(30)  # a parser that never answers
         return real(job, *args)
 
     monkeypatch.setattr(waves, "_parse", hangs)
-    worker = threading.Thread(target=lambda: compilation.compile_jobs([job_id]))
+    worker = threading.Thread(target=lambda: pipeline.compile_jobs([job_id]))
     worker.start()
     try:
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and compilation.recover_jobs().requeued_expired == 0:
+        while time.monotonic() < deadline and recovery.recover_jobs().requeued_expired == 0:
             time.sleep(0.5)
         job = _job(job_id)
         assert (job.run_state, job.lease_token) == ("queued", None)
@@ -263,7 +266,7 @@ def test_a_batch_hands_back_what_it_cannot_start_in_half_the_worker_timeout(spac
         _admit(space, data=f"note {n} about tides ".encode() * 40, name=f"{n}.txt").job.id
         for n in range(3)
     ]
-    compilation.compile_jobs(ids)
+    pipeline.compile_jobs(ids)
     states = [(_job(j).run_state, bool(_job(j).task_id)) for j in ids]
     assert states[0][0] == "succeeded"
     assert states[1:] == [("queued", True), ("queued", True)]  # requeued and dispatched again

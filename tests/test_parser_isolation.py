@@ -8,11 +8,12 @@ import time
 
 import pytest
 
+from ingestion.compilation.operations import cancel_job
+from ingestion.compilation.pipeline import compile_jobs, run_job
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document
 from ingestion.parsing import ParseError
 from ingestion.parsing.isolation import IsolationConfig, ParserTimeout, parse_isolated
-from ingestion.services import compilation
 from tests.isolation_targets import MARKER
 from tests.pdf_fixtures import bc15_variants, processes_with, wait_gone
 
@@ -89,7 +90,7 @@ def test_a_parser_timeout_in_compilation_is_terminal_and_the_worker_moves_on(
     stuck = admit_document(space, filename="loop.pdf", data=bc15_variants()["startxref"])
     fine = admit_document(space, filename="fine.txt", data=b"Still indexed. " * 30)
     started = time.monotonic()
-    compilation.compile_jobs([stuck.job.id, fine.job.id])
+    compile_jobs([stuck.job.id, fine.job.id])
     assert time.monotonic() - started < 20
     job = CompilationJob.objects.get(id=stuck.job.id)
     assert (job.run_state, job.error_code, job.execution_attempts) == (
@@ -116,7 +117,7 @@ def test_bc15_damaged_pdfs_end_within_the_budget(space, variant, outcome):
         assert len(data) == 77 and data.startswith(b"%PDF-1.4")
     admission = admit_document(space, filename=f"{variant}.pdf", data=data, enqueue=False)
     started = time.monotonic()
-    compilation.run_job(admission.job.id)
+    run_job(admission.job.id)
     assert time.monotonic() - started < 30
     document = Document.objects.get(id=admission.document.id)
     job = CompilationJob.objects.get(id=admission.job.id)
@@ -236,14 +237,14 @@ def test_a_job_canceled_during_its_parse_stops_the_parse(space, settings, monkey
     monkeypatch.setattr(isolation, "parse_isolated", spinning)
     before = set(processes_with(f"sleep\x00{MARKER}"))
     admission = admit_document(space, filename="slow.txt", data=b"Some text. " * 30)
-    worker = threading.Thread(target=compilation.compile_jobs, args=([admission.job.id],))
+    worker = threading.Thread(target=compile_jobs, args=([admission.job.id],))
     worker.start()
     deadline = time.monotonic() + 30
     while not _new_sleepers(before) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _new_sleepers(before), "the parse did not start"
     started = time.monotonic()
-    compilation.cancel_job(admission.job.id)
+    cancel_job(admission.job.id)
     worker.join(30)
     assert not worker.is_alive()
     assert time.monotonic() - started < 10

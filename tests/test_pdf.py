@@ -19,14 +19,15 @@ from reportlab.lib.utils import ImageReader
 from reportlab.pdfgen import canvas
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Table, TableStyle
 
+from ingestion.compilation.parse_step import RETRYABLE_PARSE_CODES
+from ingestion.compilation.pipeline import run_job
+from ingestion.compilation.recovery import drain_queued, recover_jobs
 from ingestion.documents import admit_document, purge_documents
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact
 from ingestion.parsing import ParseError, parse_with_report
 from ingestion.parsing.ocr import parse_image
-from ingestion.services import compilation
-from ingestion.services.compilation import drain_queued
 from knowledgefs import boundary, storage
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from tests import dify_fixtures
 from tests.conftest import shared_path, upload
 from tests.dify_server import OBJECT, TEST_INNER_KEY
@@ -39,7 +40,7 @@ dify_server = dify_fixtures.dify_server
 
 def _compile(space, data: bytes, name: str) -> Document:
     admission = admit_document(space, filename=name, data=data, enqueue=False)
-    compilation.run_job(admission.job.id)
+    run_job(admission.job.id)
     return Document.objects.get(id=admission.document.id)
 
 
@@ -176,7 +177,7 @@ def test_a_recompiled_document_drops_the_previous_generations_images(
     )
     assert again.document.id == first.id
     with django_capture_on_commit_callbacks(execute=True):  # objects go once the rows have
-        compilation.run_job(again.job.id)
+        run_job(again.job.id)
     assert Document.objects.get(id=first.id).state == "published"
     assert not any(storage.object_storage().exists(a["key"]) for a in old)
     new = ParseArtifact.objects.get(job_id=again.job.id).assets
@@ -215,9 +216,9 @@ def test_page_images_go_to_dify_storage_and_a_failed_write_leaves_none(dify, cli
     assert not [key for key in dify.objects if key.startswith("assets/")]  # the first one too
     assert not ParseArtifact.objects.exists()
     # The retry stores both and references them.
-    assert compilation.recover_jobs(now=job.next_attempt_at + timedelta(seconds=1)).retries_due
+    assert recover_jobs(now=job.next_attempt_at + timedelta(seconds=1)).retries_due
     job.refresh_from_db()
-    compilation.run_job(job.id, job.task_id)
+    run_job(job.id, job.task_id)
     document = Document.objects.get()
     assert document.state == "published"
     keys = [a["key"] for a in _artifact(document).assets]
@@ -425,11 +426,11 @@ def test_an_ocr_timeout_fails_the_document_retryably_and_kills_tesseracts_childr
     assert (exc.value.code, exc.value.message) == ("ocr_timeout", "OCR timed out after 1 s")
     assert wait_gone(processes_with("sleep\x00987657")) == []
     admission = admit_document(space, filename="bc14.pdf", data=bc14_pdf(), enqueue=False)
-    compilation.run_job(admission.job.id)
+    run_job(admission.job.id)
     document = Document.objects.get(id=admission.document.id)
     assert (document.state, document.error_code) == ("failed", "ocr_timeout")
     assert document.node_count == 0  # never published with page 2 missing
-    assert "ocr_timeout" in compilation.RETRYABLE_PARSE_CODES
+    assert "ocr_timeout" in RETRYABLE_PARSE_CODES
     assert wait_gone(processes_with("sleep\x00987657")) == []
 
 

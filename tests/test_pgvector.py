@@ -24,7 +24,7 @@ from retrieval.backends import pgvector as pgv
 from retrieval.backends.postgres import dense_statement
 from retrieval.checks import check_pgvector_available
 from retrieval.models import DenseVector
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from tests.embedders import FAKE_MODELS, MODEL_A, MODEL_B
 from tests.migration_support import migrate, migrate_to_latest
 

@@ -16,14 +16,14 @@ from django.core.management import CommandError, call_command
 from django.db import IntegrityError, transaction
 from rest_framework.test import APIClient
 
+from ingestion.compilation.recovery import drain_queued
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, DocumentState, RunState
-from ingestion.services import compilation
 from knowledgefs.errors import InvalidInput
 from knowledgefs.runtime import DEFAULT_MODEL_ID, UnknownEmbeddingModel, get_embedding_model
 from retrieval import index_builds, index_versions
 from retrieval.models import IndexVersion
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from spaces import profiles
 from spaces.api_keys import create_api_key
 from spaces.models import KnowledgeSpace, SpaceProfile
@@ -637,7 +637,7 @@ def test_a_compilation_retries_while_dify_is_down_and_then_succeeds(dify, client
     put(client, space, "embedding", OPENAI)
     admitted = admit_document(space, filename="leave.md", data=LEAVE, enqueue=False)
     dify.fail_next(3, status=503, route=MODEL_CATALOG)  # the inline retries spend all three
-    compilation.drain_queued(wait_for_retries=False)
+    drain_queued(wait_for_retries=False)
     job = CompilationJob.objects.get(id=admitted.job.id)
     assert (job.run_state, job.error_code, job.error_retryable) == (
         RunState.RETRY_WAIT,
@@ -647,7 +647,7 @@ def test_a_compilation_retries_while_dify_is_down_and_then_succeeds(dify, client
     assert job.execution_attempts == 1
     recorded = profile(space)
     assert recorded.state == "pending-validation" and recorded.failure["retryable"] is True
-    compilation.drain_queued()  # waits out the back-off, then compiles
+    drain_queued()  # waits out the back-off, then compiles
     job.refresh_from_db()
     assert job.run_state == RunState.SUCCEEDED
     assert profile(space).state == "ready" and profile(space).failure is None

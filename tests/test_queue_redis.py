@@ -18,9 +18,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from django_q.models import OrmQ, Task
 
+from ingestion.compilation.dispatch import TASK_FUNCTION
+from ingestion.compilation.recovery import recover_jobs
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode
-from ingestion.services import compilation
 from knowledgefs.queue_broker import parse_queue_broker, parse_queue_redis_url
 from tests.conftest import upload
 from tests.qcluster_process import QClusterProcess
@@ -145,7 +146,7 @@ def test_a_document_compiles_end_to_end_through_redis(client, space, redis_broke
     # the database whatever the broker).
     first = Task.objects.filter(name=f"compile:{claims[CompilationJob.objects.get(id=jobs[0]).id]}")
     assert _wait(first.exists, 30)
-    assert first.get().success and first.get().func == compilation.TASK_FUNCTION
+    assert first.get().success and first.get().func == TASK_FUNCTION
     response = client.post(
         f"/v1/knowledge-spaces/{space.id}/retrieval-tests",
         {"query": "what pulls the ocean tides", "top_k": 1},
@@ -179,7 +180,7 @@ def test_two_clusters_share_the_queue_and_each_job_runs_once(space, redis_broker
     assert sorted(rows.values_list("run_state", "execution_attempts")) == [("succeeded", 1)] * 8
     # Every published message was delivered exactly once (django-q2's monitor records a
     # delivery just after it returns), and both machines worked.
-    deliveries = Task.objects.filter(func=compilation.TASK_FUNCTION)
+    deliveries = Task.objects.filter(func=TASK_FUNCTION)
     assert _wait(lambda: deliveries.count() >= 8, 30)
     assert sorted(deliveries.values_list("name", flat=True)) == sorted(
         f"compile:{task_id}" for task_id in rows.values_list("task_id", flat=True)
@@ -206,9 +207,9 @@ def test_a_lost_message_is_published_again_by_the_sweep(space, redis_broker, clu
     assert CompilationJob.objects.get(id=job.id).run_state == "queued"
 
     # Within the dispatch grace the sweep leaves the claim alone (the message may be late).
-    assert compilation.recover_jobs().redispatched_undelivered == 0
+    assert recover_jobs().redispatched_undelivered == 0
     later = timezone.now() + timedelta(seconds=settings.KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS + 1)
-    report = compilation.recover_jobs(now=later)
+    report = recover_jobs(now=later)
     assert report.redispatched_undelivered == 1
     assert _wait(lambda: _all_done([job]), 60), cluster.log.read_text()[-2000:]
     done = CompilationJob.objects.get(id=job.id)

@@ -18,10 +18,11 @@ from PIL import Image
 from reportlab.lib.utils import ImageReader
 from reportlab.pdfgen import canvas
 
+from ingestion.compilation.pipeline import compile_jobs, run_job
+from ingestion.compilation.recovery import recover_jobs
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document
 from ingestion.parsing import parse_with_report, rasterize
-from ingestion.services import compilation
 from tests.pdf_fixtures import bc14_pdf, live_pids, png_bytes, require_ocr, wait_gone, write_stub
 
 INCH = 72
@@ -97,7 +98,7 @@ def test_bc16_a_hanging_pdftoppm_times_out_is_retried_then_fails_and_others_flow
         space, filename="ok.txt", data=b"Plain text keeps flowing. " * 20, enqueue=False
     )
     started = time.monotonic()
-    compilation.compile_jobs([bad.job.id, good.job.id])
+    compile_jobs([bad.job.id, good.job.id])
     elapsed = time.monotonic() - started
     assert Document.objects.get(id=good.document.id).state == "published"
     job = CompilationJob.objects.get(id=bad.job.id)
@@ -110,9 +111,9 @@ def test_bc16_a_hanging_pdftoppm_times_out_is_retried_then_fails_and_others_flow
     assert elapsed < 15, elapsed
     assert wait_gone(live_pids(pid_file)) == []  # stub and its child: killed and reaped
     # The retry is due: the second and last attempt fails the same way, for good.
-    assert compilation.recover_jobs(now=job.next_attempt_at + timedelta(seconds=1)).retries_due
+    assert recover_jobs(now=job.next_attempt_at + timedelta(seconds=1)).retries_due
     job.refresh_from_db()
-    compilation.run_job(job.id, job.task_id)
+    run_job(job.id, job.task_id)
     job.refresh_from_db()
     assert (job.run_state, job.error_code, job.execution_attempts) == (
         "failed",
@@ -280,7 +281,7 @@ def test_a_rasterizer_writing_garbage_is_a_page_warning_not_a_corrupt_pdf(
     assert report.pages_without_text == [2]
     assert "page 2: no text layer (rendering failed)" in report.warnings
     admission = admit_document(space, filename="bc14.pdf", data=bc14_pdf(), enqueue=False)
-    compilation.run_job(admission.job.id)
+    run_job(admission.job.id)
     document = Document.objects.get(id=admission.document.id)
     assert document.error_code != "corrupt_pdf"
 

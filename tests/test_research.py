@@ -17,6 +17,7 @@ import pytest
 from ingestion.documents import admit_document
 from knowledgefs.errors import InvalidInput
 from retrieval import reasoning
+from retrieval.modes import retrieve
 from retrieval.research import (
     ResearchCanceled,
     decompose,
@@ -24,7 +25,6 @@ from retrieval.research import (
     shared_pool,
     weighted_max,
 )
-from retrieval.services import retrieve
 from spaces.services import create_space
 from tests import dify_fixtures
 from tests.conftest import compile_all

@@ -12,7 +12,8 @@ from ingestion.models import Document, ParseArtifact
 from ingestion.parsing import Element
 from knowledgefs.errors import InvalidInput
 from retrieval.backends import ScoredNode
-from retrieval.services import fuse, min_max, retrieve
+from retrieval.modes import retrieve
+from retrieval.recall import fuse, min_max
 from tests.conftest import compile_all
 
 A, B, C = (uuid.UUID(int=i) for i in (1, 2, 3))
@@ -57,7 +58,7 @@ def test_fusion_keeps_the_dense_legs_raw_cosine_without_changing_the_order():
 
 
 def test_rrf_orders_by_summed_reciprocal_ranks():
-    from retrieval.services import reciprocal_rank_fusion
+    from retrieval.recall import reciprocal_rank_fusion
 
     ranked = reciprocal_rank_fusion(
         {"dense": [ScoredNode(A, 0.9), ScoredNode(B, 0.8)], "keyword": [ScoredNode(B, 5.0)]}, k=60

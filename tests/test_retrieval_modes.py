@@ -18,8 +18,9 @@ from django.core.management import call_command
 
 from ingestion.documents import admit_document
 from ingestion.models import KnowledgeNode
+from retrieval.fast_deep import DEEP_EXPANSION_FACTOR
+from retrieval.modes import retrieve
 from retrieval.planner import LEG_FLOOR, detect_language, plan
-from retrieval.services import DEEP_EXPANSION_FACTOR, retrieve
 from retrieval.text import keyword_terms, keyword_text
 from spaces.services import create_space
 from tests import dify_fixtures

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from ingestion.compilation.pipeline import run_job
 from ingestion.documents import admit_document
 from ingestion.models import Document, KnowledgeNode, ParseArtifact
-from ingestion.services import compilation
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "sample-docs"
 
@@ -101,7 +101,7 @@ def test_sample_document_compiles_to_published(space, name):
     admission = admit_document(
         space, filename=name, data=(SAMPLES / name).read_bytes(), enqueue=False
     )
-    assert compilation.run_job(admission.job.id) == "succeeded"
+    assert run_job(admission.job.id) == "succeeded"
     document = Document.objects.get(id=admission.document.id)
     assert document.state == "published", (document.error_code, document.error_message)
     texts = list(

@@ -10,9 +10,9 @@ import zipfile
 
 import pytest
 
+from ingestion.compilation.pipeline import run_job
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact
-from ingestion.services import compilation
 from knowledgefs.errors import InvalidInput
 from tests import test_unstructured_client
 
@@ -36,7 +36,7 @@ def _docx(text: str) -> bytes:
 
 def _compile(space, name: str, data: bytes) -> tuple[str, Document]:
     admission = admit_document(space, filename=name, data=data, enqueue=False)
-    outcome = compilation.run_job(admission.job.id)
+    outcome = run_job(admission.job.id)
     return outcome, Document.objects.get(id=admission.document.id)
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from ingestion.compilation.recovery import drain_queued
 from ingestion.models import Document
-from ingestion.services.compilation import drain_queued
 from knowledgefs import boundary
 from spaces.models import SpaceProfile
 from tests import dify_fixtures

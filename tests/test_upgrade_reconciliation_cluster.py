@@ -15,7 +15,7 @@ from django_q.tasks import async_task
 
 from ingestion.models import Document, DocumentState
 from knowledgefs.errors import Conflict
-from retrieval.services import retrieve
+from retrieval.modes import retrieve
 from tests.upgrade_factories import Legacy, succeeded_job
 from upgrades.models import UpgradeJob
 from upgrades.services import reconciliation_runner as rec

@@ -13,8 +13,8 @@ from django.db import transaction
 from django.utils import timezone
 from django_q.models import OrmQ
 
+from ingestion.compilation.recovery import drain_queued
 from ingestion.models import CompilationJob, Document
-from ingestion.services.compilation import drain_queued
 from spaces.models import SpaceProfile
 from tests.upgrade_support import (
     INNER_KEY,

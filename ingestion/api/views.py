@@ -9,12 +9,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ingestion import availability, documents, reports
-from ingestion.services import compilation
+from ingestion.compilation import operations
 from ingestion.upload_admission import BufferedUploadAdmissionMixin
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
-from spaces.api import NewestFirstPagination
+from knowledgefs.pagination import NewestFirstPagination
 from spaces.services import get_space
 
 from .serializers import DocumentSerializer, JobSerializer
@@ -168,7 +168,7 @@ class JobDetailView(APIView):
     def delete(self, request, job_id):
         """Cancel a live attempt (409 ``job_finished`` once it ended); 200 with the job."""
         job = documents.get_job(request.user, job_id)
-        return Response(JobSerializer(compilation.cancel_job(job.id)).data)
+        return Response(JobSerializer(operations.cancel_job(job.id)).data)
 
 
 class JobRetryView(APIView):
@@ -187,7 +187,7 @@ class JobRetryView(APIView):
             raise InvalidInput("'from' must be 'checkpoint' or 'start'", code="invalid_retry_start")
 
         def retry() -> Response:
-            attempt = compilation.retry_job(job.id, from_checkpoint=start == "checkpoint")
+            attempt = operations.retry_job(job.id, from_checkpoint=start == "checkpoint")
             return Response(JobSerializer(attempt).data, status=status.HTTP_202_ACCEPTED)
 
         return idempotent(request, fingerprint("jobs.retry", str(job.id), start), retry)

@@ -44,7 +44,7 @@ def register() -> None:
         },
     )
     annotate(
-        "ingestion.api.DocumentListView",
+        "ingestion.api.views.DocumentListView",
         get=extend_schema(
             summary="List the space's documents, newest first",
             parameters=page_parameters(20),
@@ -89,7 +89,7 @@ def register() -> None:
         ),
     )
     annotate(
-        "ingestion.api.DocumentDetailView",
+        "ingestion.api.views.DocumentDetailView",
         get=extend_schema(
             summary="Read a document",
             parameters=[etag("document's `row_version`")],
@@ -124,7 +124,7 @@ def register() -> None:
         ),
     )
     annotate(
-        "ingestion.api.DocumentTextView",
+        "ingestion.api.views.DocumentTextView",
         get=extend_schema(
             summary="The document's published canonical text",
             parameters=[
@@ -145,7 +145,7 @@ def register() -> None:
         ),
     )
     annotate(
-        "ingestion.api.JobListView",
+        "ingestion.api.views.JobListView",
         get=extend_schema(
             summary="The space's compilation attempts, newest first",
             parameters=[
@@ -161,7 +161,7 @@ def register() -> None:
         ),
     )
     annotate(
-        "ingestion.api.JobDetailView",
+        "ingestion.api.views.JobDetailView",
         get=extend_schema(summary="Read a compilation attempt", responses={200: JobSerializer}),
         delete=extend_schema(
             summary="Cancel a live attempt",
@@ -169,7 +169,7 @@ def register() -> None:
         ),
     )
     annotate(
-        "ingestion.api.JobRetryView",
+        "ingestion.api.views.JobRetryView",
         post=extend_schema(
             summary="Retry a failed or canceled attempt",
             parameters=[IDEMPOTENCY_KEY, REPLAYED],

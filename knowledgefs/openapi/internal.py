@@ -1,5 +1,6 @@
-"""Annotations of Dify's internal routes of :mod:`knowledgefs.internal` (provision, delete, grant
-revocation) for the OpenAPI document (:mod:`knowledgefs.openapi.common`)."""
+"""Annotations of Dify's internal routes (provision and delete a space,
+:mod:`spaces.api.internal`; grant revocation, :mod:`knowledgefs.internal`) for the OpenAPI
+document (:mod:`knowledgefs.openapi.common`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from .common import BOOLEAN, IDEMPOTENCY_KEY, NAMESPACE_BODY, STRING, annotate, 
 def register() -> None:
     """Register the annotations of these routes (once: :func:`knowledgefs.openapi.register`)."""
     from spaces.api.internal import ProvisionSerializer
-    from spaces.serializers import KnowledgeSpaceSerializer
+    from spaces.api.serializers import KnowledgeSpaceSerializer
 
     annotate(
-        "knowledgefs.internal.ProvisionSpaceView",
+        "spaces.api.internal.ProvisionSpaceView",
         post=extend_schema(
             summary="Create a tenant's space by slug, or return it",
             request=ProvisionSerializer,
@@ -23,7 +24,7 @@ def register() -> None:
         ),
     )
     annotate(
-        "knowledgefs.internal.DeleteSpaceView",
+        "spaces.api.internal.DeleteSpaceView",
         post=extend_schema(
             summary="Delete a tenant's space",
             request=NAMESPACE_BODY,

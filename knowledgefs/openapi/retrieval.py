@@ -49,7 +49,7 @@ GOLDEN = {
 def register() -> None:
     """Register the annotations of these routes (once: :func:`knowledgefs.openapi.register`)."""
     annotate(
-        "retrieval.api.RetrievalTestView",
+        "retrieval.api.views.RetrievalTestView",
         post=extend_schema(
             summary="Run one retrieval and show its stages",
             request=body(
@@ -72,7 +72,7 @@ def register() -> None:
         ),
     )
     annotate(
-        "retrieval.api.GoldenQuestionListView",
+        "retrieval.api.views.GoldenQuestionListView",
         get=extend_schema(
             summary="The space's golden questions, newest first",
             parameters=page_parameters(20),
@@ -90,7 +90,7 @@ def register() -> None:
     )
     question = shape("The question.", {"id": STRING, "revision": INTEGER, **GOLDEN})
     annotate(
-        "retrieval.api.GoldenQuestionDetailView",
+        "retrieval.api.views.GoldenQuestionDetailView",
         get=extend_schema(
             summary="Read a golden question",
             parameters=[etag("question's `revision`")],

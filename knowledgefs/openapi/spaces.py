@@ -22,7 +22,7 @@ from .common import (
 
 def register() -> None:
     """Register the annotations of these routes (once: :func:`knowledgefs.openapi.register`)."""
-    from spaces.serializers import (
+    from spaces.api.serializers import (
         KnowledgeSpaceSerializer,
         SpaceCreateSerializer,
         SpaceUpdateSerializer,
@@ -33,7 +33,7 @@ def register() -> None:
         "(`workspace_cutover_closed`)."
     )
     annotate(
-        "spaces.api.KnowledgeSpaceListView",
+        "spaces.api.views.KnowledgeSpaceListView",
         get=extend_schema(
             summary="List the caller's spaces, newest first",
             parameters=page_parameters(20),
@@ -52,7 +52,7 @@ def register() -> None:
         ),
     )
     annotate(
-        "spaces.api.KnowledgeSpaceDetailView",
+        "spaces.api.views.KnowledgeSpaceDetailView",
         get=extend_schema(summary="Read a space", responses={200: KnowledgeSpaceSerializer}),
         patch=extend_schema(
             summary="Rename, describe or re-index a space",
@@ -80,7 +80,7 @@ def register() -> None:
     )
     profile_errors = error("`revision_conflict` or `embedding_profile_frozen`.")
     annotate(
-        "spaces.api.EmbeddingProfileView",
+        "spaces.api.views.EmbeddingProfileView",
         put=extend_schema(
             summary="Choose the space's embedding model",
             request=body(
@@ -92,7 +92,7 @@ def register() -> None:
         ),
     )
     annotate(
-        "spaces.api.RetrievalProfileView",
+        "spaces.api.views.RetrievalProfileView",
         put=extend_schema(
             summary="Replace the space's retrieval profile",
             request=body(
@@ -117,7 +117,7 @@ def register() -> None:
         ),
     )
     annotate(
-        "spaces.api.ProfileValidationView",
+        "spaces.api.views.ProfileValidationView",
         post=extend_schema(
             summary="Check the space's models against the runtime (preflight)",
             request=None,

@@ -1,5 +1,5 @@
-"""Annotations of the internal upgrade and cutover routes (``upgrades.api``,
-``upgrades.cutover_api``) for the OpenAPI document (:mod:`knowledgefs.openapi.common`)."""
+"""Annotations of the internal upgrade and cutover routes (``upgrades.api.views``,
+``upgrades.api.cutover``) for the OpenAPI document (:mod:`knowledgefs.openapi.common`)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ LEDGER = shape(
 
 def register() -> None:
     """Register the annotations of these routes (once: :func:`knowledgefs.openapi.register`)."""
-    from upgrades.cutover_api import AdvanceSerializer, RecutoverSerializer, RollbackSerializer
-    from upgrades.serializers import SnapshotSerializer, UpgradeJobSerializer
+    from upgrades.api.cutover import AdvanceSerializer, RecutoverSerializer, RollbackSerializer
+    from upgrades.api.serializers import SnapshotSerializer, UpgradeJobSerializer
 
-    upgrades = "upgrades.api."
+    upgrades = "upgrades.api.views."
     annotate(
         upgrades + "UpgradeListView",
         post=extend_schema(
@@ -112,7 +112,7 @@ def register() -> None:
             },
         ),
     )
-    cutover = "upgrades.cutover_api."
+    cutover = "upgrades.api.cutover."
     cas = error("A stale `expected_phase` / `expected_cas_version`, or a refused step.")
     annotate(
         cutover + "LedgerView",

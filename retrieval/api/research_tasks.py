@@ -12,14 +12,12 @@ agent that starts a task can also cancel and resume it. It changes no knowledge.
 from __future__ import annotations
 
 from rest_framework import status
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 
-from knowledgefs import pagination
 from knowledgefs.auth.operations import Operation, child, space_from
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import HEADER, fingerprint, idempotent
-from spaces.api import NewestFirstPagination
+from knowledgefs.pagination import KeysetPagination, NewestFirstPagination
 from spaces.services import get_space
 
 from ..research_tasks import service
@@ -84,36 +82,15 @@ def partial_dict(partial: ResearchTaskPartial, reasons: dict[str, str]) -> dict:
     }
 
 
-class SequencePagination(CursorPagination):
+class SequencePagination(KeysetPagination):
     """Keyset pagination by ``sequence``, oldest first; ``?limit=`` up to 100 (default 25)."""
 
     page_size = 25
-    page_size_query_param = "limit"
-    max_page_size = 100
     ordering = ("sequence",)
 
-    def get_page_size(self, request):
-        """``?limit=`` 1..100 (400 ``invalid_limit`` outside), else the default."""
-        return pagination.page_size(
-            request, self.page_size_query_param, self.page_size, self.max_page_size
-        )
-
-    def decode_cursor(self, request):
-        """DRF's cursor, refused with 400 ``invalid_cursor`` unless its position is a whole
-        number (a crafted cursor must not reach the query)."""
-        from rest_framework.exceptions import NotFound
-
-        pagination.require_issued_cursor(request, self.cursor_query_param)
-        try:
-            cursor = super().decode_cursor(request)
-        except NotFound:
-            raise InvalidInput(
-                "the cursor is not one this API issued", code="invalid_cursor"
-            ) from None
-        if cursor is not None and cursor.position is not None:
-            if not (cursor.position.isascii() and cursor.position.isdigit()):
-                raise InvalidInput("the cursor is not one this API issued", code="invalid_cursor")
-        return cursor
+    def valid_position(self, position: str) -> bool:
+        """A whole number."""
+        return position.isascii() and position.isdigit()
 
 
 BODY_MEMBERS = ("space_id", "query", "top_k", "filters", "limits")

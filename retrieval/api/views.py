@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, space_from
 from knowledgefs.errors import InvalidInput
-from spaces.api import NewestFirstPagination
+from knowledgefs.pagination import NewestFirstPagination
 from spaces.services import get_space
 
 from .. import golden

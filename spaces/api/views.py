@@ -3,64 +3,19 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 
-from django.utils.dateparse import parse_datetime
 from rest_framework import status
-from rest_framework.exceptions import NotFound
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from knowledgefs import pagination
 from knowledgefs.auth.operations import ADMIN_CALLERS, Operation, namespace_wide, space_from
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
+from knowledgefs.pagination import NewestFirstPagination
 from retrieval import embedding_profile
 from spaces import preflight, profiles, services
 
 from .serializers import KnowledgeSpaceSerializer, SpaceCreateSerializer, SpaceUpdateSerializer
-
-
-class NewestFirstPagination(CursorPagination):
-    """Keyset pagination, newest first; ``?limit=`` up to 100 (default 20)."""
-
-    page_size = 20
-    page_size_query_param = "limit"
-    max_page_size = 100
-    ordering = ("-created_at", "-id")
-
-    def get_page_size(self, request):
-        """``?limit=`` 1..100 (400 ``invalid_limit`` outside), else the default."""
-        return pagination.page_size(
-            request, self.page_size_query_param, self.page_size, self.max_page_size
-        )
-
-    def decode_cursor(self, request):
-        """DRF's cursor, refused with 400 ``invalid_cursor`` unless its position is a datetime
-        the database can compare (a crafted cursor must not reach the query)."""
-        pagination.require_issued_cursor(request, self.cursor_query_param)
-        try:
-            cursor = super().decode_cursor(request)
-        except NotFound:
-            raise InvalidInput(
-                "the cursor is not one this API issued", code="invalid_cursor"
-            ) from None
-        if cursor is not None and cursor.position is not None:
-            moment = parse_datetime(cursor.position)
-            try:
-                valid = (
-                    moment is not None
-                    and 1 < moment.year < 9999
-                    and (
-                        moment.utcoffset() is None or abs(moment.utcoffset()) < timedelta(hours=15)
-                    )
-                )
-            except (OverflowError, ValueError):
-                valid = False
-            if not valid:
-                raise InvalidInput("the cursor is not one this API issued", code="invalid_cursor")
-        return cursor
 
 
 class KnowledgeSpaceListView(APIView):

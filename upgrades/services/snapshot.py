@@ -116,7 +116,7 @@ def _check_storage_key(index: int, document: dict, tenant: str) -> None:
 
 def _check_metadata(index: int, document: dict) -> None:
     """Refuse metadata reconciliation would refuse (400 ``invalid_metadata``): the same
-    :func:`ingestion.services.availability.validate_metadata_patch` rules, per key so the
+    :func:`ingestion.availability.validate_metadata_patch` rules, per key so the
     error names it."""
     from ingestion.availability import validate_metadata_patch
 

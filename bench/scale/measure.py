@@ -1,0 +1,140 @@
+"""Scale curve ``measure``: one size's dense leg alone (and the ``hnsw.ef_search`` sweep on
+PostgreSQL) and Fast in-process, with latency percentiles; runs inside a worker subprocess."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import time
+
+import numpy as np
+
+from .state import DEPTH, EF_SEARCH_SWEEP, TENANT, log, state_dir
+
+
+# --- measure -------------------------------------------------------------------------------------
+def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: int) -> dict:
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from retrieval.backends import get_search_backend
+    from retrieval.modes import retrieve
+    from retrieval.recall import resolve_snapshot
+    from spaces.models import KnowledgeSpace
+
+    call_command("migrate", verbosity=0)  # the merged branch's migrations, if any are new
+    loaded = np.load(state_dir() / "queries.npz", allow_pickle=True)
+    texts, vectors = list(loaded["texts"]), loaded["vectors"]
+    space = KnowledgeSpace.objects.get(tenant_id=TENANT, slug=f"scale-{size}")
+    backend = get_search_backend()
+    snapshot = resolve_snapshot(space)
+    number, _, dimension = snapshot.version
+    load_start = os.getloadavg()
+
+    def dense(vector):
+        return backend.dense_search(
+            space.id, vector, index_version=number, head_revision=snapshot.head_revision,
+            limit=DEPTH, dimension=dimension,
+        )  # fmt: skip
+
+    t0 = time.perf_counter()
+    with CaptureQueriesContext(connection) as captured:
+        dense(vectors[0])
+    cold_ms = (time.perf_counter() - t0) * 1000
+    plan = explain_dense(captured.captured_queries) if engine == "postgres" else None
+    log(f"  cold dense search {cold_ms:.0f} ms")
+    extra = texts[count:] or texts
+    for text in extra[:warmup]:
+        retrieve(space, text, top_k=10, mode="fast")
+    fast_ms, stages, dense_ms, dense_ids = [], [], [], []
+    for vector in vectors[:count]:  # the dense leg first: recall needs every query
+        t0 = time.perf_counter()
+        hits = dense(vector)
+        dense_ms.append((time.perf_counter() - t0) * 1000)
+        dense_ids.append([h.node_id.hex for h in hits])
+    sweep = ef_search_sweep(dense, vectors[:count]) if engine == "postgres" else {}
+    deadline = time.monotonic() + max_seconds
+    for text in texts[:count]:  # then Fast, bounded by the point's time budget
+        if time.monotonic() > deadline:
+            log(f"  time budget reached after {len(fast_ms)} Fast queries")
+            break
+        t0 = time.perf_counter()
+        result = retrieve(space, text, top_k=10, mode="fast")
+        fast_ms.append((time.perf_counter() - t0) * 1000)
+        stages.append(
+            {s["name"]: s["duration_ms"] for s in result.stages if s["status"] == "executed"}
+        )
+    return {
+        "queries_fast": len(fast_ms),
+        "queries_dense": len(dense_ms),
+        "fast_p50_ms": pct(fast_ms, 50),
+        "fast_p95_ms": pct(fast_ms, 95),
+        "fast_mean_ms": round(float(np.mean(fast_ms)), 2) if fast_ms else None,
+        "dense_p50_ms": pct(dense_ms, 50),
+        "dense_p95_ms": pct(dense_ms, 95),
+        "cold_dense_ms": round(cold_ms, 1),
+        "stage_p50_ms": {
+            name: pct([s[name] for s in stages if name in s], 50)
+            for name in ("embed", "dense", "keyword", "fusion")
+        },
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
+        "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "fast_ms": [round(v, 2) for v in fast_ms],
+        "dense_ms": [round(v, 2) for v in dense_ms],
+        "dense_ids": dense_ids,
+        "dense_plan": plan,
+        "ef_search_sweep": sweep,
+    }
+
+
+def ef_search_sweep(dense, vectors) -> dict:
+    """The dense leg alone at other ``KNOWLEDGE_PG_HNSW_EF_SEARCH`` values (the backend reads
+    the setting per query; raised to the leg's depth of 50 when smaller): latencies and ids."""
+    from django.conf import settings
+
+    configured = settings.KNOWLEDGE_PG_HNSW_EF_SEARCH
+    out = {}
+    try:
+        for ef in EF_SEARCH_SWEEP:
+            settings.KNOWLEDGE_PG_HNSW_EF_SEARCH = ef
+            times, ids = [], []
+            for vector in vectors:
+                t0 = time.perf_counter()
+                hits = dense(vector)
+                times.append((time.perf_counter() - t0) * 1000)
+                ids.append([h.node_id.hex for h in hits])
+            out[str(ef)] = {"p50_ms": pct(times, 50), "p95_ms": pct(times, 95), "ids": ids}
+    finally:
+        settings.KNOWLEDGE_PG_HNSW_EF_SEARCH = configured
+    return out
+
+
+def explain_dense(queries: list[dict]) -> str | None:
+    """``EXPLAIN`` of the dense leg's vector statement (the one ordering by a distance)."""
+    from django.db import connection
+
+    for query in queries:
+        sql = query["sql"]
+        if "<=>" in sql or "<#>" in sql or "<->" in sql:
+            with connection.cursor() as cursor:
+                cursor.execute("EXPLAIN " + sql)
+                plan = "\n".join(r[0] for r in cursor.fetchall())
+                return re.sub(r"'\[[^\]]*\]'", "'[…]'", plan)  # the query vector's literal
+    return None
+
+
+def pct(values: list[float], p: float) -> float | None:
+    from retrieval.evaluation import percentile
+
+    return round(percentile(sorted(values), p), 2) if values else None
+
+
+# --- report --------------------------------------------------------------------------------------
+def recall(found: list[list[str]], truth: np.ndarray, k: int) -> float | None:
+    if not found:
+        return None
+    hits = [len(set(f[:k]) & set(truth[q][:k])) / k for q, f in enumerate(found)]
+    return round(float(np.mean(hits)), 4)
