@@ -30,7 +30,7 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
 	@chromium --version 2>/dev/null
 
-# Debian's redis-server for the REDIS_URL tests (tests/test_redis.py starts its own on loopback).
+# Debian's redis-server for the REDIS_URL tests (spaces/tests/test_redis.py starts its own on loopback).
 redis:
 	@command -v redis-server >/dev/null 2>&1 || { \
 		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -48,7 +48,7 @@ mariadb:
 	@mariadbd --version 2>/dev/null
 
 # Debian's tesseract-ocr (English data) and poppler-utils (pdftoppm) for OCR and PDF
-# rasterization (tests/test_pdf.py, tests/test_rasterize.py fail without them under KFS_REQUIRE_OCR=1).
+# rasterization (ingestion/tests/test_pdf.py, ingestion/tests/test_rasterize.py fail without them under KFS_REQUIRE_OCR=1).
 ocr:
 	@{ command -v tesseract && command -v pdftoppm; } >/dev/null 2>&1 || { \
 		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -117,17 +117,17 @@ test-postgres: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
 	$(BIN)/python scripts/with_postgres.py $(BIN)/python -m pytest -q
 
-# The migration suite (every tests/test_migrations*.py, and the downgrade guards) on a throw-away
+# The migration suite (every tests/system/test_migrations*.py, and the downgrade guards) on a throw-away
 # MariaDB; skipped with a message when mariadbd is missing (`make mariadb`), a failure under KFS_REQUIRE_MARIADB=1 (CI).
 test-mariadb: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
-	$(BIN)/python scripts/with_mariadb.py --skip-if-missing $(BIN)/python -m pytest -q $(sort $(wildcard tests/test_migrations*.py)) tests/test_downgrade_guards.py
+	$(BIN)/python scripts/with_mariadb.py --skip-if-missing $(BIN)/python -m pytest -q $(sort $(wildcard tests/system/test_migrations*.py)) tests/system/test_downgrade_guards.py
 
 # The retrieval regression gate: compiles the committed fixture (tests/fixtures/eval-mini, 200
 # SciFact abstracts, 30 queries) into a throw-away SQLite database and fails when nDCG@10,
 # Recall@100 or MRR@10 of a mode falls more than EVAL_MAX_DROP below baseline.json
 # (docs/retrieval.md, "Evaluation"). About 35 s on the embedded default. PostgreSQL's numbers
-# are gated by tests/test_eval_gate.py under test-postgres.
+# are gated by retrieval/tests/test_eval_gate.py under test-postgres.
 EVAL_MODES    ?= fast,deep,research
 EVAL_MAX_DROP ?= 0.01
 EVAL_VAR      := var/eval-gate

@@ -1,8 +1,8 @@
 """What one Fast query costs KnowledgeFS under the Dify bridge backend, at N visible chunks.
 
-``KNOWLEDGE_SEARCH_BACKEND=dify`` against the simulated Dify of ``tests/dify_server.py`` on
-loopback, run in a child process of its own (so its CPU time is not on the measured
-interpreter's GIL) and stopped with this script. Steps:
+``KNOWLEDGE_SEARCH_BACKEND=dify`` against the simulated Dify of
+``knowledgefs/testing/dify_server.py`` on loopback, run in a child process of its own (so its CPU
+time is not on the measured interpreter's GIL) and stopped with this script. Steps:
 
 1. Fresh SQLite database in ``--var`` (default ``/work/bridgebench-var``), migrated; a space
    ``bridge-scale`` (tenant ``kfs-bench``) with its active index version (local model,
@@ -21,8 +21,8 @@ interpreter's GIL) and stopped with this script. Steps:
    bytes (Content-Length) and its handler time (read, parse, search, answer; summed over
    requests, which overlap up to ``KNOWLEDGE_SEARCH_BRIDGE_CONCURRENCY`` at a time).
 
-``--server stock`` runs ``tests/dify_server.py`` as it is (cosine in pure Python over the asked
-ids; BM25 by building an FTS5 table over the whole collection for every request).
+``--server stock`` runs ``knowledgefs/testing/dify_server.py`` as it is (cosine in pure Python over
+the asked ids; BM25 by building an FTS5 table over the whole collection for every request).
 ``--server indexed`` (default) keeps the contract and the answers but holds each collection's
 vectors in a numpy matrix and its texts in one FTS5 table, rebuilt only after upserts, as a real
 engine would, so the dense leg's server share stays small (BM25 still ranks every matching row
@@ -80,7 +80,7 @@ def serve(mode: str, lifetime: float) -> None:
     """Run the simulated Dify (``mode`` stock or indexed); print its URL; stop when stdin
     closes or after ``lifetime`` seconds. ``GET /bench/stats`` answers (and resets) the
     per-route counters: requests, request bytes, handler seconds."""
-    from tests import dify_server as ds
+    from knowledgefs.testing import dify_server as ds
 
     stats: dict[str, list[float]] = {}
     lock = threading.Lock()
@@ -485,7 +485,7 @@ def main() -> int:
 
 
 def run(args, var: Path, sim: Simulator, deadline: float) -> int:  # noqa: ANN001
-    from tests.dify_server import TEST_INNER_KEY
+    from knowledgefs.testing.dify_server import TEST_INNER_KEY
 
     os.environ.update(
         DJANGO_SETTINGS_MODULE="knowledgefs.settings",

@@ -1,6 +1,6 @@
 """Schemathesis CLI against gunicorn on loopback: every operation of ``/openapi.json``, no 5xx.
 
-The longer companion of tests/test_schemathesis.py (which runs in process, bounded for CI):
+The longer companion of tests/system/test_schemathesis.py (which runs in process, bounded for CI):
 
 1. Uses a fresh ``KNOWLEDGE_VAR_DIR`` (SQLite; or the database of ``DATABASE_URL``, e.g. under
    ``scripts/with_postgres.py``), migrates, and makes a tenant ``kfs-schemathesis`` with a space,

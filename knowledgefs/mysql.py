@@ -42,8 +42,8 @@ def install_driver() -> str:
 # Each conditional unique constraint of the models (a partial unique index on SQLite and
 # PostgreSQL, which Django skips on MySQL/MariaDB) → (table, the unique index over a stored
 # generated column that enforces the same rule on MySQL/MariaDB, and the migration adding it).
-# tests/test_migrations_engines.py checks that every conditional unique constraint is listed and,
-# on MySQL/MariaDB, that each index exists.
+# tests/system/test_migrations_engines.py checks that every conditional unique constraint is listed
+# and, on MySQL/MariaDB, that each index exists.
 MYSQL_UNIQUE_COUNTERPARTS = {
     "upgrade_job_active_dataset_uq": (
         "upgrade_job",

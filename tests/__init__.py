@@ -1,0 +1,1 @@
+"""Cross-app tests (system/) and the committed test data (fixtures/)."""

@@ -1,2 +1,0 @@
-"""A migration package with one migration that is never applied: pointing an app at it with
-``MIGRATION_MODULES`` gives ``/ready`` a real unapplied migration (tests/test_boundary.py)."""

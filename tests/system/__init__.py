@@ -1,0 +1,1 @@
+"""Cross-app and process-level tests: clusters, servers, browsers, migrations, deployment."""
