@@ -91,7 +91,7 @@ def _add_cancel(sub) -> None:
 
 def _add_schedules(sub) -> None:
     sched = sub.add_parser(
-        "schedules", help="create or repair the recovery sweep schedule, then show it"
+        "schedules", help="create or repair the schedule of every recurring sweep, then show them"
     )
     sched.add_argument("--json", action="store_true")
 
@@ -229,7 +229,7 @@ def _cancel(command, options: dict) -> None:
 
 
 def _schedules(command, options: dict) -> None:
-    from upgrades.services.reconciliation_runner import ensure_recovery_schedule
+    from knowledgefs.jobs import schedules
 
     schedule = dispatch.ensure_recovery_schedule()
     payload = {
@@ -238,22 +238,20 @@ def _schedules(command, options: dict) -> None:
         "minutes": schedule.minutes,
         "next_run": schedule.next_run.isoformat() if schedule.next_run else None,
     }
-    # The upgrade reconciliation recovery tick (migration upgrades.0020) is repaired too.
-    upgrade = ensure_recovery_schedule()
-    # The research tasks' recovery sweep (migration retrieval.0006) is repaired too.
-    from retrieval.research_tasks.dispatch import ensure_sweep_schedule
-
-    research = ensure_sweep_schedule()
-    payload["also"] = [
-        {"name": s.name, "func": s.func, "minutes": s.minutes} for s in (upgrade, research)
-    ]
+    # Every other registered sweep (research tasks, upgrade reconciliation, the upgrade sweep;
+    # knowledgefs.jobs.schedules) is repaired too, in registration order.
+    others = [schedules.ensure(name) for name in schedules.SCHEDULES if name != schedule.name]
+    payload["also"] = [{"name": s.name, "func": s.func, "minutes": s.minutes} for s in others]
     command.emit(
         options,
         payload,
-        f"{schedule.name}: {schedule.func} every {schedule.minutes} min "
-        f"(next {payload['next_run']})\n"
-        f"{upgrade.name}: {upgrade.func} every {upgrade.minutes} min\n"
-        f"{research.name}: {research.func} every {research.minutes} min",
+        "\n".join(
+            [
+                f"{schedule.name}: {schedule.func} every {schedule.minutes} min "
+                f"(next {payload['next_run']})"
+            ]
+            + [f"{s.name}: {s.func} every {s.minutes} min" for s in others]
+        ),  # fmt: skip
     )
 
 

@@ -1,4 +1,4 @@
-"""Start-up rules of the Dify boundary, applied by ``knowledgefs/settings.py``.
+"""Start-up rules of the Dify boundary, applied by ``knowledgefs/settings/``.
 
 - **Forbidden credentials.** KnowledgeFS must never receive model-provider keys, datasource
   secrets, direct plugin-daemon credentials or object-storage provider credentials (production

@@ -1,6 +1,6 @@
 """The worker broker setting: django-q2 on the ORM (default) or on Redis.
 
-Imported by ``knowledgefs/settings.py`` (section "Worker broker"), so it imports nothing heavy and
+Imported by ``knowledgefs/settings/`` (section "Worker broker"), so it imports nothing heavy and
 raises ``ImproperlyConfigured`` with the variable, the shown value and what is accepted. A URL is
 always shown without its user, password and query string.
 

@@ -35,7 +35,7 @@ class DocumentListView(BufferedUploadAdmissionMixin, APIView):
     def post(self, request, space_id):
         """Upload one file (multipart field ``file``); 202 with the document and its job.
 
-        The body is read only after the upload admission (knowledgefs.admission: 411, 413,
+        The body is read only after the upload admission (ingestion.upload_admission: 411, 413,
         429, 408 before or while it is read).
         """
         space = get_space(request.user, space_id)
@@ -91,7 +91,7 @@ class DocumentDetailView(APIView):
         """Body ``{"enabled"?: bool, "metadata"?: object}`` (metadata merges; ``null`` removes a
         key). The expected ``row_version`` comes from ``If-Match`` (e.g. ``"3"``) or the body's
         ``row_version``; 200 with the document and its new ``ETag``; 409
-        ``document_version_conflict`` when it moved on (see ingestion.services.availability)."""
+        ``document_version_conflict`` when it moved on (see ingestion.availability)."""
         body = request.data if hasattr(request.data, "get") else None
         if body is None:
             raise InvalidInput("the body must be a JSON object", code="invalid_request")

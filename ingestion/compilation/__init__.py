@@ -22,7 +22,7 @@ The database is the source of truth; the task queue only delivers ids.
   attempt writes nothing after the cancel commits.
 * **Bounded memory.** Parsing runs under the machine-wide materialization gate; a parsed
   artifact is retained only under a retained-artifact lease (count and byte budget), so a
-  claimed batch is compiled in waves that fit (see :mod:`ingestion.gates`).
+  claimed batch is compiled in waves that fit (see :mod:`ingestion.memory_gates`).
 
 Several queued jobs of one space can be compiled as one batch so that their chunks share
 embedding batches; a failure in one document fails only that document.

@@ -1,7 +1,7 @@
 """Admitting a wave: the jobs whose artifacts are parsed or loaded and held in memory together.
 
 Parsing runs under the machine-wide materialization gate; a parsed artifact is retained only
-under a retained-artifact lease (count and byte budget, :mod:`ingestion.gates`), handed over
+under a retained-artifact lease (count and byte budget, :mod:`ingestion.memory_gates`), handed over
 from the materialization slot so the artifact is always covered. Only the first job of a wave
 may wait on a gate.
 """
@@ -158,8 +158,8 @@ class _LightSlot:
     The materialization gate bounds how many sources are read and parsed at once; a wave parses
     its documents one after another on one thread, so one slot held across its light documents
     keeps that bound while costing two ledger transactions per wave instead of two per document
-    (:func:`ingestion.gates.materialization_gate`). Heavy documents still take their own lanes
-    per document, heavy lane first; the shared slot is given back before they do, so the fixed
+    (:func:`ingestion.memory_gates.materialization_gate`). Heavy documents still take their own
+    lanes per document, heavy lane first; the shared slot is given back before they do, so the fixed
     lock order (heavy, then main) holds. The slot is given back once the wave's artifacts are
     retained (the hand-off rule), or as soon as the wave closes.
     """
@@ -170,7 +170,8 @@ class _LightSlot:
     def acquire(self, should_abort, *, block: bool) -> bool:
         """Hold the slot (already held: at once); ``False`` if not free and not ``block``.
 
-        Raises :class:`ingestion.gates.GateAborted` when ``should_abort()`` is true while waiting.
+        Raises :class:`ingestion.memory_gates.GateAborted` when ``should_abort()`` is true while
+        waiting.
         """
         if self.lease is None:
             self.lease = gates.materialization_gate().acquire(

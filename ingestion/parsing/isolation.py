@@ -31,7 +31,7 @@ in a child process and:
   with it, also when the child was killed.
 
 A django-q2 worker is a daemonic process by default, and daemonic processes may not start
-children; ``Q_CLUSTER["daemonize_workers"]`` is therefore ``False`` (knowledgefs/settings.py).
+children; ``Q_CLUSTER["daemonize_workers"]`` is therefore ``False`` (knowledgefs/settings/).
 """
 
 from __future__ import annotations

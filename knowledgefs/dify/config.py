@@ -1,6 +1,6 @@
 """Defaults and limits of the Dify inner API, and the check of ``DIFY_INNER_API_URL``.
 
-Imported by ``knowledgefs/settings.py``, so it imports nothing heavy. Where a number comes from
+Imported by ``knowledgefs/settings/``, so it imports nothing heavy. Where a number comes from
 is said next to it; docs/dify-boundary.md lists them all.
 """
 

@@ -796,7 +796,7 @@ RESEARCH_SETTINGS = {
 
 
 def test_research_settings_defaults_and_ranges():
-    from tests.system.test_checks import setup_django
+    from knowledgefs.testing.django_start import setup_django
 
     names = list(RESEARCH_SETTINGS)
     result = setup_django(

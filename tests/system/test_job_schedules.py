@@ -90,3 +90,19 @@ def test_compilation_registers_its_recovery_sweep_and_ensure_writes_the_row_it_a
         schedules.ensure(compilation.RECOVERY_SCHEDULE).minutes,
         ScheduleRow.objects.filter(name=compilation.RECOVERY_SCHEDULE).count(),
     ) == (3, 1)
+
+
+def test_kfs_schedules_repairs_every_registered_sweep(capsys):
+    import json
+
+    from django.core.management import call_command
+
+    ScheduleRow.objects.all().delete()
+    call_command("kfs", "schedules", "--json")
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["name"] == compilation.RECOVERY_SCHEDULE
+    assert [s["name"] for s in shown["also"]] == [
+        name for name in schedules.SCHEDULES if name != compilation.RECOVERY_SCHEDULE
+    ]
+    assert upgrade.SWEEP_SCHEDULE in {s["name"] for s in shown["also"]}
+    assert set(ScheduleRow.objects.values_list("name", flat=True)) == set(schedules.SCHEDULES)

@@ -375,7 +375,7 @@ def _apply(group: _Group, document: Document | None, space_id) -> str | None:
     A hand-off is ``succeeded`` only together with its document link, so a missing document
     (the link set NULL, or the row gone) was deleted by the tenant: it is reconciled with a
     ``document_deleted`` note instead of failing for ever. Raises ``_DocumentNotReady``
-    (``document_outside_space``) and the write errors of :mod:`ingestion.services.availability`.
+    (``document_outside_space``) and the write errors of :mod:`ingestion.availability`.
     """
     if document is None:
         return _deleted_note(group)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.system.test_checks import setup_django
+from knowledgefs.testing.django_start import setup_django
 
 CUTOVER_SETTINGS = {
     # name: (default, low, high)

@@ -368,7 +368,7 @@ def test_a_delivery_stops_when_its_time_budget_is_spent(
     "budget,lease,ok", [("150", "300", True), ("151", "300", False), ("60", "100", False)]
 )
 def test_time_budget_must_be_at_most_half_the_lease(budget, lease, ok):
-    from tests.system.test_checks import setup_django
+    from knowledgefs.testing.django_start import setup_django
 
     result = setup_django(
         KNOWLEDGE_UPGRADE_RECONCILE_DELIVERY_BUDGET_SECONDS=budget,

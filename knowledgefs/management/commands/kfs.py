@@ -43,8 +43,9 @@ COMMANDS = (
 
 class Command(BaseCommand):
     help = (
-        "KnowledgeFS operator commands: spaces, API keys, ingest, query, documents, jobs, "
-        "stats, retry, cancel, schedules, sweep, eval, downgrade-check, cutover, upgrade."
+        "KnowledgeFS operator commands: spaces, API keys, ingest, query, research tasks, "
+        "documents, jobs, stats, retry, cancel, schedules, sweep, downgrade-check, cutover, "
+        "upgrade, answer, eval."
     )
 
     def add_arguments(self, parser) -> None:
