@@ -2,7 +2,7 @@
 
 A Dify-served space replaces its embedding selection while nothing was indexed with it
 (:func:`set_embedding_profile`, ``PUT …/embedding-profile``); a local space re-indexes onto
-another registered model beside the live index (:func:`update_space` with
+another registered model beside the live index (:func:`update_space_and_model` with
 ``embedding_model_id``, ``PATCH``; :func:`retrieval.index_versions.change_embedding_model`). Both
 retire index versions under their locks: the space's row, then its profile's, then the live
 index versions (the order of every writer; spaces/profiles.py). The spaces views and ``kfs``
@@ -41,7 +41,7 @@ from .models import DenseVector, IndexState, IndexVersion
 logger = logging.getLogger("knowledgefs.profiles")
 
 
-def update_space(
+def update_space_and_model(
     principal: Principal,
     space_id: uuid.UUID | str,
     *,

@@ -204,9 +204,11 @@ def update_space(
 ) -> KnowledgeSpace:
     """Apply ``changes`` (``name``, ``description``, ``slug``) by compare-and-set on
     ``revision`` (:func:`apply_space_update`). A model change (``embedding_model_id``) is
-    :func:`retrieval.embedding_profile.update_space`."""
+    :func:`retrieval.embedding_profile.update_space_and_model`."""
     if changes.get("embedding_model_id") is not None:
-        raise ValueError("embedding_model_id: use retrieval.embedding_profile.update_space")
+        raise ValueError(
+            "embedding_model_id: use retrieval.embedding_profile.update_space_and_model"
+        )
     space = get_space(principal, space_id)
     return apply_space_update(space, space_fields(changes), expected_revision)
 

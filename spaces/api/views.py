@@ -64,7 +64,7 @@ class KnowledgeSpaceDetailView(APIView):
         body.is_valid(raise_exception=True)
         changes = dict(body.validated_data)
         revision = changes.pop("revision", None)
-        space = embedding_profile.update_space(
+        space = embedding_profile.update_space_and_model(
             request.user, space_id, changes=changes, expected_revision=revision
         )
         data = KnowledgeSpaceSerializer(space).data
