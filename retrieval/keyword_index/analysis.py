@@ -7,8 +7,8 @@ not alphanumeric), tokens over 40 bytes dropped, lower case, ASCII folding (FTS5
 ``remove_diacritics``), Snowball English stemming). ``text`` keeps term frequencies but no
 positions: the keyword leg never runs phrase queries. Ranking is tantivy's BM25 (k1 = 1.2,
 b = 0.75) with each term query boosted by ``idf_fts5 / idf_lucene`` (:func:`idf_boost`), so a
-term weighs what it weighed under FTS5's ``bm25()`` (idf ``ln((N - n + 0.5) / (n + 0.5))``,
-floored at 1e-6) rather than Lucene's ``ln(1 + (N - n + 0.5) / (n + 0.5))``: on SciFact that is
+term weighs what it weighed under FTS5's ``bm25()`` (idf ``ln((N - n + 0.5) / (n + 0.5))``;
+floored, see :func:`idf_boost`) rather than Lucene's ``ln(1 + (N - n + 0.5) / (n + 0.5))``: on SciFact that is
 nDCG@10 0.6845 against 0.6818 unboosted (FTS5: 0.6887; the rest is Snowball's English stemmer
 against Porter's and tantivy's one-byte length norms). A disjunction of term queries is
 evaluated with block-max WAND, so a top-k query skips the blocks that cannot enter the top k
@@ -77,14 +77,20 @@ def document(node_id, document_id, keyword_text: str) -> tantivy.Document:
     )
 
 
+MIN_BOOST = 0.01
+
+
 def idf_boost(total: int, matching: int) -> float:
     """FTS5's idf over Lucene's for a term in ``matching`` of ``total`` documents (1.0 when the
-    term matches nothing). FTS5 (``fts5_aux.c``, ``fts5Bm25Function``): ``ln((N - n + 0.5) /
-    (n + 0.5))`` floored at 1e-6; tantivy (``bm25.rs``): ``ln(1 + (N - n + 0.5) / (n + 0.5))``."""
+    term matches nothing), at least :data:`MIN_BOOST`. FTS5 (``fts5_aux.c``,
+    ``fts5Bm25Function``): ``ln((N - n + 0.5) / (n + 0.5))``, which is 0 or less for a term in
+    half the documents or more (FTS5 then uses 1e-6); tantivy (``bm25.rs``): ``ln(1 + (N - n +
+    0.5) / (n + 0.5))``. The floor keeps such terms ranked by Lucene's idf, a hundredth of it,
+    rather than all alike: in a space of a few documents every term is in half of them."""
     if matching <= 0 or total <= 0:
         return 1.0
     ratio = (total - matching + 0.5) / (matching + 0.5)
-    return max(math.log(ratio), 1e-6) / math.log1p(ratio)
+    return max(math.log(ratio) / math.log1p(ratio), MIN_BOOST)
 
 
 def term_queries(
