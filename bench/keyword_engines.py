@@ -228,19 +228,17 @@ def main() -> None:
         n = len(base) if size == "5k" else int(size.rstrip("k")) * 1000
         nodes = base if size == "5k" else grow(base, n)
         rows = {}
-        engines = [
-            lambda: FTS5(nodes),
-            lambda: Tantivy(nodes),
-            lambda: Tantivy(nodes, boost=False),
-        ]
+        engines = [(FTS5, {}), (Tantivy, {}), (Tantivy, {"boost": False})]
         if size == "5k":
-            engines.append(lambda: Tantivy(nodes, ascii_fold=False))
-            engines.append(lambda: Tantivy(nodes, stemmer=None))
-        for make in engines:
+            engines += [(Tantivy, {"ascii_fold": False}), (Tantivy, {"stemmer": None})]
+        for make, options in engines:
             t0 = time.perf_counter()
-            engine = make()
+            engine = make(nodes, **options)
             build_s = time.perf_counter() - t0
-            rows[engine.name] = {"build_s": round(build_s, 2), **evaluate(engine, nodes, queries, qrels)}
+            rows[engine.name] = {
+                "build_s": round(build_s, 2),
+                **evaluate(engine, nodes, queries, qrels),
+            }
             print(size, engine.name, rows[engine.name], flush=True)
             del engine
         result["corpora"][size] = {"chunks": len(nodes), "engines": rows}

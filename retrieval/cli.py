@@ -1,5 +1,5 @@
-"""``kfs query|research-tasks|answer|eval|reindex``: retrieval on the command line (each calls a service;
-wired into ``knowledgefs/management/commands/kfs.py``). The module contract (``COMMANDS``,
+"""``kfs query|research-tasks|answer|eval|reindex``: retrieval on the command line (each calls a
+service; wired into ``knowledgefs/management/commands/kfs.py``). The module contract (``COMMANDS``,
 ``add_parser(sub, name)``, ``handle(command, options)``) is the one of :mod:`spaces.cli`.
 
 ``kfs answer TEXT --space SLUG --tenant T [--mode M] [--top-k N] [--threshold N|off]

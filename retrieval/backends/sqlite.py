@@ -105,4 +105,3 @@ class SQLiteSearchBackend(SearchBackend):
             if len(found) >= limit or len(rows) < window:
                 return found[:limit]
             window *= 4
-

@@ -7,8 +7,8 @@ not alphanumeric), tokens over 40 bytes dropped, lower case, ASCII folding (FTS5
 ``remove_diacritics``), Snowball English stemming). ``text`` keeps term frequencies but no
 positions: the keyword leg never runs phrase queries. Ranking is tantivy's BM25 (k1 = 1.2,
 b = 0.75) with each term query boosted by ``idf_fts5 / idf_lucene`` (:func:`idf_boost`), so a
-term weighs what it weighed under FTS5's ``bm25()`` (idf ``ln((N - n + 0.5) / (n + 0.5))``;
-floored, see :func:`idf_boost`) rather than Lucene's ``ln(1 + (N - n + 0.5) / (n + 0.5))``: on SciFact that is
+term weighs what it weighed under FTS5's ``bm25()`` (idf ``ln((N - n + 0.5) / (n + 0.5))``,
+floored) rather than Lucene's ``ln(1 + (N - n + 0.5) / (n + 0.5))``: on SciFact that is
 nDCG@10 0.6845 against 0.6818 unboosted (FTS5: 0.6887; the rest is Snowball's English stemmer
 against Porter's and tantivy's one-byte length norms). A disjunction of term queries is
 evaluated with block-max WAND, so a top-k query skips the blocks that cannot enter the top k

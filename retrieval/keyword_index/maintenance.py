@@ -143,7 +143,7 @@ def heal() -> int:
     """Rebuild every space's index that has a :func:`problem` or is :func:`behind`; returns how
     many were rebuilt. A rebuild that fails (the index is busy) is logged and left to the next
     sweep."""
-    from retrieval.backends import SearchBackendError
+    from retrieval.backends.base import SearchBackendError
 
     rebuilt = 0
     for space_id in KnowledgeSpace.objects.filter(deleting_at__isnull=True).values_list(
