@@ -202,3 +202,24 @@ def test_deleting_a_space_removes_its_index(
     with django_capture_on_commit_callbacks(execute=True):
         delete_space(principal, space.id)
     assert not store.space_dir(space.id).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0009_is_reversible_and_refills_fts5(space):
+    _admit(space, "r.txt", "Ribosomes translate messenger RNA into proteins.")
+    compile_all()
+    nodes = KnowledgeNode.objects.filter(space=space).count()
+    try:
+        call_command("migrate", "retrieval", "0008", verbosity=0)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM retrieval_keyword_fts WHERE retrieval_keyword_fts MATCH %s",
+                [f'text : "ribosom*" AND space_id : "{space.id.hex}"'],
+            )
+            assert cursor.fetchone()[0] == nodes  # the previous release's projection, whole
+        shutil.rmtree(store.space_dir(space.id))
+    finally:
+        call_command("migrate", "retrieval", verbosity=0)
+    assert "retrieval_keyword_fts" not in connection.introspection.table_names()
+    assert store.num_docs(space.id) == nodes  # rebuilt by the forward migration
+    assert len(_search(space, "ribosomes")) == nodes
