@@ -1,8 +1,8 @@
 """Search backends behind one interface.
 
 ``KNOWLEDGE_SEARCH_BACKEND=database`` (the default): the database vendor picks the
-implementation (per-space tantivy indexes on SQLite, tsvector on PostgreSQL). ``dify``: the Dify vector and text bridge
-(:mod:`.dify`), whatever the vendor among the supported ones.
+implementation (per-space tantivy indexes on SQLite, tsvector on PostgreSQL). ``dify``: the
+Dify vector and text bridge (:mod:`.dify`), whatever the vendor among the supported ones.
 """
 
 from __future__ import annotations
