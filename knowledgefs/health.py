@@ -211,7 +211,9 @@ def check_object_storage() -> Check:
 
 def check_search() -> Check:
     """The default database's engine has a search backend (``retrieval.backends``): SQLite
-    (FTS5) or PostgreSQL (tsvector, and pgvector ≥ 0.8 installed with its column: the reason
+    (tantivy keyword indexes: failing with the first space whose index is missing while it has
+    published nodes or cannot be opened, :func:`retrieval.keyword_index.maintenance.problems`)
+    or PostgreSQL (tsvector, and pgvector ≥ 0.8 installed with its column: the reason
     names the missing extension otherwise). MySQL/MariaDB fails: schema and migrations only. With
     ``KNOWLEDGE_SEARCH_BACKEND=dify``, Dify's vector and text routes answer a probe ``get``."""
     from retrieval.backends import backend_name, get_search_backend, unsupported_reason
@@ -231,7 +233,21 @@ def check_search() -> Check:
         if problem is not None:
             return False, "failing", _short(problem)
         return True, "ok", "postgresql: tsvector keyword index and pgvector HNSW dense search"
-    return True, "ok", f"{vendor}: FTS5 keyword index and dense search"
+    from retrieval.keyword_index import maintenance
+
+    problems = maintenance.problems()
+    if problems:
+        space_id, problem = next(iter(problems.items()))
+        more = f" (and {len(problems) - 1} more spaces)" if len(problems) > 1 else ""
+        return (
+            False,
+            "failing",
+            _short(
+                f"keyword index of space {space_id}: {problem}{more}; "
+                f"run `kfs reindex --space {space_id}`"
+            ),
+        )
+    return True, "ok", f"{vendor}: tantivy keyword indexes and dense search"
 
 
 CHECKS: dict[str, Callable[[], Check]] = {

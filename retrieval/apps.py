@@ -24,6 +24,12 @@ class RetrievalConfig(AppConfig):
             sender=KnowledgeSpace,
             dispatch_uid="retrieval.index_ready_profile",
         )
+        # An emptied or deleted space loses its keyword index folder (SQLite).
+        for signal, uid in (
+            (signals.space_emptying, "retrieval.remove_keyword_index.emptying"),
+            (signals.space_deleting, "retrieval.remove_keyword_index.deleting"),
+        ):
+            signal.connect(receivers.remove_keyword_index, sender=KnowledgeSpace, dispatch_uid=uid)
         schedules.register(dispatch.SWEEP)
         # Compilation and document deletion reach the search backends through this port.
         register(SearchProjector())

@@ -1,5 +1,5 @@
-"""``kfs query|research-tasks|answer|eval``: retrieval on the command line (each calls a service;
-wired into ``knowledgefs/management/commands/kfs.py``). The module contract (``COMMANDS``,
+"""``kfs query|research-tasks|answer|eval|reindex``: retrieval on the command line (each calls a
+service; wired into ``knowledgefs/management/commands/kfs.py``). The module contract (``COMMANDS``,
 ``add_parser(sub, name)``, ``handle(command, options)``) is the one of :mod:`spaces.cli`.
 
 ``kfs answer TEXT --space SLUG --tenant T [--mode M] [--top-k N] [--threshold N|off]
@@ -22,7 +22,7 @@ from retrieval.recall import LEGS
 from spaces import services as spaces
 from spaces.cli import space_of
 
-COMMANDS = ("query", "research-tasks", "answer", "eval")
+COMMANDS = ("query", "research-tasks", "answer", "eval", "reindex")
 
 OFF_WORDS = ("off", "null", "none")
 THRESHOLD_HELP = (
@@ -104,6 +104,46 @@ def _add_query(sub) -> None:
     )
     query.add_argument("--filters", metavar="JSON", help=FILTERS_HELP)
     query.add_argument("--json", action="store_true")
+
+
+def _add_reindex(sub) -> None:
+    reindex = sub.add_parser(
+        "reindex",
+        help="rebuild keyword indexes from the database (SQLite: KNOWLEDGE_VAR_DIR/search/keyword)",
+    )
+    which = reindex.add_mutually_exclusive_group(required=True)
+    which.add_argument("--space", metavar="ID|SLUG")
+    which.add_argument("--all", action="store_true", help="every space")
+    reindex.add_argument("--tenant", help="the tenant of --space SLUG when two tenants use it")
+
+
+def _reindex(command, options: dict) -> None:
+    """Rebuild each named space's keyword index into a new directory and swap it in; one
+    progress line per space."""
+    from django.db import connection
+
+    from retrieval.backends import backend_name
+    from retrieval.keyword_index import maintenance
+
+    if connection.vendor != "sqlite" or backend_name() != "database":
+        command.stdout.write(
+            f"nothing to rebuild: the keyword leg of {connection.vendor} "
+            f"({backend_name()} backend) lives in the database"
+        )
+        return
+    spaces_ = maintenance.spaces_to_reindex(
+        options.get("space"), tenant=options.get("tenant"), every=options.get("all", False)
+    )
+    for space in spaces_:
+        label = f"{space.tenant_id}/{space.slug} ({space.id})"
+
+        def progress(done: int, total: int, label=label) -> None:
+            command.stdout.write(f"\rreindex {label}: {done}/{total} nodes", ending="")
+            command.stdout.flush()
+
+        count = maintenance.rebuild(space.id, on_progress=progress)
+        command.stdout.write(f"\rreindex {label}: {count} nodes indexed, swapped in")
+    command.stdout.write(f"{len(spaces_)} keyword index(es) rebuilt")
 
 
 def _add_research_tasks(sub) -> None:
@@ -348,10 +388,12 @@ _PARSERS = {
     "research-tasks": _add_research_tasks,
     "answer": _add_answer,
     "eval": _add_eval,
+    "reindex": _add_reindex,
 }
 _HANDLERS = {
     "query": _query,
     "research-tasks": _research_tasks,
     "answer": _answer,
     "eval": _eval,
+    "reindex": _reindex,
 }

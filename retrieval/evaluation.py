@@ -282,7 +282,7 @@ def percentile(values: list[float], pct: float) -> float:
 #
 # A baseline file records, per database engine and retrieval mode, the metrics a run reached on
 # one subject (a BEIR dataset and split, or a space's golden questions) with one top_k, legs and
-# fusion. The keyword leg is engine-specific (FTS5 BM25 on SQLite, ts_rank_cd on PostgreSQL), so
+# fusion. The keyword leg is engine-specific (tantivy BM25 on SQLite, ts_rank_cd on PostgreSQL), so
 # each engine has numbers of its own:
 #
 #   {"format": "kfs-eval-baseline/1", "kind": "beir" | "golden",

@@ -1,7 +1,8 @@
 """Index projections kept by the portable part of the search backend.
 
-The keyword projection is engine-specific (an FTS5 table on SQLite, a tsvector table on
-PostgreSQL) and is created by this app's migrations, not declared as a model. Dense vectors
+The keyword projection is engine-specific (per-space tantivy indexes under
+``KNOWLEDGE_VAR_DIR`` on SQLite, :mod:`retrieval.keyword_index`; a tsvector table on PostgreSQL,
+created by this app's migrations) and is not declared as a model. Dense vectors
 belong to an :class:`IndexVersion` of their space: one embedding model, one dimension.
 """
 

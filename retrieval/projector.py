@@ -8,13 +8,17 @@ by ``RetrievalConfig.ready()``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 
 import numpy as np
+from django.db import connection
 
 from ingestion.projection import IndexedNode, ProjectionTarget
 from retrieval import backends, index_projection, index_versions
+
+logger = logging.getLogger("knowledgefs.retrieval")
 
 
 class SearchProjector:
@@ -37,6 +41,15 @@ class SearchProjector:
         backends.get_search_backend().delete_nodes(node_ids)
 
     def recover_builds(self) -> int:
-        """:func:`retrieval.index_versions.recover_index_builds` (0 where it does not exist)."""
+        """:func:`retrieval.index_versions.recover_index_builds` (0 where it does not exist);
+        on SQLite also :func:`retrieval.keyword_index.maintenance.heal` (keyword indexes that
+        are unusable or behind the database are rebuilt; logged, not counted)."""
         recover = getattr(index_versions, "recover_index_builds", None)
-        return recover() if recover else 0
+        count = recover() if recover else 0
+        if connection.vendor == "sqlite" and backends.backend_name() == "database":
+            from retrieval.keyword_index import maintenance
+
+            healed = maintenance.heal()
+            if healed:
+                logger.info("recovery sweep: %d keyword indexes rebuilt", healed)
+        return count

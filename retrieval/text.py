@@ -1,9 +1,9 @@
 """Text normalisation shared by every keyword index and query.
 
-Latin text is left to the engine's tokenizer (Porter stemming on SQLite FTS5 and PostgreSQL's
-``english`` configuration). Runs of CJK characters have no spaces to split on, so they are indexed
-and queried as overlapping character bigrams (a lone character stays a unigram), the approach of
-n-gram full-text parsers such as MySQL's ``ngram``.
+Latin text is left to the engine's analyzer (Snowball English stemming in SQLite's tantivy
+keyword indexes, PostgreSQL's ``english`` configuration). Runs of CJK characters have no spaces
+to split on, so they are indexed and queried as overlapping character bigrams (a lone character
+stays a unigram), the approach of n-gram full-text parsers such as MySQL's ``ngram``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ KNOWLEDGE_PG_HNSW_MAX_SCAN_TUPLES = bounded_int(
 
 # --- Search backends: the Dify vector and text bridge ---------------------------------------------
 # Inventory 7.2-7.3, docs/scaling.md.
-# database (default): the keyword and dense projections live in this service's database (FTS5 or
+# database (default): the keyword and dense projections live with this service (tantivy or
 # tsvector, exact dense search). dify: they live in Dify's vector store (Qdrant, Elasticsearch,
 # Weaviate...) through POST /inner/api/knowledge-fs/texts and /vectors; relational state, and
 # the SQL that decides which ids a search may return, stay here (docs/architecture.md).

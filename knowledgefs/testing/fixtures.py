@@ -32,6 +32,16 @@ def object_storage(settings, tmp_path):
     return root
 
 
+@pytest.fixture(autouse=True)
+def var_dir(settings, tmp_path):
+    """Each test keeps its derived files under ``KNOWLEDGE_VAR_DIR`` (the SQLite keyword
+    indexes, ``search/keyword/``) in its own temporary folder; the database stays where the
+    settings put it."""
+    settings.VAR_DIR = tmp_path / "var"
+    settings.VAR_DIR.mkdir()
+    return settings.VAR_DIR
+
+
 @pytest.fixture
 def tenant() -> str:
     return "tenant-a"

@@ -1,8 +1,8 @@
 """Search backends behind one interface.
 
 ``KNOWLEDGE_SEARCH_BACKEND=database`` (the default): the database vendor picks the
-implementation (FTS5 on SQLite, tsvector on PostgreSQL). ``dify``: the Dify vector and text bridge
-(:mod:`.dify`), whatever the vendor among the supported ones.
+implementation (per-space tantivy indexes on SQLite, tsvector on PostgreSQL). ``dify``: the
+Dify vector and text bridge (:mod:`.dify`), whatever the vendor among the supported ones.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def backend_name() -> str:
 
 def get_search_backend() -> SearchBackend:
     """The search backend: with ``KNOWLEDGE_SEARCH_BACKEND=dify`` the Dify bridge
-    (:class:`.dify.DifyBridgeBackend`); otherwise the default database's: ``sqlite`` → FTS5,
+    (:class:`.dify.DifyBridgeBackend`); otherwise the default database's: ``sqlite`` → tantivy,
     ``postgresql`` → tsvector and pgvector.
 
     Raises :class:`SearchBackendUnavailable` (503 ``search_backend_unavailable``, details

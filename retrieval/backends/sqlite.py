@@ -1,56 +1,58 @@
-"""SQLite search backend: FTS5 with BM25 (Porter stemming) for the keyword leg.
+"""SQLite search backend: the keyword leg on per-space tantivy indexes (BM25, block-max WAND).
 
-The FTS5 table ``retrieval_keyword_fts`` is created by migration ``retrieval.0002``. FTS5's
-``bm25()`` (its default ``rank``) uses k1 = 1.2, b = 0.75 and returns lower-is-better values; we
-negate it.
+The indexes live under ``KNOWLEDGE_VAR_DIR/search/keyword/`` (:mod:`retrieval.keyword_index`);
+the database stays the source of truth and an index is rebuilt from it (``kfs reindex``, the
+recovery sweep). Writes run inside the caller's database transaction and commit the index right
+before returning, so a failed index commit rolls the stage back, and a crash after it leaves
+only documents no query can see (their nodes never committed). The dense leg is the portable
+exact search of :class:`~.base.SearchBackend`.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
+from collections import defaultdict
 
-from django.db import connection
-
-from retrieval.text import is_lone_cjk, keyword_terms, keyword_text
+from ingestion.models import KnowledgeNode
+from retrieval.keyword_index import analysis, maintenance, store
+from retrieval.text import keyword_text
+from spaces.models import PublicationHead
 
 from .base import IndexedNode, ScoredNode, SearchBackend
 
-TABLE = "retrieval_keyword_fts"
-
-
-def _hex(value: uuid.UUID) -> str:
-    return value.hex  # Django stores UUIDField as 32 hex characters on SQLite
+DELETE_LOOKUP_BATCH = 500
 
 
 class SQLiteSearchBackend(SearchBackend):
     def _index_keywords(self, nodes: list[IndexedNode]) -> None:
-        with connection.cursor() as cursor:
-            cursor.executemany(
-                f"INSERT INTO {TABLE} (text, node_id, space_id, document_id) "
-                "VALUES (%s, %s, %s, %s)",
-                [
-                    (keyword_text(n.text), _hex(n.id), _hex(n.space_id), _hex(n.document_id))
-                    for n in nodes
-                ],
-            )
+        """Upsert each node (delete by ``node_id``, then add): a retried stage adds no
+        duplicate. One writer and one commit per space."""
+        by_space: dict[uuid.UUID, list[IndexedNode]] = defaultdict(list)
+        for node in nodes:
+            by_space[node.space_id].append(node)
+        for space_id, group in by_space.items():
+            with store.writer(space_id) as w:
+                for n in group:
+                    w.delete_documents_by_term("node_id", n.id.hex)
+                    w.add_document(analysis.document(n.id, n.document_id, keyword_text(n.text)))
 
     def _delete_keywords(self, node_ids: list[uuid.UUID]) -> None:
-        # node_id is an indexed FTS5 column: a MATCH on it is an index lookup.
-        with connection.cursor() as cursor:
-            for start in range(0, len(node_ids), 200):
-                tokens = " OR ".join(f'"{_hex(i)}"' for i in node_ids[start : start + 200])
-                cursor.execute(
-                    f"DELETE FROM {TABLE} WHERE {TABLE} MATCH %s", [f"node_id : ({tokens})"]
-                )
+        """Delete by ``node_id`` in the index of each node's space (the nodes still exist)."""
+        by_space: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+        for start in range(0, len(node_ids), DELETE_LOOKUP_BATCH):
+            for space_id, node_id in KnowledgeNode.objects.filter(
+                id__in=node_ids[start : start + DELETE_LOOKUP_BATCH]
+            ).values_list("space_id", "id"):
+                by_space[space_id].append(node_id)
+        for space_id, ids in by_space.items():
+            with store.writer(space_id, create=False) as w:
+                if w is None:
+                    continue
+                for node_id in ids:
+                    w.delete_documents_by_term("node_id", node_id.hex)
 
     def _keyword_row_count(self, space_id: uuid.UUID) -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT count(*) FROM {TABLE} WHERE {TABLE} MATCH %s",
-                [f'space_id : "{_hex(space_id)}"'],
-            )
-            return cursor.fetchone()[0]
+        return store.num_docs(space_id)
 
     def keyword_search(
         self,
@@ -60,39 +62,44 @@ class SQLiteSearchBackend(SearchBackend):
         *,
         documents: frozenset | None = None,
         language: str | None = None,
+        head_revision: int | None = None,
     ) -> list[ScoredNode]:
         """Top ``limit`` visible nodes by BM25.
 
-        FTS5 ranks the space's matching rows first (``ORDER BY rank LIMIT`` lets it skip the joins
-        for every match); rows of unpublished or superseded generations are then removed, and the
-        window grows until ``limit`` visible rows are found or the matches run out. ``documents``
-        (filters) is a condition of the same statement, so the limit counts allowed rows only.
+        Tantivy takes the top ``window`` of the space's index (``documents`` is a clause of the
+        query, so the window counts allowed documents only); nodes of unpublished or superseded
+        generations and of disabled documents are then removed in SQL, and the window grows
+        (×4) until ``limit`` visible hits are found or the matches run out: the result is
+        exactly the top ``limit`` of the visible nodes. ``head_revision`` (the snapshot's
+        publication head; read here when ``None``) reloads this process's searcher when the
+        head moved. A space whose index is missing while it has published nodes, or cannot be
+        opened, raises 503 ``search_backend_unavailable``
+        (:class:`~retrieval.keyword_index.store.KeywordIndexUnavailable`).
         """
-        terms = keyword_terms(query, language)
-        if not terms or (documents is not None and not documents):
+        if documents is not None and not documents:
             return []
-        # A lone CJK character is a prefix query over the CJK bigrams (retrieval.text).
-        words = " OR ".join(
-            '"' + t.replace('"', '""') + '"' + ("*" if is_lone_cjk(t) else "") for t in terms
-        )
-        # The space restriction is part of the MATCH (space_id is an indexed column), so only
-        # the space's rows are ranked. FTS5's hidden ``rank`` column (bm25 by default) sorts
-        # faster than ``bm25()`` in the select list (docs/benchmarks.md).
-        match = f'text : ({words}) AND space_id : "{_hex(space_id)}"'
-        params: list = [match]
-        only = ""
-        if documents is not None:
-            only = " AND document_id IN (SELECT value FROM json_each(%s))"
-            params.append(json.dumps(sorted(_hex(d) for d in documents)))
-        sql = (
-            f"SELECT node_id, rank FROM {TABLE} WHERE {TABLE} MATCH %s{only} ORDER BY rank LIMIT %s"
-        )
+        if head_revision is None:
+            head_revision = (
+                PublicationHead.objects.filter(space_id=space_id)
+                .values_list("revision", flat=True)
+                .first()
+            )
+        index = store.open_index(space_id, head=head_revision)
+        if index is None:
+            if maintenance.has_published_nodes(space_id):
+                raise store.KeywordIndexUnavailable(space_id, "index directory missing")
+            return []
+        searcher = index.searcher()
+        q = analysis.build_query(query, language=language, documents=documents, searcher=searcher)
+        if q is None:
+            return []
         window = limit * 2
         while True:
-            with connection.cursor() as cursor:
-                cursor.execute(sql, [*params, window])
-                rows = cursor.fetchall()
-            hits = [ScoredNode(uuid.UUID(node_id), -float(rank)) for node_id, rank in rows]
+            rows = searcher.search(q, window, count=False).hits
+            hits = [
+                ScoredNode(uuid.UUID(searcher.doc(address)["node_id"][0]), score)
+                for score, address in rows
+            ]
             visible = self.visible_node_ids([h.node_id for h in hits])
             found = [h for h in hits if h.node_id in visible]
             if len(found) >= limit or len(rows) < window:

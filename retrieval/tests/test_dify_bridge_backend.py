@@ -170,16 +170,19 @@ def test_compiled_through_the_bridge_answers_like_the_database(client, settings,
     )
 
     # The same results, Fast and Deep. The dense leg is the same exact cosine, and the
-    # server's text search is FTS5's BM25, as the SQLite backend's: on SQLite everything is
-    # identical. PostgreSQL's keyword leg ranks with ts_rank_cd instead of BM25, so there the
-    # dense leg is identical and the fused top 5 share at least 3 passages (measured: 3 to 5).
+    # server's text search is FTS5's BM25 while the SQLite backend's is tantivy's BM25 with
+    # FTS5's idf (per-space statistics, Snowball stemming): on SQLite the same passages are
+    # cited and the fused scores differ a little. PostgreSQL's keyword leg ranks with
+    # ts_rank_cd instead of BM25, so there the dense leg is identical and the fused top 5 share
+    # at least 3 passages (measured: 3 to 5).
     dify_server.reset_observations()
     for (query, mode), theirs in expected.items():
         mine = _ask(client, space["id"], query, mode)
         if connection.vendor == "sqlite":
             assert _cited(mine) == _cited(theirs), (query, mode)
-            # Fused scores agree to the second decimal (measured: ≤ 3e-3 apart).
-            assert np.allclose([i["score"] for i in mine], [i["score"] for i in theirs], atol=1e-2)
+            # Fused scores agree within 0.02 (measured: ≤ 1.1e-2 apart; ≤ 3e-3 when both
+            # keyword legs were FTS5).
+            assert np.allclose([i["score"] for i in mine], [i["score"] for i in theirs], atol=2e-2)
         else:
             assert len(set(_cited(mine)) & set(_cited(theirs))) >= 3, (query, mode)
     for query, theirs in dense.items():

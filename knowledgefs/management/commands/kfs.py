@@ -38,6 +38,7 @@ COMMANDS = (
     ("upgrade", upgrades_cli),
     ("answer", retrieval_cli),
     ("eval", retrieval_cli),
+    ("reindex", retrieval_cli),
 )
 
 
@@ -45,7 +46,7 @@ class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, research tasks, "
         "documents, jobs, stats, retry, cancel, schedules, sweep, downgrade-check, cutover, "
-        "upgrade, answer, eval."
+        "upgrade, answer, eval, reindex."
     )
 
     def add_arguments(self, parser) -> None:
