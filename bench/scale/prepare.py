@@ -116,8 +116,13 @@ def exact_truth(source: dict, size: int, queries: np.ndarray, depth: int = DEPTH
 
 
 def cmd_prepare(args) -> int:
+    import django
+
     out = state_dir()
     out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("KNOWLEDGE_VAR_DIR", str(out / "prepare-var"))
+    Path(os.environ["KNOWLEDGE_VAR_DIR"]).mkdir(parents=True, exist_ok=True)
+    django.setup()  # the truth's node ids come from the compiler's namespace (ingestion)
     if not (out / "source.pkl").exists():
         log(f"exporting the evaluation space from {args.source_var}")
         source = export_source(Path(args.source_var))
@@ -126,8 +131,6 @@ def cmd_prepare(args) -> int:
     source = load_source()
     log(f"source: {len(source['documents'])} documents, {len(source['vectors'])} chunks")
     if not (out / "queries.npz").exists():
-        os.environ.setdefault("KNOWLEDGE_VAR_DIR", str(out / "prepare-var"))
-        Path(os.environ["KNOWLEDGE_VAR_DIR"]).mkdir(parents=True, exist_ok=True)
         texts, vectors = embed_claims(Path(args.dataset), args.claims, source["model_id"])
         np.savez(out / "queries.npz", vectors=vectors, texts=np.array(texts, dtype=object))
         log(f"embedded {len(texts)} claims")
