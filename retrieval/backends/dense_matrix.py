@@ -36,6 +36,7 @@ two cores); when the spare rows run low a background thread copies it into a lar
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import uuid
@@ -56,6 +57,8 @@ HIDDEN = np.uint8(2)
 HEADROOM = 0.25
 #: Rows fetched at a time by a read (bounds the transient Python objects of a cold read).
 READ_BATCH = 20000
+#: The fewest spare rows allocated ahead.
+MIN_SPARE_ROWS = 1024
 #: Bytes per row besides the vector: row id (int64), node id (32 hex bytes), document code
 #: (int32), mask (uint8).
 ROW_OVERHEAD_BYTES = 8 + 32 + 4 + 1
@@ -189,7 +192,7 @@ def _resized(view: View, capacity: int, upto: int | None = None) -> View:
 
 
 def _target(rows: int) -> int:
-    return rows + max(int(rows * HEADROOM), 1024)
+    return rows + max(int(rows * HEADROOM), MIN_SPARE_ROWS)
 
 
 @dataclass
@@ -240,9 +243,16 @@ class DenseMatrix:
             rows = count_rows(self.space_id, self.index_version)
             view = _resized(_empty_view(self.dimension, -1), _target(rows))
         read = 0
-        for rows in read_rows(self.space_id, self.index_version, self.dimension, self.last_id):
-            read += len(rows)
-            view = self._append(view, rows)  # published once complete, below
+        collecting = gc.isenabled()
+        if first and collecting:  # a cold read makes ~6 objects a row: no collection passes
+            gc.disable()
+        try:
+            for rows in read_rows(self.space_id, self.index_version, self.dimension, self.last_id):
+                read += len(rows)
+                view = self._append(view, rows)  # published once complete, below
+        finally:
+            if first and collecting:
+                gc.enable()
         view = View(view.count, revision, view.epoch, *_arrays(view))
         self.stats["rows_read"] += read
         self.stats["last_refresh_rows"] = read
@@ -385,7 +395,7 @@ class DenseMatrix:
     # --- growth -------------------------------------------------------------------------------
     def _growth_due(self, view: View) -> bool:
         spare = view.capacity - view.count
-        return not self._growing and spare < max(int(view.count * HEADROOM), 1024) // 2
+        return not self._growing and spare < max(int(view.count * HEADROOM), MIN_SPARE_ROWS) // 2
 
     def grow(self) -> None:
         """Copy the arrays into larger ones ahead of need (a background thread unless
