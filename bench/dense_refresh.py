@@ -58,9 +58,13 @@ def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def write_documents(space, version, count: int, chunks: int, rng, *, tag: str) -> int:
-    """Insert ``count`` published documents of ``chunks`` nodes with their vectors (one
-    transaction); returns the nodes written."""
+WORDS = [f"w{i}" for i in range(2000)]
+
+
+def write_documents(space, version, count: int, chunks: int, rng, *, tag: str, keywords=False):
+    """Insert ``count`` published documents of ``chunks`` nodes with their vectors (and their
+    keyword rows when ``keywords``: 30 words drawn from :data:`WORDS`), in one transaction;
+    returns the nodes written."""
     from django.db import connection, transaction
     from django.utils import timezone
     from scale.generate import fast_insert
@@ -83,7 +87,8 @@ def write_documents(space, version, count: int, chunks: int, rng, *, tag: str) -
             node_id = uuid.uuid4()
             nodes.append(
                 {"id": node_id, "space_id": space.id, "document_id": document_id,
-                 "generation": generation, "chunk_index": c, "text": f"chunk {c} of {tag} {d}",
+                 "generation": generation, "chunk_index": c,
+                 "text": " ".join(rng.choice(WORDS, 30)) if keywords else f"chunk {c} {tag} {d}",
                  "start_offset": c * 10, "end_offset": c * 10 + 9, "section_path": []}
             )  # fmt: skip
             vectors.append(
@@ -95,6 +100,12 @@ def write_documents(space, version, count: int, chunks: int, rng, *, tag: str) -
         fast_insert(cursor, Document, docs, now)
         fast_insert(cursor, KnowledgeNode, nodes, now)
         fast_insert(cursor, DenseVector, vectors, now)
+        if keywords:
+            from retrieval.backends import IndexedNode, get_search_backend
+
+            get_search_backend().index_keywords(
+                [IndexedNode(n["id"], space.id, n["document_id"], n["text"]) for n in nodes]
+            )
     return len(nodes)
 
 
@@ -117,7 +128,9 @@ def generate(args) -> dict:
     written, batch = 0, 1000
     while written < args.size:
         count = min(batch, (args.size - written) // args.chunks)
-        written += write_documents(space, version, count, args.chunks, rng, tag=f"b{written}")
+        written += write_documents(
+            space, version, count, args.chunks, rng, tag=f"b{written}", keywords=args.keywords
+        )
     PublicationHead.objects.advance(space.id)
     from django.db import connection
 
@@ -191,6 +204,7 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--publishes", type=int, default=10)
+    parser.add_argument("--keywords", action="store_true", help="generate: keyword rows too")
     parser.add_argument("--copy", type=Path, help="measure on a copy of --var made here")
     args = parser.parse_args()
     var = args.var
