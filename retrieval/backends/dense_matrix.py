@@ -488,9 +488,13 @@ def search(
     else:
         positions = None
         scores = view.scores(query)
-        masked = view.mask[:n] != 0
-        scores[masked] = -np.inf
-    live = len(scores) if positions is not None else n - int(np.count_nonzero(masked))
+        live = n
+        if matrix.dead_count or matrix.hidden:  # else no row is masked: skip the pass
+            masked = view.mask[:n] != 0
+            scores[masked] = -np.inf
+            live = n - int(np.count_nonzero(masked))
+    if positions is not None:
+        live = len(scores)
     if live == 0:
         return []
     verdicts: dict[int, bool | None] = {}  # matrix row → visible (None: the row is gone)
