@@ -15,8 +15,10 @@ depth of 50): the cold build (the first query), ``--queries`` steady queries (p5
 ``--publishes`` times: one more document of ``--chunks`` nodes written with its vectors first and
 published by moving the head (what a compilation's publish does in the database), and the first
 query after it timed. It prints one JSON object; ``--copy`` measures on a copy of the database so
-runs start from the same rows. The backend's ``dense_stats()`` (when it has one) reports rows
-read by the last refresh and bytes per matrix row. Query embedding is not part of any figure.
+runs start from the same rows. ``bridge-ids`` times the Dify bridge's authorized ids (CPU, the
+old and the new way, and checks they are equal). The backend's ``dense_stats()`` (when it has
+one) reports rows read by the last refresh and bytes per matrix row. Query embedding is not part
+of any figure.
 """
 
 from __future__ import annotations
@@ -195,9 +197,49 @@ def measure(args) -> dict:
     }
 
 
+def bridge_ids(args) -> dict:
+    """The Dify bridge's authorized ids of the space, CPU seconds per leg (median of
+    ``--queries``, at most 5): the ORM values (one ``uuid.UUID`` per id) turned into canonical
+    strings one by one, as before, against the strings the database makes now."""
+    from django.db.models import F
+
+    from knowledgefs.dify.bridge_store import identifier, unique_ids
+    from knowledgefs.dify.errors import DifyError
+    from retrieval.backends.dify import DifyBridgeBackend
+    from retrieval.models import DenseVector
+    from spaces.models import KnowledgeSpace
+
+    space = KnowledgeSpace.objects.get(tenant_id=TENANT, slug=SLUG)
+    dimension = args.dim
+
+    def before():
+        rows = DenseVector.objects.filter(
+            space_id=space.id, index_version=1, dimension=dimension,
+            node__generation=F("node__document__active_generation"), node__document__enabled=True,
+        )  # fmt: skip
+        ids = list(rows.order_by("node_id").values_list("node_id", flat=True))
+        return [identifier(i, "ids[]", DifyError) for i in ids]
+
+    def after():
+        ids = DifyBridgeBackend.authorized_vector_ids(space.id, 1, dimension, None)
+        return unique_ids(ids, DifyError)
+
+    out = {}
+    for name, fn in (("before", before), ("after", after)):
+        cpu = []
+        for _ in range(min(args.queries, 5)):
+            t0 = time.process_time()
+            ids = fn()
+            cpu.append(time.process_time() - t0)
+        out[f"{name}_cpu_s"] = round(float(np.median(cpu)), 3)
+        out[f"{name}_ids"] = len(ids)
+    assert before() == after()
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("generate", "measure"))
+    parser.add_argument("command", choices=("generate", "measure", "bridge-ids"))
     parser.add_argument("--var", type=Path, required=True)
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--chunks", type=int, default=10, help="nodes per document")
@@ -214,7 +256,8 @@ def main() -> int:
         var = args.copy
     var.mkdir(parents=True, exist_ok=True)
     setup(var)
-    result = generate(args) if args.command == "generate" else measure(args)
+    commands = {"generate": generate, "measure": measure, "bridge-ids": bridge_ids}
+    result = commands[args.command](args)
     print(json.dumps(result, indent=2))
     return 0
 

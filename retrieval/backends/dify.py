@@ -432,5 +432,9 @@ def _authorized(space_id: uuid.UUID, documents: frozenset | None, vectors=None) 
         )
         params += list(vectors)
     with connection.cursor() as cursor:
-        cursor.execute(sql + " ORDER BY n.id", params)
-        return [row[0] for row in cursor.fetchall()]
+        cursor.execute(sql, params)
+        ids = [row[0] for row in cursor.fetchall()]
+    # Id order (canonical strings sort as the ids do); sorted here, for an ORDER BY n.id makes
+    # SQLite walk every node of the table by its primary key (2× the statement's time at 100k).
+    ids.sort()
+    return ids
