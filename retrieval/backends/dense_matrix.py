@@ -1,24 +1,30 @@
 """The in-process matrix of one ``(space, index version)``'s dense vectors, kept current by
 appending rows instead of rebuilding it after each publication.
 
-Rows are :class:`~retrieval.models.DenseVector` rows in primary-key order. The matrix holds every
-row of the version, visible or not; a search scores them all (numpy) and checks visibility in
-SQL for its best candidates only (:func:`visibility`), growing the window until ``limit`` visible
-rows are found or the candidates run out, so it returns the exact top-k of the visible vectors.
+Rows are :class:`~retrieval.models.DenseVector` rows in primary-key order, each with its node,
+document and generation. The matrix holds every row of the version, visible or not; a search
+scores them all (numpy) and checks visibility for its best candidates only
+(:meth:`DenseMatrix.verdicts`: the row's document exists, is enabled and has the row's generation
+as its active one), growing the window until ``limit`` visible rows are found or the candidates
+run out, so it returns the exact top-k of the visible vectors.
 
 - **Refresh.** A search whose snapshot's publication head is newer than the matrix's reads the
   rows whose id is above the last one read (one query on the ``(space, index_version)`` index;
   vectors are written before the publication that makes them visible, and SQLite writers are
   serialised, so ids are given in commit order) and appends them. ``rows_read`` counts rows read
   from ``DenseVector``: a refresh reads the new rows only.
-- **Masks.** ``DEAD`` marks a row whose ``DenseVector`` row is gone (node deleted, or replaced
-  by a newer row of the same node: a re-embedding deletes the old row and writes a new one);
-  ids are never reused, so it is final. ``HIDDEN`` marks a row that exists but is not visible
-  (its generation not the document's active one, or the document disabled) as seen at the
-  matrix's revision; every refresh re-checks the hidden rows, so a row made visible again (a
-  publish, ``enabled`` turned on; both move the head) is found. Masked rows are left out of the
-  scores before the top-k. Marks are learnt by reads and searches; a search's own verdicts are
-  what makes it exact, the marks only save work.
+- **Documents.** A search reads the state (active generation, enabled) of its candidates'
+  documents in one statement on their primary key; every change of that state moves the head
+  (publish, enable/disable, delete), so states read at the matrix's revision are kept until the
+  next refresh and a steady search mostly reads none.
+- **Masks.** ``DEAD`` marks a row that is gone for good: its document deleted, its node
+  re-embedded (a newer row of the same node came: the database keeps one per node and version),
+  or found missing by a re-check. ``HIDDEN`` marks a row seen invisible at the matrix's revision
+  (a staged or replaced generation, a disabled document); every refresh re-checks the hidden
+  rows in SQL (:func:`~.dense_sql.visibility`), so a row made visible again is found, and
+  replaced generations' rows (deleted by their publication) turn dead. Masked rows are left out
+  of the scores before the top-k; a search's own verdicts are what make it exact, the marks only
+  save work.
 - **Compaction.** When dead rows pass :attr:`DenseMatrix.compact_fraction` of the rows (and
   :attr:`DenseMatrix.compact_min_rows`), a background thread copies the live rows into new
   arrays (no database read) and swaps them in; searches meanwhile read the old arrays.
@@ -26,12 +32,13 @@ rows are found or the candidates run out, so it returns the exact top-k of the v
   count; writers append beyond the count (or into new arrays) and then publish a new view, so a
   reader never sees a half-appended matrix. One writer at a time per matrix (its ``lock``).
 
-Memory per row: ``4 × dimension`` bytes of float32 plus 45 bytes (row id 8, node id as 32 hex
-bytes, document code 4, mask 1); 1,581 bytes at 384 dimensions, with
-:data:`HEADROOM` spare rows allocated ahead. The matrix is one contiguous array (one
-matrix-vector product per search: blocks cost a BLAS call each, measured 2× slower at 100k rows on
-two cores); when the spare rows run low a background thread copies it into a larger array
-(:meth:`DenseMatrix.grow`), so a refresh rarely has to.
+Memory per row: ``4 × dimension`` bytes of float32 plus :data:`ROW_OVERHEAD_BYTES` (57: row id,
+node id as 32 hex bytes, document and generation codes, node key, mask); 1,593 bytes at 384
+dimensions, with :data:`HEADROOM` spare rows allocated ahead, plus small per-document and
+per-generation maps. The matrix is one contiguous array (one matrix-vector product per search:
+blocks cost a BLAS call each, measured 2× slower at 100k rows on two cores); when the spare rows
+run low a background thread copies it into a larger array (:meth:`DenseMatrix.grow`), so a
+refresh rarely has to.
 """
 
 from __future__ import annotations
@@ -43,10 +50,8 @@ import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
-from django.db import connection
 
-from ingestion.models import Document, KnowledgeNode
-from retrieval.models import DenseVector
+from .dense_sql import count_rows, document_states, read_rows, visibility
 
 logger = logging.getLogger("knowledgefs.retrieval")
 
@@ -55,92 +60,21 @@ HIDDEN = np.uint8(2)
 #: Spare rows allocated past the rows read: a fraction of them (and at least 1,024 rows);
 #: the arrays grow by ``1 + HEADROOM`` when the spare rows fall under half of that.
 HEADROOM = 0.25
-#: Rows fetched at a time by a read (bounds the transient Python objects of a cold read).
-READ_BATCH = 20000
 #: The fewest spare rows allocated ahead.
 MIN_SPARE_ROWS = 1024
 #: Bytes per row besides the vector: row id (int64), node id (32 hex bytes), document code
-#: (int32), mask (uint8).
-ROW_OVERHEAD_BYTES = 8 + 32 + 4 + 1
+#: (int32), generation code (int32), node key (uint64: the node id's first 64 bits), mask.
+ROW_OVERHEAD_BYTES = 8 + 32 + 4 + 4 + 8 + 1
 
-_VISIBLE = "CASE WHEN n.generation = d.active_generation AND d.enabled THEN 1 ELSE 0 END"
-
-
-def _tables() -> tuple[str, str, str]:
-    q = connection.ops.quote_name
-    return (
-        q(DenseVector._meta.db_table),
-        q(KnowledgeNode._meta.db_table),
-        q(Document._meta.db_table),
-    )
+_HEX_VALUES = np.zeros(256, dtype=np.uint64)
+_HEX_VALUES[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint64)
 
 
-def _uuid_param(value: uuid.UUID):
-    return value.hex if connection.vendor == "sqlite" else value  # SQLite stores 32 hex chars
-
-
-def _node_hex_sql() -> str:
-    if connection.vendor == "sqlite":
-        return "CAST(dv.node_id AS BLOB)"  # the stored 32 hex characters, as bytes
-    return "replace(CAST(dv.node_id AS text), '-', '')"
-
-
-def _ids_condition(column: str, ids: list[int]) -> tuple[str, list]:
-    """``column IN ids`` with one parameter (SQLite ``json_each``, PostgreSQL ``ANY``)."""
-    if connection.vendor == "sqlite":
-        listed = "[" + ",".join(map(str, ids)) + "]"
-        return f"{column} IN (SELECT value FROM json_each(%s))", [listed]
-    return f"{column} = ANY(%s)", [list(ids)]
-
-
-def count_rows(space_id: uuid.UUID, index_version: int) -> int:
-    """Rows of the version (the ``(space, index_version)`` index alone)."""
-    vectors, _, _ = _tables()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT count(*) FROM {vectors} WHERE space_id = %s AND index_version = %s",
-            [_uuid_param(space_id), index_version],
-        )
-        return cursor.fetchone()[0]
-
-
-def read_rows(space_id: uuid.UUID, index_version: int, dimension: int, after_id: int):
-    """The version's rows with ``id > after_id`` in id order, in lists of at most
-    :data:`READ_BATCH`, as ``(id, node hex, document id, fits, visible, vector)``: ``fits`` is
-    1 when the row has ``dimension`` (and its bytes), and ``visible`` 1 when its generation is
-    the document's active one and the document enabled. One statement, served by the
-    ``(space, index_version)`` index and the primary key."""
-    vectors, nodes, documents = _tables()
-    sql = (
-        f"SELECT dv.id, {_node_hex_sql()}, n.document_id, "
-        f"CASE WHEN dv.dimension = %s AND length(dv.vector) = %s THEN 1 ELSE 0 END, "
-        f"{_VISIBLE}, dv.vector "
-        f"FROM {vectors} dv JOIN {nodes} n ON n.id = dv.node_id "
-        f"JOIN {documents} d ON d.id = n.document_id "
-        f"WHERE dv.space_id = %s AND dv.index_version = %s AND dv.id > %s ORDER BY dv.id"
-    )
-    params = [dimension, 4 * dimension, _uuid_param(space_id), index_version, after_id]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        while batch := cursor.fetchmany(READ_BATCH):
-            yield batch
-
-
-def visibility(row_ids: list[int]) -> dict[int, bool]:
-    """``{row id: visible}`` for the rows that still exist (a missing id: the row is gone).
-    One statement for all of them."""
-    if not row_ids:
-        return {}
-    vectors, nodes, documents = _tables()
-    condition, params = _ids_condition("dv.id", row_ids)
-    sql = (
-        f"SELECT dv.id, {_VISIBLE} FROM {vectors} dv "
-        f"JOIN {nodes} n ON n.id = dv.node_id JOIN {documents} d ON d.id = n.document_id "
-        f"WHERE {condition}"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return {row_id: bool(visible) for row_id, visible in cursor.fetchall()}
+def _node_keys(node_hex: np.ndarray) -> np.ndarray:
+    """The first 16 hex digits of each node id as a uint64 (vectorised)."""
+    digits = _HEX_VALUES[np.frombuffer(node_hex.tobytes(), np.uint8).reshape(-1, 32)[:, :16]]
+    shifts = np.arange(60, -4, -4, dtype=np.uint64)
+    return np.bitwise_or.reduce(digits << shifts, axis=1)
 
 
 @dataclass(frozen=True)
@@ -156,6 +90,8 @@ class View:
     row_ids: np.ndarray  # int64 DenseVector.id
     node_hex: np.ndarray  # S32 node id, 32 hex characters
     documents: np.ndarray  # int32 document code
+    generations: np.ndarray  # int32 generation code
+    node_keys: np.ndarray  # uint64, the node id's first 16 hex digits (finds re-embeddings)
     mask: np.ndarray  # uint8 DEAD | HIDDEN
     document_codes: dict  # uuid.UUID → code
 
@@ -176,7 +112,14 @@ def _empty_view(dimension: int, revision: int) -> View:
     return _resized(View(0, revision, 0, np.empty((0, dimension), "<f4"), *_EMPTY, {}), 0)
 
 
-_EMPTY = (np.empty(0, np.int64), np.empty(0, "S32"), np.empty(0, np.int32), np.empty(0, np.uint8))
+_EMPTY = (
+    np.empty(0, np.int64),
+    np.empty(0, "S32"),
+    np.empty(0, np.int32),
+    np.empty(0, np.int32),
+    np.empty(0, np.uint64),
+    np.empty(0, np.uint8),
+)
 
 
 def _resized(view: View, capacity: int, upto: int | None = None) -> View:
@@ -184,7 +127,7 @@ def _resized(view: View, capacity: int, upto: int | None = None) -> View:
     ``count``) rows."""
     upto = view.count if upto is None else upto
     arrays = []
-    for array in (view.matrix, view.row_ids, view.node_hex, view.documents, view.mask):
+    for array in _arrays(view)[:-1]:
         out = np.empty((capacity, *array.shape[1:]), dtype=array.dtype)
         out[:upto] = array[:upto]
         arrays.append(out)
@@ -210,6 +153,9 @@ class DenseMatrix:
     lock: threading.RLock = field(default_factory=threading.RLock)
     last_id: int = 0
     by_raw_document: dict = field(default_factory=dict)  # document id as the database gives it
+    document_raw: list = field(default_factory=list)  # code → document id as the database gives it
+    by_raw_generation: dict = field(default_factory=dict)  # generation → code
+    documents_read: dict = field(default_factory=dict)  # code → (active code, enabled) | None
     hidden: set = field(default_factory=set)  # positions marked HIDDEN
     dead_count: int = 0
     stats: dict = field(default_factory=dict)
@@ -240,6 +186,7 @@ class DenseMatrix:
         first = view.revision < 0 or not self.incremental
         if first:  # a cold read: room for the rows there are, and the spare rows
             self.last_id, self.by_raw_document, self.hidden, self.dead_count = 0, {}, set(), 0
+            self.document_raw, self.by_raw_generation = [], {}
             rows = count_rows(self.space_id, self.index_version)
             view = _resized(_empty_view(self.dimension, -1), _target(rows))
         read = 0
@@ -259,6 +206,7 @@ class DenseMatrix:
         self.stats["builds" if first else "refreshes"] += 1
         if self.hidden and not first:
             view = self._recheck(view)
+        self.documents_read = {}  # read at the old revision
         self.view = view
         if self._growth_due(view):
             self.grow()
@@ -280,7 +228,7 @@ class DenseMatrix:
                 rows = [r for r in rows if r[3]]
         if not rows:
             return old
-        ids, nodes, documents, _, visible, vectors = zip(*rows, strict=True)
+        ids, nodes, documents, _, visible, generations, vectors = zip(*rows, strict=True)
         n, start = len(rows), old.count
         if start + n > old.capacity:  # the spare rows ran out before a background growth
             old = _resized(old, _target(start + n))
@@ -290,6 +238,7 @@ class DenseMatrix:
         document_codes = old.document_codes
         for raw in set(documents).difference(codes):
             codes[raw] = len(codes)
+            self.document_raw.append(raw)
             document_codes[raw if isinstance(raw, uuid.UUID) else uuid.UUID(raw)] = codes[raw]
         end = start + n
         old.row_ids[start:end] = np.fromiter(ids, dtype=np.int64, count=n)
@@ -297,13 +246,63 @@ class DenseMatrix:
         old.documents[start:end] = np.fromiter(
             (codes[d] for d in documents), dtype=np.int32, count=n
         )
+        gens = self.by_raw_generation
+        for raw in set(generations).difference(gens):
+            gens[raw] = len(gens)
+        old.generations[start:end] = np.fromiter(
+            (gens[g] for g in generations), dtype=np.int32, count=n
+        )
+        keys = _node_keys(old.node_hex[start:end])
+        old.node_keys[start:end] = keys
         hidden = np.fromiter(visible, dtype=np.uint8, count=n) == 0
         old.mask[start:end] = np.where(hidden, HIDDEN, 0)
         self.hidden.update((start + np.flatnonzero(hidden)).tolist())
+        if start:  # a node with a row already: re-embedded, its old row was deleted
+            self._supersede(old, start, end)
         old.matrix[start:end] = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(
             n, self.dimension
         )
         return View(end, old.revision, old.epoch, *_arrays(old))
+
+    def _supersede(self, view: View, start: int, end: int) -> None:
+        """Mark dead the rows before ``start`` whose node has one of the rows ``start:end``
+        (the database keeps one row per node and version: the older one is gone)."""
+        older = np.flatnonzero(np.isin(view.node_keys[:start], view.node_keys[start:end]))
+        if not len(older):
+            return
+        fresh = set(view.node_hex[start:end].tolist())
+        for position in older.tolist():
+            if view.node_hex[position] in fresh and not view.mask[position] & DEAD:
+                view.mask[position] = DEAD
+                self.dead_count += 1
+                self.hidden.discard(position)
+
+    def verdicts(self, view: View, rows: list[int], revision: int) -> dict[int, bool | None]:
+        """``{row: visible}`` (``None``: gone for good) for matrix rows of ``view``, decided by
+        their documents: gone when the document is, visible when it is enabled and its active
+        generation is the row's. One statement reads the documents not yet read at this
+        revision (every change of a document's state moves the head, so a state read at the
+        matrix's revision holds until the next refresh)."""
+        codes = view.documents[rows].tolist()
+        cache = self.documents_read if view.revision == revision == self.view.revision else {}
+        states = {c: cache[c] for c in set(codes) if c in cache}
+        missing = [c for c in set(codes) if c not in states]
+        if missing:
+            read = document_states([self.document_raw[c] for c in missing])
+            gens = self.by_raw_generation
+            for c in missing:
+                state = read.get(self.document_raw[c])
+                states[c] = None if state is None else (gens.get(state[0], -1), state[1])
+            if cache is self.documents_read:
+                with self.lock:
+                    if self.view.revision == revision:
+                        self.documents_read.update({c: states[c] for c in missing})
+        generations = view.generations[rows].tolist()
+        out: dict[int, bool | None] = {}
+        for row, code, generation in zip(rows, codes, generations, strict=True):
+            state = states[code]
+            out[row] = None if state is None else bool(state[1]) and state[0] == generation
+        return out
 
     def _recheck(self, view: View) -> View:
         """Re-check the hidden rows: a gone row turns dead, a visible one is unmasked."""
@@ -374,7 +373,7 @@ class DenseMatrix:
                 kept = np.concatenate([keep, np.arange(base.count, current.count)])
                 matrix[len(keep) : len(kept)] = current.matrix[base.count : current.count]
                 arrays = []
-                for array in (current.row_ids, current.node_hex, current.documents, current.mask):
+                for array in _arrays(current)[1:-1]:
                     out = np.empty(capacity, dtype=array.dtype)
                     out[: len(kept)] = array[kept]
                     arrays.append(out)
@@ -386,7 +385,7 @@ class DenseMatrix:
                     *arrays,
                     current.document_codes,
                 )
-                self.hidden = set(np.flatnonzero(arrays[3][: len(kept)] & HIDDEN).tolist())
+                self.hidden = set(np.flatnonzero(arrays[-1][: len(kept)] & HIDDEN).tolist())
                 self.dead_count = 0
                 self.stats["compactions"] += 1
         finally:
@@ -414,10 +413,10 @@ class DenseMatrix:
                 current = self.view
                 if current.epoch != base.epoch or current.matrix is not base.matrix:
                     return  # compacted or grown inline meanwhile
-                for new, old in zip(_arrays(larger)[:5], _arrays(current)[:5], strict=True):
+                for new, old in zip(_arrays(larger)[:-1], _arrays(current)[:-1], strict=True):
                     new[base.count : current.count] = old[base.count : current.count]
                 self.view = View(
-                    current.count, current.revision, current.epoch, *_arrays(larger)[:5],
+                    current.count, current.revision, current.epoch, *_arrays(larger)[:-1],
                     current.document_codes,
                 )  # fmt: skip
                 self.stats["growths"] += 1
@@ -440,11 +439,14 @@ class DenseMatrix:
 
 
 def _arrays(view: View) -> tuple:
+    """The per-row arrays in :class:`View` order, then the document codes."""
     return (
         view.matrix,
         view.row_ids,
         view.node_hex,
         view.documents,
+        view.generations,
+        view.node_keys,
         view.mask,
         view.document_codes,
     )
@@ -469,7 +471,7 @@ def search(
     (ties by node id).
 
     ``documents`` (``None``: all) restricts the rows before the top-k. The best unmasked rows
-    are checked in SQL (:func:`visibility`) in a window of ``2 × limit`` that grows fourfold
+    are checked (:meth:`DenseMatrix.verdicts`) in a window of ``2 × limit`` that grows fourfold
     until ``limit`` visible rows are found or every row was looked at; the verdicts go back to
     the matrix as masks (:meth:`DenseMatrix.mark`, ``revision`` the snapshot's).
     """
@@ -504,9 +506,7 @@ def search(
         rows = _rows(order, positions).tolist()
         fresh = [r for r in rows if r not in verdicts]
         if fresh:
-            found = visibility(view.row_ids[fresh].tolist())
-            for r, row_id in zip(fresh, view.row_ids[fresh].tolist(), strict=True):
-                verdicts[r] = found.get(row_id)
+            verdicts.update(matrix.verdicts(view, fresh, revision))
         hits = [(r, p) for r, p in zip(rows, order, strict=True) if verdicts[r]][:limit]
         if len(hits) == limit or window >= live:
             break
