@@ -16,7 +16,9 @@ depth of 50): the cold build (the first query), ``--queries`` steady queries (p5
 published by moving the head (what a compilation's publish does in the database), and the first
 query after it timed. It prints one JSON object; ``--copy`` measures on a copy of the database so
 runs start from the same rows. ``bridge-ids`` times the Dify bridge's authorized ids (CPU, the
-old and the new way, and checks they are equal). The backend's ``dense_stats()`` (when it has
+old and the new way, and checks they are equal). ``ab --baseline OLD/retrieval/backends/base.py``
+runs an older dense leg and this one side by side in one process (the fairest latency comparison
+on a shared machine). The backend's ``dense_stats()`` (when it has
 one) reports rows read by the last refresh and bytes per matrix row. Query embedding is not part
 of any figure.
 """
@@ -237,15 +239,60 @@ def bridge_ids(args) -> dict:
     return out
 
 
+def ab(args) -> dict:
+    """The dense leg of ``--baseline`` (another checkout's ``retrieval/backends/base.py``, loaded
+    as a module beside this one) and of this checkout on the same space, in one process, one
+    query each in turn: cold build, p50/p95 of ``--queries``, and how many top-50 lists agree."""
+    import importlib.util
+
+    from retrieval.backends import get_search_backend
+    from retrieval.recall import resolve_snapshot
+    from spaces.models import KnowledgeSpace
+
+    spec = importlib.util.spec_from_file_location("baseline_base", args.baseline)
+    baseline = importlib.util.module_from_spec(spec)
+    sys.modules["baseline_base"] = baseline
+    spec.loader.exec_module(baseline)
+    space = KnowledgeSpace.objects.get(tenant_id=TENANT, slug=SLUG)
+    snapshot = resolve_snapshot(space)
+    number, _, dimension = snapshot.version
+    backends = {"before": baseline.SearchBackend(), "after": get_search_backend()}
+
+    def run(backend, vector):
+        t0 = time.perf_counter()
+        hits = backend.dense_search(
+            space.id, vector, index_version=number, head_revision=snapshot.head_revision,
+            limit=DEPTH, dimension=dimension,
+        )  # fmt: skip
+        return (time.perf_counter() - t0) * 1000, [h.node_id for h in hits]
+
+    queries = unit(np.random.default_rng(SEED + 2), args.queries, dimension)
+    out = {f"{name}_cold_ms": round(run(b, queries[0])[0], 1) for name, b in backends.items()}
+    times: dict[str, list] = {name: [] for name in backends}
+    agree = 0
+    for vector in queries:
+        found = {}
+        for name, backend in backends.items():
+            ms, found[name] = run(backend, vector)
+            times[name].append(ms)
+        agree += found["before"] == found["after"]
+    for name, values in times.items():
+        out[f"{name}_p50_ms"], out[f"{name}_p95_ms"] = pct(values, 50), pct(values, 95)
+    out["identical_top50"] = f"{agree}/{len(queries)}"
+    out["load_avg"] = os.getloadavg()
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("generate", "measure", "bridge-ids"))
+    parser.add_argument("command", choices=("generate", "measure", "bridge-ids", "ab"))
     parser.add_argument("--var", type=Path, required=True)
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--chunks", type=int, default=10, help="nodes per document")
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--publishes", type=int, default=10)
+    parser.add_argument("--baseline", type=Path, help="ab: an older retrieval/backends/base.py")
     parser.add_argument("--keywords", action="store_true", help="generate: keyword rows too")
     parser.add_argument("--copy", type=Path, help="measure on a copy of --var made here")
     args = parser.parse_args()
@@ -256,7 +303,7 @@ def main() -> int:
         var = args.copy
     var.mkdir(parents=True, exist_ok=True)
     setup(var)
-    commands = {"generate": generate, "measure": measure, "bridge-ids": bridge_ids}
+    commands = {"generate": generate, "measure": measure, "bridge-ids": bridge_ids, "ab": ab}
     result = commands[args.command](args)
     print(json.dumps(result, indent=2))
     return 0
