@@ -29,20 +29,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from django.db.models import F, Q
-
-from ingestion.models import KnowledgeNode
-
 from .recall import (
     FUSIONS,
     LEGS,
+    NodeRecord,
     RetrievalResult,
+    db_uuid,
     hydrate,
     load_nodes,
     recall,
     rerank,
     rerank_selection,
     resolve_snapshot,
+    select_nodes,
     stage,
 )
 
@@ -194,19 +193,20 @@ def _expand(base, nodes: dict, allowed, *, limit: int):
     anchors = [nodes[node_id] for node_id, _, _ in base if node_id in nodes]
     if not anchors or limit <= 0:
         return [], {}
-    near = Q()
+    near, params = [], []
     for a in anchors:
-        near |= Q(
-            document_id=a.document_id,
-            generation=a.generation,
-            chunk_index__gte=max(a.chunk_index - DEEP_SECTION_WINDOW, 0),
-            chunk_index__lte=a.chunk_index + DEEP_SECTION_WINDOW,
+        near.append(
+            "(n.document_id = %s AND n.generation = %s AND n.chunk_index BETWEEN %s AND %s)"
         )
-    rows = KnowledgeNode.objects.filter(
-        near, generation=F("document__active_generation"), document__enabled=True
-    ).select_related("document")
-    groups: dict[tuple, dict[int, KnowledgeNode]] = {}
-    for node in rows:
+        params += [
+            db_uuid(a.document_id),
+            db_uuid(a.generation),
+            max(a.chunk_index - DEEP_SECTION_WINDOW, 0),
+            a.chunk_index + DEEP_SECTION_WINDOW,
+        ]
+    where = f"({' OR '.join(near)}) AND n.generation = d.active_generation AND d.enabled"
+    groups: dict[tuple, dict[int, NodeRecord]] = {}
+    for node in select_nodes(where, params):
         if allowed is None or node.document_id in allowed.document_ids:
             groups.setdefault((node.document_id, node.generation), {})[node.chunk_index] = node
     taken = {node_id for node_id, _, _ in base}
@@ -231,7 +231,7 @@ def _expand(base, nodes: dict, allowed, *, limit: int):
     return expanded, contexts
 
 
-def _context_of(anchor: KnowledgeNode, group: dict[int, KnowledgeNode], taken: set):
+def _context_of(anchor: NodeRecord, group: dict[int, NodeRecord], taken: set):
     """The chunks one hit expands to: neighbours, then the nearest of its section."""
     picks = []
     for index in (anchor.chunk_index - 1, anchor.chunk_index + 1):

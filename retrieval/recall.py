@@ -13,6 +13,7 @@ Research (:mod:`retrieval.research`) build on these; :mod:`retrieval.modes` disp
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -392,9 +393,90 @@ def rerank(space, selection, query: str, pool, nodes) -> list[tuple[uuid.UUID, f
     return ranked
 
 
-def load_nodes(ids: list[uuid.UUID]) -> dict[uuid.UUID, KnowledgeNode]:
-    """``{id: node}`` with each node's document joined (one query); missing ids are absent."""
-    return {n.id: n for n in KnowledgeNode.objects.filter(id__in=ids).select_related("document")}
+@dataclass(slots=True)
+class NodeRecord:
+    """What retrieval reads of a node and its document: the text, the citation fields and the
+    place (Deep's expansion). ``id`` and ``document_id`` are UUIDs; ``generation`` is kept as
+    the database gives it (compared and sent back in queries only)."""
+
+    id: uuid.UUID
+    document_id: uuid.UUID
+    generation: object
+    chunk_index: int
+    text: str
+    page_number: int | None
+    section_path: list
+    start_offset: int
+    end_offset: int
+    filename: str
+    enabled: bool
+
+
+def select_nodes(where: str, params: list) -> list[NodeRecord]:
+    """Nodes matching ``where`` (SQL over ``n`` the nodes and ``d`` their documents), with their
+    citation fields, in one statement; no model instances (the rows of a query are few, but
+    Django's per-row conversion and query compilation were a visible share of it at 10k)."""
+    from django.db import connection
+
+    from ingestion.models import Document
+
+    nodes = connection.ops.quote_name(KnowledgeNode._meta.db_table)
+    documents = connection.ops.quote_name(Document._meta.db_table)
+    sql = (
+        "SELECT n.id, n.document_id, n.generation, n.chunk_index, n.text, n.page_number, "
+        "n.section_path, n.start_offset, n.end_offset, d.filename, d.enabled "
+        f"FROM {nodes} n JOIN {documents} d ON d.id = n.document_id WHERE {where}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [
+        NodeRecord(
+            _as_uuid(r[0]),
+            _as_uuid(r[1]),
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            json.loads(r[6]) if isinstance(r[6], str) else list(r[6] or []),
+            r[7],
+            r[8],
+            r[9],
+            bool(r[10]),
+        )  # fmt: skip
+        for r in rows
+    ]
+
+
+def db_uuid(value) -> object:
+    """A UUID as the database stores it (SQLite: 32 hex characters); a value read back from the
+    database is returned unchanged."""
+    from django.db import connection
+
+    if isinstance(value, str) or connection.vendor != "sqlite":
+        return value
+    return value.hex
+
+
+def _as_uuid(value) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+
+
+def load_nodes(ids: list[uuid.UUID]) -> dict[uuid.UUID, NodeRecord]:
+    """``{id: node}`` with each node's citation fields (one statement); missing ids are
+    absent."""
+    from django.db import connection
+
+    if not ids:
+        return {}
+    if connection.vendor == "sqlite":
+        where, params = (
+            "n.id IN (SELECT value FROM json_each(%s))",
+            [json.dumps([db_uuid(i) for i in ids])],
+        )
+    else:
+        where, params = "n.id = ANY(%s)", [list(ids)]
+    return {n.id: n for n in select_nodes(where, params)}
 
 
 def hydrate(
@@ -409,7 +491,7 @@ def hydrate(
     items = []
     for node_id, score, per_leg in ranked:
         node = nodes.get(node_id)
-        if node is None or not node.document.enabled:  # removed or disabled since the legs
+        if node is None or not node.enabled:  # removed or disabled since the legs
             continue
         items.append(
             RetrievalItem(
@@ -419,7 +501,7 @@ def hydrate(
                 scores={"final": score, **per_leg},
                 citation={
                     "document_id": str(node.document_id),
-                    "filename": node.document.filename,
+                    "filename": node.filename,
                     "page_number": node.page_number,
                     "section_path": list(node.section_path),
                     "start_offset": node.start_offset,

@@ -49,9 +49,32 @@ def chunks(items: Sequence, size: int) -> list[Sequence]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def _all_canonical(ids: Sequence[Any]) -> bool:
+    """Whether every id is a canonical UUID string (36 characters: lower-case hex with hyphens
+    at 8, 13, 18 and 23), checked by a few passes over all of them at once (no object per id)."""
+    n = len(ids)
+    if not n or set(map(type, ids)) != {str} or set(map(len, ids)) != {36}:
+        return False
+    joined = "".join(ids)
+    try:
+        raw = joined.encode("ascii")
+    except UnicodeEncodeError:
+        return False
+    if raw.translate(None, b"0123456789abcdef-") or raw.count(b"-") != 4 * n:
+        return False
+    return all(raw[p::36] == b"-" * n for p in (8, 13, 18, 23))
+
+
 def unique_ids(ids: Sequence[Any], errors: type[DifyError]) -> list[str]:
-    """Canonical UUID strings of ``ids``; a repeated id is ``input`` (the route refuses it)."""
-    out = [identifier(i, "ids[]", errors) for i in ids]
+    """Canonical UUID strings of ``ids``; a repeated id is ``input`` (the route refuses it).
+
+    Ids that are already canonical strings (what the database gives the bridge backend) are
+    checked together (:func:`_all_canonical`) and kept as they are; anything else goes through
+    :func:`identifier` one by one."""
+    if _all_canonical(ids):
+        out = list(ids)
+    else:
+        out = [identifier(i, "ids[]", errors) for i in ids]
     if len(set(out)) != len(out):
         raise errors.of("input", "ids must be unique")
     return out

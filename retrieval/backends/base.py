@@ -14,12 +14,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+from django.db import connection
 from django.db.models import F
 
 from ingestion.models import KnowledgeNode
 from ingestion.projection import IndexedNode, ProjectionError
 from knowledgefs.errors import ServiceError, Unavailable
 from retrieval.models import DenseVector
+
+from . import dense_matrix
 
 logger = logging.getLogger("knowledgefs.retrieval")
 
@@ -70,18 +73,20 @@ class SearchBackend:
 
     Subclasses implement the keyword projection (``_index_keywords``, ``_delete_keywords``,
     ``keyword_search``). Dense vectors are stored portably in :class:`DenseVector` and searched
-    exactly (cosine = dot product of unit vectors) over an in-process matrix cached per
-    ``(space, index version, publication head revision)``.
+    exactly (cosine = dot product of unit vectors) over an in-process matrix per
+    ``(space, index version)`` that appends the rows of each new publication
+    (:mod:`.dense_matrix`).
     """
 
     def __init__(self) -> None:
-        self._dense_cache: OrderedDict[tuple, tuple[list[uuid.UUID], np.ndarray]] = OrderedDict()
-        # Per cached matrix: each row's document as a small integer, and document id → integer
-        # (filters restrict the rows to the allowed documents before the top-k).
-        self._dense_documents: dict[tuple, tuple[np.ndarray, dict[uuid.UUID, int]]] = {}
+        # (space id, index version) → its matrix, least recently used first.
+        self._dense_matrices: OrderedDict[tuple, dense_matrix.DenseMatrix] = OrderedDict()
         self._dense_lock = threading.Lock()
-        self._build_locks: dict[tuple, threading.Lock] = {}
         self.dense_cache_spaces = 8
+        # Compaction of a matrix's dead rows (dense_matrix.DenseMatrix).
+        self.dense_compact_fraction = 0.25
+        self.dense_compact_min_rows = 1024
+        self.dense_compact_in_background = True
 
     # --- writes -----------------------------------------------------------------------------
     def index_keywords(self, nodes: list[IndexedNode]) -> None:
@@ -207,110 +212,78 @@ class SearchBackend:
         documents: frozenset | None = None,
         model_id: str | None = None,
     ) -> list[ScoredNode]:
-        """Exact cosine top-``limit`` over the space's visible vectors of one index version.
+        """Exact cosine top-``limit`` over the space's visible vectors of one index version,
+        best first, ties by node id.
 
-        ``dimension`` is the version's; rows of any other dimension are left out of the matrix
-        (and logged), so the matrix never mixes dimensions. ``documents`` (``None``: all)
-        restricts the rows to those documents before the top-``limit`` is taken. ``model_id``
-        (the version's model) is not needed here; an indexed backend uses it to pick its index.
+        Served by the version's in-process :class:`~.dense_matrix.DenseMatrix`, brought to
+        ``head_revision`` by appending the rows written since it was last read (never rebuilt
+        for a new revision on SQLite); visibility is checked in SQL for the best candidates
+        (:func:`.dense_matrix.search`). ``dimension`` is the version's; rows of any other
+        dimension are left out of the matrix (and logged), so it never mixes dimensions.
+        ``documents`` (``None``: all) restricts the rows to those documents before the
+        top-``limit`` is taken. ``model_id`` (the version's model) is not needed here; an
+        indexed backend uses it to pick its index. Raises :class:`ValueError` when the query
+        vector's length is not the index's.
         """
-        key = (space_id, index_version, head_revision)
-        node_ids, matrix = self._dense_matrix(
-            space_id, index_version, head_revision, dimension or query_vector.shape[0]
-        )
-        if not node_ids:
+        dimension = int(dimension or query_vector.shape[0])
+        matrix = self._dense_matrix(space_id, index_version, head_revision, dimension)
+        if matrix.view.count == 0:
             return []
-        if matrix.shape[1] != query_vector.shape[0]:
+        if query_vector.shape[0] != dimension:
             raise ValueError(
-                f"query vector has {query_vector.shape[0]} dimensions, index has {matrix.shape[1]}"
+                f"query vector has {query_vector.shape[0]} dimensions, index has {dimension}"
             )
-        rows = None
-        if documents is not None:
-            rows = self._rows_of_documents(key, documents)
-            if rows is None:  # evicted between the two reads: use a fresh build's mapping
-                node_ids, matrix = self._build_dense_matrix(key, matrix.shape[1])
-                rows = self._rows_of_documents(key, documents)
-                rows = np.empty(0, dtype=np.int64) if rows is None else rows
-            if not len(rows):
-                return []
-            scores = matrix[rows] @ query_vector.astype(np.float32)
-        else:
-            scores = matrix @ query_vector.astype(np.float32)
-        k = min(limit, len(scores))
-        top = np.argpartition(-scores, k - 1)[:k]
-        top = top[np.argsort(-scores[top], kind="stable")]
-        if rows is not None:
-            return [ScoredNode(node_ids[rows[i]], float(scores[i])) for i in top]
-        return [ScoredNode(node_ids[i], float(scores[i])) for i in top]
+        hits = dense_matrix.search(
+            matrix, query_vector, limit=limit, revision=head_revision, documents=documents
+        )
+        return [ScoredNode(uuid.UUID(node.decode()), score) for node, score in hits]
 
-    def _rows_of_documents(self, key: tuple, documents: frozenset) -> np.ndarray | None:
-        """Matrix rows whose node belongs to one of ``documents`` (``None``: not cached)."""
+    def dense_stats(self, space_id: uuid.UUID | None = None, index_version: int | None = None):
+        """Counters of the matrix of ``(space_id, index_version)`` (default: the last one used),
+        :meth:`~.dense_matrix.DenseMatrix.info`; ``{}`` when none is held."""
         with self._dense_lock:
-            entry = self._dense_documents.get(key)
-        if entry is None:
-            return None
-        row_documents, codes = entry
-        wanted = np.fromiter((codes[d] for d in documents if d in codes), dtype=np.int32)
-        return np.flatnonzero(np.isin(row_documents, wanted))
+            if space_id is None:
+                matrix = next(reversed(self._dense_matrices.values()), None)
+            else:
+                matrix = self._dense_matrices.get((space_id, index_version))
+        return matrix.info() if matrix is not None else {}
 
     def _dense_matrix(
         self, space_id: uuid.UUID, index_version: int, head_revision: int, dimension: int
-    ) -> tuple[list[uuid.UUID], np.ndarray]:
-        key = (space_id, index_version, head_revision)
+    ) -> dense_matrix.DenseMatrix:
+        """The version's matrix at ``head_revision`` or later (one writer per matrix: the
+        others wait for its refresh, then read the new view)."""
+        key = (space_id, index_version)
+        incremental = connection.vendor == "sqlite"
         with self._dense_lock:
-            if key in self._dense_cache:
-                self._dense_cache.move_to_end(key)
-                return self._dense_cache[key]
-            build_lock = self._build_locks.setdefault(key[:2], threading.Lock())
-        # One thread per (space, version) rebuilds; the others wait for its result.
-        with build_lock:
-            with self._dense_lock:
-                if key in self._dense_cache:
-                    return self._dense_cache[key]
-            return self._build_dense_matrix(key, dimension)
-
-    def _build_dense_matrix(self, key: tuple, dimension: int) -> tuple[list[uuid.UUID], np.ndarray]:
-        space_id, index_version, _ = key
-        rows = (
-            DenseVector.objects.filter(
-                space_id=space_id,
-                index_version=index_version,
-                node__generation=F("node__document__active_generation"),
-                node__document__enabled=True,
-            )
-            .order_by("node_id")
-            .values_list("node_id", "dimension", "vector", "node__document_id")
+            matrix = self._dense_matrices.get(key)
+            if matrix is None or matrix.dimension != dimension:
+                matrix = dense_matrix.DenseMatrix(
+                    space_id,
+                    index_version,
+                    dimension,
+                    incremental=incremental,
+                    compact_fraction=self.dense_compact_fraction,
+                    compact_min_rows=self.dense_compact_min_rows,
+                    compact_in_background=self.dense_compact_in_background,
+                )
+                retired = [k for k in self._dense_matrices if k[0] == space_id and k[1] < key[1]]
+                for older in retired:  # an older version's matrix: the space moved on
+                    del self._dense_matrices[older]
+                self._dense_matrices[key] = matrix
+                while len(self._dense_matrices) > self.dense_cache_spaces:
+                    self._dense_matrices.popitem(last=False)
+            else:
+                self._dense_matrices.move_to_end(key)
+        # SQLite gives ids in commit order, so rows above the last id read are the new ones;
+        # elsewhere the matrix is read again for each revision (the exact reference path).
+        stale = (
+            matrix.view.revision < head_revision
+            if incremental
+            else matrix.view.revision != head_revision
         )
-        ids: list[uuid.UUID] = []
-        codes: dict[uuid.UUID, int] = {}
-        row_documents: list[int] = []
-        matrix = np.empty((1024, dimension), dtype=np.float32)  # grown geometrically
-        foreign = 0
-        for node_id, row_dimension, vector, document_id in rows.iterator(chunk_size=2000):
-            if row_dimension != dimension or len(vector) != 4 * dimension:
-                foreign += 1
-                continue
-            if len(ids) == matrix.shape[0]:
-                matrix = np.resize(matrix, (matrix.shape[0] * 2, dimension))
-            matrix[len(ids)] = np.frombuffer(vector, dtype="<f4")
-            ids.append(node_id)
-            row_documents.append(codes.setdefault(document_id, len(codes)))
-        if foreign:
-            logger.error(
-                "index v%s of space %s: left out %d vectors whose dimension is not %d",
-                index_version,
-                space_id,
-                foreign,
-                dimension,
-            )
-        matrix = np.ascontiguousarray(matrix[: len(ids)])
-        with self._dense_lock:
-            for stale in [k for k in self._dense_cache if k[0] == space_id and k != key]:
-                del self._dense_cache[stale]
-            self._dense_cache[key] = (ids, matrix)
-            self._dense_documents[key] = (np.asarray(row_documents, dtype=np.int32), codes)
-            while len(self._dense_cache) > self.dense_cache_spaces:
-                self._dense_cache.popitem(last=False)
-            for gone in [k for k in self._dense_documents if k not in self._dense_cache]:
-                del self._dense_documents[gone]
-        return ids, matrix
+        if stale:
+            with matrix.lock:
+                if incremental or matrix.view.revision != head_revision:
+                    matrix.refresh(head_revision)
+        return matrix

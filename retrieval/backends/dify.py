@@ -50,7 +50,7 @@ from typing import TypeVar
 
 import numpy as np
 from django.conf import settings
-from django.db.models import F
+from django.db import connection
 
 from ingestion.models import KnowledgeNode
 from knowledgefs.dify.errors import DifyError, DifyNotConfigured
@@ -308,36 +308,19 @@ class DifyBridgeBackend(SearchBackend):
 
     # --- reads --------------------------------------------------------------------------------
     @staticmethod
-    def authorized_node_ids(
-        space_id: uuid.UUID, documents: frozenset | None = None
-    ) -> list[uuid.UUID]:
+    def authorized_node_ids(space_id: uuid.UUID, documents: frozenset | None = None) -> list[str]:
         """The space's visible nodes (active generation, enabled document, and one of
-        ``documents`` unless ``None``), by id: what a keyword search may return."""
-        rows = KnowledgeNode.objects.filter(
-            space_id=space_id,
-            generation=F("document__active_generation"),
-            document__enabled=True,
-        )
-        if documents is not None:
-            rows = rows.filter(document_id__in=documents)
-        return list(rows.order_by("id").values_list("id", flat=True))
+        ``documents`` unless ``None``), as canonical UUID strings in id order: what a keyword
+        search may return."""
+        return _authorized(space_id, documents)
 
     @staticmethod
     def authorized_vector_ids(
         space_id: uuid.UUID, index_version: int, dimension: int, documents: frozenset | None
-    ) -> list[uuid.UUID]:
-        """The visible nodes with a ledger row of ``dimension`` in the index version: what a
-        dense search may return."""
-        rows = DenseVector.objects.filter(
-            space_id=space_id,
-            index_version=index_version,
-            dimension=dimension,
-            node__generation=F("node__document__active_generation"),
-            node__document__enabled=True,
-        )
-        if documents is not None:
-            rows = rows.filter(node__document_id__in=documents)
-        return list(rows.order_by("node_id").values_list("node_id", flat=True))
+    ) -> list[str]:
+        """The visible nodes with a ledger row of ``dimension`` in the index version, as
+        canonical UUID strings in id order: what a dense search may return."""
+        return _authorized(space_id, documents, (index_version, dimension))
 
     def keyword_search(
         self,
@@ -412,3 +395,46 @@ class DifyBridgeBackend(SearchBackend):
         except SearchBackendError as exc:
             return False, exc.message
         return True, "dify: vector and text bridge answered"
+
+
+def _authorized(space_id: uuid.UUID, documents: frozenset | None, vectors=None) -> list[str]:
+    """Visible node ids of the space as canonical (hyphenated, lower-case) UUID strings, made by
+    the database in one statement (no UUID object per id: at 100k ids that was 1.3 s of CPU a
+    query); ``vectors`` ``(index_version, dimension)`` keeps those with such a ledger row."""
+    from ingestion.models import Document
+
+    q = connection.ops.quote_name
+    sqlite = connection.vendor == "sqlite"
+    if sqlite:  # 32 hex characters stored: hyphens put in by the database
+        ident = (
+            "substr(n.id, 1, 8) || '-' || substr(n.id, 9, 4) || '-' || substr(n.id, 13, 4) "
+            "|| '-' || substr(n.id, 17, 4) || '-' || substr(n.id, 21, 12)"
+        )
+    else:
+        ident = "CAST(n.id AS text)"
+    sql = (
+        f"SELECT {ident} FROM {q(KnowledgeNode._meta.db_table)} n "
+        f"JOIN {q(Document._meta.db_table)} d ON d.id = n.document_id "
+        "WHERE n.space_id = %s AND n.generation = d.active_generation AND d.enabled"
+    )
+    params: list = [space_id.hex if sqlite else space_id]
+    if documents is not None:
+        if sqlite:
+            sql += " AND n.document_id IN (SELECT value FROM json_each(%s))"
+            params.append("[" + ",".join(f'"{d.hex}"' for d in documents) + "]")
+        else:
+            sql += " AND n.document_id = ANY(%s)"
+            params.append(list(documents))
+    if vectors is not None:
+        sql += (
+            f" AND EXISTS (SELECT 1 FROM {q(DenseVector._meta.db_table)} dv WHERE "
+            "dv.node_id = n.id AND dv.index_version = %s AND dv.dimension = %s)"
+        )
+        params += list(vectors)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        ids = [row[0] for row in cursor.fetchall()]
+    # Id order (canonical strings sort as the ids do); sorted here, for an ORDER BY n.id makes
+    # SQLite walk every node of the table by its primary key (2× the statement's time at 100k).
+    ids.sort()
+    return ids

@@ -418,8 +418,9 @@ def test_the_dense_matrix_never_mixes_dimensions(space_a, caplog):
         return  # pgvector: the statement's ``dimension = 8`` leaves it out (no in-process matrix)
     assert "left out 1 vectors" in caplog.text
     backend = get_search_backend()
-    ids, matrix = backend._dense_cache[(space.id, 1, 999)]
-    assert matrix.shape == (49, 8) and node.id not in ids
+    view = backend._dense_matrices[(space.id, 1)].view
+    assert view.count == 49 and view.matrix.shape[1] == 8
+    assert node.id.hex.encode() not in set(view.node_hex[: view.count].tolist())
 
 
 def test_a_matrix_of_the_wrong_dimension_is_refused(space_a):
