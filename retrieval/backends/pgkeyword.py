@@ -69,7 +69,7 @@ MAX_UUID = uuid.UUID(int=2**128 - 1)
 LEX_SQL = (
     "SELECT i, coalesce(array_agg(lexeme ORDER BY lexeme) FILTER (WHERE lexeme IS NOT NULL), "
     "'{}'), coalesce(array_agg(tf ORDER BY lexeme) FILTER (WHERE lexeme IS NOT NULL), '{}') "
-    "FROM (SELECT s.i, l.lexeme::text COLLATE \"C\" AS lexeme, "
+    'FROM (SELECT s.i, l.lexeme::text COLLATE "C" AS lexeme, '
     "coalesce(cardinality(l.positions), 1) AS tf "
     "FROM unnest(%s::text[]) WITH ORDINALITY s(body, i) "
     "LEFT JOIN LATERAL unnest(to_tsvector('english', s.body)) l ON true) x GROUP BY i"

@@ -97,9 +97,7 @@ class PostgresSearchBackend(SearchBackend):
         with transaction.atomic(), connection.cursor() as cursor:
             if own:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            hits = pgkeyword.search(
-                cursor, space_id, terms, prefix, limit, allowed, trace=trace
-            )
+            hits = pgkeyword.search(cursor, space_id, terms, prefix, limit, allowed, trace=trace)
         return [ScoredNode(node, score) for node, score in hits]
 
     # --- dense leg (pgvector) -------------------------------------------------------------------

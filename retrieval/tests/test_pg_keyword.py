@@ -143,9 +143,7 @@ class BruteForce:
 
 
 def search(space, query, k, documents=None, trace=None):
-    hits = get_search_backend().keyword_search(
-        space.id, query, k, documents=documents, trace=trace
-    )
+    hits = get_search_backend().keyword_search(space.id, query, k, documents=documents, trace=trace)
     return [(h.node_id, h.score) for h in hits]
 
 
@@ -263,9 +261,10 @@ def test_deletes_keep_statistics_exact_and_rebuild_gives_the_same_answers(space)
     corpus = fill(space, documents=100, per_document=10, seed=5)
     backend = get_search_backend()
     assert statistics(space.id) == recomputed(space.id)
-    assert backend.projection_counts(space.id)["keyword"] == KnowledgeNode.objects.filter(
-        space=space
-    ).count()
+    assert (
+        backend.projection_counts(space.id)["keyword"]
+        == KnowledgeNode.objects.filter(space=space).count()
+    )
     gone = list(KnowledgeNode.objects.filter(space=space).values_list("id", flat=True)[::3])
     backend.delete_nodes(gone)
     KnowledgeNode.objects.filter(id__in=gone).delete()
