@@ -166,14 +166,14 @@ def before(cursor, space_id, query: str, limit: int) -> list:
 
     terms = keyword_terms(query)
     cursor.execute(BEFORE_SQL, [terms, [is_lone_cjk(t) for t in terms], space_id, limit])
-    return [row[0] for row in cursor.fetchall()]
+    return [str(row[0]) for row in cursor.fetchall()]
 
 
 def after(space_id, query: str, limit: int, trace=None) -> list:
     from retrieval.backends import get_search_backend
 
     hits = get_search_backend().keyword_search(space_id, query, limit, trace=trace)
-    return [h.node_id for h in hits]
+    return [str(h.node_id) for h in hits]
 
 
 def exact(cursor, space_id, query: str, limit: int) -> list:
@@ -295,7 +295,9 @@ def ndcg(copies: int) -> None:
             "JOIN ingestion_document d ON d.id = n.document_id WHERE n.space_id = %s",
             [space.id],
         )
-        names = {row[0]: row[1].removesuffix(".txt").split("-", 1)[1] for row in cursor.fetchall()}
+        names = {
+            str(row[0]): row[1].removesuffix(".txt").split("-", 1)[1] for row in cursor.fetchall()
+        }
         result = {}
         for name, run in (
             ("before", lambda q: before(cursor, space.id, q, 10)),

@@ -68,7 +68,7 @@ MARGIN = 1.0 + 2.0**-20
 # A documents filter allowing at most this many nodes is answered exactly over those nodes
 # (cost ∝ the filter), wider ones by the Threshold Algorithm with the filter in its random access.
 DIRECT_FILTER_NODES = 10_000
-MAX_UUID = uuid.UUID(int=2**128 - 1)
+MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
 
 LEX_SQL = (
     "SELECT i, coalesce(array_agg(lexeme ORDER BY lexeme) FILTER (WHERE lexeme IS NOT NULL), "
@@ -91,7 +91,8 @@ QUERY_TERMS_SQL = (
 # Sorted access: the next block of every live list, best impact first (index scan backward
 # of (space_id, term, impact, node_id) under LIMIT, resumed after the last row read).
 SORTED_SQL = (
-    "SELECT u.i, p.node_id, p.impact FROM unnest(%s::text[], %s::real[], %s::uuid[], %s::int[]) "
+    "SELECT u.i, p.node_id::text, p.impact "
+    "FROM unnest(%s::text[], %s::real[], %s::uuid[], %s::int[]) "
     "WITH ORDINALITY u(term, impact, node_id, lim, i) "
     f"CROSS JOIN LATERAL (SELECT p.node_id, p.impact FROM {POSTING} p "
     "WHERE p.space_id = %s AND p.term = u.term AND (p.impact, p.node_id) < (u.impact, u.node_id) "
@@ -107,13 +108,13 @@ VISIBLE = (
     "WHERE n.id = k.node_id)"
 )
 RANDOM_SQL = (
-    f"SELECT k.node_id, k.length, p.term, p.tf FROM {NODE} k "
+    f"SELECT k.node_id::text, k.length, p.term, p.tf FROM {NODE} k "
     f"JOIN {POSTING} p ON p.node_id = k.node_id AND p.term = ANY(%s::text[]) "
     "WHERE k.node_id = ANY(%s::uuid[]) AND k.space_id = %s AND " + VISIBLE
 )
 # The exact answer over the nodes of a small set of documents (the filter's own rows).
 DIRECT_SQL = (
-    f"SELECT k.node_id, k.length, p.term, p.tf FROM ingestion_document d "
+    f"SELECT k.node_id::text, k.length, p.term, p.tf FROM ingestion_document d "
     "JOIN ingestion_knowledgenode n ON n.document_id = d.id AND n.generation = d.active_generation "
     f"JOIN {NODE} k ON k.node_id = n.id "
     f"JOIN {POSTING} p ON p.node_id = n.id AND p.term = ANY(%s::text[]) "
@@ -121,7 +122,7 @@ DIRECT_SQL = (
 )
 # Every matching visible posting: the exhaustive reference (benchmarks, tests).
 EXHAUSTIVE_SQL = (
-    f"SELECT k.node_id, k.length, p.term, p.tf FROM {POSTING} p "
+    f"SELECT k.node_id::text, k.length, p.term, p.tf FROM {POSTING} p "
     f"JOIN {NODE} k ON k.node_id = p.node_id "
     "WHERE p.space_id = %s AND p.term = ANY(%s::text[]) AND " + VISIBLE
 )
@@ -342,15 +343,16 @@ class Scorer:
                 total += weight * tf_component(tf, length, self.avgdl)
         return total
 
-    def score_rows(self, rows) -> dict[uuid.UUID, float]:
-        """Scores of ``(node_id, length, term, tf)`` rows, per node."""
-        grouped: dict[uuid.UUID, tuple[int, dict[str, int]]] = {}
+    def score_rows(self, rows) -> dict[str, float]:
+        """Scores of ``(node_id, length, term, tf)`` rows, per node (ids as text: the hot path
+        builds no UUID objects; lower-case hex text sorts as the UUIDs do)."""
+        grouped: dict[str, tuple[int, dict[str, int]]] = {}
         for node_id, length, term, tf in rows:
             grouped.setdefault(node_id, (length, {}))[1][term] = tf
         return {node: self.score(length, tfs) for node, (length, tfs) in grouped.items()}
 
 
-def top(scores: dict[uuid.UUID, float], limit: int) -> list[tuple[uuid.UUID, float]]:
+def top(scores: dict[str, float], limit: int) -> list[tuple[str, float]]:
     """The best ``limit`` of ``scores``, score descending then node id ascending."""
     return heapq.nsmallest(limit, scores.items(), key=lambda item: (-item[1], item[0]))
 
@@ -436,9 +438,9 @@ def threshold_top_k(cursor, space_id, scorer: Scorer, limit: int, a0: float, doc
     last_node = [MAX_UUID] * m
     live = [True] * m
     block = [max(FIRST_BLOCK, limit)] * m
-    best: list[tuple[float, int, uuid.UUID]] = []  # min-heap: worst (score, -id) on top
-    done: set[uuid.UUID] = set()  # resolved or ruled out
-    pending: dict[uuid.UUID, dict[int, float]] = {}
+    best: list[tuple[float, int, str]] = []  # min-heap: worst (score, -id) on top
+    done: set[str] = set()  # resolved or ruled out
+    pending: dict[str, dict[int, float]] = {}
     rounds = read = resolved = 0
     while True:
         # Round 1 reads every list; later rounds the lists holding the threshold up (their
@@ -472,44 +474,47 @@ def threshold_top_k(cursor, space_id, scorer: Scorer, limit: int, a0: float, doc
                     live[i], last[i] = False, 0.0
                 block[i] = min(2 * block[i], MAX_BLOCK)
         unseen = sum(weight[i] * last[i] for i in range(m) if live[i])
+        # A candidate's bound: its seen impacts, plus the last impact of each live list it was
+        # not seen in (never below ``unseen``). Computed once per round; it only falls later.
+        floor = [weight[i] * last[i] if live[i] else 0.0 for i in range(m)]
+        bounds = []
+        for node, seen in pending.items():
+            bound = unseen
+            for i, impact in seen.items():
+                bound += weight[i] * impact - floor[i]
+            bounds.append((bound, node))
+        bounds.sort(reverse=True)
         # Random access is some hundred times dearer than a sorted read (primary-key probes
-        # against postings packed in index leaves), so each round resolves at most ``limit``
-        # candidates, best bound first; the next, deeper round tightens the others' bounds.
-        budget = max(limit, RESOLVE_MIN) if any(live) else None
-        while pending:
+        # against postings packed in index leaves), so while lists are live each round resolves
+        # at most ``limit`` candidates, best bound first; deeper rounds tighten the others.
+        budget = max(limit, RESOLVE_MIN) if any(live) else len(bounds)
+        position = 0
+        while position < len(bounds) and budget > 0:
             kth = best[0][0] if len(best) >= limit else -1.0
-            bounds = []
-            for node, seen in list(pending.items()):
-                bound = unseen
-                for i, impact in seen.items():
-                    bound += weight[i] * impact - (weight[i] * last[i] if live[i] else 0.0)
-                if bound < kth:  # can never reach the k-th score: its bound only falls
-                    done.add(node)
-                    del pending[node]
-                else:
-                    bounds.append((bound, node))
-            if not bounds or budget == 0:
-                break
-            bounds.sort(key=lambda b: -b[0])
-            size = RESOLVE_MIN * 2 if budget is None else budget
-            take = [node for _, node in bounds[:size]]
-            if budget is not None:
-                budget -= len(take)
-            for node in take:
-                del pending[node]
+            if bounds[position][0] < kth:
+                break  # neither it nor any later one can reach the k-th score
+            take = [node for _, node in bounds[position : position + min(budget, 4 * limit)]]
+            position += len(take)
+            budget -= len(take)
             scores = random_access(cursor, space_id, scorer, take, documents)
             resolved += len(take)
             for node in take:
                 done.add(node)
+                del pending[node]
                 score = scores.get(node)
                 if score is None:
                     continue
-                entry = (score, -node.int, node)
+                entry = (score, -int(node.replace("-", ""), 16), node)
                 if len(best) < limit:
                     heapq.heappush(best, entry)
                 elif entry > best[0]:
                     heapq.heapreplace(best, entry)
-        if not pending and (not any(live) or (len(best) >= limit and best[0][0] > unseen)):
+        kth = best[0][0] if len(best) >= limit else -1.0
+        for bound, node in bounds[position:]:
+            if bound < kth:  # ruled out for good: bounds only fall, the k-th score only rises
+                done.add(node)
+                del pending[node]
+        if not pending and (not any(live) or kth > unseen):
             break
     if trace is not None:
         trace.update(path="threshold", rounds=rounds, postings=read, resolved=resolved)

@@ -98,7 +98,7 @@ class PostgresSearchBackend(SearchBackend):
             if own:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             hits = pgkeyword.search(cursor, space_id, terms, prefix, limit, allowed, trace=trace)
-        return [ScoredNode(node, score) for node, score in hits]
+        return [ScoredNode(uuid.UUID(node), score) for node, score in hits]
 
     # --- dense leg (pgvector) -------------------------------------------------------------------
     def prepare_dense_index(self, model_id: str, dimension: int) -> None:
