@@ -271,7 +271,7 @@ def explain(copies: int, index: int) -> None:
         with connection.execute_wrapper(record):
             after(space.id, query, 50)
         for sql, params in statements:
-            if not sql.lstrip().upper().startswith("SELECT") and "WITH" not in sql[:5]:
+            if "retrieval_keyword" not in sql:
                 continue
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
             print(f"-- after: {sql[:90]}…")

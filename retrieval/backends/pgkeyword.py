@@ -29,13 +29,15 @@ node's true tf-component is at most ``max(1, A/A₀)`` times its impact (the len
 the space grows; only their tightness drifts until a rebuild.
 
 Query (Fagin, Lotem & Naor, "Optimal aggregation algorithms for middleware", PODS 2001, TA with
-the CA refinement of upper-bounding candidates before random access): each round reads every
-live term list in impact order, one block per list (a ``LIMIT``, doubling each round); a new
-candidate's upper bound is its seen impacts plus the last impact read of its other lists; a
-candidate whose bound can still reach the k-th score is resolved by random access (its postings
-of all query terms, its length and its visibility in one statement) to its exact score; the
-loop stops when the k-th visible score exceeds the threshold Σ idf · last impact (no unseen
-node can reach it). The answer equals the exact BM25 top-k over visible nodes, ties by node id.
+the CA refinement of upper-bounding candidates before random access): each round reads live
+term lists in impact order, one block per list (a ``LIMIT``, doubling each time; after round 1
+only the lists holding the threshold up, :data:`READ_SHARE`); a candidate's upper bound is its
+seen impacts plus the last impact read of its other lists; up to ``limit`` candidates per round
+whose bound can still reach the k-th score are resolved by random access (their postings of all
+query terms, length and visibility in one statement) to their exact score; the loop stops when
+the k-th visible score exceeds the threshold Σ idf · last impact (no unseen node can reach it)
+and no candidate's bound reaches it. The answer equals the exact BM25 top-k over visible nodes,
+ties by node id.
 """
 
 from __future__ import annotations
