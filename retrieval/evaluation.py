@@ -282,8 +282,8 @@ def percentile(values: list[float], pct: float) -> float:
 #
 # A baseline file records, per database engine and retrieval mode, the metrics a run reached on
 # one subject (a BEIR dataset and split, or a space's golden questions) with one top_k, legs and
-# fusion. The keyword leg is engine-specific (tantivy BM25 on SQLite, ts_rank_cd on PostgreSQL), so
-# each engine has numbers of its own:
+# fusion. The keyword leg is engine-specific (tantivy BM25 on SQLite, BM25 over english lexemes
+# on PostgreSQL), so each engine has numbers of its own:
 #
 #   {"format": "kfs-eval-baseline/1", "kind": "beir" | "golden",
 #    "subject": {"dataset", "split", "top_k", "legs", "fusion"}

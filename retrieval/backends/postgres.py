@@ -1,9 +1,9 @@
-"""PostgreSQL search backend: tsvector + GIN for the keyword leg, pgvector + HNSW for the dense.
+"""PostgreSQL search backend: BM25 impact lists for the keyword leg, pgvector + HNSW for the dense.
 
-Keyword leg: the table ``retrieval_keyword_tsv`` is created by migration ``retrieval.0002``;
-rows are deleted with their nodes through :meth:`SearchBackend.delete_nodes`. Terms are OR-ed
-(like the FTS5 query) and ranked with ``ts_rank_cd``; CJK text is indexed as bigrams
-(:mod:`retrieval.text`), so the GIN index serves it too.
+Keyword leg: :mod:`retrieval.backends.pgkeyword` (tables of migration ``retrieval.0010``):
+postings and statistics are written and deleted with their nodes in the caller's transaction;
+queries are OR-ed terms (like the FTS5 query) ranked by exact BM25 and answered by the Threshold
+Algorithm, whose reads are bounded by ``limit`` and the query's terms, not by the matching rows.
 
 Dense leg: the ``embedding`` column and the per-model HNSW indexes of migration
 ``retrieval.0008`` (:mod:`retrieval.backends.pgvector`). One SQL statement applies the space,
@@ -22,12 +22,11 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from retrieval.models import IndexVersion
-from retrieval.text import is_lone_cjk, keyword_terms, keyword_text
+from retrieval.text import is_lone_cjk, keyword_terms
 
-from . import pgvector
+from . import pgkeyword, pgvector
 from .base import IndexedNode, ScoredNode, SearchBackend
 
-TABLE = "retrieval_keyword_tsv"
 DENSE_BATCH = 500  # rows per executemany of dense vectors
 
 logger = logging.getLogger("knowledgefs.retrieval")
@@ -56,22 +55,25 @@ DENSE_SQL = (
 
 
 class PostgresSearchBackend(SearchBackend):
+    # --- keyword leg (BM25 impact lists, retrieval.backends.pgkeyword) --------------------------
     def _index_keywords(self, nodes: list[IndexedNode]) -> None:
-        with connection.cursor() as cursor:
-            cursor.executemany(
-                f"INSERT INTO {TABLE} (node_id, space_id, tsv) "
-                "VALUES (%s, %s, to_tsvector('english', %s))",
-                [(n.id, n.space_id, keyword_text(n.text)) for n in nodes],
-            )
+        with transaction.atomic(), connection.cursor() as cursor:
+            pgkeyword.write(cursor, nodes)
 
     def _delete_keywords(self, node_ids: list[uuid.UUID]) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(f"DELETE FROM {TABLE} WHERE node_id = ANY(%s)", [list(node_ids)])
+        with transaction.atomic(), connection.cursor() as cursor:
+            pgkeyword.delete(cursor, node_ids)
 
     def _keyword_row_count(self, space_id: uuid.UUID) -> int:
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT count(*) FROM {TABLE} WHERE space_id = %s", [space_id])
-            return cursor.fetchone()[0]
+            return pgkeyword.row_count(cursor, space_id)
+
+    def rebuild_keywords(self, space_id: uuid.UUID) -> int:
+        """Rebuild the space's keyword postings and BM25 statistics from its nodes in one
+        transaction (queries see the old index until it commits; A₀ becomes the space's true
+        average length). Returns the number of nodes indexed."""
+        with transaction.atomic(), connection.cursor() as cursor:
+            return pgkeyword.rebuild(cursor, space_id)
 
     def keyword_search(
         self,
@@ -81,38 +83,22 @@ class PostgresSearchBackend(SearchBackend):
         *,
         documents: frozenset | None = None,
         language: str | None = None,
+        trace: dict | None = None,
     ) -> list[ScoredNode]:
-        """Top ``limit`` visible nodes by ``ts_rank_cd``; ``documents`` (filters) is a condition
-        of the same statement, before its ``LIMIT``."""
+        """The exact BM25 top ``limit`` visible nodes (:func:`pgkeyword.search`: the Threshold
+        Algorithm over impact lists); ``documents`` (filters) applies before the limit. Reads one
+        snapshot (``REPEATABLE READ``, read-only) unless the caller is inside a transaction."""
         terms = keyword_terms(query, language)
-        if not terms or (documents is not None and not documents):
+        if not terms or limit <= 0 or (documents is not None and not documents):
             return []
-        only = "" if documents is None else "AND d.id = ANY(%s::uuid[]) "
-        # Each term becomes its own lexeme list; plainto_tsquery applies the same stemming and
-        # stop words as the index, and the lists are OR-ed together. A lone CJK character is a
-        # prefix query (``:*``) over the CJK bigrams (retrieval.text.is_lone_cjk). MATERIALIZED
-        # builds the tsquery once: inlined, a plan chosen on missing statistics (a fresh table)
-        # rebuilt it for every candidate row (minutes for a few hundred rows).
-        sql = (
-            "WITH q AS MATERIALIZED (SELECT to_tsquery('english', string_agg("
-            "CASE WHEN prefix THEN pq::text || ':*' ELSE pq::text END, ' | ')) AS query "
-            "FROM (SELECT plainto_tsquery('english', t) AS pq, prefix "
-            "FROM unnest(%s::text[], %s::boolean[]) AS u(t, prefix)) s "
-            "WHERE pq::text <> '') "
-            f"SELECT k.node_id, ts_rank_cd(k.tsv, q.query) AS score FROM {TABLE} k "
-            "CROSS JOIN q "
-            "JOIN ingestion_knowledgenode n ON n.id = k.node_id "
-            "JOIN ingestion_document d ON d.id = n.document_id "
-            "WHERE q.query IS NOT NULL AND k.tsv @@ q.query AND k.space_id = %s "
-            f"AND d.active_generation = n.generation AND d.enabled {only}"
-            "ORDER BY score DESC LIMIT %s"
-        )
-        params: list = [terms, [is_lone_cjk(t) for t in terms], space_id]
-        if documents is not None:
-            params.append([str(d) for d in documents])
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [*params, limit])
-            return [ScoredNode(row[0], float(row[1])) for row in cursor.fetchall()]
+        prefix = [is_lone_cjk(t) for t in terms]
+        allowed = None if documents is None else [str(d) for d in documents]
+        own = not connection.in_atomic_block
+        with transaction.atomic(), connection.cursor() as cursor:
+            if own:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            hits = pgkeyword.search(cursor, space_id, terms, prefix, limit, allowed, trace=trace)
+        return [ScoredNode(uuid.UUID(node), score) for node, score in hits]
 
     # --- dense leg (pgvector) -------------------------------------------------------------------
     def prepare_dense_index(self, model_id: str, dimension: int) -> None:

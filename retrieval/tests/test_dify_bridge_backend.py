@@ -172,9 +172,9 @@ def test_compiled_through_the_bridge_answers_like_the_database(client, settings,
     # The same results, Fast and Deep. The dense leg is the same exact cosine, and the
     # server's text search is FTS5's BM25 while the SQLite backend's is tantivy's BM25 with
     # FTS5's idf (per-space statistics, Snowball stemming): on SQLite the same passages are
-    # cited and the fused scores differ a little. PostgreSQL's keyword leg ranks with
-    # ts_rank_cd instead of BM25, so there the dense leg is identical and the fused top 5 share
-    # at least 3 passages (measured: 3 to 5).
+    # cited and the fused scores differ a little. PostgreSQL's keyword leg ranks with BM25 over
+    # its english lexemes, not FTS5's Porter tokens, so there the dense leg is identical and the
+    # fused top 5 share at least 3 passages.
     dify_server.reset_observations()
     for (query, mode), theirs in expected.items():
         mine = _ask(client, space["id"], query, mode)
