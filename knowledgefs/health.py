@@ -213,7 +213,7 @@ def check_search() -> Check:
     """The default database's engine has a search backend (``retrieval.backends``): SQLite
     (tantivy keyword indexes: failing with the first space whose index is missing while it has
     published nodes or cannot be opened, :func:`retrieval.keyword_index.maintenance.problems`)
-    or PostgreSQL (tsvector, and pgvector ≥ 0.8 installed with its column: the reason
+    or PostgreSQL (BM25 impact lists, and pgvector ≥ 0.8 installed with its column: the reason
     names the missing extension otherwise). MySQL/MariaDB fails: schema and migrations only. With
     ``KNOWLEDGE_SEARCH_BACKEND=dify``, Dify's vector and text routes answer a probe ``get``."""
     from retrieval.backends import backend_name, get_search_backend, unsupported_reason
@@ -232,7 +232,7 @@ def check_search() -> Check:
         problem = extension_problem(connection)
         if problem is not None:
             return False, "failing", _short(problem)
-        return True, "ok", "postgresql: tsvector keyword index and pgvector HNSW dense search"
+        return True, "ok", "postgresql: BM25 impact lists and pgvector HNSW dense search"
     from retrieval.keyword_index import maintenance
 
     problems = maintenance.problems()

@@ -118,22 +118,33 @@ def _add_reindex(sub) -> None:
 
 
 def _reindex(command, options: dict) -> None:
-    """Rebuild each named space's keyword index into a new directory and swap it in; one
-    progress line per space."""
+    """Rebuild each named space's keyword index (SQLite: into a new directory swapped in;
+    PostgreSQL: its impact lists and BM25 statistics in one transaction); one progress line per
+    space."""
     from django.db import connection
 
-    from retrieval.backends import backend_name
+    from retrieval.backends import backend_name, get_search_backend
     from retrieval.keyword_index import maintenance
 
-    if connection.vendor != "sqlite" or backend_name() != "database":
+    if connection.vendor not in ("sqlite", "postgresql") or backend_name() != "database":
         command.stdout.write(
             f"nothing to rebuild: the keyword leg of {connection.vendor} "
-            f"({backend_name()} backend) lives in the database"
+            f"({backend_name()} backend) is not kept by this server"
         )
         return
     spaces_ = maintenance.spaces_to_reindex(
         options.get("space"), tenant=options.get("tenant"), every=options.get("all", False)
     )
+    if connection.vendor == "postgresql":
+        backend = get_search_backend()
+        for space in spaces_:
+            count = backend.rebuild_keywords(space.id)
+            command.stdout.write(
+                f"reindex {space.tenant_id}/{space.slug} ({space.id}): {count} nodes, "
+                "impact lists and statistics rebuilt"
+            )
+        command.stdout.write(f"{len(spaces_)} keyword index(es) rebuilt")
+        return
     for space in spaces_:
         label = f"{space.tenant_id}/{space.slug} ({space.id})"
 

@@ -326,6 +326,7 @@ def recall(
             depth,
             documents=documents,
             language=language or detect_language(query),
+            head_revision=snapshot.head_revision,
         )
         timings["keyword_ms"] = (time.perf_counter() - t0) * 1000
     return results, timings

@@ -191,11 +191,13 @@ class SearchBackend:
         *,
         documents: frozenset | None = None,
         language: str | None = None,
+        head_revision: int | None = None,
     ) -> list[ScoredNode]:  # pragma: no cover - abstract
         """BM25-style keyword hits, best first, at most ``limit``.
 
         ``documents`` (``None``: all) restricts the hits to those documents inside the query,
-        before the limit; ``language`` is the planner's query language
+        before the limit; ``head_revision`` is the snapshot's (an index kept per revision
+        reloads when it moved; ``None``: read it); ``language`` is the planner's query language
         (:func:`retrieval.text.keyword_terms`).
         """
         raise NotImplementedError

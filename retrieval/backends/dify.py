@@ -330,9 +330,11 @@ class DifyBridgeBackend(SearchBackend):
         *,
         documents: frozenset | None = None,
         language: str | None = None,
+        head_revision: int | None = None,
     ) -> list[ScoredNode]:
         """The text store's top ``limit`` among the authorized ids; the query is its keyword
-        terms (:func:`keyword_terms`, CJK as bigrams) joined by spaces."""
+        terms (:func:`keyword_terms`, CJK as bigrams) joined by spaces (``head_revision`` is
+        unused: nothing is cached here)."""
         terms = keyword_terms(query, language)
         if not terms or (documents is not None and not documents):
             return []

@@ -83,6 +83,7 @@ class PostgresSearchBackend(SearchBackend):
         *,
         documents: frozenset | None = None,
         language: str | None = None,
+        head_revision: int | None = None,
         trace: dict | None = None,
     ) -> list[ScoredNode]:
         """The exact BM25 top ``limit`` visible nodes (:func:`pgkeyword.search`: the Threshold

@@ -266,7 +266,7 @@ def test_a_server_without_the_extension_is_named_by_readiness_and_queries_get_50
     assert check_search() == (
         True,
         "ok",
-        "postgresql: tsvector keyword index and pgvector HNSW dense search",
+        "postgresql: BM25 impact lists and pgvector HNSW dense search",
     )
     assert pgv.extension_problem(connection) is None
     assert check_pgvector_available(databases=["default"]) == []  # what `migrate` checks first
