@@ -161,20 +161,25 @@ def main() -> int:
     rounds = []
     for _ in range(args.rounds):
         gate = wait_for_quiet(*quiet)
-        times, deadline = [], time.monotonic() + args.max_seconds
+        times, counts, deadline = [], [], time.monotonic() + args.max_seconds
         for text, vector in zip(texts, vectors, strict=True):
             if time.monotonic() > deadline:
                 break
             t0 = time.perf_counter()
             found = query(text, vector)
             times.append((time.perf_counter() - t0) * 1000)
-            assert len(found) == TOP_K, len(found)
+            counts.append(len(found))
         rounds.append(
             {**percentiles(times), "queries": len(times), **gate,
              "load_avg_end": [round(v, 2) for v in os.getloadavg()]}
         )  # fmt: skip
         log(f"{args.framework} {args.size}: {rounds[-1]}")
     out["rounds"] = rounds
+    # LlamaIndex's fusion merges hits by content hash, so identical texts of different copies
+    # count once and a query can return fewer than 10 nodes: recorded, not an error
+    out["hits_returned"] = {"min": min(counts), "mean": round(float(np.mean(counts)), 2)}
+    if min(counts) < 1:
+        raise SystemExit("a query returned no hits")
     out["p50_ms"] = round(float(np.median([r["p50_ms"] for r in rounds])), 2)
     out["p95_ms"] = round(float(np.median([r["p95_ms"] for r in rounds])), 2)
     out["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
