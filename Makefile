@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale schemathesis loadtest clean unstructured
+.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale bench-floor bench-peers schemathesis loadtest clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -182,6 +182,18 @@ bench-scale: install
 	$(BIN)/python bench/scale_curve.py measure --engine sqlite --sizes $(SCALE_SIZES)
 	$(BIN)/python bench/scale_curve.py measure --engine postgres --sizes $(SCALE_SIZES)
 	$(BIN)/python bench/scale_curve.py report --sizes $(SCALE_SIZES)
+
+# Fast against the floor and the peers (docs/benchmarks.md): on the scale curve's data (run
+# `bench/scale_curve.py prepare` first), bm25s + numpy / FAISS HNSW, and LlamaIndex and Haystack
+# hybrids, each in a venv of its own (var/bench-floor-venv, var/bench-peers-venv; pinned in
+# bench/requirements-floor.txt and bench/requirements-peers.txt, never the project's). Results in
+# bench/results/floor-<date>.json and peers-<date>.json.
+FLOOR_SIZES ?= 10000,100000
+bench-floor: install
+	$(BIN)/python bench/floor.py --sizes $(FLOOR_SIZES)
+
+bench-peers: install
+	$(BIN)/python bench/peers.py --sizes $(FLOOR_SIZES)
 
 clean:
 	rm -rf var/test-* var/pg-test* var/mariadb-test-* var/eval-gate var/load-*
