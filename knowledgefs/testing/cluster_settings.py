@@ -5,12 +5,15 @@ environment; everything else is the product's own settings.
 """
 
 import os
+from pathlib import Path
 
 from knowledgefs.runtime import DEFAULT_MODEL_ID
 from knowledgefs.settings import *  # noqa: F403
 from knowledgefs.settings import DATABASES, Q_CLUSTER
 
 DATABASES["default"]["NAME"] = os.environ["KFS_TEST_DB_NAME"]
+if os.environ.get("KFS_TEST_VAR_DIR"):  # the parent test's derived files (keyword indexes)
+    VAR_DIR = Path(os.environ["KFS_TEST_VAR_DIR"])
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 STORAGES = {  # noqa: F405
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -33,12 +33,14 @@ def object_storage(settings, tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def var_dir(settings, tmp_path):
+def var_dir(settings, tmp_path, monkeypatch):
     """Each test keeps its derived files under ``KNOWLEDGE_VAR_DIR`` (the SQLite keyword
     indexes, ``search/keyword/``) in its own temporary folder; the database stays where the
-    settings put it."""
+    settings put it. Processes the test starts with ``knowledgefs.testing.cluster_settings``
+    (gunicorn, qcluster) read the same folder from ``KFS_TEST_VAR_DIR``."""
     settings.VAR_DIR = tmp_path / "var"
     settings.VAR_DIR.mkdir()
+    monkeypatch.setenv("KFS_TEST_VAR_DIR", str(settings.VAR_DIR))
     return settings.VAR_DIR
 
 
