@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from threadpoolctl import threadpool_limits
 
 
 class RetrievalConfig(AppConfig):
@@ -33,3 +34,7 @@ class RetrievalConfig(AppConfig):
         schedules.register(dispatch.SWEEP)
         # Compilation and document deletion reach the search backends through this port.
         register(SearchProjector())
+        # The exact dense leg is one memory-bound matrix-vector product per query: a second
+        # BLAS thread only contends with the request threads and the other processes (at 10k
+        # rows 0.2 ms on one thread against 4.6 ms on two under load; docs/benchmarks.md).
+        threadpool_limits(limits=1, user_api="blas")
