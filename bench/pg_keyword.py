@@ -86,11 +86,11 @@ def space_of(copies: int, *, create: bool = False):
 
 
 def build(copies: int) -> None:
-    import hashlib
 
     from django.db import connection, transaction
 
-    from ingestion.models import Document, DocumentState, KnowledgeNode
+    from ingestion.models import Document, KnowledgeNode
+    from knowledgefs.testing.rows import published_document
     from retrieval.backends import IndexedNode, get_search_backend
     from retrieval.text import keyword_text
 
@@ -119,18 +119,10 @@ def build(copies: int) -> None:
             docs, nodes = [], []
             for name, text in rows[start : start + BATCH]:
                 generation = uuid.uuid4()
-                doc = Document(
-                    tenant_id=space.tenant_id,
-                    space=space,
-                    filename=f"{name}.txt",
-                    mime_type="text/plain",
-                    size_bytes=len(text),
-                    sha256=hashlib.sha256(f"{space.id}:{name}".encode()).hexdigest(),
-                    storage_key=f"bench/{space.id}/{name}",
-                    state=DocumentState.PUBLISHED,
-                    active_generation=generation,
-                    node_count=1,
-                )
+                doc = published_document(
+                    space, name, generation=generation, node_count=1, size_bytes=len(text),
+                    prefix="bench",
+                )  # fmt: skip
                 docs.append(doc)
                 nodes.append(
                     KnowledgeNode(

@@ -20,6 +20,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from ingestion.models import Document, DocumentState, KnowledgeNode
+from knowledgefs.testing.rows import published_document
 from retrieval.backends import IndexedNode, get_search_backend
 from retrieval.backends import pgkeyword as pk
 from retrieval.text import keyword_terms, keyword_text
@@ -51,18 +52,8 @@ def fill(space, *, documents: int, per_document: int, seed: int) -> dict:
     docs, nodes, visible, texts = [], [], {}, []
     for d in range(documents):
         active, old = uuid.uuid4(), uuid.uuid4()
-        doc = Document(
-            tenant_id=space.tenant_id,
-            space=space,
-            filename=f"doc-{d}.txt",
-            mime_type="text/plain",
-            size_bytes=10,
-            sha256=hashlib.sha256(f"{space.id}:{d}".encode()).hexdigest(),
-            storage_key=f"test/{space.id}/{d}",
-            state=DocumentState.PUBLISHED,
-            active_generation=active,
-            node_count=per_document,
-            enabled=d % 7 != 3,
+        doc = published_document(
+            space, f"doc-{d}", generation=active, node_count=per_document, enabled=d % 7 != 3
         )
         docs.append(doc)
         generations = [active, old] if d % 5 == 0 else [active]

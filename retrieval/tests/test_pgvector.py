@@ -8,18 +8,18 @@ column, the indexes :mod:`retrieval.index_versions` creates, the backend's SQL, 
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 
 import numpy as np
 import pytest
 from django.db import connection, transaction
 
-from ingestion.models import Document, DocumentState, KnowledgeNode
+from ingestion.models import Document, KnowledgeNode
 from knowledgefs.health import check_search
 from knowledgefs.runtime import DEFAULT_MODEL_ID
 from knowledgefs.testing.embedders import FAKE_MODELS, MODEL_A, MODEL_B
 from knowledgefs.testing.migration_support import migrate, migrate_to_latest
+from knowledgefs.testing.rows import published_document
 from retrieval import backends, index_versions
 from retrieval.backends import IndexedNode, SearchBackend, get_search_backend
 from retrieval.backends import pgvector as pgv
@@ -54,17 +54,8 @@ def fill(space, model_id, *, documents, per_document, seed, capture):
     docs, nodes = [], []
     for d in range(documents):
         generation = uuid.uuid4()
-        doc = Document(
-            tenant_id=space.tenant_id,
-            space=space,
-            filename=f"doc-{d}.txt",
-            mime_type="text/plain",
-            size_bytes=10,
-            sha256=hashlib.sha256(f"{space.id}:{d}".encode()).hexdigest(),
-            storage_key=f"test/{space.id}/{d}",
-            state=DocumentState.PUBLISHED,
-            active_generation=generation,
-            node_count=per_document,
+        doc = published_document(
+            space, f"doc-{d}", generation=generation, node_count=per_document
         )
         docs.append(doc)
         for c in range(per_document):
