@@ -54,9 +54,7 @@ def fill(space, model_id, *, documents, per_document, seed, capture):
     docs, nodes = [], []
     for d in range(documents):
         generation = uuid.uuid4()
-        doc = published_document(
-            space, f"doc-{d}", generation=generation, node_count=per_document
-        )
+        doc = published_document(space, f"doc-{d}", generation=generation, node_count=per_document)
         docs.append(doc)
         for c in range(per_document):
             nodes.append(
