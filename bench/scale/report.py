@@ -163,7 +163,7 @@ def markdown(rows: list[dict]) -> str:
         ]
         for row in sweep:
             m = row["measure"]
-            points = {**row["ef_search_sweep"], "100 (default)": {
+            points = {**row["ef_search_sweep"], "400 (configured, first pass)": {
                 "p50_ms": m.get("dense_p50_ms"), "p95_ms": m.get("dense_p95_ms"),
                 "recall@10": row.get("recall@10"), "recall@50": row.get("recall@50")}}  # fmt: skip
             for ef in sorted(points, key=lambda e: int(e.split()[0])):
