@@ -22,9 +22,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -32,11 +29,10 @@ from floorpeers.common import (
     BENCH,
     ROOT,
     ensure_venv,
-    git_head,
+    finish,
     installed_versions,
     log,
     run_child,
-    write_results,
 )
 
 VENV = ROOT / "var" / "bench-floor-venv"
@@ -68,22 +64,14 @@ def main() -> int:
         point = run_child(python, "floor_child.py", child_args, args.timeout, args.blas_threads)
         log(f"floor {size}: {point.get('error') or 'done'}")
         results.append(point)
-    data = {
-        "what": "Fast latency floor: bm25s + numpy exact / FAISS HNSW dense, min-max fusion",
-        "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": git_head(),
-        "state": os.environ.get("KFS_SCALE_VAR", "/work/scale-var"),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "versions": {k: versions.get(k) for k in ("numpy", "bm25s", "pystemmer", "faiss-cpu")},
-        "blas_threads": args.blas_threads,
-        "top_k": 10,
-        "depth": 50,
-        "sizes": results,
-    }
-    path = write_results("floor", data, args.out)
-    log(f"wrote {path}")
-    return 1 if any("error" in r for r in results) else 0
+    return finish(
+        "floor",
+        "Fast latency floor: bm25s + numpy exact / FAISS HNSW dense, min-max fusion",
+        {k: versions.get(k) for k in ("numpy", "bm25s", "pystemmer", "faiss-cpu")},
+        "sizes",
+        results,
+        args,
+    )
 
 
 if __name__ == "__main__":

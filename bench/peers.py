@@ -18,9 +18,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -28,11 +25,10 @@ from floorpeers.common import (
     BENCH,
     ROOT,
     ensure_venv,
-    git_head,
+    finish,
     installed_versions,
     log,
     run_child,
-    write_results,
 )
 
 VENV = ROOT / "var" / "bench-peers-venv"
@@ -75,22 +71,14 @@ def main() -> int:
             point.setdefault("size", size)
             log(f"{framework} {size}: {point.get('error') or 'done'}")
             results.append(point)
-    data = {
-        "what": "LlamaIndex and Haystack hybrid top 10 (50 per leg), query embedding excluded",
-        "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": git_head(),
-        "state": os.environ.get("KFS_SCALE_VAR", "/work/scale-var"),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "versions": {k: versions.get(k) for k in RECORDED},
-        "blas_threads": args.blas_threads,
-        "top_k": 10,
-        "depth": 50,
-        "results": results,
-    }
-    path = write_results("peers", data, args.out)
-    log(f"wrote {path}")
-    return 1 if any("error" in r for r in results) else 0
+    return finish(
+        "peers",
+        "LlamaIndex and Haystack hybrid top 10 (50 per leg), query embedding excluded",
+        {k: versions.get(k) for k in RECORDED},
+        "results",
+        results,
+        args,
+    )
 
 
 if __name__ == "__main__":

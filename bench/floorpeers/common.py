@@ -75,6 +75,30 @@ def git_head() -> str:
     return done.stdout.strip()
 
 
+def finish(kind: str, what: str, versions: dict, key: str, results: list[dict], args) -> int:
+    """Write the run's record (``what``, when, commit, state, machine, package ``versions``,
+    BLAS threads, top 10 of 50 per leg, ``results`` under ``key``) with :func:`write_results`;
+    exit status 1 when a point failed."""
+    import platform
+
+    data = {
+        "what": what,
+        "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "commit": git_head(),
+        "state": os.environ.get("KFS_SCALE_VAR", "/work/scale-var"),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "blas_threads": args.blas_threads,
+        "top_k": 10,
+        "depth": 50,
+        key: results,
+    }
+    path = write_results(kind, data, args.out)
+    log(f"wrote {path}")
+    return 1 if any("error" in r for r in results) else 0
+
+
 def write_results(kind: str, data: dict, out: str | None) -> Path:
     """``bench/results/<kind>-<UTC date>.json`` (or ``out``)."""
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
