@@ -11,12 +11,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     KNOWLEDGE_VAR_DIR=/var/lib/knowledgefs
 # Debian's Poppler (pdftoppm: PDF rasterization, KNOWLEDGE_PDF_RASTERIZER=poppler) and Tesseract
-# (OCR of scanned pages and images), verified at build time.
+# (OCR of scanned pages and images), verified at build time; tini, the api stage's init.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends poppler-utils tesseract-ocr tesseract-ocr-eng \
+    && apt-get install -y --no-install-recommends poppler-utils tesseract-ocr tesseract-ocr-eng tini \
     && rm -rf /var/lib/apt/lists/* \
     && pdftoppm -v \
-    && tesseract --version
+    && tesseract --version \
+    && tini --version
 RUN groupadd --system --gid 10001 knowledgefs \
     && useradd --system --uid 10001 --gid knowledgefs --no-create-home \
         --home-dir /var/lib/knowledgefs --shell /usr/sbin/nologin knowledgefs \
@@ -46,6 +47,12 @@ RUN python -m compileall -q knowledgefs spaces ingestion retrieval upgrades
 USER knowledgefs:knowledgefs
 VOLUME ["/var/lib/knowledgefs"]
 EXPOSE 8787
+# tini as PID 1 reaps orphaned processes and, with -g, passes the stop signal to the whole
+# process group of the command, as systemd and Kubernetes do: `manage.py qcluster` then hands its
+# running jobs back and ends within KNOWLEDGE_WORKER_SHUTDOWN_GRACE_SECONDS (20 s; compose gives
+# the worker 60 s), gunicorn finishes its requests (docs/operations.md, "Stopping a worker").
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["tini", "-g", "--"]
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "scripts/probe.py", "http://127.0.0.1:8787/health"]
 # The settings of scripts/serve.sh: threaded workers (gthread), 120 s worker timeout, 75 s

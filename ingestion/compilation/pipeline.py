@@ -98,7 +98,7 @@ def compile_jobs(
         raise
     except BaseException as exc:
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not the job's fault
-            _requeue(held, list(held.tokens))
+            _hand_back_on_exit(held)
             raise
         logger.exception("compilation batch failed")
         failure = classify(exc)
@@ -115,6 +115,21 @@ def _hand_back(held: Held, job_ids: list[uuid.UUID]) -> None:
     for job_id in job_ids:
         held.release(job_id)
         dispatch(job_id)
+
+
+def _hand_back_on_exit(held: Held) -> None:
+    """The worker is stopping (SIGTERM: :mod:`knowledgefs.jobs.worker_runtime`, or Ctrl-C): put
+    every held job back to ``queued`` with its lease cleared and dispatch it again at once, so
+    another worker resumes it from its last checkpoint without waiting for the lease to expire.
+    A dispatch that fails leaves the job ``queued`` without a claim, for the sweep."""
+    job_ids = list(held.tokens)
+    _requeue(held, job_ids)
+    for job_id in job_ids:
+        held.release(job_id)
+        try:
+            dispatch(job_id)
+        except Exception:  # noqa: BLE001 - the sweep dispatches it
+            logger.warning("could not dispatch job %s again while stopping", job_id, exc_info=True)
 
 
 def _require_ready_profile(held: Held, jobs: dict, pending: list[uuid.UUID]) -> list[uuid.UUID]:

@@ -250,3 +250,94 @@ def test_a_job_canceled_during_its_parse_stops_the_parse(space, settings, monkey
     assert time.monotonic() - started < 10
     assert CompilationJob.objects.get(id=admission.job.id).run_state == "canceled"
     assert wait_gone(_new_sleepers(before)) == []
+
+
+def _children_of(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the live children of ``pid``."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] not in ("Z", "X") and int(fields[1]) == pid:
+            found.append((int(entry), cmdline))
+    return found
+
+
+def test_the_idle_forkserver_exits_when_its_worker_is_sigkilled():
+    """A worker that parsed once keeps an idle parser forkserver; SIGKILLed (its cleanup never
+    runs), the forkserver must not stay behind as an orphan."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time\n"
+        "from ingestion.parsing import rasterize\n"
+        "from ingestion.parsing.isolation import parse_isolated\n"
+        "parse_isolated(b'Alpha.', 'text/plain', raster=rasterize.RasterConfig())\n"
+        "print('parsed', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    worker = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE)
+    try:
+        assert worker.stdout.readline().strip() == b"parsed"
+        servers = [p for p, cmd in _children_of(worker.pid) if "forkserver" in cmd]
+        assert len(servers) == 1, _children_of(worker.pid)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        assert wait_gone(servers, seconds=8.0) == [], servers
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def test_the_forkserver_and_a_stuck_parse_end_when_the_worker_is_sigkilled():
+    """A parse stuck in native code holding the GIL (its watchdog cannot run) keeps a copy of
+    the forkserver's liveness pipe; the forkserver must still notice its worker is gone, and
+    its exit ends the stuck child (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, threading, time\n"
+        "from ingestion.parsing import rasterize\n"
+        "from ingestion.parsing.isolation import IsolationConfig, parse_isolated\n"
+        "parse_isolated(b'Alpha.', 'text/plain', raster=rasterize.RasterConfig())\n"
+        "print('parsed', flush=True)\n"
+        "parse_isolated(b'x', 'text/plain', config=IsolationConfig(timeout_s=600),\n"
+        "               raster=rasterize.RasterConfig(),\n"
+        "               target='knowledgefs.testing.isolation_targets:hold_the_interpreter')\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    worker = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE)
+    try:
+        assert worker.stdout.readline().strip() == b"parsed"
+        (server,) = [p for p, cmd in _children_of(worker.pid) if "forkserver" in cmd]
+        deadline = time.monotonic() + 30
+        stuck: list[int] = []
+        while not stuck and time.monotonic() < deadline:
+            stuck = [p for p, _ in _children_of(server)]
+            time.sleep(0.1)
+        assert stuck, "the parse did not start"
+        time.sleep(1.0)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        assert wait_gone([server, *stuck], seconds=10.0) == [], (server, stuck)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()

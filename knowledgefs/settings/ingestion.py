@@ -76,6 +76,11 @@ KNOWLEDGE_JOB_SWEEP_INTERVAL_SECONDS = bounded_int(
 )
 # A worker whose compiling thread made no progress this long stops renewing its leases.
 KNOWLEDGE_JOB_STALL_SECONDS = bounded_int("KNOWLEDGE_JOB_STALL_SECONDS", 1800, 60, 86400)
+# How long a stopping `manage.py qcluster` waits for its processes before killing them (below
+# Kubernetes' 30 s and compose's stop_grace_period; knowledgefs/jobs/worker_runtime.py).
+KNOWLEDGE_WORKER_SHUTDOWN_GRACE_SECONDS = bounded_int(
+    "KNOWLEDGE_WORKER_SHUTDOWN_GRACE_SECONDS", 20, 1, 3600
+)
 KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS = bounded_int(
     "KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS", 300, 10, 86400
 )

@@ -50,8 +50,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "django_q",
+    # Before django_q: its `qcluster` command is replaced by knowledgefs's (the stop on SIGTERM).
     "knowledgefs",
+    "django_q",
     "spaces",
     "ingestion",
     "retrieval",

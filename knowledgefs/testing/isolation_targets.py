@@ -44,3 +44,11 @@ def spin_with_temp_files(data: bytes, mime_type: str):
     tempfile.mkdtemp(prefix=TEMP_MARKER)
     while True:
         pass
+
+
+def hold_the_interpreter(data: bytes, mime_type: str):
+    """A parse stuck in native code that never releases the GIL (the child's own watchdog
+    thread can then never run): libc ``sleep`` called through ``ctypes.PyDLL``."""
+    import ctypes
+
+    ctypes.PyDLL(None).sleep(600)

@@ -290,6 +290,18 @@ def test_the_image_is_python_311_slim_with_poppler_and_tesseract_and_no_dev_extr
     assert "pip install . " in text and ".[dev]" not in text
 
 
+def test_the_api_image_stops_its_process_group_through_tini_within_the_grace_period(services):
+    api = _dockerfile_stages()["api"]
+    assert 'ENTRYPOINT ["tini", "-g", "--"]' in api and "STOPSIGNAL SIGTERM" in api
+    install = next(i for i in _dockerfile_stages()["base"] if "apt-get install" in i)
+    assert "tini" in install.split() and "tini --version" in install
+    from django.conf import settings
+
+    worker = next(s for s in services.values() if s.get("command", [])[-1:] == ["qcluster"])
+    grace = int(worker["stop_grace_period"].removesuffix("s"))
+    assert grace > settings.KNOWLEDGE_WORKER_SHUTDOWN_GRACE_SECONDS + 10
+
+
 def test_the_images_run_as_an_unprivileged_user():
     stages = _dockerfile_stages()
     (useradd,) = [i for i in stages["base"] if "useradd" in i]
