@@ -23,3 +23,10 @@ class IngestionConfig(AppConfig):
         )
         # The compilation recovery sweep's django-q2 schedule (kfs schedules).
         schedules.register(dispatch.RECOVERY)
+        # The daily report of unreferenced stored objects: a dry run, it never deletes
+        # (`kfs storage sweep --apply` does; docs/operations.md, "Unreferenced objects").
+        schedules.register(
+            schedules.Schedule(
+                "kfs-storage-sweep-report", "ingestion.tasks.report_unreferenced_objects", 1440
+            )
+        )

@@ -1,4 +1,4 @@
-"""``kfs ingest|documents|jobs|stats|retry|cancel|schedules|sweep``: uploads, documents and
+"""``kfs ingest|documents|jobs|stats|retry|cancel|schedules|sweep|storage``: uploads, documents and
 compilation jobs on the command line (each calls a service; wired into
 ``knowledgefs/management/commands/kfs.py``). The module contract (``COMMANDS``,
 ``add_parser(sub, name)``, ``handle(command, options)``) is the one of :mod:`spaces.cli`."""
@@ -21,7 +21,17 @@ from knowledgefs.errors import Conflict, ServiceError
 from knowledgefs.uploads import upload_limit_message
 from spaces.cli import space_of
 
-COMMANDS = ("ingest", "documents", "jobs", "stats", "retry", "cancel", "schedules", "sweep")
+COMMANDS = (
+    "ingest",
+    "documents",
+    "jobs",
+    "stats",
+    "retry",
+    "cancel",
+    "schedules",
+    "sweep",
+    "storage",
+)
 
 
 def add_parser(sub, name: str) -> None:
@@ -260,6 +270,50 @@ def _sweep(command, options: dict) -> None:
     command.emit(options, report, json.dumps(report, indent=2))
 
 
+def _add_storage(sub) -> None:
+    store = sub.add_parser("storage", help="object storage hygiene")
+    actions = store.add_subparsers(dest="storage_command", required=True)
+    sweep = actions.add_parser(
+        "sweep",
+        help="report (default) or delete stored objects no document or parse artifact "
+        "references, older than the grace period",
+    )
+    mode = sweep.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="report only (the default)")
+    mode.add_argument("--apply", action="store_true", help="delete what the report lists")
+    sweep.add_argument(
+        "--older-than",
+        type=int,
+        metavar="SECONDS",
+        help="grace period (default KNOWLEDGE_STORAGE_SWEEP_GRACE_SECONDS; at least 600)",
+    )
+    sweep.add_argument("--json", action="store_true")
+
+
+def _storage(command, options: dict) -> None:
+    from ingestion import storage_sweep
+
+    grace = options.get("older_than")
+    if grace is not None and grace < 600:
+        raise CommandError(f"--older-than must be at least 600 seconds (got {grace})")
+    report = storage_sweep.sweep(apply=options["apply"], grace_seconds=grace)
+    data = report.as_dict()
+    lines = [
+        f"{o.key}\t{o.size_bytes} bytes\t{round(o.age_seconds or 0)} s old" for o in report.objects
+    ]
+    verb = "deleted" if report.applied else "would delete (dry run; --apply deletes)"
+    lines.append(
+        f"{len(report.objects)} unreferenced object(s), {report.total_bytes} bytes, older than "
+        f"{report.grace_seconds} s: "
+        + (f"{len(report.deleted)} {verb}" if report.applied else verb)
+    )
+    if report.failed:
+        lines.append(f"{len(report.failed)} could not be deleted (the next sweep tries again)")
+    command.emit(options, data, "\n".join(lines))
+    if report.failed:
+        raise CommandError(f"{len(report.failed)} object(s) could not be deleted")
+
+
 def _job_row(job) -> dict:
     data = JobSerializer(job).data
     return {
@@ -305,6 +359,7 @@ _PARSERS = {
     "cancel": _add_cancel,
     "schedules": _add_schedules,
     "sweep": _add_sweep,
+    "storage": _add_storage,
 }
 _HANDLERS = {
     "ingest": _ingest,
@@ -315,4 +370,5 @@ _HANDLERS = {
     "cancel": _cancel,
     "schedules": _schedules,
     "sweep": _sweep,
+    "storage": _storage,
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ingestion import storage_sweep
 from ingestion.compilation import pipeline, recovery
 
 
@@ -13,3 +14,8 @@ def compile_document(job_id: str, delivery_id: str | None = None) -> str:
 def recover_jobs() -> dict[str, int]:
     """The recovery sweep (scheduled every minute by migration ``ingestion.0003``)."""
     return recovery.recover_jobs().as_dict()
+
+
+def report_unreferenced_objects() -> dict[str, int]:
+    """The daily storage report (a dry run of ``kfs storage sweep``: counts, never deletes)."""
+    return storage_sweep.report_unreferenced()

@@ -30,6 +30,11 @@ def put_object(key: str, data: bytes) -> str:
     # so a write there is the one PUT.
     if storage.get_available_name(key) != key:
         storage.delete(key)
+    save_object = getattr(storage, "save_object", None)
+    if save_object is not None:
+        # Dify's storage: one PUT, with the time of writing (its listing has no dates; the
+        # sweep of unreferenced objects reads the age from here).
+        return save_object(key, data, metadata={WRITTEN_AT: str(int(time.time()))}).key
     for attempt in range(_SAVE_ATTEMPTS):
         try:
             saved = storage.save(key, ContentFile(data))
@@ -46,6 +51,18 @@ def put_object(key: str, data: bytes) -> str:
         storage.delete(saved)
         raise RuntimeError(f"object storage renamed {key!r} to {saved!r}")
     return key
+
+
+#: Object metadata naming when :func:`put_object` wrote the object (Unix seconds).
+WRITTEN_AT = "kfs-written-at"
+
+
+def written_at(metadata) -> float | None:
+    """When the object was written, from its metadata (``None``: not recorded or malformed)."""
+    try:
+        return float((metadata or {})[WRITTEN_AT])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def read_object(key: str, *, max_bytes: int) -> bytes:

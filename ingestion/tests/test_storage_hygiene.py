@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingestion.documents import delete_document
+from ingestion.documents import admit_document, delete_document
 from ingestion.models import Document, ParseArtifact
 from knowledgefs import storage
 from knowledgefs.testing.fixtures import compile_all, upload
@@ -100,3 +100,98 @@ def test_pruning_stops_at_a_directory_that_is_not_empty_and_never_leaves_the_roo
     assert _directories(object_storage) == [] and object_storage.is_dir()
     # a missing object in a missing directory is not an error
     storage.delete_object("x/y/z")
+
+
+# --- the sweep of unreferenced objects ----------------------------------------------------------
+
+
+def _sweep(*args: str) -> dict:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("kfs", "storage", "sweep", *args, "--json", stdout=out)
+    return json.loads(out.getvalue())
+
+
+def _age(root: Path, key: str, seconds: float) -> None:
+    import time
+
+    stamp = time.time() - seconds
+    os.utime(root / key, (stamp, stamp))
+
+
+def test_the_storage_sweep_reports_then_deletes_only_old_unreferenced_objects(
+    client, space, object_storage
+):
+    import uuid
+
+    from ingestion.models import CompilationJob
+
+    upload(client, space, "kept.txt", b"A document that stays.")
+    compile_all()
+    kept = Document.objects.get()
+    day = 86400
+    orphan = f"tenants/{space.tenant_id}/spaces/{space.id}/documents/{uuid.uuid4()}/source"
+    young = f"tenants/{space.tenant_id}/spaces/{space.id}/documents/{uuid.uuid4()}/source"
+    foreign = "upload_files/tenant-a/uf-1"  # Dify's own area: never ours to sweep
+    live = admit_document(space, filename="live.txt", data=b"Still compiling.").job
+    live_asset = f"assets/{space.id}/{live.document_id}/{live.id}/0.png"
+    dead_asset = f"assets/{space.id}/{uuid.uuid4()}/{uuid.uuid4()}/0.png"
+    for key, data in [
+        (orphan, b"orphan bytes"),
+        (young, b"young"),
+        (foreign, b"legacy"),
+        (live_asset, b"png"),
+        (dead_asset, b"old png!"),
+    ]:
+        storage.put_object(key, data)
+    for key in (orphan, foreign, live_asset, dead_asset, kept.storage_key):
+        _age(object_storage, key, 2 * day)
+    _age(object_storage, young, 900)  # under a day, over ten minutes
+    assert CompilationJob.objects.get(id=live.id).run_state == "queued"
+
+    report = _sweep()  # a dry run by default
+    assert report["applied"] is False and report["grace_seconds"] == 86400
+    found = {o["key"]: o for o in report["objects"]}
+    assert sorted(found) == sorted([orphan, dead_asset])
+    assert found[orphan]["size_bytes"] == len(b"orphan bytes")
+    assert 2 * day - 5 <= found[orphan]["age_seconds"] <= 2 * day + 60
+    assert report["total_bytes"] == len(b"orphan bytes") + len(b"old png!")
+    assert (object_storage / orphan).exists() and (object_storage / dead_asset).exists()
+    # a shorter grace period includes the young one
+    assert young in {o["key"] for o in _sweep("--older-than", "600")["objects"]} - set(found)
+
+    applied = _sweep("--apply")
+    assert applied["deleted"] == 2 and applied["failed"] == []
+    assert not (object_storage / orphan).exists() and not (object_storage / dead_asset).exists()
+    for key in (young, foreign, live_asset, kept.storage_key):
+        assert (object_storage / key).exists(), key
+    assert _empty_directories(object_storage) == []
+    assert _sweep()["objects"] == []
+
+
+def test_the_storage_sweep_refuses_a_grace_period_under_ten_minutes(object_storage):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--older-than must be at least 600 seconds"):
+        call_command("kfs", "storage", "sweep", "--older-than", "10")
+
+
+def test_the_storage_sweep_report_is_a_registered_schedule_that_never_deletes(
+    space, object_storage
+):
+    import uuid
+
+    from ingestion.tasks import report_unreferenced_objects
+    from knowledgefs.jobs import schedules
+
+    schedule = schedules.SCHEDULES["kfs-storage-sweep-report"]
+    assert schedule.func == "ingestion.tasks.report_unreferenced_objects"
+    key = f"tenants/{space.tenant_id}/spaces/{space.id}/documents/{uuid.uuid4()}/source"
+    storage.put_object(key, b"stray")
+    _age(object_storage, key, 3 * 86400)
+    assert report_unreferenced_objects() == {"count": 1, "total_bytes": 5}
+    assert (object_storage / key).exists()

@@ -81,6 +81,11 @@ KNOWLEDGE_JOB_STALL_SECONDS = bounded_int("KNOWLEDGE_JOB_STALL_SECONDS", 1800, 6
 KNOWLEDGE_WORKER_SHUTDOWN_GRACE_SECONDS = bounded_int(
     "KNOWLEDGE_WORKER_SHUTDOWN_GRACE_SECONDS", 20, 1, 3600
 )
+# Unreferenced stored objects younger than this are never reported or deleted by the storage
+# sweep (`kfs storage sweep`; ingestion/storage_sweep.py): one day, at least ten minutes.
+KNOWLEDGE_STORAGE_SWEEP_GRACE_SECONDS = bounded_int(
+    "KNOWLEDGE_STORAGE_SWEEP_GRACE_SECONDS", 86400, 600, 30 * 86400
+)
 KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS = bounded_int(
     "KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS", 300, 10, 86400
 )

@@ -33,6 +33,7 @@ COMMANDS = (
     ("cancel", ingestion_cli),
     ("schedules", ingestion_cli),
     ("sweep", ingestion_cli),
+    ("storage", ingestion_cli),
     ("downgrade-check", core_cli),
     ("cutover", upgrades_cli),
     ("upgrade", upgrades_cli),
@@ -45,8 +46,8 @@ COMMANDS = (
 class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, research tasks, "
-        "documents, jobs, stats, retry, cancel, schedules, sweep, downgrade-check, cutover, "
-        "upgrade, answer, eval, reindex."
+        "documents, jobs, stats, retry, cancel, schedules, sweep, storage, downgrade-check, "
+        "cutover, upgrade, answer, eval, reindex."
     )
 
     def add_arguments(self, parser) -> None:
