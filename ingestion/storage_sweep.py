@@ -112,10 +112,21 @@ def iter_stored(now: float | None = None) -> Iterator[StoredObject]:
 def _referenced(keys: set[str]) -> set[str]:
     """Which of ``keys`` a document or parse artifact points at."""
     found = set(Document.objects.filter(storage_key__in=keys).values_list("storage_key", flat=True))
-    asset_keys = {k for k in keys if k.startswith("assets/")}
-    if asset_keys:
-        for assets in ParseArtifact.objects.values_list("assets", flat=True).iterator():
-            found.update(a.get("key") for a in assets or [] if a.get("key") in asset_keys)
+    # An asset key names its job (``assets/<space>/<document>/<job>/<n>.<ext>``): only that
+    # job's artifacts can list it. A key of another shape is kept (counted as referenced).
+    jobs: dict[str, uuid.UUID] = {}
+    for key in keys:
+        if key.startswith("assets/"):
+            parts = key.split("/")
+            job = _uuid(parts[3]) if len(parts) >= 5 else None
+            if job is None:
+                found.add(key)
+            else:
+                jobs[key] = job
+    if jobs:
+        listed = ParseArtifact.objects.filter(job_id__in=set(jobs.values()))
+        for assets in listed.values_list("assets", flat=True):
+            found.update(a.get("key") for a in assets or [] if a.get("key") in jobs)
     return found
 
 

@@ -39,6 +39,10 @@ def test_deleting_documents_and_their_space_leaves_no_empty_directories(
     compile_all()
     assets = [a for r in ParseArtifact.objects.values_list("assets", flat=True) for a in r or []]
     assert assets, "the PDF's page images are stored (the test needs asset directories)"
+    for directory, _, files in os.walk(object_storage):  # everything two days old
+        for name in files:
+            _age(object_storage, str(Path(directory, name).relative_to(object_storage)), 2 * 86400)
+    assert _sweep()["objects"] == []  # sources and page images are all referenced
     delete_document(principal, space.id, first)
     # a's source and asset directories are gone; b's stay, and so does the shared part
     assert _empty_directories(object_storage) == []
