@@ -3,7 +3,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.contrib import admin, messages
-from django.urls import reverse
+from django.contrib.admin.templatetags.admin_list import _boolean_icon
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
@@ -21,7 +25,7 @@ from .models import CompilationJob, Document, KnowledgeNode, ParseArtifact, RunS
 @admin.register(Document)
 class DocumentAdmin(admin.ModelAdmin):
     list_display = (
-        "filename",
+        "filename_column",
         "space",
         "state",
         "error_code",
@@ -38,6 +42,10 @@ class DocumentAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False  # documents are uploaded through the API or kfs ingest
+
+    @admin.display(description="filename", ordering="filename")
+    def filename_column(self, document: Document) -> str:
+        return ellipsized(document.filename)
 
     # Deleting goes through the service, like the API: live jobs canceled, nodes out of every
     # index, stored bytes removed, the publication head moved.
@@ -100,6 +108,57 @@ class AgeFilter(admin.SimpleListFilter):
                 # A worker that died mid-job leaves it running with a lease nobody renews.
                 return queryset.filter(run_state=RunState.RUNNING, lease_expires_at__lt=now)
         return queryset
+
+
+#: Widest a filename column may grow in a list before it is cut with an ellipsis (the whole
+#: name is in the cell's title): the lists keep every column on screen at 1500 px.
+FILENAME_MAX_WIDTH = "22em"
+
+
+def ellipsized(text: str, max_width: str = FILENAME_MAX_WIDTH) -> str:
+    """``text`` on one line, cut with an ellipsis past ``max_width``; whole in its title."""
+    return format_html(
+        '<span class="kfs-ellipsis" title="{}" style="display:inline-block;max-width:{};'
+        'overflow:hidden;text-overflow:ellipsis;white-space:nowrap;vertical-align:bottom">'
+        "{}</span>",
+        text,
+        max_width,
+        text,
+    )
+
+
+#: Run states after which a job does nothing more (its error, if any, is final for it).
+TERMINAL_RUN_STATES = {
+    RunState.SUCCEEDED,
+    RunState.FAILED,
+    RunState.CANCELED,
+    RunState.SUPERSEDED,
+}
+
+
+def progress_counters(job: CompilationJob) -> list[tuple[str, str]]:
+    """The counters of a job's progress, as (label, value) pairs, in the order they happen."""
+    progress = job.progress if isinstance(job.progress, dict) else {}
+    counters = []
+    for label, name in (("phase", "phase"), ("operation", "operation")):
+        if progress.get(name):
+            counters.append((label, str(progress[name])))
+    if progress.get("elements_parsed") is not None:
+        counters.append(("elements parsed", str(progress["elements_parsed"])))
+    total, embedded = progress.get("nodes_total"), progress.get("nodes_embedded")
+    if total is not None:
+        counters.append(("nodes", str(total)))
+    if embedded is not None:
+        counters.append(("embedded", f"{embedded} of {total}" if total else str(embedded)))
+    return counters
+
+
+def progress_percent(job: CompilationJob) -> float:
+    progress = job.progress if isinstance(job.progress, dict) else {}
+    percent = progress.get("percent")
+    if not isinstance(percent, int | float) or isinstance(percent, bool):
+        percent = job.progress_percent or 0
+    return max(0.0, min(100.0, float(percent)))
 
 
 def progress_label(job: CompilationJob) -> str:
@@ -170,11 +229,15 @@ class CompilationJobAdmin(ServiceActionMixin, admin.ModelAdmin):
     search_fields = ("=id", "document__filename", "=task_id")
     ordering = ("-created_at",)
     actions = ["retry_jobs", "cancel_jobs"]
-    readonly_fields = [f.name for f in CompilationJob._meta.fields] + ["attempt_history"]
+    readonly_fields = [f.name for f in CompilationJob._meta.fields] + [
+        "attempt_history",
+        "progress_bar",
+        "retryable",
+    ]
     fieldsets = [
         (None, {"fields": ["id", "document", "space", "tenant_id", "stage", "run_state"]}),
-        ("Progress", {"fields": ["progress_percent", "progress"]}),
-        ("Error", {"fields": ["error_code", "error_message", "error_retryable"]}),
+        ("Progress", {"fields": ["progress_bar"]}),
+        ("Error", {"fields": ["error_code", "error_message", "retryable"]}),
         (
             "Execution",
             {
@@ -211,11 +274,74 @@ class CompilationJobAdmin(ServiceActionMixin, admin.ModelAdmin):
         }
         return super().change_view(request, object_id, form_url, extra_context)
 
+    # --- the Retry and Cancel buttons of the job page (POST, the list actions' services) -------
+
+    def get_urls(self):
+        opts = self.model._meta
+        name = f"{opts.app_label}_{opts.model_name}"
+        return [
+            path(
+                "<path:object_id>/retry/",
+                self.admin_site.admin_view(self.retry_view),
+                name=f"{name}_retry",
+            ),
+            path(
+                "<path:object_id>/cancel/",
+                self.admin_site.admin_view(self.cancel_view),
+                name=f"{name}_cancel",
+            ),
+            *super().get_urls(),
+        ]
+
+    def retry_view(self, request, object_id):
+        return self._job_button(request, object_id, self.retry_jobs)
+
+    def cancel_view(self, request, object_id):
+        return self._job_button(request, object_id, self.cancel_jobs)
+
+    def _job_button(self, request, object_id, action):
+        """Run the list ``action`` on this one job (same service, same messages), then show
+        the job's page again (its attempt history lists a new attempt)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        job = self.get_object(request, unquote(object_id))
+        if job is None:
+            return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
+        if not self.has_change_permission(request, job):
+            raise PermissionDenied
+        action(request, CompilationJob.objects.filter(pk=job.pk))
+        return HttpResponseRedirect(reverse("admin:ingestion_compilationjob_change", args=[job.pk]))
+
+    # --- fields of the job page -----------------------------------------------------------------
+
+    @admin.display(description="progress")
+    def progress_bar(self, job: CompilationJob) -> str:
+        percent = progress_percent(job)
+        counters = format_html_join(
+            "", "<li><span>{}</span> <strong>{}</strong></li>", progress_counters(job)
+        )
+        return format_html(
+            '<div class="kfs-progress"><progress max="100" value="{}" aria-label="progress">'
+            '{}%</progress> <strong class="kfs-percent">{}%</strong>'
+            '<ul class="kfs-counters">{}</ul></div>',
+            f"{percent:.0f}",
+            f"{percent:.0f}",
+            f"{percent:.0f}",
+            counters,
+        )
+
+    @admin.display(description="retryable")
+    def retryable(self, job: CompilationJob) -> str:
+        """Yes or no once the job has ended with an error; "—" while it runs or without one."""
+        if job.run_state not in TERMINAL_RUN_STATES or not job.error_code:
+            return "—"
+        return _boolean_icon(job.error_retryable)
+
     # --- columns ------------------------------------------------------------------------------
 
     @admin.display(description="document", ordering="document__filename")
     def document_filename(self, job: CompilationJob) -> str:
-        return job.document.filename
+        return ellipsized(job.document.filename)
 
     @admin.display(description="space", ordering="space__slug")
     def space_slug(self, job: CompilationJob) -> str:
@@ -283,7 +409,31 @@ class CompilationJobAdmin(ServiceActionMixin, admin.ModelAdmin):
 
     @admin.action(description="Retry selected jobs", permissions=["change"])
     def retry_jobs(self, request, queryset) -> None:
-        done = self._for_each_job(request, queryset, operations.retry_job)
+        # The service retries a job whatever its error; one whose error is terminal (not
+        # retryable: the same bytes fail the same way) is retried with a warning saying so.
+        terminal = {
+            job_id: (filename, code)
+            for job_id, filename, code in queryset.filter(
+                run_state=RunState.FAILED, error_retryable=False
+            )
+            .exclude(error_code="")
+            .values_list("id", "document__filename", "error_code")
+        }
+
+        def retry(job_id):
+            attempt = operations.retry_job(job_id)
+            if job_id in terminal:
+                filename, code = terminal[job_id]
+                self.message_user(
+                    request,
+                    f"Job {job_id} ({filename}): its error {code} is terminal (not retryable); "
+                    "the new attempt will fail the same way unless the document or the "
+                    "settings changed.",
+                    messages.WARNING,
+                )
+            return attempt
+
+        done = self._for_each_job(request, queryset, retry)
         if done:
             self.message_user(request, f"Queued a new attempt for {_jobs(done)}.", messages.SUCCESS)
 

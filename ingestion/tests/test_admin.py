@@ -207,3 +207,128 @@ def test_the_job_actions_report_every_conflict_the_service_raises(admin_client, 
     for job in jobs:
         assert f"Job {job.id} ({job.document.filename}): the job is being compiled" in page
     assert "Queued a new attempt" not in page
+
+
+# --- the job page: buttons, progress bar, retryable -------------------------------------------
+
+
+def job_page(admin_client, job: CompilationJob) -> str:
+    response = admin_client.get(reverse("admin:ingestion_compilationjob_change", args=[job.pk]))
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def press(admin_client, button: str, job: CompilationJob):
+    url = reverse(f"admin:ingestion_compilationjob_{button}", args=[job.pk])
+    return admin_client.post(url, follow=True)
+
+
+def test_the_job_page_has_retry_and_cancel_buttons_posting_with_a_csrf_token(admin_client, space):
+    job = failed_job(space)
+    page = job_page(admin_client, job)
+    for button in ("retry", "cancel"):
+        url = reverse(f"admin:ingestion_compilationjob_{button}", args=[job.pk])
+        form = page[page.index(f'action="{url}"') - 60 : page.index(f'action="{url}"') + 300]
+        assert 'method="post"' in form and 'name="csrfmiddlewaretoken"' in form, form
+        assert admin_client.get(url).status_code == 405  # never on a GET
+
+
+def test_the_job_buttons_refuse_a_post_without_the_csrf_token(admin_user, space):
+    from django.test import Client
+
+    job = failed_job(space)
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(admin_user)
+    url = reverse("admin:ingestion_compilationjob_retry", args=[job.pk])
+    assert browser.post(url).status_code == 403
+    assert not CompilationJob.objects.filter(retry_of=job).exists()
+
+
+def test_the_retry_button_queues_a_new_attempt_or_reports_the_refusal(admin_client, space):
+    failed = failed_job(space, error_retryable=True)
+    response = press(admin_client, "retry", failed)
+    page = response.content.decode()
+    assert response.redirect_chain[-1][0].endswith(f"/compilationjob/{failed.pk}/change/")
+    assert "Queued a new attempt for 1 job." in page
+    assert "terminal" not in page
+    retry = CompilationJob.objects.get(retry_of=failed)
+    assert (retry.run_state, retry.attempt_number) == (RunState.QUEUED, 2)
+    assert reverse("admin:ingestion_compilationjob_change", args=[retry.pk]) in page
+    # the same refusal as the list action: the job was replaced by the new attempt
+    page = press(admin_client, "retry", failed).content.decode()
+    assert f"Job {failed.id} (blank.txt): " in page and "replaced by a newer attempt" in page
+    assert CompilationJob.objects.filter(retry_of=failed).count() == 1
+
+
+def test_the_cancel_button_cancels_a_queued_job_or_reports_the_refusal(admin_client, space):
+    queued = admit_document(space, filename="queued.md", data=b"# Q\n\ntext", enqueue=False).job
+    page = press(admin_client, "cancel", queued).content.decode()
+    assert "Canceled 1 job." in page
+    assert CompilationJob.objects.get(id=queued.id).run_state == RunState.CANCELED
+    page = press(admin_client, "cancel", queued).content.decode()
+    assert f"Job {queued.id} (queued.md): " in page
+    assert '<li class="warning">' in page
+
+
+def test_retrying_a_job_whose_error_is_terminal_warns_and_queues_it(admin_client, space):
+    terminal = failed_job(space, "terminal.txt", error_retryable=False)
+    retryable = failed_job(space, "transient.txt", error_retryable=True, error_code="timeout")
+    page = run_action(admin_client, "retry_jobs", terminal, retryable).content.decode()
+    assert "Queued a new attempt for 2 jobs." in page
+    warning = (
+        f"Job {terminal.id} (terminal.txt): its error no_extractable_text is terminal "
+        "(not retryable)"
+    )
+    assert warning in page
+    assert f"Job {retryable.id}" not in page
+    assert CompilationJob.objects.filter(retry_of__in=[terminal, retryable]).count() == 2
+    # the page's button says the same
+    other = failed_job(space, "other.txt", error_retryable=False)
+    page = press(admin_client, "retry", other).content.decode()
+    assert '<li class="warning">' in page and "is terminal (not retryable)" in page
+
+
+def test_the_job_page_shows_progress_as_a_bar_with_counters_not_json(admin_client, space):
+    job = admit_document(space, filename="p.md", data=b"# P\n\ntext", enqueue=False).job
+    progress = {
+        "phase": "embedding",
+        "operation": "embedding with the local model",
+        "nodes_total": 500,
+        "nodes_embedded": 310,
+        "percent": 62,
+    }
+    CompilationJob.objects.filter(id=job.id).update(
+        run_state=RunState.RUNNING, progress=progress, progress_percent=62
+    )
+    page = job_page(admin_client, job)
+    assert '<progress max="100" value="62"' in page
+    assert '<strong class="kfs-percent">62%</strong>' in page
+    for label, value in [("phase", "embedding"), ("nodes", "500"), ("embedded", "310 of 500")]:
+        assert f"<li><span>{label}</span> <strong>{value}</strong></li>" in page
+    assert "nodes_embedded" not in page and "&quot;phase&quot;" not in page
+
+
+def test_retryable_shows_only_once_a_job_has_ended_with_an_error(admin_client, space):
+    running = admit_document(space, filename="r.md", data=b"# R\n\ntext", enqueue=False).job
+    CompilationJob.objects.filter(id=running.id).update(
+        run_state=RunState.RUNNING, error_retryable=False
+    )
+
+    def retryable_field(job) -> str:
+        page = job_page(admin_client, job)
+        start = page.index("field-retryable")
+        return page[start : page.index("</div>", page.index('class="readonly"', start))]
+
+    field = retryable_field(running)
+    assert "—" in field and "icon-no" not in field and "icon-yes" not in field
+    assert "icon-no" in retryable_field(failed_job(space, "t.txt", error_retryable=False))
+    assert "icon-yes" in retryable_field(failed_job(space, "u.txt", error_retryable=True))
+
+
+def test_long_filenames_are_cut_with_an_ellipsis_and_kept_whole_in_the_title(admin_client, space):
+    name = "quarterly-report-" + "x" * 230 + ".txt"
+    failed_job(space, name)
+    for url in (reverse(JOBS), reverse("admin:ingestion_document_changelist")):
+        page = admin_client.get(url).content.decode()
+        assert f'class="kfs-ellipsis" title="{name}"' in page, url
+        assert "text-overflow:ellipsis" in page and "white-space:nowrap" in page
