@@ -112,7 +112,9 @@ class AgeFilter(admin.SimpleListFilter):
 
 #: Widest a filename column may grow in a list before it is cut with an ellipsis (the whole
 #: name is in the cell's title): the lists keep every column on screen at 1500 px.
-FILENAME_MAX_WIDTH = "22em"
+FILENAME_MAX_WIDTH = "18em"
+#: The same for short identifiers (space slug, tenant) that are usually short but need not be.
+SHORT_MAX_WIDTH = "10em"
 
 
 def ellipsized(text: str, max_width: str = FILENAME_MAX_WIDTH) -> str:
@@ -222,7 +224,7 @@ class CompilationJobAdmin(ServiceActionMixin, admin.ModelAdmin):
         "error_column",
         "attempts",
         "age",
-        "updated_at",
+        "updated",
     )
     list_filter = ("run_state", "stage", "space", TenantFilter, AgeFilter)
     list_select_related = ("document", "space")
@@ -345,11 +347,11 @@ class CompilationJobAdmin(ServiceActionMixin, admin.ModelAdmin):
 
     @admin.display(description="space", ordering="space__slug")
     def space_slug(self, job: CompilationJob) -> str:
-        return job.space.slug
+        return ellipsized(job.space.slug, SHORT_MAX_WIDTH)
 
     @admin.display(description="tenant", ordering="tenant_id")
     def tenant(self, job: CompilationJob) -> str:
-        return job.tenant_id
+        return ellipsized(job.tenant_id, SHORT_MAX_WIDTH)
 
     @admin.display(description="run state", ordering="run_state")
     def run_state_column(self, job: CompilationJob) -> str:
@@ -379,6 +381,15 @@ class CompilationJobAdmin(ServiceActionMixin, admin.ModelAdmin):
     @admin.display(description="age", ordering="-created_at")
     def age(self, job: CompilationJob) -> str:
         return timesince(job.created_at, depth=1)
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, job: CompilationJob) -> str:
+        """How long ago, the date and time in the title (a full date takes 170 px)."""
+        return format_html(
+            '<span title="{}">{} ago</span>',
+            _when(job.updated_at),
+            timesince(job.updated_at, depth=1),
+        )
 
     @admin.display(description="attempt history")
     def attempt_history(self, job: CompilationJob) -> str:

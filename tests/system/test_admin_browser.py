@@ -197,3 +197,76 @@ def test_an_operator_revokes_an_api_key_and_the_api_refuses_it_at_once(
     apply_filter(page, "state", "Revoked")
     assert row(page, key.prefix).count() == 1
     assert row(page, old.prefix).count() == 1
+
+
+# --- the job page's buttons and the lists at 1500 px -------------------------------------------
+
+
+def test_an_operator_retries_and_cancels_from_the_job_page(page, live_server, operator, space):
+    failed = admit_document(space, filename="blank.txt", data=b"  \n\t\n", enqueue=False).job
+    compile_all()
+    failed = CompilationJob.objects.get(id=failed.id)
+    assert (failed.run_state, failed.error_retryable) == (RunState.FAILED, False)
+
+    log_in(page, live_server)
+    page.goto(f"{live_server.url}/admin/ingestion/compilationjob/{failed.id}/change/")
+    # a failed job's page: retryable says no, progress is a bar
+    assert page.locator(".field-retryable img[alt=False]").count() == 1
+    assert page.locator(".kfs-progress progress").count() == 1
+    page.locator(".object-tools button", has_text="Retry").click()
+    page.wait_for_load_state()
+    assert re.search(f"/compilationjob/{failed.id}/change/$", page.url)
+    assert (
+        "Queued a new attempt for 1 job." in page.locator("ul.messagelist li.success").inner_text()
+    )
+    warning = page.locator("ul.messagelist li.warning").inner_text()
+    assert "no_extractable_text is terminal (not retryable)" in warning
+    retry = CompilationJob.objects.get(retry_of_id=failed.id)
+    assert retry.run_state == RunState.QUEUED
+
+    # the new attempt's page: still live, so retryable is "—"; Cancel stops it
+    page.locator("table.attempt-history a", has_text=str(retry.id)).click()
+    page.wait_for_url(re.compile(f"/compilationjob/{retry.id}/change/"))
+    assert page.locator(".field-retryable .readonly").inner_text().strip() == "—"
+    page.locator(".object-tools button", has_text="Cancel").click()
+    page.wait_for_load_state()
+    assert "Canceled 1 job." in page.locator("ul.messagelist li.success").inner_text()
+    assert CompilationJob.objects.get(id=retry.id).run_state == RunState.CANCELED
+    # pressed again: the service's refusal, as a warning naming the job
+    page.locator(".object-tools button", has_text="Cancel").click()
+    page.wait_for_load_state()
+    assert str(retry.id) in page.locator("ul.messagelist li.warning").inner_text()
+
+
+def test_long_filenames_keep_every_column_of_the_lists_on_screen_at_1500_px(
+    page, live_server, operator, space, tmp_path
+):
+    name = "Quarterly financial statements of the northern region " * 4 + "(final).txt"
+    long = admit_document(space, filename=name, data=b"Some text.", enqueue=False).job
+    admit_document(space, filename="short.txt", data=b"Other text.", enqueue=False)
+    CompilationJob.objects.filter(id=long.id).update(  # the widest error code too
+        run_state=RunState.FAILED, error_code="parser_memory_exceeded"
+    )
+    page.set_viewport_size({"width": 1500, "height": 900})
+    log_in(page, live_server)
+    for url, last in [
+        ("/admin/ingestion/compilationjob/", "td.field-updated"),
+        ("/admin/ingestion/document/", "td.field-created_at"),
+    ]:
+        page.goto(f"{live_server.url}{url}")
+        shot = tmp_path / (url.strip("/").replace("/", "-") + ".png")
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 0
+        # The list's box scrolls sideways when its table is wider: it must not have to.
+        results = page.locator("#changelist-form .results")
+        widths = results.evaluate("e => [e.scrollWidth, e.clientWidth]")
+        assert widths[0] <= widths[1], (url, widths)
+        box = results.bounding_box()
+        cell = row(page, "Quarterly").locator(last).bounding_box()
+        assert cell["x"] + cell["width"] <= box["x"] + box["width"] + 1, (url, cell, box)
+        ellipsis = row(page, "Quarterly").locator("th .kfs-ellipsis")
+        assert ellipsis.get_attribute("title") == name
+        box = ellipsis.bounding_box()
+        assert box["width"] < 400, box  # cut, not 2000 px of filename
+        assert ellipsis.evaluate("e => e.scrollWidth > e.clientWidth")  # an ellipsis shows
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1500
