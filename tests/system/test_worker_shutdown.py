@@ -143,3 +143,56 @@ def test_sigterm_stops_the_cluster_in_its_grace_period_and_hands_the_job_back(
         "keyword": expected,
         "dense": expected,
     }
+
+
+def test_serve_sh_stops_the_api_and_the_worker_when_it_alone_gets_sigterm(tmp_path):
+    """``make serve`` (scripts/serve.sh) runs gunicorn and a qcluster; SIGTERM to the script
+    alone (``kill PID``) must stop both within the grace period, not wait for gunicorn."""
+    import socket
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "knowledgefs.settings",
+        "KNOWLEDGE_VAR_DIR": str(tmp_path / "var"),
+    }
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v0"], cwd=root, env=env, check=True, timeout=180
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env["KNOWLEDGE_BIND"] = f"127.0.0.1:{port}"
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - the child writes it
+    script = subprocess.Popen(
+        ["bash", "scripts/serve.sh"],
+        cwd=root,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    pgid = script.pid
+    try:
+
+        def up() -> bool:
+            members = " ".join(cmd for _, cmd in _group(pgid))
+            if "gunicorn" not in members or members.count("qcluster") < 3:
+                return False
+            with socket.socket() as client:
+                return client.connect_ex(("127.0.0.1", port)) == 0
+
+        assert _wait(up, 60, step=0.5), (tmp_path / "serve.log").read_text()[-2000:]
+        time.sleep(2)  # the cluster's sentinel has started its workers
+        os.kill(script.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        gone = _wait(lambda: not _group(pgid), GRACE_S, step=0.2)
+        assert gone, (_group(pgid), (tmp_path / "serve.log").read_text()[-2000:])
+        assert time.monotonic() - sent < 20
+        assert script.wait(timeout=5) != 0  # ended by the signal (143)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        log.close()
