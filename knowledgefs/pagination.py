@@ -72,6 +72,85 @@ def _encode_value(value):
     return str(value)
 
 
+def encode_cursor(key: list, backwards: bool, salt: str) -> str:
+    """The signed cursor continuing after ``key`` (``backwards``: before it)."""
+    return signing.dumps({"k": key, "b": int(backwards)}, salt=salt)
+
+
+def decode_cursor(raw: str | None, salt: str, ordering, model) -> tuple[list | None, bool]:
+    """``(key, backwards)`` of a cursor issued under ``salt`` (``(None, False)`` for none or
+    an empty one); 400 ``invalid_cursor`` unless its signature, salt and shape hold."""
+    if raw is None or raw == "":
+        return None, False
+    try:
+        payload = signing.loads(raw, salt=salt)
+    except (signing.BadSignature, ValueError, UnicodeError):
+        raise invalid_cursor() from None
+    if not (
+        isinstance(payload, dict)
+        and payload.get("b") in (0, 1)
+        and isinstance(payload.get("k"), list)
+        and len(payload["k"]) == len(ordering)
+    ):
+        raise invalid_cursor()
+    key = []
+    for name, raw_value in zip(ordering, payload["k"], strict=True):
+        field = model._meta.get_field(name.lstrip("-"))
+        try:
+            key.append(field.to_python(raw_value))
+        except Exception:  # noqa: BLE001 - any unreadable value is an invalid cursor
+            raise invalid_cursor() from None
+    return key, bool(payload["b"])
+
+
+def after(ordering, key: list, backwards: bool = False) -> Q:
+    """Rows strictly after ``key`` in the reading direction (a lexicographic keyset over
+    ``ordering``, e.g. ``created_at < t OR (created_at = t AND id < i)`` newest first)."""
+    condition = Q()
+    equal = Q()
+    for name, value in zip(ordering, key, strict=True):
+        field = name.lstrip("-")
+        descending = name.startswith("-") != backwards
+        step = Q(**{f"{field}__{'lt' if descending else 'gt'}": value})
+        condition |= equal & step
+        equal &= Q(**{field: value})
+    return condition
+
+
+def row_key(row, ordering) -> list:
+    """The JSON-ready ordering key of ``row``."""
+    return [_encode_value(getattr(row, name.lstrip("-"))) for name in ordering]
+
+
+def page_of(
+    queryset,
+    *,
+    limit: int | None,
+    cursor: str | None,
+    listing: str,
+    binding: dict,
+    ordering=("-created_at", "-id"),
+) -> tuple[list, str | None]:
+    """One forward page for callers without a request (the ``kfs`` listings): ``(rows,
+    next_cursor)``; ``limit=None`` reads every row after the cursor. The cursor is signed as the
+    API's, bound to ``listing`` and ``binding`` (its filters); 400 ``invalid_cursor`` (a
+    :class:`~knowledgefs.errors.InvalidInput`) otherwise."""
+    salt = listing_salt(listing, {"ordering": list(ordering), **binding})
+    key, backwards = decode_cursor(cursor, salt, ordering, queryset.model)
+    if backwards:
+        raise invalid_cursor()
+    rows = queryset.order_by(*ordering)
+    if key is not None:
+        rows = rows.filter(after(ordering, key))
+    if limit is None:
+        return list(rows), None
+    rows = list(rows[: limit + 1])
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, encode_cursor(row_key(rows[-1], ordering), False, salt)
+
+
 class KeysetPagination(BasePagination):
     """Keyset pagination over :attr:`ordering` (every field in the same direction; the last a
     unique tie-breaker) with signed, listing-bound cursors; ``?limit=`` up to
@@ -115,54 +194,19 @@ class KeysetPagination(BasePagination):
         return listing_salt(listing, binding)
 
     def encode_cursor(self, key: list, backwards: bool) -> str:
-        return signing.dumps({"k": key, "b": int(backwards)}, salt=self._salt)
+        return encode_cursor(key, backwards, self._salt)
 
     def decode_cursor(self, request, model) -> tuple[list | None, bool]:
         """``(key, backwards)`` of the request's cursor (``(None, False)`` without one); 400
         ``invalid_cursor`` unless its signature, salt and shape are this listing's."""
         raw = request.query_params.get(self.cursor_query_param)
-        if raw is None or raw == "":
-            return None, False
-        try:
-            payload = signing.loads(raw, salt=self._salt)
-        except (signing.BadSignature, ValueError, UnicodeError):
-            raise invalid_cursor() from None
-        if not (
-            isinstance(payload, dict)
-            and payload.get("b") in (0, 1)
-            and isinstance(payload.get("k"), list)
-            and len(payload["k"]) == len(self.ordering)
-        ):
-            raise invalid_cursor()
-        key = []
-        for name, raw_value in zip(self.ordering, payload["k"], strict=True):
-            field = model._meta.get_field(name.lstrip("-"))
-            try:
-                key.append(field.to_python(raw_value))
-            except Exception:  # noqa: BLE001 - any unreadable value is an invalid cursor
-                raise invalid_cursor() from None
-        return key, bool(payload["b"])
+        return decode_cursor(raw, self._salt, self.ordering, model)
 
     # The query.
 
     def get_page_size(self, request) -> int:
         """``?limit=`` 1..max (400 ``invalid_limit`` outside), else the default."""
         return page_size(request, self.page_size_query_param, self.page_size, self.max_page_size)
-
-    def _after(self, key: list, backwards: bool) -> Q:
-        """Rows strictly after ``key`` in the reading direction (lexicographic keyset)."""
-        condition = Q()
-        equal = Q()
-        for name, value in zip(self.ordering, key, strict=True):
-            field = name.lstrip("-")
-            descending = name.startswith("-") != backwards
-            step = Q(**{f"{field}__{'lt' if descending else 'gt'}": value})
-            condition |= equal & step
-            equal &= Q(**{field: value})
-        return condition
-
-    def _row_key(self, row) -> list:
-        return [_encode_value(getattr(row, name.lstrip("-"))) for name in self.ordering]
 
     def paginate_queryset(self, queryset, request, view=None):
         self.request = request
@@ -174,7 +218,7 @@ class KeysetPagination(BasePagination):
             ordering = tuple(n[1:] if n.startswith("-") else f"-{n}" for n in ordering)
         rows = queryset.order_by(*ordering)
         if key is not None:
-            rows = rows.filter(self._after(key, backwards))
+            rows = rows.filter(after(self.ordering, key, backwards))
         rows = list(rows[: limit + 1])
         more = len(rows) > limit
         rows = rows[:limit]
@@ -183,9 +227,9 @@ class KeysetPagination(BasePagination):
         self.next_key = self.previous_key = None
         if rows:
             if more or backwards:
-                self.next_key = self._row_key(rows[-1])
+                self.next_key = row_key(rows[-1], self.ordering)
             if (more and backwards) or (key is not None and not backwards):
-                self.previous_key = self._row_key(rows[0])
+                self.previous_key = row_key(rows[0], self.ordering)
         return rows
 
     # The page.
@@ -218,3 +262,39 @@ class NewestFirstPagination(KeysetPagination):
 
     page_size = 20
     ordering = ("-created_at", "-id")
+
+
+#: The largest ``kfs … --limit`` (the command line pages in bigger steps than the API).
+CLI_MAX_LIMIT = 1000
+
+
+def add_page_arguments(parser, default: int) -> None:
+    """``--limit N`` (1..:data:`CLI_MAX_LIMIT`, default ``default``), ``--all`` and
+    ``--cursor C`` of a ``kfs`` listing; its output carries ``next_cursor``."""
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=default,
+        help=f"rows per page, 1 to {CLI_MAX_LIMIT} (default {default})",
+    )
+    parser.add_argument("--all", action="store_true", help="every row (ignores --limit)")
+    parser.add_argument("--cursor", help="continue after a page: its next_cursor")
+
+
+def cli_page(queryset, options: dict, *, listing: str, binding: dict) -> tuple[list, str | None]:
+    """The page a ``kfs`` listing asked for with :func:`add_page_arguments`' options:
+    ``(rows, next_cursor)``; 400-style ``invalid_limit`` / ``invalid_cursor``
+    (:class:`~knowledgefs.errors.InvalidInput`, exit status 1 through ``kfs``)."""
+    limit = options.get("limit")
+    if not options.get("all") and not (isinstance(limit, int) and 1 <= limit <= CLI_MAX_LIMIT):
+        raise InvalidInput(
+            f"--limit must be an integer from 1 to {CLI_MAX_LIMIT}, not {limit!r}",
+            code="invalid_limit",
+        )
+    return page_of(
+        queryset,
+        limit=None if options.get("all") else limit,
+        cursor=options.get("cursor"),
+        listing=f"kfs.{listing}",
+        binding=binding,
+    )
