@@ -94,9 +94,10 @@ class Fault:
     ``dimension``-d vectors), ``bad_checksum`` (serve an object with a wrong checksum header),
     ``corrupt_upload`` (flip a byte of the next PUT body before checking it), ``json`` (answer
     ``body`` as JSON with ``status``), ``echo`` (an error naming the credential headers the request
-    carried: the error envelope when ``status`` is 200, else ``status`` with that message), ``trickle`` (send the first ``after_bytes`` of the body
-    one byte every ``interval`` seconds, then stall ``seconds``). ``skip`` matching requests
-    pass first; it then applies ``times`` times (``None``: always).
+    carried: the error envelope when ``status`` is 200, else ``status`` with that message),
+    ``trickle`` (send the first ``after_bytes`` of the body one byte every ``interval`` seconds,
+    then stall ``seconds``). ``skip`` matching requests pass first; it then applies ``times``
+    times (``None``: always).
     """
 
     kind: str
