@@ -18,7 +18,9 @@ from ingestion.api.serializers import JobSerializer
 from ingestion.compilation import dispatch, operations, recovery
 from ingestion.models import Document, DocumentState
 from knowledgefs.errors import Conflict, ServiceError
+from knowledgefs.pagination import add_page_arguments, cli_page
 from knowledgefs.uploads import upload_limit_message
+from retrieval.backends import SearchBackendUnavailable, require_supported_engine
 from spaces.cli import space_of
 
 COMMANDS = (
@@ -75,7 +77,7 @@ def _add_jobs(sub) -> None:
     jobs.add_argument("--space", required=True, metavar="SLUG")
     jobs.add_argument("--tenant", required=True)
     jobs.add_argument("--state", help="published, failed, canceled, retry_wait, or a stage")
-    jobs.add_argument("--limit", type=int, default=100)
+    add_page_arguments(jobs, default=100)
     jobs.add_argument("--json", action="store_true")
 
 
@@ -113,6 +115,10 @@ def _add_sweep(sub) -> None:
 
 def _ingest(command, options: dict) -> None:
     space = space_of(options)
+    try:
+        require_supported_engine()  # MySQL/MariaDB: refused before anything is written
+    except SearchBackendUnavailable as exc:
+        raise CommandError(f"search_backend_unavailable: {exc}") from None
     files = _collect_files(options["paths"])
     if not files:
         raise CommandError("no files found under the given paths")
@@ -197,6 +203,7 @@ def _documents(command, options: dict) -> None:
             "filename": d.filename,
             "state": d.state,
             "error_code": d.error_code or None,
+            "error_message": d.error_message or None,
             "nodes": d.node_count,
         }
         for d in documents.documents_in(space)
@@ -210,17 +217,26 @@ def _documents(command, options: dict) -> None:
 
 
 def _jobs(command, options: dict) -> None:
+    """A page of the space's jobs, newest first (``--limit``, ``--all``, ``--cursor``; the
+    output's ``next_cursor`` continues it)."""
     space = space_of(options)
-    rows = [
-        _job_row(job)
-        for job in reports.jobs_in(space, state=options["state"])[: max(1, options["limit"])]
-    ]
+    jobs, next_cursor = cli_page(
+        reports.jobs_in(space, state=options["state"]),
+        options,
+        listing="jobs",
+        binding={"space": str(space.id), "state": options["state"]},
+    )
+    rows = [_job_row(job) for job in jobs]
     lines = [
         f"{r['state']:<16} {r['progress']['percent']:>3}%  {r['filename']}  {r['id']}"
         + (f"  [{r['error_code']}]" if r["error_code"] else "")
         for r in rows
     ]
-    command.emit(options, {"items": rows}, "\n".join(lines) or "no jobs")
+    if next_cursor:
+        lines.append(f"more: --cursor {next_cursor}")
+    command.emit(
+        options, {"items": rows, "next_cursor": next_cursor}, "\n".join(lines) or "no jobs"
+    )
 
 
 def _stats(command, options: dict) -> None:

@@ -155,6 +155,8 @@ class CompilationJob(models.Model):
         indexes = [
             models.Index(fields=["run_state", "updated_at"], name="job_run_state_updated"),
             models.Index(fields=["document", "-created_at"], name="job_document_created"),
+            # The job list of a space, newest first with the id breaking ties (keyset pages).
+            models.Index(fields=["space", "-created_at", "-id"], name="job_space_created"),
             models.Index(fields=["run_state", "lease_expires_at"], name="job_run_state_lease"),
         ]
 

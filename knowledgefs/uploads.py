@@ -24,7 +24,22 @@ from django.utils.http import parse_header_parameters
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import DataAndFiles, MultiPartParser
 
-from .errors import PayloadTooLarge
+from .errors import InvalidInput, PayloadTooLarge
+
+
+def require_multipart(content_type: str | None) -> None:
+    """400 ``multipart_required`` unless the request's media type is ``multipart/form-data``
+    (a JSON or form body sent to an upload route is named as such, not reported as a
+    missing file or a bad filename)."""
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    if media_type != "multipart/form-data":
+        sent = media_type or "no Content-Type"
+        raise InvalidInput(
+            f"an upload needs a multipart/form-data body with the file in the field 'file', "
+            f"not {sent}",
+            code="multipart_required",
+            details={"content_type": media_type or None},
+        )
 
 
 def upload_limit_message(limit: int) -> str:

@@ -16,6 +16,7 @@ from django.core.management.base import CommandError
 from tqdm import tqdm
 
 from knowledgefs.auth.principal import Principal
+from knowledgefs.pagination import add_page_arguments, cli_page
 from retrieval import answers, evaluation, golden
 from retrieval.modes import PROFILE, retrieve
 from retrieval.recall import LEGS
@@ -164,7 +165,7 @@ def _add_research_tasks(sub) -> None:
     rt.add_argument("--tenant", required=True)
     rt.add_argument("--space", metavar="SLUG", help="only this space's tasks")
     rt.add_argument("--status", choices=["queued", "running", "completed", "failed", "canceled"])
-    rt.add_argument("--limit", type=int, default=50, help="at most this many (1-1000)")
+    add_page_arguments(rt, default=50)
     rt.add_argument("--json", action="store_true")
 
 
@@ -225,14 +226,23 @@ def _research_tasks(command, options: dict) -> None:
     :func:`retrieval.research_tasks.service.visible_tasks`), newest first."""
     from retrieval.research_tasks import service as research_tasks
 
-    if not 1 <= options["limit"] <= 1000:
-        raise CommandError(f"invalid_limit: --limit must be 1 to 1000, not {options['limit']}")
     principal = spaces.Principal(tenant_id=spaces.validate_tenant_id(options["tenant"]))
     tasks = research_tasks.visible_tasks(principal).select_related("space")
     if options["space"]:
-        tasks = tasks.filter(space=space_of(options))
+        space = space_of(options)
+        tasks = tasks.filter(space=space)
     if options["status"]:
         tasks = tasks.filter(run_state=options["status"])
+    page, next_cursor = cli_page(
+        tasks,
+        options,
+        listing="research-tasks",
+        binding={
+            "tenant": principal.tenant_id,
+            "space": str(space.id) if options["space"] else None,
+            "status": options["status"],
+        },
+    )
     rows = [
         {
             "id": str(t.id),
@@ -246,23 +256,28 @@ def _research_tasks(command, options: dict) -> None:
             "elapsed_ms": t.elapsed_ms,
             "created_at": t.created_at.isoformat(),
         }
-        for t in tasks.order_by("-created_at", "-id")[: options["limit"]]
+        for t in page
     ]
+    lines = [
+        f"{r['id']}  {r['status']:<9} {r['space']:<20} {r['owner']:<24} {r['query'][:60]}"
+        for r in rows
+    ]
+    if next_cursor:
+        lines.append(f"more: --cursor {next_cursor}")
     command.emit(
         options,
-        {"items": rows},
-        "\n".join(
-            f"{r['id']}  {r['status']:<9} {r['space']:<20} {r['owner']:<24} {r['query'][:60]}"
-            for r in rows
-        )
-        or "no research tasks",
+        {"items": rows, "next_cursor": next_cursor},
+        "\n".join(lines) or "no research tasks",
     )
 
 
 def _answer(command, options: dict) -> None:
-    """Print ``{"answer", "answerability", "evidence": [{"marker", "text", "citation"}],
-    "mode", "citations", "orphan_markers", "finish_reason", "trace_id"}`` (``--json``) or the
-    answer and its sources. An ``answer.error`` is a :class:`CommandError` naming its code."""
+    """Print the SSE ``answer.done`` payload with its field names (``--json``: ``answer``,
+    ``answerability``, ``answerability_reasons``, ``evidence`` [{``marker``, ``node_id``,
+    ``text``, ``citation``, ``score``, ``conflicts``}], ``citations``, ``omitted``,
+    ``orphan_markers``, ``truncated``, ``generator``, ``mode``, ``finish_reason``,
+    ``trace_id``, ``route``?) or the answer and its sources. An ``answer.error`` is a
+    :class:`CommandError` naming its code."""
     principal = Principal(tenant_id=spaces.validate_tenant_id(options["tenant"]))
     space = spaces.get_space_by_slug(principal, options["space"])
     run = answers.start(
@@ -279,19 +294,7 @@ def _answer(command, options: dict) -> None:
     if name == "answer.error":
         error = payload["error"]
         raise CommandError(f"{error['code']}: {error['message']} (trace {run.trace_id})")
-    result = {
-        "answer": payload["answer"],
-        "answerability": payload["answerability"],
-        "evidence": [
-            {"marker": e["marker"], "text": e["text"], "citation": e["citation"]}
-            for e in payload["evidence"]
-        ],
-        "mode": payload["mode"],
-        "citations": payload["citations"],
-        "orphan_markers": payload["orphan_markers"],
-        "finish_reason": payload["finish_reason"],
-        "trace_id": payload["trace_id"],
-    }
+    result = dict(payload)  # the SSE answer.done payload, every field under its own name
     if options.get("json"):
         command.stdout.write(json.dumps(result, ensure_ascii=False, indent=2))
         return

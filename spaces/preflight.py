@@ -258,7 +258,8 @@ def _dify_failure(exc: Exception, field: str, selection: Selection, call: str) -
     if status in (401, 403):
         return ProfileFailure(
             "credential_invalid",
-            f"{what} was refused with {status}: Dify does not accept the credentials for this "
+            f"{what} was refused with {status}: authentication failed ({status}), Dify does not "
+            "accept the credentials for this "
             "model (the tenant's provider credentials, or KnowledgeFS's inner API key)",
             field=field,
         )

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from knowledgefs.errors import InvalidInput
+from knowledgefs.pagination import add_page_arguments, cli_page
 from upgrades.api.serializers import UpgradeJobSerializer
 from upgrades.models import CutoverPhase, UpgradeJob
 from upgrades.services import cutover, dispatch, snapshot
@@ -60,9 +61,10 @@ def _add_cutover(sub) -> None:
 def _add_upgrade(sub) -> None:
     upgrade = sub.add_parser("upgrade", help="classic Dataset upgrades: list, show, retry, sweep")
     actions = upgrade.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="a tenant's upgrades, newest first (at most 100)")
+    listing = actions.add_parser("list", help="a tenant's upgrades, newest first (a page)")
     listing.add_argument("--tenant", required=True)
     listing.add_argument("--status", choices=["queued", "running", "succeeded", "failed"])
+    add_page_arguments(listing, default=100)
     listing.add_argument("--json", action="store_true")
     show = actions.add_parser("show", help="one upgrade with its failed documents")
     show.add_argument("job_id", metavar="JOB_ID")
@@ -150,9 +152,21 @@ def _is_uuid(value: str) -> bool:
 def _upgrade(command, options: dict) -> None:
     action = options["action"]
     if action == "list":
-        jobs = snapshot.list_upgrades(options["tenant"], status=options.get("status"))[:100]
+        jobs, next_cursor = cli_page(
+            snapshot.list_upgrades(options["tenant"], status=options.get("status")),
+            options,
+            listing="upgrades",
+            binding={"tenant": options["tenant"], "status": options.get("status")},
+        )
         rows = UpgradeJobSerializer(jobs, many=True).data
-        command.emit(options, rows, "\n".join(_line(j) for j in rows) or "no upgrades")
+        lines = [_line(j) for j in rows]
+        if next_cursor:
+            lines.append(f"more: --cursor {next_cursor}")
+        command.emit(
+            options,
+            {"items": rows, "next_cursor": next_cursor},
+            "\n".join(lines) or "no upgrades",
+        )
     elif action == "show":
         row = UpgradeJobSerializer(_job(options["job_id"])).data
         lines = [_line(row), f"space: {row['space_id']}"]

@@ -15,6 +15,8 @@ from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_f
 from knowledgefs.errors import InvalidInput
 from knowledgefs.idempotency import fingerprint, idempotent
 from knowledgefs.pagination import NewestFirstPagination
+from knowledgefs.uploads import require_multipart
+from retrieval.backends import require_supported_engine
 from spaces.services import get_space
 
 from .serializers import DocumentSerializer, JobSerializer
@@ -39,6 +41,8 @@ class DocumentListView(BufferedUploadAdmissionMixin, APIView):
         429, 408 before or while it is read).
         """
         space = get_space(request.user, space_id)
+        require_supported_engine()  # 503 on MySQL/MariaDB before anything is written
+        require_multipart(request.content_type)
         uploads = request.FILES.getlist("file")
         if len(uploads) > 1:
             raise InvalidInput(

@@ -241,3 +241,29 @@ def test_get_in_space_is_the_one_404_for_a_row_outside_its_space(client, space, 
     with pytest.raises(NotFound) as elsewhere:
         Document.objects.get_in_space(other, document.id, what="document")
     assert elsewhere.value.code == "document_not_found"
+
+
+def test_a_json_body_sent_to_the_upload_route_says_multipart_is_required(client, space):
+    url = f"/v1/knowledge-spaces/{space.id}/documents"
+    for body, content_type in (
+        ('{"file": "a.txt", "text": "hello"}', "application/json"),
+        ("file=a.txt", "application/x-www-form-urlencoded"),
+        ("hello", "text/plain"),
+    ):
+        response = client.generic("POST", url, body, content_type=content_type)
+        assert response.status_code == 400, response.content
+        body = response.json()
+        assert body["code"] == "multipart_required", body
+        assert "multipart/form-data" in body["message"] and content_type in body["message"]
+        assert body["details"] == {"content_type": content_type}
+    assert not Document.objects.exists()
+
+
+def test_the_upload_engine_check_passes_on_sqlite_and_postgresql(client, space):
+    """The MySQL/MariaDB refusal itself runs in tests/system/test_migrations_engine_writes.py."""
+    from django.db import connection
+
+    from retrieval.backends import require_supported_engine
+
+    assert connection.vendor in ("sqlite", "postgresql")
+    require_supported_engine()  # no exception

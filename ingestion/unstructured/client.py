@@ -304,7 +304,11 @@ def _raise_for_status(
         error: UnstructuredError = ParserUnavailable(f"the remote parser answered {reason}{suffix}")
         raise _Retry(error, _retry_after(response))
     if 400 <= status < 500:
-        hint = " (check UNSTRUCTURED_API_KEY)" if status in (401, 403) else ""
+        hint = (
+            f": authentication failed ({status}), check UNSTRUCTURED_API_KEY"
+            if status in (401, 403)
+            else ""
+        )
         raise ParserRejected(
             f"the remote parser refused the document with {reason}{hint}{suffix}", status=status
         )

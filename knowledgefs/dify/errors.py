@@ -70,7 +70,8 @@ class DifyError(Exception):
         if status in (401, 403):
             return cls.of(
                 "rejected",
-                f"{route} answered {status}: Dify refused the inner API key "
+                f"{route} answered {status}: authentication failed ({status}), Dify refused "
+                "the inner API key "
                 "(DIFY_INNER_API_KEY must equal Dify's INNER_API_KEY_FOR_PLUGIN)",
                 status=status,
             )

@@ -84,14 +84,19 @@ def page_parameters(default: int) -> list[OpenApiParameter]:
             str,
             OpenApiParameter.QUERY,
             description=(
-                "The opaque cursor of a `next` or `previous` link; any other: 400 `invalid_cursor`."
+                "The opaque cursor of a `next` or `previous` link of this listing: a keyset "
+                "position (`created_at`, `id`) signed by the server and bound to this route, "
+                "its path, its other query parameters (filters) and the caller's tenant. Pass "
+                "it back unchanged with the same filters (`limit` may change). A changed, "
+                "forged or foreign cursor (another listing, space, filter or tenant): 400 "
+                "`invalid_cursor`."
             ),
         ),
     ]
 
 
 def page(name: str, item: Any) -> serializers.Serializer:
-    """A page ``{next, previous, results: [item]}`` (DRF's cursor pagination)."""
+    """A page ``{next, previous, results: [item]}`` (knowledgefs.pagination)."""
     results = (
         item(many=True)
         if isinstance(item, type)

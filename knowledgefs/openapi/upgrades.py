@@ -11,7 +11,17 @@ from drf_spectacular.utils import (
 )
 from rest_framework import serializers
 
-from .common import BOOLEAN, INTEGER, NAMESPACE_BODY, OBJECT, STRING, annotate, error, shape
+from .common import (
+    BOOLEAN,
+    INTEGER,
+    NAMESPACE_BODY,
+    OBJECT,
+    STRING,
+    annotate,
+    error,
+    page_parameters,
+    shape,
+)
 
 NAMESPACE = OpenApiParameter(
     "namespace_id", str, OpenApiParameter.QUERY, required=True, description="The tenant."
@@ -46,16 +56,23 @@ def register() -> None:
             },
         ),
         get=extend_schema(
-            summary="The tenant's upgrades, newest first (at most 100)",
+            summary="A page of the tenant's upgrades, newest first (default and at most 100)",
             parameters=[
                 NAMESPACE,
                 OpenApiParameter("dataset_id", str, OpenApiParameter.QUERY),
                 OpenApiParameter("status", str, OpenApiParameter.QUERY),
+                *page_parameters(100),
             ],
             responses={
                 200: inline_serializer(
                     name="UpgradeList",
                     fields={
+                        "next": serializers.URLField(
+                            allow_null=True, help_text="The next page, or null."
+                        ),
+                        "previous": serializers.URLField(
+                            allow_null=True, help_text="The previous page, or null."
+                        ),
                         "results": UpgradeJobSerializer(many=True),
                         "discovery": serializers.JSONField(required=False),
                     },

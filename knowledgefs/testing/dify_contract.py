@@ -93,9 +93,11 @@ class Fault:
     ``declare``), ``truncate`` (end the LLM stream inside its second frame), ``dimension`` (return
     ``dimension``-d vectors), ``bad_checksum`` (serve an object with a wrong checksum header),
     ``corrupt_upload`` (flip a byte of the next PUT body before checking it), ``json`` (answer
-    ``body`` as JSON with ``status``), ``trickle`` (send the first ``after_bytes`` of the body
-    one byte every ``interval`` seconds, then stall ``seconds``). ``skip`` matching requests
-    pass first; it then applies ``times`` times (``None``: always).
+    ``body`` as JSON with ``status``), ``echo`` (an error naming the credential headers the request
+    carried: the error envelope when ``status`` is 200, else ``status`` with that message),
+    ``trickle`` (send the first ``after_bytes`` of the body one byte every ``interval`` seconds,
+    then stall ``seconds``). ``skip`` matching requests pass first; it then applies ``times``
+    times (``None``: always).
     """
 
     kind: str

@@ -108,6 +108,16 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._json(fault.status, fault.body)
                 if fault.kind == "envelope":
                     return self._json(200, {"data": None, "error": fault.message})
+                if fault.kind == "echo":  # an error naming the credentials it was sent
+                    sent = ", ".join(
+                        f"{name}: {self.headers.get(name)}"
+                        for name in ("X-Inner-Api-Key", "Authorization")
+                        if self.headers.get(name)
+                    )
+                    message = f"credentials refused ({sent})"
+                    if fault.status == 200:
+                        return self._json(200, {"data": None, "error": message})
+                    return self._json(fault.status, {"code": "unauthorized", "message": message})
                 if fault.kind == "oversize":
                     return self._oversize(fault)
             handler = {

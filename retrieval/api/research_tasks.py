@@ -83,14 +83,11 @@ def partial_dict(partial: ResearchTaskPartial, reasons: dict[str, str]) -> dict:
 
 
 class SequencePagination(KeysetPagination):
-    """Keyset pagination by ``sequence``, oldest first; ``?limit=`` up to 100 (default 25)."""
+    """Keyset pagination by ``(sequence, id)``, oldest first; ``?limit=`` up to 100 (default
+    25)."""
 
     page_size = 25
-    ordering = ("sequence",)
-
-    def valid_position(self, position: str) -> bool:
-        """A whole number."""
-        return position.isascii() and position.isdigit()
+    ordering = ("sequence", "id")
 
 
 BODY_MEMBERS = ("space_id", "query", "top_k", "filters", "limits")

@@ -27,6 +27,7 @@ __all__ = [
     "SearchBackendUnavailable",
     "backend_name",
     "get_search_backend",
+    "require_supported_engine",
     "unsupported_reason",
 ]
 
@@ -47,6 +48,16 @@ def unsupported_reason(vendor: str) -> str | None:
         "MySQL/MariaDB is supported for the schema, migrations and downgrades only; "
         "retrieval and indexing need SQLite or PostgreSQL"
     )
+
+
+def require_supported_engine() -> None:
+    """503 ``search_backend_unavailable`` (details ``{"vendor"}``) on a database engine without
+    a search backend (MySQL/MariaDB), checked before anything is written: an upload or an
+    ingest there would store a document that can never compile."""
+    vendor = connection.vendor
+    reason = unsupported_reason(vendor)
+    if reason is not None:
+        raise SearchBackendUnavailable(reason, details={"vendor": vendor})
 
 
 def backend_name() -> str:

@@ -477,7 +477,9 @@ def test_kfs_answer_json(corpus):
     assert payload["answer"].startswith(
         "Every employee gets 25 days of annual leave per year. [E1]"
     )
-    assert set(payload["evidence"][0]) == {"marker", "text", "citation"}
+    assert set(payload["evidence"][0]) == {
+        "marker", "node_id", "text", "citation", "score", "conflicts"
+    }  # fmt: skip
     assert payload["evidence"][0]["marker"] == "[E1]"
     assert payload["evidence"][0]["citation"]["filename"] == "leave.md"
     assert AnswerTrace.objects.get(id=payload["trace_id"]).source == "cli"

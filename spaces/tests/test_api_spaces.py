@@ -6,6 +6,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from spaces.api_keys import create_api_key, revoke_api_key
+from spaces.models import KnowledgeSpace
 from spaces.services import Principal, create_space
 
 pytestmark = pytest.mark.django_db
@@ -119,3 +120,47 @@ def test_probes(client):
         "search",
     }
     assert client.get("/v1/nope").json()["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "field"),
+    [
+        ({"name": 5}, "invalid_name", "name"),
+        ({"name": True}, "invalid_name", "name"),
+        ({"name": ["x"]}, "invalid_name", "name"),
+        ({"name": "ok", "slug": 7}, "invalid_slug", "slug"),
+        ({"name": "ok", "description": {"a": 1}}, "invalid_description", "description"),
+        ({"name": "ok", "colour": "red"}, "invalid_request", "colour"),
+        ({"name": "ok", "embedding_model_id": "m"}, "invalid_request", "embedding_model_id"),
+    ],
+)
+def test_create_refuses_unknown_members_and_non_strings_naming_the_member(
+    client, body, code, field
+):
+    response = client.post("/v1/knowledge-spaces", body, format="json")
+    assert response.status_code == 400, response.content
+    assert (response.json()["code"], response.json()["details"]) == (code, {"field": field})
+    assert response.json()["message"].startswith(field)
+    assert not KnowledgeSpace.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "field"),
+    [
+        ({"name": 5}, "invalid_name", "name"),
+        ({"description": 1.5}, "invalid_description", "description"),
+        ({"embedding_model_id": 3}, "invalid_request", "embedding_model_id"),
+        ({"revision": "1"}, "invalid_request", "revision"),
+        ({"revision": True}, "invalid_request", "revision"),
+        ({"nmae": "typo"}, "invalid_request", "nmae"),
+    ],
+)
+def test_patch_refuses_unknown_members_and_wrong_types_naming_the_member(
+    client, space, body, code, field
+):
+    response = client.patch(f"/v1/knowledge-spaces/{space.id}", body, format="json")
+    assert response.status_code == 400, response.content
+    assert (response.json()["code"], response.json()["details"]) == (code, {"field": field})
+    assert field in response.json()["message"]
+    space.refresh_from_db()
+    assert (space.name, space.revision) == ("Test space", 1)

@@ -221,7 +221,7 @@ def test_more_bodies_that_used_to_fail(client, space):
         response = client.post(
             f"/v1/knowledge-spaces/{space.id}/documents", body, content_type="application/json"
         )
-        assert (response.status_code, response.json()["code"]) == (400, "file_required")
+        assert (response.status_code, response.json()["code"]) == (400, "multipart_required")
     surrogate = client.post(
         f"/v1/knowledge-spaces/{space.id}/retrieval-tests",
         '{"query": "a\\ud800b"}',

@@ -10,6 +10,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from knowledgefs.api import InternalView, internal
+from knowledgefs.pagination import NewestFirstPagination
 from upgrades.services import leases, snapshot
 
 from .serializers import (
@@ -20,7 +21,7 @@ from .serializers import (
 )
 
 LIST_LIMIT = 100
-"""The list route returns at most this many jobs, newest first."""
+"""The list route's default and largest page (``?limit=``), newest first."""
 
 
 def _valid(serializer_class, data) -> dict:
@@ -44,13 +45,15 @@ class UpgradeListView(InternalView):
         )
 
     def get(self, request):
-        """The tenant's upgrades (at most 100, newest first); with ``dataset_id`` also the
-        discovery state of that Dataset."""
+        """A page of the tenant's upgrades (``?limit=`` 1..100, default 100; ``next``), newest
+        first; with ``dataset_id`` also the discovery state of that Dataset."""
         query = _valid(ListQuerySerializer, request.query_params)
         jobs = snapshot.list_upgrades(
             query["namespace_id"], dataset_id=query.get("dataset_id"), status=query.get("status")
         )
-        body = {"results": UpgradeJobSerializer(jobs[:LIST_LIMIT], many=True).data}
+        paginator = NewestFirstPagination(page_size=LIST_LIMIT)
+        page = paginator.paginate_queryset(jobs, request, view=self)
+        body = paginator.get_paginated_response(UpgradeJobSerializer(page, many=True).data).data
         if query.get("dataset_id"):
             body["discovery"] = snapshot.discovery(query["namespace_id"], query["dataset_id"])
         return Response(body)

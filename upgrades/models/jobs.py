@@ -175,6 +175,8 @@ class UpgradeJob(models.Model):
             models.Index(
                 fields=["tenant_id", "dataset_id", "created_at"], name="upgrade_job_dataset_idx"
             ),
+            # The tenant's upgrade list, newest first with the id breaking ties (keyset pages).
+            models.Index(fields=["tenant_id", "-created_at", "-id"], name="upgrade_job_tenant_idx"),
             models.Index(fields=["status", "updated_at"], name="upgrade_job_status_idx"),
             models.Index(
                 fields=["status", "reconcile_completed_at", "reconcile_lease_expires_at"],

@@ -87,7 +87,8 @@ def test_kfs_upgrade_list_show_and_retry(failed_job):
     out = StringIO()
     call_command("kfs", "upgrade", "list", "--tenant", "tenant-a", "--json", stdout=out)
     listed = json.loads(out.getvalue())
-    assert [(j["id"], j["status"]) for j in listed] == [(str(failed_job.id), "failed")]
+    assert [(j["id"], j["status"]) for j in listed["items"]] == [(str(failed_job.id), "failed")]
+    assert listed["next_cursor"] is None
     out = StringIO()
     call_command("kfs", "upgrade", "show", str(failed_job.id), stdout=out)
     text = out.getvalue()
