@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ingestion.parsing import Element, TooManyChunks
+from ingestion.tokens import approx_tokens
 
 CHUNKER_VERSION = "structure-v1"
 MAX_CHUNKS = 20_000
 TABLE_CAP_FACTOR = 4
+MIN_CHUNK_TOKENS = 16
 _HEADER_TYPES = frozenset({"heading", "title"})
 
 _BLANK_LINE_RE = re.compile(r"\n[^\S\n]*\n")
@@ -176,6 +178,75 @@ class _Chunker:
             pieces.append((pos, end))
         return pieces
 
+    def longest_within(self, pos: int, end: int, budget: int, count) -> int:
+        """The largest ``e`` in ``(pos, end]`` with ``count(text[pos:e]) <= budget`` (at least
+        ``pos + 1``: one grapheme is never over a budget >= 2). Exponential, then binary
+        search, so each call reads about one piece's worth of text a few dozen times."""
+        text = self.text
+        lo, step = pos + 1, max(8, 4 * budget)
+        hi = min(end, pos + step)
+        while hi < end and count(text[pos:hi]) <= budget:
+            lo, step = hi, step * 2
+            hi = min(end, pos + step)
+        if count(text[pos:hi]) <= budget:
+            return hi
+        while lo < hi - 1:  # count(pos:lo) <= budget < count(pos:hi)
+            mid = (lo + hi) // 2
+            if count(text[pos:mid]) <= budget:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def split_tokens(
+        self, start: int, end: int, max_tokens: int, overlap_tokens: int, count
+    ) -> list[tuple[int, int]]:
+        """Split ``[start, end)`` into pieces of at most ``max_tokens`` by ``count``, cut at the
+        best separator in the second half of the room (:meth:`find_cut`), hard where there is
+        none (a run without spaces, CJK without punctuation); consecutive pieces share at most
+        ``overlap_tokens`` (< ``max_tokens``), so every piece starts past the previous start and
+        the loop always ends. Pieces begin and end on non-whitespace; together they cover every
+        non-whitespace character of the range."""
+        text = self.text
+        pieces: list[tuple[int, int]] = []
+        pos = start
+        while pos < end:
+            while pos < end and text[pos].isspace():
+                pos += 1
+            if pos >= end:
+                break
+            limit = self.longest_within(pos, end, max_tokens, count)
+            if limit >= end:
+                stop = end
+                while stop > pos and text[stop - 1].isspace():
+                    stop -= 1
+                pieces.append((pos, stop))
+                break
+            cut = self.find_cut(pos, limit)
+            stop = cut
+            while stop > pos and text[stop - 1].isspace():
+                stop -= 1
+            if stop <= pos:
+                stop = cut = limit
+            pieces.append((pos, stop))
+            nxt = cut
+            if overlap_tokens > 0:
+                # The furthest-back start whose tail to ``stop`` fits the overlap budget.
+                lo, hi = pos + 1, stop
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if count(text[mid:stop]) <= overlap_tokens:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                nxt = lo
+                if nxt < stop and not text[nxt - 1].isspace():
+                    ws = _SPACE_RE.search(text, nxt, stop)
+                    if ws is not None:
+                        nxt = ws.end()
+            pos = max(nxt, pos + 1)
+        return pieces
+
     # -- packing ------------------------------------------------------------------------
     def emit_split(self, start: int, end: int, path: tuple[str, ...]) -> None:
         for a, b in self.split(start, end, self.target, self.overlap):
@@ -300,7 +371,13 @@ class _Chunker:
 
 
 def chunk_elements(
-    elements: Sequence[Element], *, target_chars: int = 1200, overlap_chars: int = 120
+    elements: Sequence[Element],
+    *,
+    target_chars: int = 1200,
+    overlap_chars: int = 120,
+    max_tokens: int | None = None,
+    overlap_tokens: int = 0,
+    count_tokens: Callable[[str], int] | None = None,
 ) -> list[Chunk]:
     """Split a document's elements into chunks over its canonical text.
 
@@ -310,6 +387,10 @@ def chunk_elements(
             ``4 * target_chars``). Must be >= 16.
         overlap_chars: overlap between consecutive pieces of a split element; clamped to
             ``target_chars // 4`` so that splitting always makes progress.
+        max_tokens: when given, no chunk is over this many tokens by ``count_tokens``
+            (default :func:`ingestion.tokens.approx_tokens`): a longer one is split again at
+            the best separator, hard where there is none, its pieces sharing at most
+            ``overlap_tokens`` (which must be smaller, :func:`check_token_sizes`).
 
     Returns:
         Chunks in document order, ``index`` 0..n-1, each satisfying
@@ -324,5 +405,80 @@ def chunk_elements(
         raise ValueError("target_chars must be >= 16")
     if overlap_chars < 0:
         raise ValueError("overlap_chars must be >= 0")
+    check_token_sizes(max_tokens, overlap_tokens)
     overlap = min(overlap_chars, target_chars // 4)
-    return _Chunker(elements, target_chars, overlap).run()
+    chunker = _Chunker(elements, target_chars, overlap)
+    chunks = chunker.run()
+    if max_tokens is None:
+        return chunks
+    return _within_tokens(
+        chunker, chunks, max_tokens, overlap_tokens, count_tokens or approx_tokens
+    )
+
+
+def check_token_sizes(max_tokens: int | None, overlap_tokens: int) -> None:
+    """The rule for a chunk size in tokens and its overlap: ``max_tokens`` at least
+    :data:`MIN_CHUNK_TOKENS`, the overlap at least 0 and smaller than the size (an overlap as
+    large as the size would never move forward). ``ValueError`` naming the rule otherwise."""
+    if max_tokens is None:
+        return
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise ValueError("chunk size must be an integer number of tokens")
+    if max_tokens < MIN_CHUNK_TOKENS:
+        raise ValueError(f"chunk size must be at least {MIN_CHUNK_TOKENS} tokens")
+    if isinstance(overlap_tokens, bool) or not isinstance(overlap_tokens, int):
+        raise ValueError("chunk overlap must be an integer number of tokens")
+    if overlap_tokens < 0:
+        raise ValueError("chunk overlap must be 0 or more tokens")
+    if overlap_tokens >= max_tokens:
+        raise ValueError(
+            f"chunk overlap ({overlap_tokens} tokens) must be smaller than the chunk size "
+            f"({max_tokens} tokens)"
+        )
+
+
+def _within_tokens(
+    chunker: _Chunker, chunks: list[Chunk], max_tokens: int, overlap_tokens: int, count
+) -> list[Chunk]:
+    """Re-split every chunk over ``max_tokens`` (by ``count``) into exact slices that fit; the
+    others are kept as they are. Indexes are renumbered; the chunk cap still holds."""
+    if all(count(c.text) <= max_tokens for c in chunks):
+        return chunks
+    text = chunker.text
+    # Runs of consecutive chunks over the size that overlap or touch (pieces of one long
+    # element, of one section, page and kind) are split again as one span, so the pieces share
+    # the token overlap and not the character overlap of the first cut.
+    runs: list[tuple[Chunk, int, int, bool]] = []
+    for chunk in chunks:
+        over = count(chunk.text) > max_tokens
+        if runs and over and runs[-1][3]:
+            first, start, end, _ = runs[-1]
+            joined = not text[end : chunk.start_offset].strip()
+            same = (first.section_path, first.kind) == (chunk.section_path, chunk.kind)
+            if same and joined and chunker.page_at(chunk.start_offset) == first.page_number:
+                runs[-1] = (first, start, max(end, chunk.end_offset), True)
+                continue
+        runs.append((chunk, chunk.start_offset, chunk.end_offset, over))
+    out: list[Chunk] = []
+    for chunk, start, end, over in runs:
+        if over:
+            spans = chunker.split_tokens(start, end, max_tokens, overlap_tokens, count)
+        else:
+            spans = [(start, end)]
+        for a, b in spans:
+            if len(out) >= MAX_CHUNKS:
+                raise TooManyChunks(
+                    f"document produces more than {MAX_CHUNKS} chunks", code="too_many_chunks"
+                )
+            out.append(
+                Chunk(
+                    index=len(out),
+                    text=text[a:b],
+                    start_offset=a,
+                    end_offset=b,
+                    page_number=chunker.page_at(a),
+                    section_path=chunk.section_path,
+                    kind=chunk.kind,
+                )
+            )
+    return out
