@@ -43,6 +43,16 @@ _NEWLINE_RE = re.compile(r"\n")
 _CLAUSE_RE = re.compile(r"[，、；：]")
 _SPACE_RE = re.compile(r"\s")
 
+# Where a piece is best cut, best first: prose, and a table's rows.
+_CUTS = (
+    (_BLANK_LINE_RE, False),
+    (_SENTENCE_RE, True),
+    (_NEWLINE_RE, False),
+    (_CLAUSE_RE, True),
+    (_SPACE_RE, False),
+)
+_ROW_CUTS = ((_NEWLINE_RE, False), *(cut for cut in _CUTS if cut[0] is not _NEWLINE_RE))
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -130,17 +140,13 @@ class _Chunker:
         )
 
     # -- splitting ----------------------------------------------------------------------
-    def find_cut(self, pos: int, limit: int) -> int:
-        """Best end index in ``(pos, limit]`` for a piece starting at ``pos``."""
+    def find_cut(self, pos: int, limit: int, *, rows: bool = False) -> int:
+        """Best end index in ``(pos, limit]`` for a piece starting at ``pos`` (``rows``: a
+        table's, cut between rows first)."""
         text = self.text
         lo = pos + max(1, (limit - pos) // 2)
-        for regex, use_end in (
-            (_BLANK_LINE_RE, False),
-            (_SENTENCE_RE, True),
-            (_NEWLINE_RE, False),
-            (_CLAUSE_RE, True),
-            (_SPACE_RE, False),
-        ):
+        order = _ROW_CUTS if rows else _CUTS
+        for regex, use_end in order:
             best = -1
             for m in regex.finditer(text, lo, min(limit + 1, len(text))):
                 cut = m.end() if use_end else m.start()
@@ -199,7 +205,14 @@ class _Chunker:
         return lo
 
     def split_tokens(
-        self, start: int, end: int, max_tokens: int, overlap_tokens: int, count
+        self,
+        start: int,
+        end: int,
+        max_tokens: int,
+        overlap_tokens: int,
+        count,
+        *,
+        rows: bool = False,
     ) -> list[tuple[int, int]]:
         """Split ``[start, end)`` into pieces of at most ``max_tokens`` by ``count``, cut at the
         best separator in the second half of the room (:meth:`find_cut`), hard where there is
@@ -222,7 +235,7 @@ class _Chunker:
                     stop -= 1
                 pieces.append((pos, stop))
                 break
-            cut = self.find_cut(pos, limit)
+            cut = self.find_cut(pos, limit, rows=rows)
             stop = cut
             while stop > pos and text[stop - 1].isspace():
                 stop -= 1
@@ -240,7 +253,10 @@ class _Chunker:
                     else:
                         lo = mid + 1
                 nxt = lo
-                if nxt < stop and not text[nxt - 1].isspace():
+                if rows and text[nxt - 1] != "\n":  # a table's overlap starts at a row
+                    line = text.find("\n", nxt, stop)
+                    nxt = cut if line < 0 else line + 1
+                elif nxt < stop and not text[nxt - 1].isspace():
                     ws = _SPACE_RE.search(text, nxt, stop)
                     if ws is not None:
                         nxt = ws.end()
@@ -462,7 +478,9 @@ def _within_tokens(
     out: list[Chunk] = []
     for chunk, start, end, over in runs:
         if over:
-            spans = chunker.split_tokens(start, end, max_tokens, overlap_tokens, count)
+            spans = chunker.split_tokens(
+                start, end, max_tokens, overlap_tokens, count, rows=chunk.kind == "table"
+            )
         else:
             spans = [(start, end)]
         for a, b in spans:

@@ -36,6 +36,8 @@ def _generate_nodes(job: CompilationJob, artifact: ParseArtifact) -> list[Knowle
             _elements_from(artifact),
             target_chars=settings.KNOWLEDGE_CHUNK_TARGET_CHARS,
             overlap_chars=settings.KNOWLEDGE_CHUNK_OVERLAP_CHARS,
+            max_tokens=settings.KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS,
+            overlap_tokens=settings.KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS // 10,
         )
     except parsing.ParseError as exc:
         raise CompilationFailure(exc.code, exc.message) from exc

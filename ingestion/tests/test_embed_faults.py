@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import pytest
 
+from ingestion.chunking import canonical_text
+from ingestion.compilation.generations import _elements_from
 from ingestion.compilation.recovery import drain_queued
 from ingestion.documents import admit_document
-from ingestion.models import CompilationJob, Document, DocumentState, KnowledgeNode, RunState
+from ingestion.models import (
+    CompilationJob,
+    Document,
+    DocumentState,
+    KnowledgeNode,
+    ParseArtifact,
+    RunState,
+)
+from ingestion.tokens import approx_tokens
 from knowledgefs.testing import dify_fixtures
 from knowledgefs.testing.dify_server import TEST_INNER_KEY, TEXT_EMBEDDING
 from retrieval.models import DenseVector
@@ -139,3 +149,92 @@ def test_one_documents_embedding_error_fails_only_that_document(ready_space, dif
         assert document.state == DocumentState.PUBLISHED
         assert DenseVector.objects.filter(node__document=document).count() == document.node_count
     assert not DenseVector.objects.filter(node__document_id=admitted[2].document.id).exists()
+
+
+# --- BC-40: chunks within the model's token limit ------------------------------------------------
+
+LIMIT = 512
+
+
+def _token_limited(seen: list[int], *, refuse: str | None = None):
+    """A provider counting tokens with KnowledgeFS's approximation, refusing (400) any request
+    holding a text over 512 tokens, or holding ``refuse``."""
+
+    def provider(body):
+        counts = [approx_tokens(t) for t in body["texts"]]
+        seen.extend(counts)
+        if max(counts) > LIMIT or (refuse and any(refuse in t for t in body["texts"])):
+            return 400, {"code": "invalid_param", "message": f"input too long: {max(counts)}"}
+        return None
+
+    return provider
+
+
+def _bc40_documents(space) -> dict[str, object]:
+    sentences = [
+        f"Clause {n} of the supply contract binds the carrier to deliver crates on time."
+        for n in range(600)
+    ]
+    paragraph = " ".join(sentences)[:45_000]
+    cjk = "".join(chr(0x4E00 + (n * 7919) % 20_000) for n in range(6_000))
+    rows = [f"| D-{n:03d} | {n * 37 % 9000:,} | 已盘点？是。 row {n} |" for n in range(600)]
+    table = "\n".join(["| Depot | Units | Remark |", "| --- | --- | --- |", *rows])[:20_000]
+    table = table[: table.rfind("\n")]
+    files = {"paragraph.txt": paragraph, "cjk.txt": cjk, "table.md": "# Stock\n\n" + table}
+    return {
+        name: admit_document(space, filename=name, data=text.encode(), enqueue=False)
+        for name, text in files.items()
+    }
+
+
+def _assert_nothing_truncated(admission) -> None:
+    """The document's nodes cover every non-whitespace character of its canonical text."""
+    artifact = ParseArtifact.objects.get(job_id=admission.job.id)
+    text, _ = canonical_text(_elements_from(artifact))
+    nodes = KnowledgeNode.objects.filter(generation=admission.job.id).order_by("start_offset")
+    covered = 0
+    for node in nodes:
+        assert text[node.start_offset : node.end_offset] == node.text
+        assert not text[covered : node.start_offset].strip(), (covered, node.start_offset)
+        covered = max(covered, node.end_offset)
+    assert not text[covered:].strip()
+
+
+def test_bc40_no_embedding_request_exceeds_the_models_token_limit(ready_space, dify):
+    seen: list[int] = []
+    dify.embedding_responder = _token_limited(seen)
+    admitted = _bc40_documents(ready_space)
+    drain_queued(wait_for_retries=False)
+    for name, admission in admitted.items():
+        job = CompilationJob.objects.get(id=admission.job.id)
+        assert job.run_state == RunState.SUCCEEDED, (name, job.error_code, job.error_message)
+        _assert_nothing_truncated(admission)
+    assert seen and max(seen) <= LIMIT, max(seen)
+    # The CJK document and the table were cut further than characters alone would have cut.
+    cjk = KnowledgeNode.objects.filter(generation=admitted["cjk.txt"].job.id)
+    assert max(approx_tokens(n.text) for n in cjk) <= LIMIT
+    assert cjk.count() >= 6_000 // LIMIT
+    table = KnowledgeNode.objects.filter(generation=admitted["table.md"].job.id, kind="table")
+    assert table.count() >= 2
+    artifact = ParseArtifact.objects.get(job_id=admitted["table.md"].job.id)
+    text, _ = canonical_text(_elements_from(artifact))
+    for node in table:  # cut between rows only
+        assert node.start_offset == 0 or text[node.start_offset - 1] == "\n", node.text[:40]
+        assert node.end_offset == len(text) or text[node.end_offset] == "\n", node.text[-40:]
+
+
+def test_bc40_a_chunk_the_provider_still_calls_too_long_fails_its_document_by_name(
+    ready_space, dify
+):
+    seen: list[int] = []
+    dify.embedding_responder = _token_limited(seen, refuse="Clause 321 ")
+    admitted = _bc40_documents(ready_space)
+    drain_queued(wait_for_retries=False)
+    failed = CompilationJob.objects.get(id=admitted["paragraph.txt"].job.id)
+    assert (failed.run_state, failed.error_code) == (RunState.FAILED, "embedding_rejected")
+    assert "refused chunk" in failed.error_message and "paragraph.txt" in failed.error_message
+    assert "input too long" in failed.error_message or "answered 400" in failed.error_message
+    for name in ("cjk.txt", "table.md"):
+        job = CompilationJob.objects.get(id=admitted[name].job.id)
+        assert job.run_state == RunState.SUCCEEDED, (name, job.error_message)
+    assert max(seen) <= LIMIT
