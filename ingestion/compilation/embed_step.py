@@ -7,6 +7,7 @@ projection port (:mod:`ingestion.projection`) with the ``projection_built`` chec
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -19,8 +20,10 @@ from ingestion.compilation.failures import _end_all, end_attempt
 from ingestion.compilation.leases import Held
 from ingestion.compilation.progress import PROGRESS, PROGRESS_WRITE_SECONDS, _progress
 from ingestion.compilation.stage_commit import _commit
+from ingestion.compilation.throttling import ThrottleWatch, provider_gate, provider_slot
 from ingestion.models import KnowledgeNode, Stage
 from ingestion.projection import IndexedNode, projector
+from knowledgefs.dify.transport import throttle_listener
 
 logger = logging.getLogger("knowledgefs.compilation")
 
@@ -62,12 +65,21 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
         done = dict.fromkeys(job_ids, 0)
         position = 0
         # Progress is written for the jobs whose count moved since the last write (a job none
-        # of whose chunks were embedded yet keeps its "chunked" progress).
+        # of whose chunks were embedded yet keeps its "chunked" progress), and for every job
+        # of the stream while the provider throttles.
         last_write, written = 0.0, dict.fromkeys(job_ids, 0)
+        watch = ThrottleWatch(held, target.model.model_id)
+        gate = provider_gate(target.model)
+
+        progress = functools.partial(
+            _embedding_progress, held, list(job_ids), (t_index, len(targets)), done, total, watch
+        )
+        watch.progress = progress
         try:
             while position < len(stream):
                 batch = stream[position : position + step]
-                rows, refused = _embed_batch(target.model, batch, nodes)
+                with throttle_listener(watch):
+                    rows, refused = _embed_batch(target.model, batch, nodes, gate)
                 for (j, i), vector in rows:
                     vectors[j][target.index_version][i] = vector
                     done[j] += 1
@@ -84,20 +96,7 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
                     # Renew, write progress of the jobs that moved, learn of cancels: one write.
                     moved = {j for j in job_ids if done[j] != written.get(j)}
                     written.update({j: done[j] for j in moved})
-                    held.beat(
-                        {
-                            j: _progress(
-                                "embedding",
-                                f"embedding with {target.model.model_id}",
-                                PROGRESS[Stage.NODES_GENERATED]
-                                + 40 * (t_index + done[j] / max(1, total[j])) / len(targets),
-                                nodes_total=total[j],
-                                nodes_embedded=done[j],
-                            )
-                            for j in held.live(job_ids)
-                            if j in moved
-                        }
-                    )
+                    held.beat(progress(watch.note(), moved))
                     last_write = time.monotonic()
                 else:
                     held.refresh()  # a read: a cancel is seen within one batch
@@ -141,7 +140,27 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
     return {j: out[0] for j, out in done.items()}
 
 
-def _embed_batch(model, batch: list[tuple[uuid.UUID, int]], nodes) -> tuple[list, dict]:
+def _embedding_progress(
+    held: Held, job_ids, stage: tuple[int, int], done, total, watch, note: str, moved=None
+) -> dict:
+    """Progress of the jobs of a stream (those in ``moved``, or all) still held: the share of
+    their chunks embedded for target ``stage[0]`` of ``stage[1]``, and the throttled waits."""
+    t_index, targets = stage
+    return {
+        j: _progress(
+            "embedding",
+            note,
+            PROGRESS[Stage.NODES_GENERATED] + 40 * (t_index + done[j] / max(1, total[j])) / targets,
+            nodes_total=total[j],
+            nodes_embedded=done[j],
+            throttled=watch.count,
+        )
+        for j in held.live(job_ids)
+        if moved is None or j in moved
+    }
+
+
+def _embed_batch(model, batch: list[tuple[uuid.UUID, int]], nodes, gate=None) -> tuple[list, dict]:
     """Embed one model batch; returns ``([((job, index), vector)], {job: (index, error)})``.
 
     When the provider refuses the batch for what may be one text's fault (a terminal refusal
@@ -151,8 +170,13 @@ def _embed_batch(model, batch: list[tuple[uuid.UUID, int]], nodes) -> tuple[list
     fault (a wrong model parameter) costs at most one request per document. Any other error is
     raised and fails the group (retryable or not, as :func:`embedding_failure` says).
     """
+
+    def embed(texts: list[str]):
+        with provider_slot(gate):  # machine-wide, per provider (throttling.py)
+            return model.embed_documents(texts)
+
     try:
-        out = model.embed_documents([nodes[j][i].text for j, i in batch])
+        out = embed([nodes[j][i].text for j, i in batch])
     except Exception as exc:
         if len(batch) == 1 and is_input_refusal(exc):
             return [], {batch[0][0]: (batch[0][1], exc)}
@@ -166,7 +190,7 @@ def _embed_batch(model, batch: list[tuple[uuid.UUID, int]], nodes) -> tuple[list
         if j in refused:
             continue
         try:
-            rows.append(((j, i), model.embed_documents([nodes[j][i].text])[0]))
+            rows.append(((j, i), embed([nodes[j][i].text])[0]))
         except Exception as exc:
             if not is_input_refusal(exc):
                 raise

@@ -8,10 +8,15 @@ one text.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+from django.db import connection
 
 from ingestion.chunking import canonical_text
 from ingestion.compilation.generations import _elements_from
+from ingestion.compilation.pipeline import compile_jobs
 from ingestion.compilation.recovery import drain_queued
 from ingestion.documents import admit_document
 from ingestion.models import (
@@ -238,3 +243,120 @@ def test_bc40_a_chunk_the_provider_still_calls_too_long_fails_its_document_by_na
         job = CompilationJob.objects.get(id=admitted[name].job.id)
         assert job.run_state == RunState.SUCCEEDED, (name, job.error_message)
     assert max(seen) <= LIMIT
+
+
+# --- BC-41: a rate-limited provider -------------------------------------------------------------
+
+
+class RateLimited:
+    """A provider allowing 2 requests at once and 5 a second, answering 429 with
+    ``Retry-After: 2`` beyond that; each accepted request takes 0.2 s. Records every answer and
+    samples the jobs' progress while it answers."""
+
+    def __init__(self, server, job_ids) -> None:
+        self.server = server
+        self.job_ids = job_ids
+        self.lock = threading.Lock()
+        self.active = 0
+        self.peak = 0
+        self.accepted: list[float] = []
+        self.answers: list[tuple[float, str, int]] = []
+        self.throttle_seen: set[str] = set()
+
+    def __call__(self, body):
+        now = time.monotonic()
+        key = body["texts"][0]
+        with self.lock:
+            recent = [t for t in self.accepted if now - t < 1.0]
+            if self.active >= 2 or len(recent) >= 5:
+                self.answers.append((now, key, 429))
+                return 429, {"code": "rate_limited", "message": "slow down"}, {"Retry-After": "2"}
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+            self.accepted.append(now)
+            self.answers.append((now, key, 200))
+        try:
+            for progress in CompilationJob.objects.filter(id__in=self.job_ids).values_list(
+                "progress", flat=True
+            ):
+                if (progress or {}).get("throttled"):
+                    self.throttle_seen.add(progress["operation"])
+            time.sleep(0.2)
+        finally:
+            connection.close()
+            with self.lock:
+                self.active -= 1
+        return None
+
+
+def _forty_chunks(space, n: int):
+    paragraphs = [
+        f"Ledger {n} entry {p}: the harbour crane moved {p * 13} containers of grain. " * 12
+        for p in range(40)
+    ]
+    data = "\n\n".join(paragraphs).encode()
+    return admit_document(space, filename=f"ledger-{n}.txt", data=data, enqueue=False)
+
+
+def _compile_each_in_its_own_worker(job_ids) -> None:
+    """Three workers at once, each compiling one job (as three processes of a cluster would)."""
+
+    def work(job_id):
+        try:
+            compile_jobs([job_id])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=work, args=(j,)) for j in job_ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=150)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bc41_a_rate_limited_provider_throttles_but_every_document_completes(
+    ready_space, dify, settings
+):
+    settings.KNOWLEDGE_EMBEDDING_PROVIDER_CONCURRENCY = 2
+    admitted = [_forty_chunks(ready_space, n) for n in range(3)]
+    job_ids = [a.job.id for a in admitted]
+    provider = RateLimited(dify, job_ids)
+    dify.embedding_responder = provider
+    started = time.monotonic()
+    _compile_each_in_its_own_worker(job_ids)
+    elapsed = time.monotonic() - started
+    for job in _jobs(admitted):
+        assert job.run_state == RunState.SUCCEEDED, (job.error_code, job.error_message)
+        assert job.execution_attempts == 1  # throttling never failed an attempt
+        document = Document.objects.get(id=job.document_id)
+        assert document.node_count >= 40
+    throttled = [a for a in provider.answers if a[2] == 429]
+    assert throttled, "the provider's limit was never reached"
+    # Per-provider concurrency is respected across the workers: never more than 2 at once.
+    assert provider.peak <= 2 and dify.peak_in_flight(TEXT_EMBEDDING) <= 2
+    # Each throttled request is sent again only after Retry-After, with jitter.
+    gaps = []
+    for at, key, _ in throttled:
+        later = [t for t, k, _ in provider.answers if k == key and t > at]
+        gaps.append(min(later) - at)
+    assert min(gaps) >= 2.0, gaps
+    assert max(gaps) <= 2 * 1.25 + 1.0, gaps  # jittered by at most a quarter (+ scheduling)
+    # The jobs showed throttling while they waited, not a failure.
+    assert any("throttled by the provider" in note for note in provider.throttle_seen)
+    assert elapsed < 120
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bc41_a_bad_key_fails_every_document_at_once_without_retries(ready_space, dify):
+    admitted = [_forty_chunks(ready_space, n) for n in range(3)]
+    dify.embedding_responder = lambda body: (401, {"code": "unauthorized", "message": "bad key"})
+    _compile_each_in_its_own_worker([a.job.id for a in admitted])
+    for job in _jobs(admitted):
+        assert (job.run_state, job.error_code, job.execution_attempts) == (
+            RunState.FAILED,
+            "credential_invalid",
+            1,
+        )
+        assert "authentication failed" in job.error_message
+    assert dify.count(TEXT_EMBEDDING) == 3  # one request per worker, none retried

@@ -57,6 +57,11 @@ KNOWLEDGE_CHUNK_OVERLAP_CHARS = bounded_int("KNOWLEDGE_CHUNK_OVERLAP_CHARS", 120
 KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS = bounded_int(
     "KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS", 512, 16, 32768
 )
+# Embedding calls in flight to one provider (tenant and provider of a Dify model) from all the
+# worker processes of the machine together (ingestion/compilation/throttling.py).
+KNOWLEDGE_EMBEDDING_PROVIDER_CONCURRENCY = bounded_int(
+    "KNOWLEDGE_EMBEDDING_PROVIDER_CONCURRENCY", 2, 1, 64
+)
 KNOWLEDGE_COMPILE_BATCH_DOCUMENTS = bounded_int("KNOWLEDGE_COMPILE_BATCH_DOCUMENTS", 64, 1, 1024)
 
 # --- Jobs, leases and memory bounds (production deployment guide; docs/configuration.md) ----------
