@@ -152,3 +152,47 @@ def test_bc37_an_overlap_as_large_as_the_size_is_refused(size, overlap, says):
         check_token_sizes(size, overlap)
     with pytest.raises(ValueError):
         chunk_elements([Element("paragraph", "text")], max_tokens=size, overlap_tokens=overlap)
+
+
+# --- (d) the space's setting ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("chunking", "says"),
+    [
+        ({"chunk_size_tokens": 64, "chunk_overlap_tokens": 64}, "must be smaller than"),
+        ({"chunk_size_tokens": 64, "chunk_overlap_tokens": 80}, "must be smaller than"),
+        ({"chunk_size_tokens": 8}, "chunk_size_tokens must be between 16 and 8192"),
+        ({"chunk_size_tokens": "64"}, "chunk_size_tokens must be an integer"),
+        ({"chunk_size": 64}, "unknown member 'chunk_size'"),
+        ([64, 16], "must be an object or null"),
+    ],
+)
+def test_bc37_an_overlap_as_large_as_the_size_is_refused_when_saved(client, space, chunking, says):
+    before = client.get(f"/v1/knowledge-spaces/{space.id}").json()
+    answer = client.patch(f"/v1/knowledge-spaces/{space.id}", {"chunking": chunking}, format="json")
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["code"] == "invalid_chunking"
+    assert says in answer.json()["message"] and "chunking" in answer.json()["message"]
+    after = client.get(f"/v1/knowledge-spaces/{space.id}").json()
+    assert (after["revision"], after["chunking"]) == (before["revision"], None)
+
+
+@pytest.mark.django_db
+def test_bc37_a_space_chunked_at_64_tokens_stores_chunks_of_at_most_64(client, space):
+    from ingestion.models import KnowledgeNode
+    from knowledgefs.testing.fixtures import compile_all, upload
+
+    chosen = {"chunk_size_tokens": SIZE, "chunk_overlap_tokens": OVERLAP}
+    answer = client.patch(f"/v1/knowledge-spaces/{space.id}", {"chunking": chosen}, format="json")
+    assert answer.status_code == 200 and answer.json()["chunking"] == chosen, answer.content
+    text = _base64_run() + "\n\n" + _cjk_run()[:3000]
+    assert upload(client, space, "runs.txt", text.encode()).status_code == 202
+    assert compile_all() == 1
+    nodes = list(KnowledgeNode.objects.filter(space=space))
+    assert len(nodes) > 2 * 5000 // (4 * SIZE)
+    assert max(approx_tokens(n.text) for n in nodes) <= SIZE
+    # Back to the deployment's chunking.
+    cleared = client.patch(f"/v1/knowledge-spaces/{space.id}", {"chunking": None}, format="json")
+    assert cleared.status_code == 200 and cleared.json()["chunking"] is None
