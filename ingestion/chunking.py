@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ingestion.parsing import Element, TooManyChunks
 from ingestion.tokens import approx_tokens
@@ -65,6 +65,11 @@ class Chunk:
         page_number: page of the element the chunk starts in (PDFs), else ``None``.
         section_path: headings enclosing the chunk's content, outermost first.
         kind: ``"chunk"`` for prose/lists/code, ``"table"`` for table pieces.
+        metadata: what the chunk holds beyond its text: a table piece
+            ``{"table": {"rows": [first, last], "header": [...], "sheet": name}}`` (its data
+            rows, 1-based, header excluded; ``sheet`` for spreadsheets, the page is
+            ``page_number``), a piece of fenced code ``{"code": {"language": "bash"}}``, so a
+            reader can re-open the fence; else ``{}``.
     """
 
     index: int
@@ -74,6 +79,7 @@ class Chunk:
     page_number: int | None
     section_path: tuple[str, ...]
     kind: str
+    metadata: dict = field(default_factory=dict, compare=False)
 
 
 def _kept(elements: Sequence[Element]) -> tuple[str, list[tuple[Element, int, int]]]:
@@ -114,6 +120,25 @@ class _Chunker:
         self.overlap = overlap
         self.table_cap = TABLE_CAP_FACTOR * target
         self.chunks: list[Chunk] = []
+        # Per kept element: the rows of its table before it (tables of one section split into
+        # several elements, e.g. 20 spreadsheet rows each, number their rows on).
+        self.row_offsets: list[int] = []
+        previous = None
+        for element, start, end in self.kept:
+            offset = 0
+            if element.type == "table":
+                first = element.metadata.get("first_row")
+                if isinstance(first, int) and first > 0:
+                    offset = first - 1
+                elif (
+                    previous is not None
+                    and previous[0].type == "table"
+                    and previous[0].section_path == element.section_path
+                ):
+                    lines = self.text.count("\n", previous[1], previous[2]) + 1
+                    offset = self.row_offsets[-1] + lines
+            self.row_offsets.append(offset)
+            previous = (element, start, end)
 
     # -- output -------------------------------------------------------------------------
     def page_at(self, offset: int) -> int | None:
@@ -425,11 +450,43 @@ def chunk_elements(
     overlap = min(overlap_chars, target_chars // 4)
     chunker = _Chunker(elements, target_chars, overlap)
     chunks = chunker.run()
-    if max_tokens is None:
-        return chunks
-    return _within_tokens(
-        chunker, chunks, max_tokens, overlap_tokens, count_tokens or approx_tokens
-    )
+    if max_tokens is not None:
+        count = count_tokens or approx_tokens
+        chunks = _within_tokens(chunker, chunks, max_tokens, overlap_tokens, count)
+    return _annotated(chunker, chunks)
+
+
+def _annotated(chunker: _Chunker, chunks: list[Chunk]) -> list[Chunk]:
+    """Each chunk with its :attr:`Chunk.metadata` (table rows and sheet, code language)."""
+    text, kept, starts = chunker.text, chunker.kept, chunker.starts
+    out = []
+    for chunk in chunks:
+        a, b = chunk.start_offset, chunk.end_offset
+        first_i = max(bisect_right(starts, a) - 1, 0)
+        last_i = max(bisect_right(starts, b - 1) - 1, 0)
+        inside = [
+            (i, *kept[i]) for i in range(first_i, last_i + 1) if kept[i][1] < b and kept[i][2] > a
+        ]
+        meta: dict = {}
+        tables = [item for item in inside if item[1].type == "table"]
+        if chunk.kind == "table" and tables:
+            i, element, start, _ = tables[0]
+            first = chunker.row_offsets[i] + text.count("\n", start, max(a, start)) + 1
+            j, _, start_last, end_last = tables[-1]
+            last_char = min(b, end_last) - 1
+            last = chunker.row_offsets[j] + text.count("\n", start_last, last_char) + 1
+            table: dict = {"rows": [first, last]}
+            if element.metadata.get("header"):
+                table["header"] = list(element.metadata["header"])
+            if element.metadata.get("sheet"):
+                table["sheet"] = element.metadata["sheet"]
+            meta["table"] = table
+        code = [item for item in inside if item[1].type == "code"]
+        if code:
+            language = code[0][1].metadata.get("language")
+            meta["code"] = {"language": language} if language else {}
+        out.append(replace(chunk, metadata=meta) if meta else chunk)
+    return out
 
 
 def check_token_sizes(max_tokens: int | None, overlap_tokens: int) -> None:

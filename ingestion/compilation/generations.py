@@ -74,6 +74,7 @@ def _node(job: CompilationJob, chunk: Chunk) -> KnowledgeNode:
         end_offset=chunk.end_offset,
         page_number=chunk.page_number,
         section_path=list(chunk.section_path),
+        metadata=chunk.metadata,
     )
 
 

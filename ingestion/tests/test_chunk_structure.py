@@ -59,6 +59,12 @@ def test_bc38_a_long_table_is_cut_between_rows_and_loses_no_character(source, mi
         # Every row names its columns, so a piece without the first one still reads as a table.
         for row in rows:
             assert re.fullmatch(r"Depot: D-\d{3}; Units: [\d,]+; Remark: 已盘点？是。", row), row
+        # The chunk's metadata gives its data rows (1-based), the header and the sheet.
+        numbers = [int(m) + 1 for m in re.findall(r"Depot: D-(\d{3})", chunk.text)]
+        table = chunk.metadata["table"]
+        assert table["rows"] == [numbers[0], numbers[-1]], (table, numbers[:3])
+        assert table["header"] == ["Depot", "Units", "Remark"]
+        assert table.get("sheet") == ("Depots" if mime == XLSX else None)
     # The caption is in the first chunk only.
     assert sum("Table 3: depot stock" in c.text for c in chunks) == 1
     assert "Table 3: depot stock" in chunks[0].text
@@ -97,6 +103,8 @@ def test_bc39_headings_inside_a_fence_are_code_and_pieces_of_it_stay_balanced(fe
     assert {c.section_path for c in chunks} == {("Setup",), ("Usage",)}
     setup = [c for c in chunks if c.section_path == ("Setup",)]
     assert len(setup) >= 3  # the script is longer than a chunk
+    # Every piece of the code says its fence's info string, so a reader re-opens the fence.
+    assert all(c.metadata["code"] == {"language": "bash"} for c in setup)
     for chunk in chunks:
         # A fence is never left open: the parser keeps the code without its fence lines, so no
         # stored chunk holds half of one.
@@ -120,3 +128,27 @@ def test_bc39_a_fence_inside_a_list_item_is_code_and_never_left_open(fence):
     for chunk in chunks:  # no stored chunk holds an opening fence without its closing one
         fences = [line for line in chunk.text.splitlines() if line.strip().startswith(fence)]
         assert len(fences) % 2 == 0, chunk.text[:80]
+
+
+@pytest.mark.django_db
+def test_bc38_stored_table_chunks_carry_their_rows_and_sheet(space, settings):
+    from ingestion.documents import admit_document
+    from ingestion.models import KnowledgeNode
+    from knowledgefs.testing.fixtures import compile_all
+
+    settings.KNOWLEDGE_CHUNK_TARGET_CHARS = 600
+    admit_document(space, filename="depots.xlsx", data=_xlsx(), enqueue=False)
+    assert compile_all() == 1
+    tables = list(KnowledgeNode.objects.filter(space=space, kind="table").order_by("chunk_index"))
+    assert len(tables) >= 4
+    assert tables[0].metadata["table"]["rows"][0] == 1
+    assert tables[-1].metadata["table"]["rows"][1] == 200
+    for node in tables:
+        assert node.metadata["table"]["sheet"] == "Depots"
+        assert node.metadata["table"]["header"] == ["Depot", "Units", "Remark"]
+    covered = sorted(
+        n
+        for node in tables
+        for n in range(node.metadata["table"]["rows"][0], node.metadata["table"]["rows"][1] + 1)
+    )
+    assert set(covered) == set(range(1, 201))
