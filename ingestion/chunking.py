@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from ingestion.parsing import Element, TooManyChunks
+from ingestion.tokens import approx_tokens
 
 CHUNKER_VERSION = "structure-v1"
 MAX_CHUNKS = 20_000
 TABLE_CAP_FACTOR = 4
+MIN_CHUNK_TOKENS = 16
 _HEADER_TYPES = frozenset({"heading", "title"})
 
 _BLANK_LINE_RE = re.compile(r"\n[^\S\n]*\n")
@@ -40,6 +42,16 @@ _SENTENCE_RE = re.compile(r"(?:[.!?…][\"')\]’”»]*(?=\s)|[。！？])")
 _NEWLINE_RE = re.compile(r"\n")
 _CLAUSE_RE = re.compile(r"[，、；：]")
 _SPACE_RE = re.compile(r"\s")
+
+# Where a piece is best cut, best first: prose, and a table's rows.
+_CUTS = (
+    (_BLANK_LINE_RE, False),
+    (_SENTENCE_RE, True),
+    (_NEWLINE_RE, False),
+    (_CLAUSE_RE, True),
+    (_SPACE_RE, False),
+)
+_ROW_CUTS = ((_NEWLINE_RE, False), *(cut for cut in _CUTS if cut[0] is not _NEWLINE_RE))
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,11 @@ class Chunk:
         page_number: page of the element the chunk starts in (PDFs), else ``None``.
         section_path: headings enclosing the chunk's content, outermost first.
         kind: ``"chunk"`` for prose/lists/code, ``"table"`` for table pieces.
+        metadata: what the chunk holds beyond its text: a table piece
+            ``{"table": {"rows": [first, last], "header": [...], "sheet": name}}`` (its data
+            rows, 1-based, header excluded; ``sheet`` for spreadsheets, the page is
+            ``page_number``), a piece of fenced code ``{"code": {"language": "bash"}}``, so a
+            reader can re-open the fence; else ``{}``.
     """
 
     index: int
@@ -62,6 +79,7 @@ class Chunk:
     page_number: int | None
     section_path: tuple[str, ...]
     kind: str
+    metadata: dict = field(default_factory=dict, compare=False)
 
 
 def _kept(elements: Sequence[Element]) -> tuple[str, list[tuple[Element, int, int]]]:
@@ -102,6 +120,25 @@ class _Chunker:
         self.overlap = overlap
         self.table_cap = TABLE_CAP_FACTOR * target
         self.chunks: list[Chunk] = []
+        # Per kept element: the rows of its table before it (tables of one section split into
+        # several elements, e.g. 20 spreadsheet rows each, number their rows on).
+        self.row_offsets: list[int] = []
+        previous = None
+        for element, start, end in self.kept:
+            offset = 0
+            if element.type == "table":
+                first = element.metadata.get("first_row")
+                if isinstance(first, int) and first > 0:
+                    offset = first - 1
+                elif (
+                    previous is not None
+                    and previous[0].type == "table"
+                    and previous[0].section_path == element.section_path
+                ):
+                    lines = self.text.count("\n", previous[1], previous[2]) + 1
+                    offset = self.row_offsets[-1] + lines
+            self.row_offsets.append(offset)
+            previous = (element, start, end)
 
     # -- output -------------------------------------------------------------------------
     def page_at(self, offset: int) -> int | None:
@@ -128,17 +165,13 @@ class _Chunker:
         )
 
     # -- splitting ----------------------------------------------------------------------
-    def find_cut(self, pos: int, limit: int) -> int:
-        """Best end index in ``(pos, limit]`` for a piece starting at ``pos``."""
+    def find_cut(self, pos: int, limit: int, *, rows: bool = False) -> int:
+        """Best end index in ``(pos, limit]`` for a piece starting at ``pos`` (``rows``: a
+        table's, cut between rows first)."""
         text = self.text
         lo = pos + max(1, (limit - pos) // 2)
-        for regex, use_end in (
-            (_BLANK_LINE_RE, False),
-            (_SENTENCE_RE, True),
-            (_NEWLINE_RE, False),
-            (_CLAUSE_RE, True),
-            (_SPACE_RE, False),
-        ):
+        order = _ROW_CUTS if rows else _CUTS
+        for regex, use_end in order:
             best = -1
             for m in regex.finditer(text, lo, min(limit + 1, len(text))):
                 cut = m.end() if use_end else m.start()
@@ -174,6 +207,85 @@ class _Chunker:
             pos = max(nxt, pos + 1)
         if pos < end:
             pieces.append((pos, end))
+        return pieces
+
+    def longest_within(self, pos: int, end: int, budget: int, count) -> int:
+        """The largest ``e`` in ``(pos, end]`` with ``count(text[pos:e]) <= budget`` (at least
+        ``pos + 1``: one grapheme is never over a budget >= 2). Exponential, then binary
+        search, so each call reads about one piece's worth of text a few dozen times."""
+        text = self.text
+        lo, step = pos + 1, max(8, 4 * budget)
+        hi = min(end, pos + step)
+        while hi < end and count(text[pos:hi]) <= budget:
+            lo, step = hi, step * 2
+            hi = min(end, pos + step)
+        if count(text[pos:hi]) <= budget:
+            return hi
+        while lo < hi - 1:  # count(pos:lo) <= budget < count(pos:hi)
+            mid = (lo + hi) // 2
+            if count(text[pos:mid]) <= budget:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def split_tokens(
+        self,
+        start: int,
+        end: int,
+        max_tokens: int,
+        overlap_tokens: int,
+        count,
+        *,
+        rows: bool = False,
+    ) -> list[tuple[int, int]]:
+        """Split ``[start, end)`` into pieces of at most ``max_tokens`` by ``count``, cut at the
+        best separator in the second half of the room (:meth:`find_cut`), hard where there is
+        none (a run without spaces, CJK without punctuation); consecutive pieces share at most
+        ``overlap_tokens`` (< ``max_tokens``), so every piece starts past the previous start and
+        the loop always ends. Pieces begin and end on non-whitespace; together they cover every
+        non-whitespace character of the range."""
+        text = self.text
+        pieces: list[tuple[int, int]] = []
+        pos = start
+        while pos < end:
+            while pos < end and text[pos].isspace():
+                pos += 1
+            if pos >= end:
+                break
+            limit = self.longest_within(pos, end, max_tokens, count)
+            if limit >= end:
+                stop = end
+                while stop > pos and text[stop - 1].isspace():
+                    stop -= 1
+                pieces.append((pos, stop))
+                break
+            cut = self.find_cut(pos, limit, rows=rows)
+            stop = cut
+            while stop > pos and text[stop - 1].isspace():
+                stop -= 1
+            if stop <= pos:
+                stop = cut = limit
+            pieces.append((pos, stop))
+            nxt = cut
+            if overlap_tokens > 0:
+                # The furthest-back start whose tail to ``stop`` fits the overlap budget.
+                lo, hi = pos + 1, stop
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if count(text[mid:stop]) <= overlap_tokens:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                nxt = lo
+                if rows and text[nxt - 1] != "\n":  # a table's overlap starts at a row
+                    line = text.find("\n", nxt, stop)
+                    nxt = cut if line < 0 else line + 1
+                elif nxt < stop and not text[nxt - 1].isspace():
+                    ws = _SPACE_RE.search(text, nxt, stop)
+                    if ws is not None:
+                        nxt = ws.end()
+            pos = max(nxt, pos + 1)
         return pieces
 
     # -- packing ------------------------------------------------------------------------
@@ -300,7 +412,13 @@ class _Chunker:
 
 
 def chunk_elements(
-    elements: Sequence[Element], *, target_chars: int = 1200, overlap_chars: int = 120
+    elements: Sequence[Element],
+    *,
+    target_chars: int = 1200,
+    overlap_chars: int = 120,
+    max_tokens: int | None = None,
+    overlap_tokens: int = 0,
+    count_tokens: Callable[[str], int] | None = None,
 ) -> list[Chunk]:
     """Split a document's elements into chunks over its canonical text.
 
@@ -310,6 +428,10 @@ def chunk_elements(
             ``4 * target_chars``). Must be >= 16.
         overlap_chars: overlap between consecutive pieces of a split element; clamped to
             ``target_chars // 4`` so that splitting always makes progress.
+        max_tokens: when given, no chunk is over this many tokens by ``count_tokens``
+            (default :func:`ingestion.tokens.approx_tokens`): a longer one is split again at
+            the best separator, hard where there is none, its pieces sharing at most
+            ``overlap_tokens`` (which must be smaller, :func:`check_token_sizes`).
 
     Returns:
         Chunks in document order, ``index`` 0..n-1, each satisfying
@@ -324,5 +446,114 @@ def chunk_elements(
         raise ValueError("target_chars must be >= 16")
     if overlap_chars < 0:
         raise ValueError("overlap_chars must be >= 0")
+    check_token_sizes(max_tokens, overlap_tokens)
     overlap = min(overlap_chars, target_chars // 4)
-    return _Chunker(elements, target_chars, overlap).run()
+    chunker = _Chunker(elements, target_chars, overlap)
+    chunks = chunker.run()
+    if max_tokens is not None:
+        count = count_tokens or approx_tokens
+        chunks = _within_tokens(chunker, chunks, max_tokens, overlap_tokens, count)
+    return _annotated(chunker, chunks)
+
+
+def _annotated(chunker: _Chunker, chunks: list[Chunk]) -> list[Chunk]:
+    """Each chunk with its :attr:`Chunk.metadata` (table rows and sheet, code language)."""
+    text, kept, starts = chunker.text, chunker.kept, chunker.starts
+    out = []
+    for chunk in chunks:
+        a, b = chunk.start_offset, chunk.end_offset
+        first_i = max(bisect_right(starts, a) - 1, 0)
+        last_i = max(bisect_right(starts, b - 1) - 1, 0)
+        inside = [
+            (i, *kept[i]) for i in range(first_i, last_i + 1) if kept[i][1] < b and kept[i][2] > a
+        ]
+        meta: dict = {}
+        tables = [item for item in inside if item[1].type == "table"]
+        if chunk.kind == "table" and tables:
+            i, element, start, _ = tables[0]
+            first = chunker.row_offsets[i] + text.count("\n", start, max(a, start)) + 1
+            j, _, start_last, end_last = tables[-1]
+            last_char = min(b, end_last) - 1
+            last = chunker.row_offsets[j] + text.count("\n", start_last, last_char) + 1
+            table: dict = {"rows": [first, last]}
+            if element.metadata.get("header"):
+                table["header"] = list(element.metadata["header"])
+            if element.metadata.get("sheet"):
+                table["sheet"] = element.metadata["sheet"]
+            meta["table"] = table
+        code = [item for item in inside if item[1].type == "code"]
+        if code:
+            language = code[0][1].metadata.get("language")
+            meta["code"] = {"language": language} if language else {}
+        out.append(replace(chunk, metadata=meta) if meta else chunk)
+    return out
+
+
+def check_token_sizes(max_tokens: int | None, overlap_tokens: int) -> None:
+    """The rule for a chunk size in tokens and its overlap: ``max_tokens`` at least
+    :data:`MIN_CHUNK_TOKENS`, the overlap at least 0 and smaller than the size (an overlap as
+    large as the size would never move forward). ``ValueError`` naming the rule otherwise."""
+    if max_tokens is None:
+        return
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise ValueError("chunk size must be an integer number of tokens")
+    if max_tokens < MIN_CHUNK_TOKENS:
+        raise ValueError(f"chunk size must be at least {MIN_CHUNK_TOKENS} tokens")
+    if isinstance(overlap_tokens, bool) or not isinstance(overlap_tokens, int):
+        raise ValueError("chunk overlap must be an integer number of tokens")
+    if overlap_tokens < 0:
+        raise ValueError("chunk overlap must be 0 or more tokens")
+    if overlap_tokens >= max_tokens:
+        raise ValueError(
+            f"chunk overlap ({overlap_tokens} tokens) must be smaller than the chunk size "
+            f"({max_tokens} tokens)"
+        )
+
+
+def _within_tokens(
+    chunker: _Chunker, chunks: list[Chunk], max_tokens: int, overlap_tokens: int, count
+) -> list[Chunk]:
+    """Re-split every chunk over ``max_tokens`` (by ``count``) into exact slices that fit; the
+    others are kept as they are. Indexes are renumbered; the chunk cap still holds."""
+    if all(count(c.text) <= max_tokens for c in chunks):
+        return chunks
+    text = chunker.text
+    # Runs of consecutive chunks over the size that overlap or touch (pieces of one long
+    # element, of one section, page and kind) are split again as one span, so the pieces share
+    # the token overlap and not the character overlap of the first cut.
+    runs: list[tuple[Chunk, int, int, bool]] = []
+    for chunk in chunks:
+        over = count(chunk.text) > max_tokens
+        if runs and over and runs[-1][3]:
+            first, start, end, _ = runs[-1]
+            joined = not text[end : chunk.start_offset].strip()
+            same = (first.section_path, first.kind) == (chunk.section_path, chunk.kind)
+            if same and joined and chunker.page_at(chunk.start_offset) == first.page_number:
+                runs[-1] = (first, start, max(end, chunk.end_offset), True)
+                continue
+        runs.append((chunk, chunk.start_offset, chunk.end_offset, over))
+    out: list[Chunk] = []
+    for chunk, start, end, over in runs:
+        if over:
+            spans = chunker.split_tokens(
+                start, end, max_tokens, overlap_tokens, count, rows=chunk.kind == "table"
+            )
+        else:
+            spans = [(start, end)]
+        for a, b in spans:
+            if len(out) >= MAX_CHUNKS:
+                raise TooManyChunks(
+                    f"document produces more than {MAX_CHUNKS} chunks", code="too_many_chunks"
+                )
+            out.append(
+                Chunk(
+                    index=len(out),
+                    text=text[a:b],
+                    start_offset=a,
+                    end_offset=b,
+                    page_number=chunker.page_at(a),
+                    section_path=chunk.section_path,
+                    kind=chunk.kind,
+                )
+            )
+    return out

@@ -213,6 +213,9 @@ class KnowledgeNode(models.Model):
     end_offset = models.PositiveIntegerField()
     page_number = models.PositiveIntegerField(null=True, blank=True)
     section_path = models.JSONField(default=list, blank=True)
+    # What the chunk holds beyond its text (ingestion.chunking.Chunk.metadata): a table piece's
+    # rows, header and sheet, a code piece's language.
+    metadata = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [

@@ -41,6 +41,9 @@ class KnowledgeSpace(models.Model):
     revision = models.PositiveIntegerField(default=1)
     embedding_model_id = models.CharField(max_length=200, blank=True, default="")
     embedding_dimension = models.PositiveIntegerField(null=True, blank=True)
+    # ``{"chunk_size_tokens", "chunk_overlap_tokens"}`` or null (the deployment's chunking):
+    # checked by spaces.services.checked_chunking, read by the compiler for new compilations.
+    chunking = models.JSONField(null=True, blank=True, default=None)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     # Set when a deletion starts (the purge of a large space takes several transactions); such

@@ -192,7 +192,49 @@ def space_fields(changes: dict) -> dict:
     if "slug" in changes:
         _check_slug(changes["slug"])
         fields["slug"] = changes["slug"]
+    if "chunking" in changes:
+        fields["chunking"] = checked_chunking(changes["chunking"])
     return fields
+
+
+#: A space's chunk size in tokens: the bounds a PATCH accepts (the compiler also never exceeds
+#: ``KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS``).
+CHUNK_SIZE_TOKENS = (16, 8192)
+_CHUNKING_KEYS = frozenset({"chunk_size_tokens", "chunk_overlap_tokens"})
+
+
+def checked_chunking(value) -> dict | None:
+    """A space's ``chunking``: ``null`` (the deployment's) or ``{"chunk_size_tokens": 16..8192,
+    "chunk_overlap_tokens": 0..size-1}`` (overlap 0 when left out). 400 ``invalid_chunking``
+    naming the member and the rule otherwise; an overlap as large as the size is refused here,
+    when it is saved, since a splitter could never move forward with it."""
+    if value is None:
+        return None
+
+    def refuse(message: str) -> InvalidInput:
+        return InvalidInput(f"chunking: {message}", code="invalid_chunking")
+
+    if not isinstance(value, dict):
+        raise refuse("must be an object or null")
+    unknown = sorted(set(value) - _CHUNKING_KEYS)
+    if unknown:
+        raise refuse(f"unknown member {unknown[0]!r}")
+    size = value.get("chunk_size_tokens")
+    overlap = value.get("chunk_overlap_tokens", 0)
+    low, high = CHUNK_SIZE_TOKENS
+    for name, number in (("chunk_size_tokens", size), ("chunk_overlap_tokens", overlap)):
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise refuse(f"{name} must be an integer")
+    if not low <= size <= high:
+        raise refuse(f"chunk_size_tokens must be between {low} and {high}")
+    if overlap < 0:
+        raise refuse("chunk_overlap_tokens must be 0 or more")
+    if overlap >= size:
+        raise refuse(
+            f"chunk_overlap_tokens ({overlap}) must be smaller than chunk_size_tokens ({size}): "
+            "the overlap must be smaller than the chunk size"
+        )
+    return {"chunk_size_tokens": size, "chunk_overlap_tokens": overlap}
 
 
 def update_space(

@@ -37,6 +37,45 @@ class CompilationFailure(Exception):
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (DatabaseError, ConnectionError)
 
 
+def embedding_failure(exc: BaseException) -> CompilationFailure:
+    """The failure of an embedding call, with the retry class the model runtime gave it.
+
+    A Dify error keeps Dify's own answer to "may a later attempt succeed?" (``retryable``, see
+    :mod:`knowledgefs.dify.errors`): a retryable one (timeout, connection, 408/409/425/429/5xx,
+    already retried inline by the transport) is ``embedding_unavailable`` and goes through the
+    job's retry policy; a refused key (401/403) is ``credential_invalid`` ("authentication
+    failed"), a dimension change ``embedding_dimension_mismatch``, any other refusal (a 4xx, an
+    error envelope: invalid model or parameters, an input the provider will not take)
+    ``embedding_rejected``; the three are terminal and end the job at once. Anything else (the
+    local model) stays the retryable ``embedding_failed``.
+    """
+    from knowledgefs.dify.errors import DifyError, EmbeddingDimensionMismatch
+
+    if not isinstance(exc, DifyError):
+        return CompilationFailure(
+            "embedding_failed", f"{type(exc).__name__}: {exc}", retryable=True
+        )
+    if exc.retryable:
+        return CompilationFailure("embedding_unavailable", str(exc), retryable=True)
+    if exc.status in (401, 403):
+        return CompilationFailure(
+            "credential_invalid",
+            f"authentication failed ({exc.status}): Dify refused the credentials of the "
+            f"embedding model; fix them and retry the job ({exc.code})",
+        )
+    if isinstance(exc, EmbeddingDimensionMismatch):
+        return CompilationFailure("embedding_dimension_mismatch", str(exc))
+    return CompilationFailure("embedding_rejected", str(exc))
+
+
+def is_input_refusal(exc: BaseException) -> bool:
+    """May this embedding failure be the fault of one text of the batch (so the batch's other
+    texts, and their documents, can still be embedded without it)? A terminal Dify refusal
+    other than a refused key or a dimension change."""
+    failure = embedding_failure(exc)
+    return failure.code == "embedding_rejected"
+
+
 def classify(exc: BaseException) -> CompilationFailure:
     """Map an unexpected exception to a :class:`CompilationFailure` with its retry class."""
     if isinstance(exc, CompilationFailure):

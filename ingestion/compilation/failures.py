@@ -59,9 +59,9 @@ def _stop_on_timeout(held: Held) -> None:
         logger.exception("could not record the timeout of a compilation batch")
 
 
-def _end_all(held: Held, job_ids: list[uuid.UUID], code: str, exc: Exception) -> None:
-    """End these held jobs with one retryable failure (the model runtime failed them all)."""
-    failure = CompilationFailure(code, f"{type(exc).__name__}: {exc}", retryable=True)
+def _end_all(held: Held, job_ids: list[uuid.UUID], failure: CompilationFailure) -> None:
+    """End these held jobs with one failure (the model runtime failed them all): retried later
+    when it is retryable, else failed at once."""
     for job_id in job_ids:
         end_attempt(job_id, held.tokens[job_id], failure)
         held.release(job_id)

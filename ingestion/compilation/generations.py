@@ -18,6 +18,7 @@ from ingestion.compilation.assets import _delete_assets_on_commit
 from ingestion.compilation.errors import CompilationFailure
 from ingestion.models import CompilationJob, KnowledgeNode, ParseArtifact
 from ingestion.projection import projector
+from spaces.models import KnowledgeSpace
 
 _NODE_NAMESPACE = uuid.UUID("8f6d2a44-5c1e-4f7a-9f0e-3b9d6c2a7e10")
 
@@ -30,12 +31,24 @@ def _elements_from(artifact: ParseArtifact) -> list[parsing.Element]:
 
 
 def _generate_nodes(job: CompilationJob, artifact: ParseArtifact) -> list[KnowledgeNode]:
-    """Chunk the artifact; returns unsaved nodes (a job at ``parsed`` has none stored yet)."""
+    """Chunk the artifact; returns unsaved nodes (a job at ``parsed`` has none stored yet).
+
+    Chunks are at most ``KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS`` tokens, or the space's own
+    ``chunk_size_tokens`` when it set a smaller one (with its ``chunk_overlap_tokens``)."""
+    max_tokens = settings.KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS
+    overlap_tokens = max_tokens // 10
+    chunking = KnowledgeSpace.objects.filter(id=job.space_id).values_list("chunking", flat=True)
+    chosen = chunking.first()
+    if chosen and chosen["chunk_size_tokens"] < max_tokens:
+        max_tokens = chosen["chunk_size_tokens"]
+        overlap_tokens = chosen["chunk_overlap_tokens"]
     try:
         chunks = chunk_elements(
             _elements_from(artifact),
             target_chars=settings.KNOWLEDGE_CHUNK_TARGET_CHARS,
             overlap_chars=settings.KNOWLEDGE_CHUNK_OVERLAP_CHARS,
+            max_tokens=max_tokens,
+            overlap_tokens=overlap_tokens,
         )
     except parsing.ParseError as exc:
         raise CompilationFailure(exc.code, exc.message) from exc
@@ -61,6 +74,7 @@ def _node(job: CompilationJob, chunk: Chunk) -> KnowledgeNode:
         end_offset=chunk.end_offset,
         page_number=chunk.page_number,
         section_path=list(chunk.section_path),
+        metadata=chunk.metadata,
     )
 
 

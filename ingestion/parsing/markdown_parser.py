@@ -219,9 +219,19 @@ class _MarkdownParser:
                 and (_starts_block(line) or (_LIST_RE.match(line) and not same_list_item(line)))
             ):
                 break
+            fence = _FENCE_RE.match(line) if j > i else None
+            if fence and not (fence.group(2)[0] == "`" and "`" in fence.group(3)):
+                # A fence inside an item is a code block of its own, like one outside a list:
+                # its lines are never headings and no chunk can hold half of its fence.
+                if body:
+                    self.emit("list", textwrap.dedent("\n".join(body)))
+                    body = []
+                j = self.fenced_code(j, fence)
+                continue
             body.append(line.rstrip())
             j += 1
-        self.emit("list", textwrap.dedent("\n".join(body)))
+        if body:
+            self.emit("list", textwrap.dedent("\n".join(body)))
         return j
 
     def quote(self, i: int) -> int:
@@ -241,7 +251,9 @@ def parse_markdown(data: bytes) -> list[Element]:
     """Parse Markdown bytes into heading/paragraph/list/code/table elements.
 
     Text before the first heading is kept with ``section_path == ()``. Code fences are kept
-    whole (``metadata["language"]`` from the info string) and never scanned for headings.
+    whole (``metadata["language"]`` from the info string) and never scanned for headings; a
+    fence inside a list item is a ``"code"`` element of its own between the item's text before
+    and after it, so no element holds a fence line.
 
     Raises:
         EncodingError: when the bytes are not text in a detectable encoding.

@@ -141,6 +141,7 @@ def _sheet_elements(title: str, rows: list[list[str]]) -> list[Element]:
         header, rows = rows[0], rows[1:]
     for start in range(0, len(rows), ROWS_PER_ELEMENT):
         text, meta = render_table(header, rows[start : start + ROWS_PER_ELEMENT])
+        meta.update(sheet=title, first_row=start + 1)  # the chunk metadata's sheet and rows
         if text.strip():
             out.append(Element(type="table", text=text, section_path=path, metadata=meta))
     return out

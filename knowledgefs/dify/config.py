@@ -75,6 +75,7 @@ MAX_RETRIES = 2
 BACKOFF_BASE_S = 0.2
 BACKOFF_MAX_S = 2.0
 RETRY_AFTER_MAX_S = 5.0
+THROTTLE_MAX_RETRIES = 6  # a 429: more attempts than other retryable answers, within the deadline
 
 USER_ID = "knowledge-fs"
 

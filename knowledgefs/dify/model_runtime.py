@@ -17,6 +17,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -457,7 +458,8 @@ class DifyModelRuntime:
         if workers <= 1:
             return [call(batch) for batch in batches]
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dify-embed") as pool:
-            futures = [pool.submit(call, batch) for batch in batches]
+            # Each batch runs in a copy of the caller's context (its throttle listener).
+            futures = [pool.submit(copy_context().run, call, batch) for batch in batches]
             try:
                 return [future.result() for future in futures]
             except BaseException:

@@ -16,9 +16,13 @@ JSON is parsed only after the cap held (:mod:`.envelope`).
 
 Retries: a call marked ``idempotent`` is sent again after a connection failure (before or while
 its body was read) or a 408/409/425/429/5xx answer, at most ``max_retries`` times, with
-exponential backoff and jitter (``Retry-After`` honoured up to 5 s), and only while the deadline
-leaves time. A timeout is never retried inline: it spent the deadline. Streams
-(:meth:`DifyTransport.open_stream`) are retried only until their body starts.
+exponential backoff and jitter (``Retry-After`` honoured up to 5 s, then 0-25 % later so that
+workers told the same instant do not come back together), and only while the deadline leaves
+time. A 429 (the provider throttles) may be retried up to ``THROTTLE_MAX_RETRIES`` (6) times,
+still within the deadline; a :func:`throttle_listener` of the calling context is told of each
+throttled wait before it starts (a job shows it as throttling, not failure). A timeout is never
+retried inline: it spent the deadline. Streams (:meth:`DifyTransport.open_stream`) are retried
+only until their body starts.
 
 Logs (logger ``knowledgefs.dify``, DEBUG per attempt, INFO per retry): method, route (no query
 string), status, duration, bytes sent and received, error code. Never the key, a body, or a
@@ -31,7 +35,9 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -54,6 +60,24 @@ _T = TypeVar("_T")
 logger = logging.getLogger("knowledgefs.dify")
 
 _SESSION = ProcessSession(pool_connections=4, pool_maxsize=config.POOL_SIZE)
+
+# Told ``(route, status, seconds)`` before a throttled call (429, or an answer with
+# ``Retry-After``) waits to be sent again; set by :func:`throttle_listener`.
+_THROTTLE_LISTENER: ContextVar[Callable[[str, int | None, float], None] | None] = ContextVar(
+    "dify_throttle_listener", default=None
+)
+
+
+@contextmanager
+def throttle_listener(callback: Callable[[str, int | None, float], None]) -> Iterator[None]:
+    """Within this block (and the threads a client starts for it with the context copied), call
+    ``callback(route, status, seconds)`` before each throttled wait. Its errors are logged and
+    never fail the call."""
+    token = _THROTTLE_LISTENER.set(callback)
+    try:
+        yield
+    finally:
+        _THROTTLE_LISTENER.reset(token)
 
 
 def shared_session() -> requests.Session:
@@ -239,6 +263,12 @@ class DifyTransport:
             delay = self._retry_delay(error, attempt, allowed, deadline, retry_after)
             if delay is None:
                 raise error
+            listener = _THROTTLE_LISTENER.get()
+            if listener is not None and (error.status == 429 or retry_after is not None):
+                try:
+                    listener(route, error.status, delay)
+                except Exception:  # noqa: BLE001 - an observer never fails the call
+                    logger.exception("throttle listener failed")
             logger.info(
                 "dify %s %s retry=%d in %.2f s after %s", method, route, attempt, delay, error.code
             )
@@ -252,12 +282,17 @@ class DifyTransport:
         deadline: Deadline,
         retry_after: float | None,
     ) -> float | None:
-        if not (allowed and error.retryable) or attempt > self.max_retries:
+        retries = self.max_retries
+        if error.status == 429:
+            retries = max(retries, config.THROTTLE_MAX_RETRIES)
+        if not (allowed and error.retryable) or attempt > retries:
             return None
         delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.0)
         if retry_after is not None:
-            delay = max(delay, min(retry_after, config.RETRY_AFTER_MAX_S))
+            # Never before the server's Retry-After; up to a quarter later, jittered.
+            wait = min(retry_after, config.RETRY_AFTER_MAX_S) * random.uniform(1.0, 1.25)
+            delay = max(delay, wait)
         # Keep time for the next attempt itself; otherwise give up with this error.
         if deadline.remaining() - delay < min(0.05, deadline.seconds / 10):
             return None

@@ -52,6 +52,16 @@ FILE_UPLOAD_HANDLERS = [
 # --- Ingestion limits -----------------------------------------------------------------------------
 KNOWLEDGE_CHUNK_TARGET_CHARS = bounded_int("KNOWLEDGE_CHUNK_TARGET_CHARS", 1200, 200, 8000)
 KNOWLEDGE_CHUNK_OVERLAP_CHARS = bounded_int("KNOWLEDGE_CHUNK_OVERLAP_CHARS", 120, 0, 1000)
+# No chunk is sent to an embedding model over this many tokens (KnowledgeFS's approximation,
+# ingestion/tokens.py): a longer chunk (CJK text, a wide table) is split again, never truncated.
+KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS = bounded_int(
+    "KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS", 512, 16, 32768
+)
+# Embedding calls in flight to one provider (tenant and provider of a Dify model) from all the
+# worker processes of the machine together (ingestion/compilation/throttling.py).
+KNOWLEDGE_EMBEDDING_PROVIDER_CONCURRENCY = bounded_int(
+    "KNOWLEDGE_EMBEDDING_PROVIDER_CONCURRENCY", 2, 1, 64
+)
 KNOWLEDGE_COMPILE_BATCH_DOCUMENTS = bounded_int("KNOWLEDGE_COMPILE_BATCH_DOCUMENTS", 64, 1, 1024)
 
 # --- Jobs, leases and memory bounds (production deployment guide; docs/configuration.md) ----------

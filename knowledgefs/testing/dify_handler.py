@@ -191,9 +191,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
 
-    def _json(self, status: int, value: Any) -> None:
+    def _json(self, status: int, value: Any, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(value).encode()
-        self._start(status, {"Content-Type": "application/json", "Content-Length": str(len(body))})
+        self._start(
+            status,
+            {
+                "Content-Type": "application/json",
+                "Content-Length": str(len(body)),
+                **(headers or {}),
+            },
+        )
         self._write(body)
 
     def _chunked(self, status: int, pieces, content_type: str) -> None:  # noqa: ANN001
@@ -259,6 +266,11 @@ class _Handler(BaseHTTPRequestHandler):
         texts = body.get("texts")
         if body.get("input_type") not in ("document", "query") or not texts:
             return self._json(400, {"code": "invalid_request", "message": "texts/input_type"})
+        responder = self.dify.embedding_responder
+        answer = responder(body) if responder is not None else None
+        if answer is not None:  # a scripted provider: its status, body and headers
+            status, value, *extra = answer
+            return self._json(status, value, extra[0] if extra else None)
         data = {"model": body["model"], "embeddings": self._vectors(texts), "usage": {"tokens": 1}}
         self._json(200, {"data": data, "error": ""})
 

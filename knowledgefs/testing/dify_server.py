@@ -7,9 +7,10 @@ request must carry ``X-Inner-Api-Key`` (401 otherwise).
 - ``/inner/api/invoke/text-embedding`` and ``…/multimodal-embedding``: a seeded bag-of-words
   hashing embedder (each lower-cased word adds ±1 to one of ``dimension`` buckets), L2-normalised
   then multiplied by ``scale``, so texts that share words are near and retrieval on real text
-  works; or, with ``embedder="local"``, the local all-MiniLM-L6-v2 ONNX model KnowledgeFS embeds
-  with under ``KNOWLEDGE_MODEL_RUNTIME=local`` (384 dimensions), so a run through this server can
-  be compared with a local run;
+  works (or the answer a test's :attr:`DifyTestServer.embedding_responder` scripts: a token
+  limit, a rate limit, a refused key); or, with ``embedder="local"``, the local
+  all-MiniLM-L6-v2 ONNX model KnowledgeFS embeds with under ``KNOWLEDGE_MODEL_RUNTIME=local``
+  (384 dimensions), so a run through this server can be compared with a local run;
 - ``…/rerank``: the share of the query's words found in each document, or the scores a test's
   :attr:`DifyTestServer.rerank_responder` returns for the request body (a scripted reranker);
 - ``…/llm``: a fixed answer in three length-prefixed frames, or the text a test's
@@ -107,6 +108,11 @@ class DifyTestServer(LoopbackServerMixin):
         # per document of body["docs"] (in their order) or None for the word-overlap scores.
         # Raising fails the request 500.
         self.rerank_responder: Any = None
+        # A scripted embedding provider: called with each text-embedding request body (dict)
+        # while the request counts as in flight; returns None to embed as usual, or
+        # ``(status, json_body)`` / ``(status, json_body, headers)`` to answer that instead
+        # (a token limit, a rate limit with Retry-After, a refused key).
+        self.embedding_responder: Any = None
         self._in_flight: dict[str, int] = defaultdict(int)
         self._connections: set[socket.socket] = set()
         self._peak: dict[str, int] = defaultdict(int)

@@ -20,6 +20,7 @@ class KnowledgeSpaceSerializer(serializers.ModelSerializer):
             "revision",
             "embedding_model_id",
             "embedding_dimension",
+            "chunking",
             "index",
             "created_at",
             "updated_at",
@@ -120,4 +121,6 @@ class SpaceUpdateSerializer(StrictBodySerializer):
     slug = serializers.CharField(max_length=160, required=False)
     description = serializers.CharField(max_length=2000, required=False, allow_blank=True)
     embedding_model_id = serializers.CharField(max_length=200, required=False)
+    # Checked by spaces.services.checked_chunking (400 invalid_chunking).
+    chunking = serializers.JSONField(required=False, allow_null=True)
     revision = serializers.IntegerField(required=False, min_value=1)
