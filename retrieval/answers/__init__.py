@@ -34,7 +34,7 @@ given to a model, so only markers we emit are normalised.
 """
 
 from .citations import CitationNormaliser  # noqa: F401
-from .extractive import answer_sentences, extract, is_fallback  # noqa: F401
+from .extractive import NO_SENTENCE_MESSAGE, answer_sentences, extract  # noqa: F401
 from .generation import SYSTEM_PROMPT, prompt_messages  # noqa: F401
 from .run import (  # noqa: F401
     FILTERS_MATCHED_NOTHING_MESSAGE,
