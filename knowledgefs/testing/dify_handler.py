@@ -326,16 +326,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _llm_deltas(self, deltas: list[str]) -> None:
         """Scripted deltas: one frame each, each frame flushed as its own chunk, the server's
-        ``llm_frame_gap`` seconds apart (the last one carries ``finish_reason`` and usage)."""
+        ``llm_frame_gap`` seconds apart (a list: the gap before each frame after the first); the
+        last frame carries ``finish_reason`` and usage."""
         self._start(200, {"Content-Type": "text/event-stream", "Transfer-Encoding": "chunked"})
         for index, text in enumerate(deltas):
             delta = {"index": index, "message": {"content": text}}
             if index == len(deltas) - 1:
                 delta |= {"finish_reason": "stop", "usage": {"prompt_tokens": 12,
                                                              "completion_tokens": 9}}  # fmt: skip
-            if index and self.dify.llm_frame_gap:
-                if self.dify.stopping.wait(self.dify.llm_frame_gap):
-                    return
+            gap = self.dify.llm_frame_gap
+            if isinstance(gap, list | tuple):  # one gap per frame after the first
+                gap = gap[index - 1] if 0 < index <= len(gap) else 0.0
+            if index and gap and self.dify.stopping.wait(gap):
+                return
             frame = envelope_frame({"delta": delta})
             self._write(f"{len(frame):x}\r\n".encode() + frame + b"\r\n")
             self.wfile.flush()

@@ -105,8 +105,9 @@ class DifyTestServer(LoopbackServerMixin):
         # (streamed in three frames) or None for the fixed answer. Raising fails the request 500.
         self.llm_responder: Any = None
         # The responder may instead return a list of strings: the deltas, one frame each, each
-        # frame its own chunk, ``llm_frame_gap`` seconds apart (a model that streams slowly).
-        self.llm_frame_gap: float = 0.0
+        # frame its own chunk, ``llm_frame_gap`` seconds apart (a model that streams slowly), or
+        # a list: the gap before each frame after the first.
+        self.llm_frame_gap: float | list[float] = 0.0
         # A scripted reranker: called with each /rerank request body (dict), returns one score
         # per document of body["docs"] (in their order) or None for the word-overlap scores.
         # Raising fails the request 500.
