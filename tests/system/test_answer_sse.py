@@ -412,3 +412,94 @@ def test_bc50_a_silent_model_gets_heartbeats_at_a_fixed_interval(servers, llm_se
     assert len(beats) >= 2, text  # 3.3 s of silence, a heartbeat each second
     assert all(0.6 < b - a < 1.6 for a, b in zip(beats, beats[1:], strict=False)), beats
     assert [line for line in text if line.startswith("event: ")][-1] == "event: answer.done"
+
+
+NGINX_CONF = """
+daemon off;
+master_process off;
+worker_processes 1;
+error_log {prefix}/error.log warn;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            # proxy_buffering is left at its default (on): the response's X-Accel-Buffering: no
+            # is what turns it off for the stream.
+            proxy_pass http://127.0.0.1:{upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Host $host;
+        }}
+    }}
+}}
+"""
+
+
+@pytest.mark.timeout(60)
+def test_bc50_through_nginx_with_default_proxy_buffering(servers, llm_setup, dify_server, tmp_path):
+    import shutil
+    import socket
+
+    nginx = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+    )
+    if nginx is None:
+        if os.environ.get("KFS_REQUIRE_NGINX"):
+            pytest.fail("nginx is required (KFS_REQUIRE_NGINX=1): make nginx installs it")
+        pytest.skip("nginx is not installed (make nginx)")
+    space, env = llm_setup
+    dify_server.llm_responder = lambda body: SIX
+    dify_server.llm_frame_gap = 1.0
+    server = servers(**env)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    prefix = tmp_path / "nginx"
+    prefix.mkdir()
+    conf = prefix / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(prefix=prefix, port=port, upstream=server.port))
+    proxy = subprocess.Popen(
+        [nginx, "-p", str(prefix), "-c", str(conf)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proxy.poll() is None, (prefix / "error.log").read_text()
+                assert time.monotonic() < deadline, "nginx did not listen"
+                time.sleep(0.1)
+        key = create_api_key("tenant-a")[1]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        sent = time.monotonic()
+        conn.request(
+            "POST", "/v1/queries",
+            body=json.dumps({"space_id": str(space.id), "query": QUESTION}),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+                     "Accept-Encoding": "gzip"},
+        )  # fmt: skip
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type") == "text/event-stream"
+        assert response.getheader("Cache-Control") == "no-cache"
+        assert response.getheader("Content-Encoding") is None
+        events = read_events(response)
+        conn.close()
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=10)
+    deltas = [at for name, _, at in events if name == "answer.delta"]
+    assert len(deltas) == 6 and events[-1][0] == "answer.done"
+    assert deltas[0] - sent < 3.0
+    gaps = [b - a for a, b in zip(deltas, deltas[1:], strict=False)]
+    assert all(0.6 < gap < 1.8 for gap in gaps), gaps  # nginx passed each event on at once
