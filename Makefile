@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale bench-floor bench-peers schemathesis loadtest clean unstructured
+.PHONY: install chromium redis nginx ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale bench-floor bench-peers schemathesis loadtest clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ chromium:
 	@chromium --version 2>/dev/null
 
 # Debian's redis-server for the REDIS_URL tests (spaces/tests/test_redis.py starts its own on loopback).
+# nginx in front of gunicorn for the answer-stream test (tests/system/test_answer_sse.py).
+nginx:
+	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends nginx-light; }
+	@/usr/sbin/nginx -v 2>&1 || nginx -v
+
 redis:
 	@command -v redis-server >/dev/null 2>&1 || { \
 		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

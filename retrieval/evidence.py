@@ -34,8 +34,9 @@ import unicodedata
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from sentencex import segment
 
+from .conflicts import find_conflicts, normal
+from .sentences import sentences_with_kind, split_sentences  # noqa: F401 - used as ev.*
 from .text import keyword_terms, keyword_text
 
 MAX_ITEMS = 128  # inventory §5.7: at most 128 packed evidence items
@@ -269,92 +270,6 @@ def _omission(item: EvidenceItem, reason: str, budget: str | None = None) -> dic
     return entry
 
 
-def split_sentences(text: str) -> list[str]:
-    """Sentences of ``text``: each line on its own, split by ``sentencex`` (MIT; its rules end
-    sentences at ``. ! ?`` and at the CJK ``。！？``, and know abbreviations such as "Dr.");
-    whitespace inside a sentence is collapsed to one space."""
-    sentences = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        for sentence in segment("en", line):
-            cleaned = " ".join(sentence.split())
-            if cleaned:
-                sentences.append(cleaned)
-    return sentences
-
-
-# --- conflicts ---------------------------------------------------------------------------------
-
-# A number followed by its unit: "25 days", "3.5 %", "20天". The unit is a word (letters) or one
-# CJK character; thousands separators are dropped.
-_QUANTITY = re.compile(
-    r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s?(%|[A-Za-z]{2,}|[\u3400-\u9fff\u3040-\u30ff])"
-)
-
-
-def _normal(term: str) -> str:
-    return term[:-1] if len(term) > 3 and term.endswith("s") else term
-
-
-def _quantities(text: str, query_terms: set[str]) -> list[tuple[frozenset, str, str]]:
-    """``(subject, unit, number)`` of each quantity in each sentence; the subject is the set of
-    the query's terms the sentence contains (the unit word excluded, a final ``s`` ignored)."""
-    found = []
-    for sentence in split_sentences(text):
-        terms = {_normal(t) for t in keyword_terms(sentence)} & query_terms
-        for match in _QUANTITY.finditer(sentence):
-            number = match.group(1).replace(",", "")
-            unit = _normal(match.group(2).lower())
-            subject = frozenset(t for t in terms if t != unit)
-            found.append((subject, unit, number))
-    return found
-
-
-def find_conflicts(evidence: list[EvidenceItem], query: str) -> None:
-    """Record same-subject numeric disagreements between items on both of them.
-
-    The rule is conservative: a sentence of one item and a sentence of another conflict when
-    they give a different number for the same unit ("25 days" / "20 days") and share at least
-    two of the query's terms besides the unit (one when the query has only one other term).
-    Terms are :func:`retrieval.text.keyword_terms` with a final ``s`` ignored. Reason
-    ``numeric_disagreement``, severity ``warning``. Nothing else is detected (negations, dates
-    written differently, numbers in words, paraphrased subjects are not).
-    """
-    query_terms = {_normal(t) for t in keyword_terms(query) if not t.isdigit()}
-    # A quantity in a sentence without a query term can never conflict: dropped at once.
-    facts = [[f for f in _quantities(item.text, query_terms) if f[0]] for item in evidence]
-    for i, left in enumerate(evidence):
-        if not facts[i]:
-            continue
-        for j in range(i + 1, len(evidence)):
-            if not facts[j]:
-                continue
-            clash = _clash(facts[i], facts[j], query_terms)
-            if clash is None:
-                continue
-            right = evidence[j]
-            for item, peer in ((left, right), (right, left)):
-                item.conflicts.append(
-                    {
-                        "reason": "numeric_disagreement",
-                        "severity": "warning",
-                        "with_node_id": peer.node_id,
-                        "detail": clash,
-                    }
-                )
-
-
-def _clash(left: list, right: list, query_terms: set[str]) -> str | None:
-    for subject_a, unit_a, number_a in left:
-        needed = 1 if len(query_terms - {unit_a}) <= 1 else 2
-        for subject_b, unit_b, number_b in right:
-            shared = subject_a & subject_b
-            if unit_a == unit_b and number_a != number_b and len(shared) >= needed:
-                return f"{number_a} vs {number_b} {unit_a} ({', '.join(sorted(shared))})"
-    return None
-
-
 # --- answerability -----------------------------------------------------------------------------
 
 
@@ -395,13 +310,13 @@ def removals(result) -> Removals:
 def terms_of(text: str) -> set[str]:
     """The lower-case words of ``text`` (CJK runs as bigrams, a final ``s`` ignored): what
     sentence selection and the answerability rule compare with the query's terms."""
-    return {_normal(w) for w in _WORD.findall(keyword_text(text).lower())}
+    return {normal(w) for w in _WORD.findall(keyword_text(text).lower())}
 
 
 def query_terms(query: str) -> set[str]:
     """The query's terms: :func:`retrieval.text.keyword_terms` (stop words dropped, CJK
     bigrams), normalised like :func:`terms_of`."""
-    return {_normal(t) for t in keyword_terms(query)}
+    return {normal(t) for t in keyword_terms(query)}
 
 
 def coverage(query_words: set[str], text: str) -> float:

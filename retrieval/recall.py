@@ -318,6 +318,9 @@ def recall(
             model_id=model_id,
         )
         timings["dense_ms"] = (time.perf_counter() - t0) * 1000
+        if getattr(results["dense"], "exact_fallback", ""):
+            # Reported in the result's metrics as dense_exact_fallback: 1 (the figures are logged).
+            timings["dense_exact_fallback"] = 1
     if "keyword" in legs:
         t0 = time.perf_counter()
         results["keyword"] = backend.keyword_search(

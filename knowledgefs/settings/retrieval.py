@@ -124,6 +124,9 @@ KNOWLEDGE_ANSWER_EXTRACTIVE_SENTENCES = bounded_int(
 )
 # Longest answer, in UTF-8 bytes; a longer one is cut at a character boundary (truncated: true).
 KNOWLEDGE_ANSWER_MAX_BYTES = bounded_int("KNOWLEDGE_ANSWER_MAX_BYTES", 65536, 1024, 1048576)
+# A streamed answer whose model is silent this long gets an SSE comment (": heartbeat"), so
+# proxies and clients with idle timeouts keep the stream open.
+KNOWLEDGE_ANSWER_HEARTBEAT_SECONDS = bounded_int("KNOWLEDGE_ANSWER_HEARTBEAT_SECONDS", 15, 1, 300)
 # How long a catalog lookup of a reasoning model's context size is reused by this process.
 KNOWLEDGE_ANSWER_CATALOG_CACHE_SECONDS = bounded_int(
     "KNOWLEDGE_ANSWER_CATALOG_CACHE_SECONDS", 300, 0, 86400

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from knowledgefs.runtime import DEFAULT_MODEL_ID
 from knowledgefs.settings import *  # noqa: F403
-from knowledgefs.settings import DATABASES, Q_CLUSTER
+from knowledgefs.settings import DATABASES, MIDDLEWARE, Q_CLUSTER
 
 DATABASES["default"]["NAME"] = os.environ["KFS_TEST_DB_NAME"]
 if os.environ.get("KFS_TEST_VAR_DIR"):  # the parent test's derived files (keyword indexes)
@@ -31,3 +31,5 @@ Q_CLUSTER = {
     "retry": int(os.environ.get("KFS_TEST_Q_RETRY", Q_CLUSTER["retry"])),
     "poll": 0.2,
 }
+if os.environ.get("KFS_TEST_GZIP"):  # a deployment that compresses responses in Django
+    MIDDLEWARE = ["django.middleware.gzip.GZipMiddleware", *MIDDLEWARE]

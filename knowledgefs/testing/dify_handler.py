@@ -317,6 +317,8 @@ class _Handler(BaseHTTPRequestHandler):
                 text = self.dify.llm_responder(body)
             except Exception as exc:  # noqa: BLE001 - a scripted failure
                 return self._json(500, {"code": "scripted_failure", "message": str(exc)})
+            if isinstance(text, list | tuple):
+                return self._llm_deltas([str(t) for t in text])
             if text is not None:
                 third = max(len(text) // 3, 1)
                 answer = [text[:third], text[third : 2 * third], text[2 * third :]]
@@ -343,6 +345,26 @@ class _Handler(BaseHTTPRequestHandler):
         stream = b"".join(frames)
         pieces = [stream[i : i + 7] for i in range(0, 21, 7)] + [stream[21:40], stream[40:]]
         self._chunked(200, pieces, "text/event-stream")
+
+    def _llm_deltas(self, deltas: list[str]) -> None:
+        """Scripted deltas: one frame each, each frame flushed as its own chunk, the server's
+        ``llm_frame_gap`` seconds apart (a list: the gap before each frame after the first); the
+        last frame carries ``finish_reason`` and usage."""
+        self._start(200, {"Content-Type": "text/event-stream", "Transfer-Encoding": "chunked"})
+        for index, text in enumerate(deltas):
+            delta = {"index": index, "message": {"content": text}}
+            if index == len(deltas) - 1:
+                delta |= {"finish_reason": "stop", "usage": {"prompt_tokens": 12,
+                                                             "completion_tokens": 9}}  # fmt: skip
+            gap = self.dify.llm_frame_gap
+            if isinstance(gap, list | tuple):  # one gap per frame after the first
+                gap = gap[index - 1] if 0 < index <= len(gap) else 0.0
+            if index and gap and self.dify.stopping.wait(gap):
+                return
+            frame = envelope_frame({"delta": delta})
+            self._write(f"{len(frame):x}\r\n".encode() + frame + b"\r\n")
+            self.wfile.flush()
+        self._write(b"0\r\n\r\n")
 
     def _catalog(self, query: dict, raw: bytes) -> None:
         body = self._model_request(raw, "catalog")

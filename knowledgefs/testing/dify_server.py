@@ -14,7 +14,8 @@ request must carry ``X-Inner-Api-Key`` (401 otherwise).
 - ``…/rerank``: the share of the query's words found in each document, or the scores a test's
   :attr:`DifyTestServer.rerank_responder` returns for the request body (a scripted reranker);
 - ``…/llm``: a fixed answer in three length-prefixed frames, or the text a test's
-  :attr:`DifyTestServer.llm_responder` returns for the request body (a scripted model);
+  :attr:`DifyTestServer.llm_responder` returns for the request body (a scripted model), or the
+  list of deltas it returns, one frame each, :attr:`DifyTestServer.llm_frame_gap` seconds apart;
 - ``…/model-catalog``: a fixed catalog, paged by ``limit``/``offset``;
 - ``/inner/api/knowledge-fs/storage/…``: objects in memory, SHA-256 checked (422), size-limited
   (413), listed in key order with a cursor;
@@ -104,6 +105,10 @@ class DifyTestServer(LoopbackServerMixin):
         # A scripted LLM: called with each /llm request body (dict), returns the answer text
         # (streamed in three frames) or None for the fixed answer. Raising fails the request 500.
         self.llm_responder: Any = None
+        # The responder may instead return a list of strings: the deltas, one frame each, each
+        # frame its own chunk, ``llm_frame_gap`` seconds apart (a model that streams slowly), or
+        # a list: the gap before each frame after the first.
+        self.llm_frame_gap: float | list[float] = 0.0
         # A scripted reranker: called with each /rerank request body (dict), returns one score
         # per document of body["docs"] (in their order) or None for the word-overlap scores.
         # Raising fails the request 500.

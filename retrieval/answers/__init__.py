@@ -24,7 +24,9 @@ before it is collapsed; the answer is cut at ``KNOWLEDGE_ANSWER_MAX_BYTES`` UTF-
 (``truncated: true``). Citations are the distinct markers used, in first-use order, so there are
 never more citations than packed evidence items (≤ 128).
 
-Event order: ``answer.delta``… then exactly one of ``answer.done`` (written to the trace first)
+Event order: ``answer.delta``… (with a ``heartbeat`` whenever the model has been silent for
+``KNOWLEDGE_ANSWER_HEARTBEAT_SECONDS``, written as the SSE comment ``: heartbeat``) then exactly
+one of ``answer.done`` (written to the trace first)
 or ``answer.error`` (``answer_generation_failed``: the model call failed, ``cause`` is its code;
 ``answer_empty``: the model answered nothing citable). With no evidence, or evidence that is
 about something else (``not-enough-evidence``), the answer is an explicit message, no model is
@@ -34,10 +36,11 @@ given to a model, so only markers we emit are normalised.
 """
 
 from .citations import CitationNormaliser  # noqa: F401
-from .extractive import answer_sentences, extract, is_fallback  # noqa: F401
+from .extractive import NO_SENTENCE_MESSAGE, answer_sentences, extract  # noqa: F401
 from .generation import SYSTEM_PROMPT, prompt_messages  # noqa: F401
 from .run import (  # noqa: F401
     FILTERS_MATCHED_NOTHING_MESSAGE,
+    HEARTBEAT,
     NO_EVIDENCE_MESSAGE,
     PERMISSION_LIMITED_MESSAGE,
     SOURCES,

@@ -6,6 +6,7 @@ import re
 
 _MARKER = re.compile(r"\[E(\d{1,6})\]")
 _PARTIAL_MARKER = re.compile(r"\[(?:E\d{0,6})?$")
+_UNFINISHED_MARKER = re.compile(r"\s*(\[E\d{0,6})$")
 
 
 class CitationNormaliser:
@@ -42,6 +43,11 @@ class CitationNormaliser:
 
     def flush(self) -> str:
         chunk, self.pending = self.pending, ""
+        unfinished = _UNFINISHED_MARKER.search(chunk)
+        if unfinished:  # the stream ended inside a marker ("… [E1"): never shown half-rendered
+            if unfinished.group(1) not in self.orphans:
+                self.orphans.append(unfinished.group(1))
+            chunk = chunk[: unfinished.start()]
         out = self._process(chunk)
         self.space = ""  # trailing whitespace of the answer is dropped
         return out

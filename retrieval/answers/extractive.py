@@ -1,5 +1,5 @@
-"""Extractive answers (no reasoning model): the best supporting sentences of the packed
-evidence, each followed by its marker."""
+"""Extractive answers (no reasoning model): the sentences of the packed evidence that carry what
+the question asks, each followed by its marker."""
 
 from __future__ import annotations
 
@@ -8,41 +8,74 @@ from collections.abc import Iterator
 from django.conf import settings
 
 from retrieval import evidence as ev
+from retrieval.text import STOP_WORDS
 
 from .state import AnswerRun
 
+#: Question words: they ask, they name no subject (a final ``s`` ignored, as the terms are).
+QUESTION_WORDS = frozenset(
+    {"what", "which", "who", "whom", "whose", "when", "where", "why", "how", "many", "much",
+     "doe", "do", "did", "may", "can", "could", "would", "should", "is", "are", "be", "get"}
+)  # fmt: skip
 
-def answer_sentences(text: str) -> list[str]:
+NO_SENTENCE_MESSAGE = (
+    "No sentence of the evidence states what the question asks: the closest passages are "
+    "listed as evidence."
+)
+
+
+def answer_sentences(text: str, headings=()) -> list[str]:
     """The sentences of an evidence text an extractive answer may quote: marker-shaped text
-    neutralised (:func:`retrieval.evidence.neutralise_markers`), then split; sentences of fewer
-    than 3 approximate tokens are headings and skipped, unless the text has no longer sentence
-    (a short chunk: a table cell, a one-line answer), whose sentences are all kept."""
-    sentences = ev.split_sentences(ev.neutralise_markers(text))
+    neutralised (:func:`retrieval.evidence.neutralise_markers`), wrapped lines rejoined and
+    headings left out (:mod:`retrieval.sentences`: ``headings`` is the item's section path);
+    sentences of fewer than 3 approximate tokens are headings too, unless the text has no longer
+    sentence (a short chunk: a table cell, a one-line answer), whose sentences are all kept."""
+    sentences = [
+        s
+        for heading, s in ev.sentences_with_kind(ev.neutralise_markers(text), headings)
+        if not heading
+    ]
     return [s for s in sentences if ev.approx_tokens(s) >= 3] or sentences
+
+
+def subject_terms(query: str) -> set[str]:
+    """The question's content words: :func:`retrieval.evidence.query_terms` without question
+    words (what, how, many, does…); all of them when nothing else is left."""
+    wanted = ev.query_terms(query)
+    return {t for t in wanted if t not in QUESTION_WORDS} or wanted
+
+
+def carries_content(sentence: str, wanted: set[str]) -> bool:
+    """A sentence can answer when it holds at least one of the question's content words and at
+    least one word the question does not have (it says something: it is not the question's own
+    words again), and does not only announce what follows (a lead-in ending with ``:``)."""
+    terms = ev.terms_of(sentence)
+    if not wanted & terms or sentence.rstrip().endswith(":"):
+        return False
+    return any(t not in wanted and t not in STOP_WORDS and t not in QUESTION_WORDS for t in terms)
 
 
 def extract(bundle: ev.Bundle, query: str, limit: int) -> list[tuple[str, str]]:
     """The extractive answer: up to ``limit`` ``(sentence, marker)`` pairs, best first.
 
-    A sentence (:func:`answer_sentences`) scores the share of the query's terms
-    (:func:`retrieval.text.keyword_terms`, CJK as bigrams, a final ``s`` ignored) it contains;
-    kept: those scoring at least half the best score, ties in evidence order, each distinct
-    sentence once. When no sentence shares a term with the query (a paraphrase found by the
-    dense leg), the first sentence of the best item (``[E1]``) is the answer; see
-    :func:`is_fallback`.
+    Candidates are the sentences (:func:`answer_sentences`) that carry content
+    (:func:`carries_content`); a heading, a sentence without a content word of the question, a
+    sentence made only of the question's words and a lead-in are never the answer. A candidate
+    scores the share of the question's content words (:func:`subject_terms`, CJK as bigrams, a
+    final ``s`` ignored) it contains; kept: those scoring at least half the best score, ties in
+    evidence order, each distinct sentence once. No candidate: ``[]`` (the answer is then
+    :data:`NO_SENTENCE_MESSAGE`, never a sentence about something else).
     """
-    wanted = ev.query_terms(query)
+    wanted = subject_terms(query)
     scored = []
     for rank, item in enumerate(bundle.items):
-        for position, sentence in enumerate(answer_sentences(item.text)):
-            share = len(wanted & ev.terms_of(sentence)) / len(wanted) if wanted else 0.0
-            if share > 0:
-                scored.append((share, rank, position, sentence, item.label))
+        headings = item.citation.get("section_path") or ()
+        for position, sentence in enumerate(answer_sentences(item.text, headings)):
+            if not carries_content(sentence, wanted):
+                continue
+            share = len(wanted & ev.terms_of(sentence)) / len(wanted)
+            scored.append((share, rank, position, sentence, item.label))
     if not scored:
-        for item in bundle.items:  # the best item first; an empty text gives no sentence
-            sentences = answer_sentences(item.text)
-            if sentences:
-                return [(sentences[0], item.label)]
         return []
     best = max(s[0] for s in scored)
     scored.sort(key=lambda s: (-s[0], s[1], s[2]))
@@ -58,21 +91,18 @@ def extract(bundle: ev.Bundle, query: str, limit: int) -> list[tuple[str, str]]:
     return chosen
 
 
-def is_fallback(pairs: list[tuple[str, str]], query: str) -> bool:
-    """True when an extractive answer shares no term with the query (the fallback sentence)."""
-    wanted = ev.query_terms(query)
-    return bool(pairs) and not any(wanted & ev.terms_of(sentence) for sentence, _ in pairs)
-
-
 def _extractive_deltas(run: AnswerRun) -> Iterator[str]:
     pairs = extract(run.bundle, run.query, settings.KNOWLEDGE_ANSWER_EXTRACTIVE_SENTENCES)
-    if is_fallback(pairs, run.query) and run.bundle.answerability == ev.ANSWERABLE:
-        # The documented rule: an answer no sentence of which holds a word of the question is
-        # partial, whatever the items' scores said.
-        run.bundle.answerability = ev.PARTIAL
-        run.bundle.reasons = run.bundle.reasons + [
-            "no sentence of the evidence holds a word of the question: the best item's first "
-            "sentence is the answer"
-        ]
+    if not pairs:
+        if run.bundle.answerability == ev.ANSWERABLE:
+            # The documented rule: an answer needs a sentence that says what is asked; the
+            # items' scores alone do not make the evidence an answer.
+            run.bundle.answerability = ev.PARTIAL
+            run.bundle.reasons = run.bundle.reasons + [
+                "no sentence of the evidence holds the question's words and says something "
+                "more (headings, lead-ins and the question's own words are not answers)"
+            ]
+        yield NO_SENTENCE_MESSAGE
+        return
     for n, (sentence, label) in enumerate(pairs):
         yield ("" if n == 0 else " ") + f"{sentence} {label}"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 
 from retrieval import evidence as ev
@@ -37,6 +39,9 @@ def prompt_messages(run: AnswerRun) -> list[dict]:
 
 
 def _llm_deltas(run: AnswerRun) -> Iterator[str]:
+    """The model's text deltas. The runtime and the call are set up here, in the caller's
+    thread; the returned iterator only reads the model's stream (so :func:`paced` may read it
+    from a helper thread)."""
     from knowledgefs.runtime import model_runtime
 
     selection = run.generator.selection
@@ -48,6 +53,10 @@ def _llm_deltas(run: AnswerRun) -> Iterator[str]:
         completion_params={"max_tokens": run.bundle.window.output_tokens, "temperature": 0},
         tools=[],
     )
+    return _contents(stream)
+
+
+def _contents(stream) -> Iterator[str]:
     try:
         for frame in stream:
             delta = frame.get("delta") if isinstance(frame, dict) else None
@@ -57,3 +66,47 @@ def _llm_deltas(run: AnswerRun) -> Iterator[str]:
                 yield content
     finally:
         stream.close()
+
+
+def paced(source: Iterator[str], interval: float) -> Iterator[str | None]:
+    """``source``'s items, read by a helper thread, with ``None`` whenever ``interval`` seconds
+    pass without one (a heartbeat is due: the stream is idle while the model thinks).
+
+    An exception of ``source`` is raised here. When the consumer stops early, the helper stops
+    after the item it is waiting for and closes ``source`` itself (a generator cannot be closed
+    from another thread while it runs); the model call's own deadline bounds that wait.
+    """
+    pieces: queue.Queue = queue.Queue()
+    stop = threading.Event()
+
+    def pump() -> None:
+        try:
+            for piece in source:
+                if stop.is_set():
+                    break
+                pieces.put(("piece", piece))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            pieces.put(("error", exc))
+            return
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+        pieces.put(("end", None))
+
+    threading.Thread(target=pump, name="answer-model-stream", daemon=True).start()
+    try:
+        while True:
+            try:
+                kind, value = pieces.get(timeout=interval)
+            except queue.Empty:
+                yield None
+                continue
+            if kind == "piece":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return
+    finally:
+        stop.set()

@@ -18,7 +18,7 @@ from retrieval.modes import PROFILE, retrieve
 
 from .citations import CitationNormaliser
 from .extractive import _extractive_deltas
-from .generation import _generator, _llm_deltas
+from .generation import _generator, _llm_deltas, paced
 from .state import AnswerRun, Requester
 from .traces import (
     _complete,
@@ -50,6 +50,9 @@ UNRELATED_EVIDENCE_MESSAGE = (
 
 
 SOURCES = ("service_api", "cli", "retrieval_test")
+#: The event :func:`events` yields (payload ``{}``) when the model has been silent for
+#: ``KNOWLEDGE_ANSWER_HEARTBEAT_SECONDS``; the SSE stream writes it as a comment line.
+HEARTBEAT = "heartbeat"
 
 
 def start(
@@ -123,7 +126,9 @@ class GenerationFailed(Exception):
 
 def events(run: AnswerRun) -> Iterator[tuple[str, dict]]:
     """Generate the answer of ``run``: ``("answer.delta", {delta, trace_id})``… then
-    ``("answer.done", {...})`` or ``("answer.error", {error {code, message}, trace_id})``.
+    ``("answer.done", {...})`` or ``("answer.error", {error {code, message}, trace_id})``;
+    between deltas, ``(HEARTBEAT, {})`` whenever the model has been silent for
+    ``KNOWLEDGE_ANSWER_HEARTBEAT_SECONDS``.
 
     The trace is completed before the last event is yielded. A consumer that stops early (the
     client went away) completes it with ``error_code`` ``client_disconnected``; an unexpected
@@ -142,6 +147,9 @@ def events(run: AnswerRun) -> Iterator[tuple[str, dict]]:
         started = _now()
         try:
             for delta in _deltas(run, normaliser):
+                if delta is None:  # the model is silent: keep the stream open
+                    yield HEARTBEAT, {}
+                    continue
                 yield "answer.delta", {"delta": delta, "trace_id": run.trace_id}
             if not normaliser.answer.strip():
                 raise GenerationFailed(
@@ -211,10 +219,19 @@ def no_evidence_message(bundle: ev.Bundle) -> str:
     return NO_EVIDENCE_MESSAGE
 
 
-def _deltas(run: AnswerRun, normaliser: CitationNormaliser) -> Iterator[str]:
-    source = _llm_deltas(run) if run.generator.kind == "llm" else _extractive_deltas(run)
+def _deltas(run: AnswerRun, normaliser: CitationNormaliser) -> Iterator[str | None]:
+    """Normalised deltas; ``None`` when the model has been silent for
+    ``KNOWLEDGE_ANSWER_HEARTBEAT_SECONDS`` (the caller sends a heartbeat)."""
+    source = None
     try:
+        if run.generator.kind == "llm":
+            source = paced(_llm_deltas(run), settings.KNOWLEDGE_ANSWER_HEARTBEAT_SECONDS)
+        else:
+            source = _extractive_deltas(run)
         for piece in source:
+            if piece is None:
+                yield None
+                continue
             out = normaliser.feed(piece)
             if out:
                 yield out
@@ -232,7 +249,8 @@ def _deltas(run: AnswerRun, normaliser: CitationNormaliser) -> Iterator[str]:
     except ServiceError as exc:  # the runtime is not available (capability_unavailable)
         raise GenerationFailed("answer_generation_failed", exc.message, cause=exc.code) from None
     finally:
-        source.close()
+        if source is not None:
+            source.close()
 
 
 def _generate_meta(run: AnswerRun, normaliser: CitationNormaliser, error=None) -> dict:
@@ -284,6 +302,7 @@ def _done(run: AnswerRun, answer: str, normaliser, finish_reason: str) -> dict:
 def answer(run: AnswerRun) -> tuple[str, dict]:
     """Run :func:`events` to the end; returns the last event ``(name, payload)``."""
     outcome = ("answer.error", {})
-    for outcome in events(run):  # noqa: B007 - the last event is the outcome
-        continue
+    for event in events(run):
+        if event[0] != HEARTBEAT:
+            outcome = event
     return outcome

@@ -70,10 +70,13 @@ def parse_body(body) -> dict:
 
 def sse(run: answers.AnswerRun) -> Iterator[bytes]:
     """:func:`retrieval.answers.events` as ``text/event-stream`` bytes (``event:`` and one
-    ``data:`` JSON line)."""
+    ``data:`` JSON line); a heartbeat is the comment line ``: heartbeat``."""
     stream = answers.events(run)
     try:
         for name, payload in stream:
+            if name == answers.HEARTBEAT:
+                yield b": heartbeat\n\n"  # a comment: clients ignore it, proxies see traffic
+                continue
             data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
             yield f"event: {name}\ndata: {data}\n\n".encode()
     finally:
@@ -128,6 +131,10 @@ class QueryView(RouteView):
         response = StreamingHttpResponse(sse(run), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # a proxy in front must not buffer the events
+        # A compressing middleware (Django's GZipMiddleware) would buffer the events in its
+        # compressor: it compresses only for a request that accepts gzip, so this one no longer
+        # does. The stream goes out as written, with no Content-Encoding.
+        request._request.META.pop("HTTP_ACCEPT_ENCODING", None)
         response["X-Query-Run-Id"] = run.trace_id
         return response
 

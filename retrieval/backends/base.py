@@ -68,6 +68,13 @@ class ScoredNode:
     score: float
 
 
+class DenseHits(list):
+    """A dense search's hits (:class:`ScoredNode`, best first) with ``exact_fallback``: why an
+    approximate index scan was answered again by an exact scan (``""``: it was not)."""
+
+    exact_fallback: str = ""
+
+
 class SearchBackend:
     """Keyword and dense projections of knowledge nodes.
 

@@ -17,9 +17,10 @@ and stop words; CJK runs as bigrams, :mod:`retrieval.text`); ``tf`` is the lexem
 count (PostgreSQL keeps at most 256 positions per lexeme). ``term`` is ``COLLATE "C"``, so the
 lexemes that start with one character are a btree range (the lone-CJK-character prefix rule).
 
-Score: BM25 with k1 = 1.2, b = 0.75 and the Robertson/Lucene idf
-``ln(1 + (N − df + 0.5)/(df + 0.5))``, from the live statistics of the space (every indexed node
-of every stored generation counts, as in Lucene before merges):
+Score: BM25 with k1 = 1.2, b = 0.75 and the SQLite leg's idf (:func:`idf`: FTS5's
+``ln((N − df + 0.5)/(df + 0.5))``, at least a hundredth of Lucene's ``ln(1 + …)``), from the live
+statistics of the space (every indexed node of every stored generation counts, as in Lucene
+before merges):
 ``Σ_t idf_t · tf(k1+1)/(tf + k1(1 − b + b·dl/avgdl))``, summed in term order.
 
 Impacts: a posting's ``impact`` is its tf-component under the space's frozen ``avgdl`` A₀ (set by
@@ -130,9 +131,22 @@ EXHAUSTIVE_SQL = (
 )
 
 
+#: The floor of a common term's idf, as a share of Lucene's: the SQLite leg's
+#: :data:`retrieval.keyword_index.analysis.MIN_BOOST` (the two legs weigh terms alike).
+MIN_IDF_SHARE = 0.01
+
+
 def idf(nodes: int, df: int) -> float:
-    """Robertson/Lucene BM25 idf ``ln(1 + (N − df + 0.5)/(df + 0.5))`` (never negative)."""
-    return math.log(1.0 + (nodes - df + 0.5) / (df + 0.5))
+    """The keyword legs' idf: FTS5's ``ln((N − df + 0.5)/(df + 0.5))``, at least a hundredth of
+    Lucene's ``ln(1 + (N − df + 0.5)/(df + 0.5))`` (a term in half the nodes or more) — what
+    the SQLite leg scores (tantivy's Lucene idf times
+    :func:`retrieval.keyword_index.analysis.idf_boost`), so both engines rank alike. With
+    Lucene's idf alone a common term kept most of its weight here and almost none there: in a
+    space of a few documents sharing words, a long chunk repeating them outranked the chunk both
+    legs found, which then fell out of the fused top k on PostgreSQL only."""
+    ratio = (nodes - df + 0.5) / (df + 0.5)
+    lucene = math.log1p(ratio)
+    return max(math.log(ratio), MIN_IDF_SHARE * lucene)
 
 
 def tf_component(tf: int, length: int, avgdl: float) -> float:

@@ -25,7 +25,7 @@ from retrieval.models import IndexVersion
 from retrieval.text import is_lone_cjk, keyword_terms
 
 from . import pgkeyword, pgvector
-from .base import IndexedNode, ScoredNode, SearchBackend
+from .base import DenseHits, IndexedNode, ScoredNode, SearchBackend
 
 DENSE_BATCH = 500  # rows per executemany of dense vectors
 
@@ -198,7 +198,17 @@ class PostgresSearchBackend(SearchBackend):
         indexed = pgvector.index_type(dimension) is not None
         hits = self._dense_query(*args, indexed=indexed)
         if indexed and len(hits) < limit:
-            hits = self._dense_query(*args, indexed=False)
+            # Too few rows passed the conditions within the scan's budget (hnsw.max_scan_tuples,
+            # or the candidates the iterative scan could reach): never a short answer, and
+            # never silently: reported in the log and in the result's metrics.
+            found = len(hits)
+            hits = DenseHits(self._dense_query(*args, indexed=False))
+            hits.exact_fallback = (
+                f"the HNSW scan returned {found} of {limit} rows "
+                f"(hnsw.max_scan_tuples {settings.KNOWLEDGE_PG_HNSW_MAX_SCAN_TUPLES}); "
+                f"answered by an exact scan ({len(hits)} rows)"
+            )
+            logger.info("dense search of space %s: %s", space_id, hits.exact_fallback)
         return hits
 
     def _dense_query(

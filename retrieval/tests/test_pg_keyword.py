@@ -125,7 +125,8 @@ class BruteForce:
                 tf = p.get(t)
                 if tf:
                     hit = True
-                    idf = math.log(1 + (self.n - self.df[t] + 0.5) / (self.df[t] + 0.5))
+                    ratio = (self.n - self.df[t] + 0.5) / (self.df[t] + 0.5)
+                    idf = max(math.log(ratio), 0.01 * math.log1p(ratio))  # FTS5's, floored
                     norm = tf + 1.2 * (1 - 0.75 + 0.75 * dl / self.avgdl)
                     total += idf * tf * 2.2 / norm
             if hit:

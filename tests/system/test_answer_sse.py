@@ -338,3 +338,168 @@ def test_an_accept_header_ruling_out_both_stream_and_json_is_406(servers, local_
     assert response.getheader("Content-Type") == "application/json"
     assert json.loads(response.read())["code"] == "not_acceptable"
     conn.close()
+
+
+def read_raw(response) -> list[tuple[str, float]]:
+    """Every line of the stream with its arrival time (comments included)."""
+    lines = []
+    while True:
+        line = response.readline()
+        if not line:
+            return lines
+        lines.append((line.decode().rstrip("\n"), time.monotonic()))
+
+
+SIX = ["Employees ", "get 25 ", "days of ", "annual ", "leave ", "per year [E1]."]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("gzip", [False, True], ids=["plain", "gzip-middleware"])
+def test_bc50_deltas_stream_one_by_one_uncompressed_and_unbuffered(
+    servers, llm_setup, dify_server, gzip
+):
+    space, env = llm_setup
+    dify_server.llm_responder = lambda body: SIX
+    dify_server.llm_frame_gap = 1.0
+    if gzip:
+        env = {**env, "KFS_TEST_GZIP": "1"}
+    server = servers(**env)
+    key = create_api_key("tenant-a")[1]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    sent = time.monotonic()
+    conn.request(
+        "POST", "/v1/queries",
+        body=json.dumps({"space_id": str(space.id), "query": QUESTION}),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+                 "Accept-Encoding": "gzip, deflate, br"},
+    )  # fmt: skip
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.getheader("Content-Type") == "text/event-stream"
+    assert response.getheader("Cache-Control") == "no-cache"
+    assert response.getheader("X-Accel-Buffering") == "no"
+    assert response.getheader("Content-Encoding") is None
+    events = read_events(response)
+    conn.close()
+    deltas = [(data, at) for name, data, at in events if name == "answer.delta"]
+    # One event per model delta (trailing spaces travel with the next delta).
+    assert [d["delta"].strip() for d, _ in deltas] == [piece.strip() for piece in SIX]
+    assert events[-1][0] == "answer.done"
+    assert events[-1][1]["answer"] == "".join(SIX)
+    # Retrieval and the model call before the first frame: well under the 1 s gaps that follow
+    # on an idle machine; generous here (2 shared cores).
+    assert deltas[0][1] - sent < 3.0
+    gaps = [b - a for (_, a), (_, b) in zip(deltas, deltas[1:], strict=False)]
+    assert all(0.6 < gap < 1.8 for gap in gaps), gaps  # each delta as the model sent it
+    assert events[-1][2] - deltas[-1][1] < 1.0
+
+
+@pytest.mark.timeout(60)
+def test_bc50_a_silent_model_gets_heartbeats_at_a_fixed_interval(servers, llm_setup, dify_server):
+    space, env = llm_setup
+    dify_server.llm_responder = lambda body: ["Employees get 25 days ", "of leave [E1]."]
+    dify_server.llm_frame_gap = [3.3]
+    server = servers(**env, KNOWLEDGE_ANSWER_HEARTBEAT_SECONDS="1")
+    key = create_api_key("tenant-a")[1]
+    response, conn = server.query(key, {"space_id": str(space.id), "query": QUESTION})
+    assert response.status == 200
+    lines = read_raw(response)
+    conn.close()
+    text = [line for line, _ in lines]
+    first = next(i for i, line in enumerate(text) if line == "event: answer.delta")
+    second = next(i for i, line in enumerate(text) if i > first and line == "event: answer.delta")
+    beats = [at for line, at in lines[first:second] if line == ": heartbeat"]
+    assert len(beats) >= 2, text  # 3.3 s of silence, a heartbeat each second
+    assert all(0.6 < b - a < 1.6 for a, b in zip(beats, beats[1:], strict=False)), beats
+    assert [line for line in text if line.startswith("event: ")][-1] == "event: answer.done"
+
+
+NGINX_CONF = """
+daemon off;
+master_process off;
+worker_processes 1;
+error_log {prefix}/error.log warn;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            # proxy_buffering is left at its default (on): the response's X-Accel-Buffering: no
+            # is what turns it off for the stream.
+            proxy_pass http://127.0.0.1:{upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Host $host;
+        }}
+    }}
+}}
+"""
+
+
+@pytest.mark.timeout(60)
+def test_bc50_through_nginx_with_default_proxy_buffering(servers, llm_setup, dify_server, tmp_path):
+    import shutil
+    import socket
+
+    nginx = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+    )
+    if nginx is None:
+        if os.environ.get("KFS_REQUIRE_NGINX"):
+            pytest.fail("nginx is required (KFS_REQUIRE_NGINX=1): make nginx installs it")
+        pytest.skip("nginx is not installed (make nginx)")
+    space, env = llm_setup
+    dify_server.llm_responder = lambda body: SIX
+    dify_server.llm_frame_gap = 1.0
+    server = servers(**env)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    prefix = tmp_path / "nginx"
+    prefix.mkdir()
+    conf = prefix / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(prefix=prefix, port=port, upstream=server.port))
+    proxy = subprocess.Popen(
+        [nginx, "-p", str(prefix), "-c", str(conf)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proxy.poll() is None, (prefix / "error.log").read_text()
+                assert time.monotonic() < deadline, "nginx did not listen"
+                time.sleep(0.1)
+        key = create_api_key("tenant-a")[1]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        sent = time.monotonic()
+        conn.request(
+            "POST", "/v1/queries",
+            body=json.dumps({"space_id": str(space.id), "query": QUESTION}),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
+                     "Accept-Encoding": "gzip"},
+        )  # fmt: skip
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type") == "text/event-stream"
+        assert response.getheader("Cache-Control") == "no-cache"
+        assert response.getheader("Content-Encoding") is None
+        events = read_events(response)
+        conn.close()
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=10)
+    deltas = [at for name, _, at in events if name == "answer.delta"]
+    assert len(deltas) == 6 and events[-1][0] == "answer.done"
+    assert deltas[0] - sent < 3.0
+    gaps = [b - a for a, b in zip(deltas, deltas[1:], strict=False)]
+    assert all(0.6 < gap < 1.8 for gap in gaps), gaps  # nginx passed each event on at once
