@@ -442,7 +442,7 @@ def test_bc05_delimiter_and_bom_detected(name: str, data: bytes) -> None:
 def test_bc05_quoted_newlines_and_latin1() -> None:
     data = 'name;note\n"Müller";"line one\nline two"\n'.encode("cp1252")
     (table,) = parse_named(data, "notes.csv").elements
-    assert table.text == "name: Müller; note: line one line two"
+    assert table.text == "name: Müller; note: line one\nline two"  # BC-06: the newline stays
 
 
 BILINGUAL = "Knowledge bases answer questions. 知识库可以回答问题。\nSecond line 第二行"

@@ -643,7 +643,8 @@ def test_bc05_tab_separated_csv_and_quoted_newlines() -> None:
     assert len(table.metadata["header"]) == 3
     assert table.text.split("\n") == [
         "name: widget; region: EU; units: 12",
-        "name: multi line; region: US; units: 3",
+        "name: multi",
+        "line; region: US; units: 3",
     ]
     pipes = parse(b"a|b\n1|2\n3|4\n", "text/csv")[0]
     assert pipes.text == "a: 1; b: 2\na: 3; b: 4"
