@@ -26,6 +26,7 @@ SUPPORTED_MIME_TYPES: dict[str, str] = {
     "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet": "xlsx",
     "application/epub+zip": "epub",
     "message/rfc822": "eml",
+    "application/mbox": "eml",
     "application/vnd.ms-outlook": "msg",
     "image/png": "image",
     "image/jpeg": "image",
