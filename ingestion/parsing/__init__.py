@@ -30,7 +30,7 @@ from .errors import (
     TooManyChunks,
     UnsupportedType,
 )
-from .html_parser import parse_html
+from .html_parser import parse_html_report
 from .markdown_parser import parse_markdown
 from .pdf_parser import parse_pdf
 from .pptx_parser import parse_pptx
@@ -90,7 +90,7 @@ _PARSER_NAMES = {
 
 #: Parser of each format other than PDF and images: bytes -> elements, or a full report when
 #: it also returns assets or warnings. :func:`_dispatch` calls the function of that name in
-#: this module, so a test can substitute one (``monkeypatch.setattr(parsing, "parse_html",
+#: this module, so a test can substitute one (``monkeypatch.setattr(parsing, "parse_html_report",
 #: ...)``).
 _SIMPLE_PARSERS = {
     "docx": parse_docx,
@@ -99,7 +99,7 @@ _SIMPLE_PARSERS = {
     "eml": parse_eml,
     "msg": parse_msg,
     "epub": parse_epub,
-    "html": parse_html,
+    "html": parse_html_report,
     "markdown": parse_markdown,
     "csv": parse_csv,
     "txt": parse_text,

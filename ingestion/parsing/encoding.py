@@ -20,7 +20,8 @@ Order of decisions (:func:`decode_text_report`):
    ideographs, ...). The lowest score wins; ties go to the earlier candidate in
    :data:`LEGACY_CANDIDATES` (Windows-1252 before Windows-1250, etc.). When even the best
    candidate has more than :data:`MAX_IMPLAUSIBLE_RATIO` implausible characters per non-ASCII
-   character the bytes are refused (``undetectable_encoding``) rather than indexed as garbage.
+   character the bytes are refused (``undetectable_encoding``) rather than indexed as garbage;
+   above :data:`LOW_CONFIDENCE_RATIO` (and 2 points) the text is read with a warning.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ LEGACY_CANDIDATES: tuple[str, ...] = (
 
 #: Refusal threshold: implausibility points per non-ASCII character of the best candidate.
 MAX_IMPLAUSIBLE_RATIO = 0.2
+#: Above this many points per non-ASCII character (at least 2 points, and up to the refusal
+#: threshold) the text is published with a warning that its encoding is uncertain.
+LOW_CONFIDENCE_RATIO = 0.1
 
 # Code pages whose texts are Chinese (kana are implausible), Japanese (kana expected) and
 # Korean (Hangul expected).
@@ -91,6 +95,8 @@ _JAPANESE = frozenset({"cp932", "shift_jis", "euc-jp", "euc_jp", "euc_jis_2004",
 _KOREAN = frozenset({"cp949", "euc-kr", "euc_kr", "johab"})
 
 _SCORE_CHARS = 32768  # characters of the decoded text that are scored
+#: Implausibility of a letter that only a second language's alphabet explains (a tie-breaker).
+SECOND_ALPHABET_COST = 0.1
 
 #: Letters beyond ASCII of the alphabets of languages written in legacy Latin and Cyrillic
 #: code pages (lower case). A decoding whose letters no single alphabet explains is suspect.
@@ -246,6 +252,11 @@ def decode_text_report(data: bytes) -> DecodedText:
     non_ascii = sum(1 for ch in text[:_SCORE_CHARS] if ord(ch) > 0x7F)
     if score > MAX_IMPLAUSIBLE_RATIO * max(non_ascii, 1):
         raise EncodingError()
+    if score >= 2 and score > LOW_CONFIDENCE_RATIO * non_ascii:
+        note = (
+            f"the encoding was detected as {enc} with low confidence: some characters may be wrong"
+        )
+        return DecodedText(_finish(text), enc, [note])
     return DecodedText(_finish(text), enc)
 
 
@@ -428,10 +439,10 @@ def _odd_word(word: str) -> int:
     return 0
 
 
-def _word_penalty(text: str) -> int:
+def _word_penalty(text: str) -> float:
     """Case flips and script mixes inside words, letters of a word no single alphabet
     explains, and letters of the text the best two alphabets together do not explain."""
-    penalty = 0
+    penalty = 0.0
     seen: Counter[str] = Counter()
     for word, n in Counter(_WORD_RE.findall(text)).items():
         if word.isascii():
@@ -441,7 +452,11 @@ def _word_penalty(text: str) -> int:
         for c in letters:
             seen[c] += n
     if seen:
-        penalty += sum(seen.values()) - _covered(seen)
+        one, two = _covered(seen)
+        # Letters that need a second alphabet cost a little: of two decodings explained
+        # equally well, the one a single language explains wins (Czech "děkuji, dobře" in
+        # Windows-1250, not "dìkuji, dobøe" in Windows-1252, Italian plus Danish).
+        penalty += sum(seen.values()) - two + SECOND_ALPHABET_COST * (two - one)
     return penalty
 
 
@@ -472,12 +487,12 @@ def _word_score(word: str) -> tuple[int, str]:
     return penalty, letters
 
 
-def _covered(seen: Counter[str]) -> int:
-    """Letter occurrences of ``seen`` that the union of the best two alphabets of
-    :data:`_ALPHABETS` explains (a document may mix two languages)."""
+def _covered(seen: Counter[str]) -> tuple[int, int]:
+    """Letter occurrences of ``seen`` that the best alphabet of :data:`_ALPHABETS` explains,
+    and that the union of the best two explains (a document may mix two languages)."""
 
     def count(alpha: frozenset[str]) -> int:
         return sum(n for c, n in seen.items() if c in alpha)
 
     first = max(_ALPHABETS, key=count)
-    return max(count(first | alpha) for alpha in _ALPHABETS)
+    return count(first), max(count(first | alpha) for alpha in _ALPHABETS)

@@ -13,7 +13,8 @@ try:  # bs4 >= 4.11
 except ImportError:  # pragma: no cover - older bs4
     XMLParsedAsHTMLWarning = UserWarning  # type: ignore[misc,assignment]
 
-from .base import Element, SectionStack, collapse_ws
+from .base import Element, ParseReport, SectionStack, collapse_ws
+from .markup_encoding import decode_markup
 from .tables import render_row, render_table
 
 _DROP = {
@@ -81,7 +82,7 @@ MAX_SPAN_CELLS = 1_000_000
 
 # A DOCTYPE with an internal subset; quoted strings may contain "]" or ">".
 _DTD_SUBSET_RE = re.compile(
-    rb"<!DOCTYPE\s+([^\[>]*?)\s*\[(?:[^\]\"']|\"[^\"]*\"|'[^']*')*\]\s*>", re.IGNORECASE
+    r"<!DOCTYPE\s+([^\[>]*?)\s*\[(?:[^\]\"']|\"[^\"]*\"|'[^']*')*\]\s*>", re.IGNORECASE
 )
 _LANG_RE = re.compile(r"^(?:language|lang)-(.+)$")
 
@@ -301,22 +302,50 @@ class _HtmlWalker:
         self.emit("table", text, metadata=meta)
 
 
+def parse_html_report(data: bytes) -> ParseReport:
+    """Parse an HTML document (parser ``"native-html"``): :func:`parse_html`'s elements with
+    the decoder's warnings (a declared charset overruled by the content, an encoding detected
+    with low confidence, invalid UTF-8 bytes replaced).
+
+    Raises:
+        EncodingError: (``undetectable_encoding``) no declared or detected encoding gives
+            plausible text.
+    """
+    decoded = decode_markup(data)
+    return ParseReport(
+        elements=_parse_text(decoded.text, None),
+        page_count=None,
+        pages_without_text=[],
+        parser="native-html",
+        warnings=list(decoded.warnings),
+    )
+
+
 def parse_html(data: bytes, sections: SectionStack | None = None) -> list[Element]:
     """Parse HTML bytes into title/heading/paragraph/list/code/table elements.
 
     Drops script/style/noscript/template/head content; a non-empty ``<title>`` becomes a
     ``"title"`` element first. Text directly inside divs (not in ``<p>``) is kept as
-    paragraphs. Encoding comes from the BOM/``<meta charset>``/detection (BeautifulSoup).
+    paragraphs. The bytes are decoded by
+    :func:`~ingestion.parsing.markup_encoding.decode_markup` (BOM, a declared charset weighed
+    against the content, then scored detection), never by BeautifulSoup's guess.
     ``sections`` continues the heading stack of a previous document (EPUB chapters split
     across files); it is updated in place. A DOCTYPE's internal subset (``<!DOCTYPE html [
     <!ENTITY ...> ]>``, common in XHTML chapters of EPUBs) is removed before parsing: the HTML
     parser would end the DOCTYPE at its first ``>`` and leave the rest as text; its entities
     are never expanded (a reference to one stays as written).
+
+    Raises:
+        EncodingError: see :func:`parse_html_report`.
     """
-    data = _DTD_SUBSET_RE.sub(rb"<!DOCTYPE \1>", data, count=1)
+    return _parse_text(decode_markup(data).text, sections)
+
+
+def _parse_text(text: str, sections: SectionStack | None) -> list[Element]:
+    text = _DTD_SUBSET_RE.sub(r"<!DOCTYPE \1>", text, count=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
-        soup = BeautifulSoup(data, "lxml")
+        soup = BeautifulSoup(text, "lxml")
     walker = _HtmlWalker(sections)
     title = soup.find("title")
     if isinstance(title, Tag):

@@ -259,7 +259,7 @@ def test_unexpected_library_error_is_wrapped(monkeypatch: pytest.MonkeyPatch) ->
     def boom(data: bytes) -> list[Element]:
         raise ValueError("internal")
 
-    monkeypatch.setattr(parsing, "parse_html", boom)
+    monkeypatch.setattr(parsing, "parse_html_report", boom)
     with pytest.raises(CorruptDocument) as exc:
         parse(b"<html></html>", "text/html")
     assert exc.value.code == "corrupt_document"
