@@ -173,6 +173,14 @@ class SectionStack:
         self._stack.append((level, text))
         return self.path
 
+    def snapshot(self) -> list[tuple[int, str]]:
+        """The current stack, for :meth:`restore`."""
+        return list(self._stack)
+
+    def restore(self, snapshot: list[tuple[int, str]]) -> None:
+        """Go back (in place) to a stack taken by :meth:`snapshot`."""
+        self._stack[:] = snapshot
+
 
 _IMAGE_SUFFIX_MIME = {
     "png": "image/png",

@@ -106,3 +106,91 @@ def test_a_low_confidence_decoding_is_published_with_a_warning() -> None:
     assert warnings == [
         "the encoding was detected as cp1252 with low confidence: some characters may be wrong"
     ]
+
+
+# -- page furniture ----------------------------------------------------------------------------
+
+SHOP_PAGE = b"""<html><head><title>Shop</title><style>body { color: red }</style>
+<script>var tracking = "head script";</script></head><body>
+<header><a href="/">Home</a> <a href="/shop">Shop</a> Sign in</header>
+<nav><ul><li>Products</li><li>About us</li></ul></nav>
+<div role="navigation">Breadcrumb &gt; Tools</div>
+<div role="banner">Free shipping this week</div>
+<main><article><header><h1>Cordless drill</h1><p>By Ann, 2 May</p></header>
+<p>The drill has two speeds.<script>document.write("inline script")</script></p>
+<pre>x = 1<script>alert("script in pre")</script><style>.c {}</style></pre>
+<template><p>template text</p></template><noscript>Enable JavaScript</noscript>
+<table><tr><th>Part</th><th>Qty</th></tr><tr><td>Bit<style>td{}</style></td><td>4</td></tr>
+<tr><td>Case<noscript>no js</noscript></td><td>1</td></tr></table>
+<footer>Article footer: 3 comments</footer></article></main>
+<footer>Copyright 2024 ACME. Privacy. Terms.</footer>
+<div role="contentinfo">Contact us</div></body></html>"""
+
+
+def test_navigation_page_header_and_footer_are_not_body_text() -> None:
+    report = parse_with_report(SHOP_PAGE, sniff_mime_type(SHOP_PAGE, "shop.html"))
+    assert [(e.type, e.text) for e in report.elements] == [
+        ("title", "Shop"),
+        ("heading", "Cordless drill"),  # an article's own header is content
+        ("paragraph", "By Ann, 2 May"),
+        ("paragraph", "The drill has two speeds."),
+        ("code", "x = 1"),
+        ("table", "Part: Bit; Qty: 4\nPart: Case; Qty: 1"),
+        ("paragraph", "Article footer: 3 comments"),
+    ]
+    joined = "\n".join(e.text for e in report.elements)
+    for furniture in ("Home", "Products", "Breadcrumb", "shipping", "Copyright", "Contact"):
+        assert furniture not in joined
+    for hidden in ("script", "template", "Enable", "no js", "color", "td{}", ".c"):
+        assert hidden not in joined
+
+
+def test_a_page_that_is_all_header_keeps_it() -> None:
+    page = b"<html><body><header><h1>Notice</h1><p>The office is closed.</p></header></body></html>"
+    assert [e.text for e in parse_with_report(page, "text/html").elements] == [
+        "Notice",
+        "The office is closed.",
+    ]
+    nav_only = b"<html><body><nav><a href='/a'>Annual report 2024</a></nav></body></html>"
+    assert [e.text for e in parse_with_report(nav_only, "text/html").elements] == [
+        "Annual report 2024"
+    ]
+
+
+def test_blocks_repeated_on_every_page_of_a_book_are_dropped() -> None:
+    from ingestion.tests.test_formats import CONTAINER, zip_bytes
+
+    bar = "<p>Field Guide · Previous | Next</p>"
+    files = {
+        f"book/c{i}.xhtml": (
+            '<html xmlns="http://www.w3.org/1999/xhtml"><head><title>Guide</title></head>'
+            f"<body>{bar}<h1>Chapter {i}</h1><p>Body of chapter {i}.</p>{bar}</body></html>"
+        )
+        for i in range(1, 5)
+    }
+    files["book/c5.xhtml"] = (  # a file of nothing but the bar keeps it
+        f'<html xmlns="http://www.w3.org/1999/xhtml"><body>{bar}</body></html>'
+    )
+    items = "".join(
+        f'<item id="c{i}" href="c{i}.xhtml" media-type="application/xhtml+xml"/>'
+        for i in range(1, 6)
+    )
+    spine = "".join(f'<itemref idref="c{i}"/>' for i in range(1, 6))
+    opf = (
+        '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
+        f"<metadata/><manifest>{items}</manifest><spine>{spine}</spine></package>"
+    )
+    data = zip_bytes(
+        {
+            "mimetype": "application/epub+zip",
+            "META-INF/container.xml": CONTAINER,
+            "book/content.opf": opf,
+            **files,
+        },
+        stored_first="mimetype",
+    )
+    texts = [e.text for e in parse_with_report(data, "application/epub+zip").elements]
+    assert texts == [
+        *[t for i in range(1, 5) for t in (f"Chapter {i}", f"Body of chapter {i}.")],
+        "Field Guide · Previous | Next",
+    ]
