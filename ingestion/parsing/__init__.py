@@ -37,6 +37,7 @@ from .pptx_parser import parse_pptx
 from .sniff import sniff_mime_type
 from .text_parser import parse_text
 from .xlsx_parser import parse_xlsx
+from .xml_parser import parse_xml
 
 __all__ = [
     "SUPPORTED_MIME_TYPES",
@@ -71,6 +72,7 @@ _ALIASES = {
     "image/x-ms-bmp": "image/bmp",
     "application/x-msg": "application/vnd.ms-outlook",
     "message/x-emlx": "message/rfc822",
+    "text/xml": "application/xml",
 }
 
 _PARSER_NAMES = {
@@ -86,6 +88,7 @@ _PARSER_NAMES = {
     "msg": "olefile-msg",
     "epub": "native-epub",
     "image": "tesseract",
+    "xml": "lxml-xml",
 }
 
 #: Parser of each format other than PDF and images: bytes -> elements, or a full report when
@@ -103,6 +106,7 @@ _SIMPLE_PARSERS = {
     "markdown": parse_markdown,
     "csv": parse_csv,
     "txt": parse_text,
+    "xml": parse_xml,
 }
 
 

@@ -27,6 +27,7 @@ SUPPORTED_MIME_TYPES: dict[str, str] = {
     "application/epub+zip": "epub",
     "message/rfc822": "eml",
     "application/mbox": "eml",
+    "application/xml": "xml",
     "application/vnd.ms-outlook": "msg",
     "image/png": "image",
     "image/jpeg": "image",

@@ -24,6 +24,7 @@ EPUB = "application/epub+zip"
 EML = "message/rfc822"
 MSG = "application/vnd.ms-outlook"
 MBOX = "application/mbox"
+XML = "application/xml"
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _OLE2_BY_EXT = {
     ".doc": "application/msword",
@@ -91,6 +92,7 @@ _DESCRIPTIONS = {
     MSG: "an Outlook (MSG) message",
     EML: "an e-mail message (EML)",
     MBOX: "a mailbox (mbox)",
+    XML: "an XML document",
     "image/png": "a PNG image",
     "image/jpeg": "a JPEG image",
     "image/gif": "a GIF image",
@@ -264,6 +266,18 @@ def looks_like_email(head: str, minimum: int = 3) -> bool:
     return len(names & _EMAIL_HEADERS) >= minimum
 
 
+_XML_DECL_RE = re.compile(r"^\s*<\?xml\s")
+_XML_START_RE = re.compile(r"^<(?:!DOCTYPE\s+)?[A-Za-z_][\w.:-]*")
+
+
+def _looks_like_xml(head: str, ext: str) -> bool:
+    """An XML declaration at the start, or (under a ``.xml`` name) an element or DOCTYPE at
+    the start once comments are skipped; HTML and SVG are recognised before."""
+    if _XML_DECL_RE.match(head):
+        return True
+    return ext == ".xml" and bool(_XML_START_RE.match(_LEADING_NOISE_RE.sub("", head, count=1)))
+
+
 def _detect(data: bytes, ext: str) -> str:
     """Content-first detection (see :func:`sniff_mime_type`), without the mismatch check."""
     if b"%PDF-" in data[:1024]:
@@ -297,6 +311,8 @@ def _detect(data: bytes, ext: str) -> str:
         return EML
     if looks_like_html(data):
         return "text/html"
+    if _looks_like_xml(head, ext):
+        return XML
     mime = _TEXT_EXT.get(ext, "text/plain")
     if mime == "text/html" and not _head_text(data).lstrip("\ufeff \t\r\n").startswith("<"):
         mime = "text/plain"
@@ -329,7 +345,8 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
     JPEG, GIF, TIFF, WebP, BMP). E-mail (EML) is recognised by an RFC 822 header block (at
     least three usual headers, one under a ``.eml`` name), or by an mbox envelope line
     (``From sender date``: one message is ``message/rfc822``, several ``application/mbox``),
-    HTML by markers at the start
+    XML (``application/xml``) by an XML declaration, or an element at the start of a ``.xml``
+    file, HTML by markers at the start
     (``<!doctype html``, ``<html``, ``<head``, ``<body``). The file name's extension only
     chooses among text flavours: ``.md``/``.markdown`` -> ``text/markdown``,
     ``.csv``/``.tsv`` -> ``text/csv``, ``.html``/``.htm`` (content starting with ``<``) ->

@@ -317,3 +317,10 @@ def test_a_file_lease_id_with_a_control_character_is_refused(settings):
         }
     fine = inner.get("/internal/upgrade-file-leases/file-1?namespace_id=tenant-a")
     assert fine.json() == {"upload_file_id": "file-1", "leased": False, "expires_at": None}
+
+
+def test_xml_is_admitted_as_xml(client, space):
+    data = b'<?xml version="1.0"?><catalog><book><title>Midnight Rain</title></book></catalog>'
+    response = upload(client, space, "catalog.xml", data)
+    assert response.status_code == 202, response.content
+    assert response.json()["document"]["mime_type"] == "application/xml"
