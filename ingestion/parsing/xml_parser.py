@@ -2,18 +2,20 @@
 
 Parsing is safe by construction (lxml with ``resolve_entities=False``, ``no_network=True``,
 ``load_dtd=False``, ``huge_tree=False``): no external entity, DTD or XInclude is ever read,
-from disk or network; a document declaring entities in its DTD (the billion-laughs family) is
-refused before the parser reads it (any ``<!ENTITY`` in the file). Malformed XML is ``corrupt_document``.
+from disk or network. A document declaring entities (the billion-laughs family, external
+entities) is refused before the parser reads it (any ``<!ENTITY`` in the file). Malformed
+XML is ``corrupt_document``.
 
 Layout: every top-level element (a child of the root) is a section headed by its path
 (``catalog/book[2]``, the position counted among same-named siblings, as in XPath, and only
 when there are several); an element with element children (a *record*) renders its
 attributes and its leaf children as ``name: value`` lines (``@id: bk102``,
 ``title: Midnight Rain``), and its nested records become subsections with their own paths
-(``catalog/book[2]/reviews``); the paragraph of a record lists the path of each of its lines
-in ``metadata["paths"]`` (``catalog/book[2]/title``). An element with mixed content (text
-around child elements, e.g. ``<p>a <b>b</b> c</p>``) is a leaf whose value is all its text. Namespace prefixes are
-dropped from names; comments and processing instructions are not text.
+(``catalog/book[2]/reviews``); the paragraph of a record lists the path of each of its
+lines in ``metadata["paths"]`` (``catalog/book[2]/title``). An element with mixed content
+(text around child elements, e.g. ``<p>a <b>b</b> c</p>``) is a leaf whose value is all its
+text. Namespace prefixes are dropped from names; comments and processing instructions are
+not text.
 """
 
 from __future__ import annotations
