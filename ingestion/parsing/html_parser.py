@@ -15,6 +15,7 @@ except ImportError:  # pragma: no cover - older bs4
 
 from .base import Element, ParseReport, SectionStack, collapse_ws
 from .markup_encoding import decode_markup
+from .remote_refs import unfetched_image_warnings
 from .tables import render_row, render_table
 
 _DROP = {
@@ -366,19 +367,21 @@ class _HtmlWalker:
 def parse_html_report(data: bytes) -> ParseReport:
     """Parse an HTML document (parser ``"native-html"``): :func:`parse_html`'s elements with
     the decoder's warnings (a declared charset overruled by the content, an encoding detected
-    with low confidence, invalid UTF-8 bytes replaced).
+    with low confidence, invalid UTF-8 bytes replaced) and one per image, which stays a
+    reference (never fetched, :mod:`~ingestion.parsing.remote_refs`).
 
     Raises:
         EncodingError: (``undetectable_encoding``) no declared or detected encoding gives
             plausible text.
     """
     decoded = decode_markup(data)
+    images: list[str] = []
     return ParseReport(
-        elements=_parse_text(decoded.text, None),
+        elements=_parse_text(decoded.text, None, images),
         page_count=None,
         pages_without_text=[],
         parser="native-html",
-        warnings=list(decoded.warnings),
+        warnings=[*decoded.warnings, *unfetched_image_warnings(images)],
     )
 
 
@@ -404,11 +407,21 @@ def parse_html(data: bytes, sections: SectionStack | None = None) -> list[Elemen
     return _parse_text(decode_markup(data).text, sections)
 
 
-def _parse_text(text: str, sections: SectionStack | None) -> list[Element]:
+def _parse_text(
+    text: str, sections: SectionStack | None, images: list[str] | None = None
+) -> list[Element]:
+    """Elements of decoded HTML; the page's image URLs (``img src``, ``srcset``, never
+    fetched) are appended to ``images`` when given."""
     text = _DTD_SUBSET_RE.sub(r"<!DOCTYPE \1>", text, count=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
         soup = BeautifulSoup(text, "lxml")
+    if images is not None:
+        for tag in soup.find_all(["img", "source"]):
+            images.extend(str(tag.get("src") or "").split()[:1])
+            images.extend(
+                c.split()[0] for c in str(tag.get("srcset") or "").split(",") if c.split()
+            )
     walker = _HtmlWalker(sections)
     title = soup.find("title")
     if isinstance(title, Tag):
