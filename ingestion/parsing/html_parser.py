@@ -32,7 +32,8 @@ _DROP = {
     "select",
 }
 #: Page furniture, not body text: navigation anywhere; a header or footer of the page (not
-#: one inside an article, section, aside or main, which belongs to that content); and the
+#: one inside an article, section, aside or main, which belongs to that content, nor a header
+#: holding an ``<h1>``, the page's title; its navigation still goes); and the
 #: ARIA landmarks of the same blocks (HTML-AAM: ``header`` maps to ``banner`` and ``footer`` to
 #: ``contentinfo`` only outside sectioning content and ``main``).
 _NAV_ROLES = frozenset({"navigation", "banner", "contentinfo"})
@@ -190,6 +191,8 @@ def _is_boilerplate(tag: Tag) -> bool:
         return True
     if name not in _PAGE_LEVEL_ONLY:
         return False
+    if name == "header" and tag.find("h1") is not None:
+        return False  # it holds the page's title (an EPUB chapter's, a post's): content
     return not any((p.name or "").lower() in _SECTIONING for p in tag.parents)
 
 
@@ -389,10 +392,11 @@ def parse_html(data: bytes, sections: SectionStack | None = None) -> list[Elemen
     """Parse HTML bytes into title/heading/paragraph/list/code/table elements.
 
     Drops script/style/noscript/template/head content (also inside ``<pre>``) and page
-    furniture: ``<nav>``, the page's ``<header>``/``<footer>`` (not those of an article or
-    section) and ``role="navigation"``/``"banner"``/``"contentinfo"`` blocks, unless they
-    hold all the page's text; a non-empty ``<title>`` becomes a ``"title"`` element first.
-    Text directly inside divs (not in ``<p>``) is kept as paragraphs. The bytes are decoded by
+    furniture: ``<nav>``, the page's ``<header>`` (unless it holds the ``<h1>``) and
+    ``<footer>`` (not those of an article or section) and ``role="navigation"``/
+    ``"banner"``/``"contentinfo"`` blocks, unless they hold all the page's text; a non-empty
+    ``<title>`` becomes a ``"title"`` element first. Text directly inside divs (not in
+    ``<p>``) is kept as paragraphs. The bytes are decoded by
     :func:`~ingestion.parsing.markup_encoding.decode_markup` (BOM, a declared charset weighed
     against the content, then scored detection), never by BeautifulSoup's guess.
     ``sections`` continues the heading stack of a previous document (EPUB chapters split

@@ -194,3 +194,16 @@ def test_blocks_repeated_on_every_page_of_a_book_are_dropped() -> None:
         *[t for i in range(1, 5) for t in (f"Chapter {i}", f"Body of chapter {i}.")],
         "Field Guide · Previous | Next",
     ]
+
+
+def test_a_page_header_holding_the_title_is_content_but_its_navigation_is_not() -> None:
+    page = (
+        b"<html><body><header><h1>Chapter 1: Arrival</h1><nav>Home | Contents</nav></header>"
+        b"<p>The train was late.</p><footer>Page 3</footer></body></html>"
+    )
+    elements = parse_with_report(page, "text/html").elements
+    assert [(e.type, e.text) for e in elements] == [
+        ("heading", "Chapter 1: Arrival"),
+        ("paragraph", "The train was late."),
+    ]
+    assert elements[1].section_path == ("Chapter 1: Arrival",)
