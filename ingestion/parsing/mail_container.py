@@ -50,6 +50,16 @@ def decode_container(data: bytes) -> tuple[bytes, bool]:
     return text.encode("utf-8", "surrogatepass"), True
 
 
+def is_wrapped(data: bytes) -> bool:
+    """True for a message file the MIME parser cannot read as it is: UTF-16/32, or behind an
+    mbox envelope line (such a file is parsed natively, never sent raw to a remote parser)."""
+    try:
+        unwrapped, transcoded = decode_container(data)
+    except CorruptDocument:
+        return True
+    return transcoded or is_mbox(unwrapped)
+
+
 def is_mbox(data: bytes) -> bool:
     """True when ``data`` (after :func:`decode_container`) starts with an mbox envelope line."""
     return MBOX_FROM_RE.match(data.lstrip(b"\r\n")) is not None
