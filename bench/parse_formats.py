@@ -2,8 +2,8 @@
 strategy, side by side in one run.
 
 For each PDF and Office file under ``../shared/data/sample-docs`` (PDF, DOCX, PPTX, XLSX; with
-``--all``, also EML, MSG and EPUB), grouped by format, each side runs in a fresh child process
-per format:
+``--all``, also EML, MSG, EPUB, XML and mbox), grouped by format, each side runs in a fresh
+child process per format:
 
 * ``native``: :func:`ingestion.parsing.parse_with_report` in-process in the child (this venv);
   when the build has an isolated-parse entry point (``ingestion.parsing.parse_isolated``) it is
@@ -49,7 +49,7 @@ UNSTRUCTURED_PYTHON = ROOT / ".venv-unstructured" / "bin" / "python"
 sys.path.insert(0, str(ROOT))
 
 FORMATS = {".pdf": "PDF", ".docx": "DOCX", ".pptx": "PPTX", ".xlsx": "XLSX"}
-EXTRA_FORMATS = {".eml": "EML", ".msg": "MSG", ".epub": "EPUB"}
+EXTRA_FORMATS = {".eml": "EML", ".msg": "MSG", ".epub": "EPUB", ".xml": "XML", ".mbox": "mbox"}
 MIB = 1024 * 1024
 
 

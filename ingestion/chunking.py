@@ -15,7 +15,8 @@ Rules (``target_chars``/``overlap_chars`` are counted in Python ``str`` code poi
   boundaries (mid-word only when a single word is longer than the target), consecutive
   pieces overlapping by about ``overlap_chars``;
 * tables are their own chunks (``kind="table"``), kept whole up to ``4 * target_chars`` and
-  split between rows beyond that. Rows render as ``header: value`` pairs, so every piece is
+  split between rows beyond that (the lines of a row whose cells hold line breaks stay
+  together). Rows render as ``header: value`` pairs, so every piece is
   self-describing; header lines are not repeated because chunks must stay exact slices;
 * a chunk's ``page_number`` is the page of all its text (chunks never cross pages);
 * no chunk is empty or whitespace-only; output is deterministic.
@@ -29,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ingestion.parsing import Element, TooManyChunks
+from ingestion.parsing.tables import row_line_count
 from ingestion.tokens import approx_tokens
 
 CHUNKER_VERSION = "structure-v1"
@@ -293,24 +295,13 @@ class _Chunker:
         for a, b in self.split(start, end, self.target, self.overlap):
             self.add(a, b, path, "chunk")
 
-    def emit_table(self, start: int, end: int, path: tuple[str, ...]) -> None:
+    def emit_table(
+        self, start: int, end: int, path: tuple[str, ...], element: Element | None = None
+    ) -> None:
         if end - start <= self.table_cap:
             self.add(start, end, path, "table")
             return
-        text = self.text
-        lines: list[tuple[int, int]] = []
-        pos = start
-        while pos < end:
-            nl = text.find("\n", pos, end)
-            stop = end if nl < 0 else nl
-            a, b = pos, stop
-            while a < b and text[a].isspace():
-                a += 1
-            while b > a and text[b - 1].isspace():
-                b -= 1
-            if b > a:
-                lines.append((a, b))
-            pos = stop + 1
+        lines = self.row_spans(start, end, element)
         piece: tuple[int, int] | None = None
         for a, b in lines:
             if b - a > self.table_cap:
@@ -327,6 +318,41 @@ class _Chunker:
                 piece = (a, b)
         if piece:
             self.add(*piece, path, "table")
+
+    def row_spans(self, start: int, end: int, element: Element | None) -> list[tuple[int, int]]:
+        """``(start, end)`` of each non-blank line of ``[start, end)``; the lines of one table
+        row whose cells hold line breaks (``metadata["rows"]``) are kept together."""
+        lines = self.line_spans(start, end)
+        rows = (element.metadata or {}).get("rows") if element is not None else None
+        if not rows:
+            return lines
+        counts = [row_line_count(r) for r in rows if any(str(c).strip() for c in r)]
+        extra = len(lines) - sum(counts)  # heading lines carried in front of the table
+        if extra < 0 or all(n == 1 for n in counts):
+            return lines
+        spans = lines[:extra]
+        pos = extra
+        for n in counts:
+            spans.append((lines[pos][0], lines[pos + n - 1][1]))
+            pos += n
+        return spans
+
+    def line_spans(self, start: int, end: int) -> list[tuple[int, int]]:
+        text = self.text
+        lines: list[tuple[int, int]] = []
+        pos = start
+        while pos < end:
+            nl = text.find("\n", pos, end)
+            stop = end if nl < 0 else nl
+            a, b = pos, stop
+            while a < b and text[a].isspace():
+                a += 1
+            while b > a and text[b - 1].isspace():
+                b -= 1
+            if b > a:
+                lines.append((a, b))
+            pos = stop + 1
+        return lines
 
     def pack_group(
         self,
@@ -346,7 +372,7 @@ class _Chunker:
                         self.add(cur[0], cur[1], path, "chunk")
                     span_start = s
                 cur = None
-                self.emit_table(span_start, e, path)
+                self.emit_table(span_start, e, path, element)
                 continue
             is_header = element.type in _HEADER_TYPES
             if cur is not None and e - cur[0] <= target:

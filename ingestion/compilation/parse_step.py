@@ -19,6 +19,7 @@ from ingestion.compilation.assets import store_assets
 from ingestion.compilation.errors import CompilationFailure
 from ingestion.compilation.leases import Held
 from ingestion.models import CompilationJob, Document, ParseArtifact
+from ingestion.parsing.mail_container import is_wrapped
 from ingestion.retained_bytes import estimate_retained_bytes
 from knowledgefs import storage
 
@@ -27,7 +28,8 @@ def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
     """Read and parse the document; returns an unsaved :class:`ParseArtifact`.
 
     Complex formats go to the Unstructured-compatible parser when ``UNSTRUCTURED_API_URL`` is
-    set (:func:`_parse_remote`), everything else to the isolated native parser. A job at
+    set (:func:`_parse_remote`), everything else (and an e-mail file saved as UTF-16/32 or behind
+    an mbox envelope line, which the native parser unwraps) to the isolated native parser. A job at
     ``queued`` has no artifact yet: the artifact is only ever written in the same transaction
     as the ``parsed`` checkpoint.
     """
@@ -47,7 +49,11 @@ def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
             f"could not read the stored source ({type(exc).__name__}: {exc.strerror or 'error'})",
             retryable=True,
         ) from exc
-    if unstructured.enabled() and unstructured.routes(document.mime_type):
+    if (
+        unstructured.enabled()
+        and unstructured.routes(document.mime_type)
+        and not (document.mime_type == "message/rfc822" and is_wrapped(data))
+    ):
         report = _parse_remote(data, document, held)
     else:
         report = _parse_isolated(data, document.mime_type, _stop_check(job, held))

@@ -30,13 +30,14 @@ from .errors import (
     TooManyChunks,
     UnsupportedType,
 )
-from .html_parser import parse_html
+from .html_parser import parse_html_report
 from .markdown_parser import parse_markdown
 from .pdf_parser import parse_pdf
 from .pptx_parser import parse_pptx
 from .sniff import sniff_mime_type
 from .text_parser import parse_text
 from .xlsx_parser import parse_xlsx
+from .xml_parser import parse_xml
 
 __all__ = [
     "SUPPORTED_MIME_TYPES",
@@ -71,6 +72,7 @@ _ALIASES = {
     "image/x-ms-bmp": "image/bmp",
     "application/x-msg": "application/vnd.ms-outlook",
     "message/x-emlx": "message/rfc822",
+    "text/xml": "application/xml",
 }
 
 _PARSER_NAMES = {
@@ -86,11 +88,12 @@ _PARSER_NAMES = {
     "msg": "olefile-msg",
     "epub": "native-epub",
     "image": "tesseract",
+    "xml": "lxml-xml",
 }
 
 #: Parser of each format other than PDF and images: bytes -> elements, or a full report when
 #: it also returns assets or warnings. :func:`_dispatch` calls the function of that name in
-#: this module, so a test can substitute one (``monkeypatch.setattr(parsing, "parse_html",
+#: this module, so a test can substitute one (``monkeypatch.setattr(parsing, "parse_html_report",
 #: ...)``).
 _SIMPLE_PARSERS = {
     "docx": parse_docx,
@@ -99,10 +102,11 @@ _SIMPLE_PARSERS = {
     "eml": parse_eml,
     "msg": parse_msg,
     "epub": parse_epub,
-    "html": parse_html,
+    "html": parse_html_report,
     "markdown": parse_markdown,
     "csv": parse_csv,
     "txt": parse_text,
+    "xml": parse_xml,
 }
 
 

@@ -26,6 +26,8 @@ SUPPORTED_MIME_TYPES: dict[str, str] = {
     "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet": "xlsx",
     "application/epub+zip": "epub",
     "message/rfc822": "eml",
+    "application/mbox": "eml",
+    "application/xml": "xml",
     "application/vnd.ms-outlook": "msg",
     "image/png": "image",
     "image/jpeg": "image",
@@ -171,6 +173,14 @@ class SectionStack:
             self._stack.pop()
         self._stack.append((level, text))
         return self.path
+
+    def snapshot(self) -> list[tuple[int, str]]:
+        """The current stack, for :meth:`restore`."""
+        return list(self._stack)
+
+    def restore(self, snapshot: list[tuple[int, str]]) -> None:
+        """Go back (in place) to a stack taken by :meth:`snapshot`."""
+        self._stack[:] = snapshot
 
 
 _IMAGE_SUFFIX_MIME = {

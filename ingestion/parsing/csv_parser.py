@@ -6,9 +6,9 @@ import csv
 import io
 from collections import Counter
 
-from .base import Element, ParseReport, collapse_ws
+from .base import Element, ParseReport
 from .encoding import decode_text_report
-from .tables import render_table
+from .tables import cell_lines, render_table
 
 DELIMITERS = ",;\t|"
 ROWS_PER_ELEMENT = 20
@@ -85,9 +85,9 @@ def csv_elements(text: str) -> list[Element]:
 
     The first row is the header (a BOM never survives into it); a few leading rows with a
     single non-empty cell (sheet titles) become ``"paragraph"`` elements. Each row renders as
-    one line ``"name: widget; region: EU; units: 12"``; quoted newlines inside cells are
-    handled and collapsed to spaces. Table metadata: ``{"header": [...], "rows": [[...]]}``.
-    ``text`` is the decoded CSV text.
+    one line ``"name: widget; region: EU; units: 12"``; a quoted newline inside a cell is
+    kept (the row renders on several lines, BC-06). Table metadata:
+    ``{"header": [...], "rows": [[...]]}``. ``text`` is the decoded CSV text.
     """
     if not text.strip():
         return []
@@ -95,7 +95,7 @@ def csv_elements(text: str) -> list[Element]:
     if csv.field_size_limit() < _FIELD_LIMIT:
         csv.field_size_limit(_FIELD_LIMIT)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-    rows = [[collapse_ws(c) for c in row] for row in reader]
+    rows = [[cell_lines(c) for c in row] for row in reader]
     rows = [r for r in rows if any(r)]
     if not rows:
         return []

@@ -13,6 +13,7 @@ from docx.oxml.ns import qn
 from .archive import admit_zip, zip_images
 from .base import MAX_ASSETS, Element, ParseReport, SectionStack, collapse_ws
 from .errors import CorruptDocument
+from .remote_refs import unfetched_image_warnings
 from .tables import render_table
 
 _CORRUPT = "corrupt or unreadable DOCX"
@@ -265,6 +266,16 @@ def _media_names(names: tuple[str, ...]) -> list[str]:
     return [n for n in names if n.startswith("word/media/") and not n.endswith("/")]
 
 
+def _linked_images(document: Any) -> list[str]:
+    """Targets of pictures linked to an external URL instead of embedded (never fetched)."""
+    urls = []
+    for part in document.part.package.iter_parts():
+        for rel in part.rels.values():
+            if rel.is_external and rel.reltype.endswith("/image"):
+                urls.append(rel.target_ref)
+    return urls
+
+
 def parse_docx(data: bytes) -> ParseReport:
     """Parse DOCX bytes into title/heading/paragraph/list/table elements and image assets.
 
@@ -279,7 +290,9 @@ def parse_docx(data: bytes) -> ParseReport:
     again from their VML fallback). Non-empty header/footer texts are appended once at the end as
     paragraphs with ``metadata={"part": "header"|"footer"}``. Every picture under
     ``word/media/`` (body, headers, floating) becomes an ``Asset(kind="image")`` named by its
-    entry, at most :data:`~ingestion.parsing.base.MAX_ASSETS`.
+    entry, at most :data:`~ingestion.parsing.base.MAX_ASSETS`. A picture linked to an external
+    URL is never fetched (:mod:`~ingestion.parsing.remote_refs`): a warning lists it;
+    hyperlinks keep their text and are never followed.
 
     Raises:
         ArchiveRejected: the container is refused by the ZIP inspection.
@@ -295,6 +308,7 @@ def parse_docx(data: bytes) -> ParseReport:
     walker.headers_footers()
     assets, over = zip_images(data, _media_names(summary.names))
     warnings = [f"{over} images beyond the limit of {MAX_ASSETS} were not kept"] if over else []
+    warnings += unfetched_image_warnings(_linked_images(document))
     return ParseReport(
         elements=walker.out,
         page_count=None,

@@ -24,6 +24,7 @@ import olefile
 from .base import MAX_ASSETS, Asset, Element, ParseReport, collapse_ws, image_asset, image_mime_type
 from .encoding import decode_text, decode_text_report
 from .errors import CorruptDocument, ParseError
+from .mail_container import decode_container, is_mbox, message_sections, split_mbox
 from .text_parser import split_paragraphs
 
 _CORRUPT_EML = "corrupt or unreadable e-mail message (EML)"
@@ -39,6 +40,7 @@ _TEXT_ATTACHMENTS = {
 }
 _TEXT_SUFFIXES = {".txt": "txt", ".csv": "csv", ".md": "markdown", ".html": "html", ".htm": "html"}
 _HEADER_ORDER = ("From", "To", "Cc", "Date", "Subject")
+_ENCODED_CTE = ("base64", "quoted-printable")
 #: Attached messages inside attached messages are parsed this deep (ours).
 MAX_MESSAGE_DEPTH = 3
 
@@ -166,13 +168,17 @@ def _assemble(content: MailContent, parser: str, depth: int = 0) -> ParseReport:
 # -- EML ------------------------------------------------------------------------------------
 
 
-def _part_text(part: Any) -> str:
+def _part_text(part: Any, transcoded: bool = False) -> str:
     """Decoded text of a text part: its declared charset when the bytes really are in it,
-    else detection (an undeclared or wrong charset never turns into U+FFFD mojibake)."""
+    else detection (an undeclared or wrong charset never turns into U+FFFD mojibake). In a
+    message whose file was UTF-16/32 (``transcoded``) an 8-bit part is that file's Unicode
+    text, now UTF-8, whatever charset it declares."""
     payload = part.get_payload(decode=True)
     if not isinstance(payload, bytes):
         return ""
     charset = part.get_content_charset()
+    if transcoded and part.get("Content-Transfer-Encoding", "").lower() not in _ENCODED_CTE:
+        charset = "utf-8"
     if charset:
         try:
             return payload.decode(charset)
@@ -202,15 +208,15 @@ def _header(msg: EmailMessage, name: str) -> str:
     return collapse_ws(str(value)) if value is not None else ""
 
 
-def _eml_content(msg: EmailMessage) -> MailContent:
+def _eml_content(msg: EmailMessage, transcoded: bool = False) -> MailContent:
     content = MailContent(headers={k: _header(msg, k) for k in _HEADER_ORDER})
     body = msg.get_body(preferencelist=("plain", "html"))
     plain_part = msg.get_body(preferencelist=("plain",))
     html_part = msg.get_body(preferencelist=("html",))
     if plain_part is not None:
-        content.plain = _part_text(plain_part)
+        content.plain = _part_text(plain_part, transcoded)
     if html_part is not None:
-        content.html = _part_text(html_part)
+        content.html = _part_text(html_part, transcoded)
     skip = {id(p) for p in (body, plain_part, html_part) if p is not None}
     for part in msg.walk():
         if id(part) in skip or part is msg:
@@ -245,16 +251,28 @@ def parse_eml(data: bytes) -> ParseReport:
     ``section_path`` ``(name, ...)``. Declared charsets are honoured; undeclared or unknown
     ones are detected. Image attachments become ``Asset(kind="image", name=<file name>)``.
 
+    The file is unwrapped first (:mod:`~ingestion.parsing.mail_container`): a UTF-16/32 file
+    is decoded, an mbox envelope (``From `` line) removed; an mbox of several messages gives
+    one section per message, headed ``"<subject> — <from>, <date>"``.
+
     Raises:
         CorruptDocument: "corrupt or unreadable e-mail message (EML)".
     """
-    return _parse_eml(data, 0)
+    data, transcoded = decode_container(data)
+    if not is_mbox(data):
+        return _parse_eml(data, 0, transcoded)
+    messages = split_mbox(data)
+    if not messages:
+        raise CorruptDocument(_CORRUPT_EML + ": an mbox without messages")
+    if len(messages) == 1:
+        return _parse_eml(messages[0], 0, transcoded)
+    return message_sections([_parse_eml(m, 0, transcoded) for m in messages], "native-email")
 
 
-def _parse_eml(data: bytes, depth: int) -> ParseReport:
+def _parse_eml(data: bytes, depth: int, transcoded: bool = False) -> ParseReport:
     try:
         msg = email.message_from_bytes(data, policy=policy.default)
-        content = _eml_content(msg)  # type: ignore[arg-type]
+        content = _eml_content(msg, transcoded)  # type: ignore[arg-type]
     except ParseError:
         raise
     except Exception as exc:

@@ -20,7 +20,8 @@ Order of decisions (:func:`decode_text_report`):
    ideographs, ...). The lowest score wins; ties go to the earlier candidate in
    :data:`LEGACY_CANDIDATES` (Windows-1252 before Windows-1250, etc.). When even the best
    candidate has more than :data:`MAX_IMPLAUSIBLE_RATIO` implausible characters per non-ASCII
-   character the bytes are refused (``undetectable_encoding``) rather than indexed as garbage.
+   character the bytes are refused (``undetectable_encoding``) rather than indexed as garbage;
+   above :data:`LOW_CONFIDENCE_RATIO` (and 2 points) the text is read with a warning.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from functools import lru_cache
 import charset_normalizer
 
 from .base import clean_text
+from .cjk_frequency import CHINESE_FREQUENT, JAPANESE_FREQUENT
 from .errors import EncodingError
 
 # Order matters: the UTF-32 LE BOM starts with the UTF-16 LE BOM.
@@ -83,6 +85,9 @@ LEGACY_CANDIDATES: tuple[str, ...] = (
 
 #: Refusal threshold: implausibility points per non-ASCII character of the best candidate.
 MAX_IMPLAUSIBLE_RATIO = 0.2
+#: Above this many points per non-ASCII character (at least 2 points, and up to the refusal
+#: threshold) the text is published with a warning that its encoding is uncertain.
+LOW_CONFIDENCE_RATIO = 0.1
 
 # Code pages whose texts are Chinese (kana are implausible), Japanese (kana expected) and
 # Korean (Hangul expected).
@@ -91,6 +96,8 @@ _JAPANESE = frozenset({"cp932", "shift_jis", "euc-jp", "euc_jp", "euc_jis_2004",
 _KOREAN = frozenset({"cp949", "euc-kr", "euc_kr", "johab"})
 
 _SCORE_CHARS = 32768  # characters of the decoded text that are scored
+#: Implausibility of a letter that only a second language's alphabet explains (a tie-breaker).
+SECOND_ALPHABET_COST = 0.1
 
 #: Letters beyond ASCII of the alphabets of languages written in legacy Latin and Cyrillic
 #: code pages (lower case). A decoding whose letters no single alphabet explains is suspect.
@@ -133,6 +140,10 @@ _ONE_LETTER_WORDS = frozenset("àèéóòùаввикоосуяієїοηή")
 _CYRILLIC_VOWELS = frozenset("аеёиоуыэюяіїєў")
 
 _SCRIPT_OF = {"kana": "cjk", "ideo": "cjk", "rare_ideo": "cjk"}
+
+# Thai letters and signs modern text does not use (KHO KHUAT, KHO KHON, LU, YAMAKKAN,
+# FONGMAN, ANGKHANKHU, KHOMUT): in a Thai reading they mark bytes of another language.
+_OBSOLETE_THAI = frozenset("\u0e03\u0e05\u0e26\u0e4e\u0e4f\u0e5a\u0e5b")
 
 _SPACED_CJK_RE = re.compile(r"(?<=[\u3040-\u30ff\u4e00-\u9fff]) (?=[\u3040-\u30ff\u4e00-\u9fff])")
 
@@ -246,6 +257,11 @@ def decode_text_report(data: bytes) -> DecodedText:
     non_ascii = sum(1 for ch in text[:_SCORE_CHARS] if ord(ch) > 0x7F)
     if score > MAX_IMPLAUSIBLE_RATIO * max(non_ascii, 1):
         raise EncodingError()
+    if score >= 2 and score > LOW_CONFIDENCE_RATIO * non_ascii:
+        note = (
+            f"the encoding was detected as {enc} with low confidence: some characters may be wrong"
+        )
+        return DecodedText(_finish(text), enc, [note])
     return DecodedText(_finish(text), enc)
 
 
@@ -316,6 +332,8 @@ def _char_class(ch: str) -> str:
     digit, space), ``"kana"``, ``"ideo"``, ``"rare_ideo"``, ``"hangul"`` or ``"L:<SCRIPT>"``."""
     cat = unicodedata.category(ch)
     name = unicodedata.name(ch, "")
+    if ch in _OBSOLETE_THAI:
+        return "bad"
     if cat[0] == "C" or name.startswith(("HALFWIDTH", "BOX DRAWINGS", "HANGUL LETTER")):
         return "bad"
     if cat[0] in "LM":
@@ -323,6 +341,8 @@ def _char_class(ch: str) -> str:
             return "kana"
         if name.startswith("CJK"):
             return "ideo" if _common_ideograph(ch) else "rare_ideo"
+        if name.startswith("HANGUL SYLLABLE"):
+            return "hangul" if _in_ks_x_1001(ch) else "bad"
         if name.startswith("HANGUL"):
             return "hangul"
         return "L:" + name.split(" ", 1)[0]
@@ -331,6 +351,16 @@ def _char_class(ch: str) -> str:
     if 0x3000 <= ord(ch) <= 0x303F or 0xFF01 <= ord(ch) <= 0xFF5E:
         return "ok"  # CJK punctuation, full-width forms
     return "bad"
+
+
+def _in_ks_x_1001(ch: str) -> bool:
+    """True for the 2,350 Hangul syllables of KS X 1001 (EUC-KR), which real Korean text
+    almost only uses; CP949's other 8,822 come from bytes of other languages."""
+    try:
+        raw = ch.encode("euc_kr")
+    except UnicodeEncodeError:
+        return False
+    return len(raw) == 2  # Python writes the others as 8-byte KS X 1001 make-up sequences
 
 
 def _common_ideograph(ch: str) -> bool:
@@ -350,15 +380,26 @@ def _common_ideograph(ch: str) -> bool:
     return len(raw) == 2 and 0xB0 <= raw[0] <= 0xCF
 
 
+#: Points per ideograph of a GB or Japanese code page reading that is not among its
+#: language's frequent characters (:mod:`~ingestion.parsing.cjk_frequency`).
+INFREQUENT_IDEOGRAPH_COST = 0.25
+_FREQUENT = {
+    **{enc: CHINESE_FREQUENT for enc in ("gb18030", "gbk", "gb2312", "hz")},
+    **{enc: JAPANESE_FREQUENT for enc in _JAPANESE},
+}
+
+
 def implausibility(text: str, encoding: str) -> float:
     """Points of implausibility of ``text`` as a decoding in ``encoding`` (0 = flawless).
 
     One point per non-ASCII character that ordinary text does not contain (see
     :func:`_char_class`), per letter of a minority script, per case flip or script mix
     inside a word, per odd word (:func:`_odd_word`), per letter no single alphabet of
-    :data:`_ALPHABETS` explains; kana in a Chinese code page, rare ideographs, a Japanese
-    code page without any kana and spaces between ideographs in a Chinese or Japanese code
-    page also count.
+    :data:`_ALPHABETS` explains; kana in a Chinese code page, rare ideographs, ideographs
+    that are not among the frequent characters of the language of a GB or Japanese code page
+    (:data:`INFREQUENT_IDEOGRAPH_COST` each), Hangul syllables outside KS X 1001 (the
+    extension rows of CP949/Johab, where Japanese or Chinese bytes land) and spaces between
+    ideographs in a Chinese or Japanese code page also count.
     """
     chars = Counter(text)
     counts: dict[str, int] = {}
@@ -374,8 +415,14 @@ def implausibility(text: str, encoding: str) -> float:
     enc = codecs.lookup(encoding).name
     if enc in _CHINESE:
         score += kana
-    if enc in _JAPANESE and ideo >= 10 and kana == 0:
-        score += ideo / 2
+    frequent = _FREQUENT.get(enc)
+    if frequent is not None and ideo:
+        # The wrong one of two CJK readings is a random draw of its code page's ideographs;
+        # a real text is mostly made of its language's frequent characters.
+        rare_share = sum(
+            n for ch, n in chars.items() if "\u4e00" <= ch <= "\u9fff" and ch not in frequent
+        )
+        score += INFREQUENT_IDEOGRAPH_COST * rare_share
     if enc in _CHINESE or enc in _JAPANESE:
         # Chinese and Japanese put no spaces between words; Korean does.
         score += len(_SPACED_CJK_RE.findall(text))
@@ -428,10 +475,10 @@ def _odd_word(word: str) -> int:
     return 0
 
 
-def _word_penalty(text: str) -> int:
+def _word_penalty(text: str) -> float:
     """Case flips and script mixes inside words, letters of a word no single alphabet
     explains, and letters of the text the best two alphabets together do not explain."""
-    penalty = 0
+    penalty = 0.0
     seen: Counter[str] = Counter()
     for word, n in Counter(_WORD_RE.findall(text)).items():
         if word.isascii():
@@ -441,7 +488,11 @@ def _word_penalty(text: str) -> int:
         for c in letters:
             seen[c] += n
     if seen:
-        penalty += sum(seen.values()) - _covered(seen)
+        one, two = _covered(seen)
+        # Letters that need a second alphabet cost a little: of two decodings explained
+        # equally well, the one a single language explains wins (Czech "děkuji, dobře" in
+        # Windows-1250, not "dìkuji, dobøe" in Windows-1252, Italian plus Danish).
+        penalty += sum(seen.values()) - two + SECOND_ALPHABET_COST * (two - one)
     return penalty
 
 
@@ -472,12 +523,12 @@ def _word_score(word: str) -> tuple[int, str]:
     return penalty, letters
 
 
-def _covered(seen: Counter[str]) -> int:
-    """Letter occurrences of ``seen`` that the union of the best two alphabets of
-    :data:`_ALPHABETS` explains (a document may mix two languages)."""
+def _covered(seen: Counter[str]) -> tuple[int, int]:
+    """Letter occurrences of ``seen`` that the best alphabet of :data:`_ALPHABETS` explains,
+    and that the union of the best two explains (a document may mix two languages)."""
 
     def count(alpha: frozenset[str]) -> int:
         return sum(n for c, n in seen.items() if c in alpha)
 
     first = max(_ALPHABETS, key=count)
-    return max(count(first | alpha) for alpha in _ALPHABETS)
+    return count(first), max(count(first | alpha) for alpha in _ALPHABETS)

@@ -14,7 +14,7 @@ from lxml import etree
 from .archive import admit_zip, zip_images
 from .base import Element, ParseReport, SectionStack, collapse_ws
 from .errors import CorruptDocument, ProtectedDocument
-from .html_parser import parse_html
+from .html_parser import drop_repeated_blocks, parse_html
 
 _CORRUPT = "corrupt or unreadable EPUB"
 _NS = {
@@ -114,6 +114,8 @@ def parse_epub(data: bytes) -> ParseReport:
     :func:`~ingestion.parsing.html_parser.parse_html` (headings give the section paths, and
     the heading stack continues from one document to the next, since books are split
     mid-chapter; text outside any heading takes the document's NCX table-of-contents label).
+    Navigation, page headers and footers are dropped like in any HTML page, and so are short
+    blocks repeated in most files of the book (running headers, "previous | next" bars).
     The book title (``dc:title``) comes first as a ``"title"`` element. Manifest images
     become ``Asset(kind="image")``, at most :data:`MAX_EPUB_IMAGES` (a warning counts the
     rest).
@@ -154,11 +156,14 @@ def parse_epub(data: bytes) -> ParseReport:
         if title:
             out.append(Element(type="title", text=title))
         sections = SectionStack()  # headings continue across files (chapters are split)
+        chapters: list[list[Element]] = []
         for itemref in list(spine.iterfind("opf:itemref", _NS))[:_MAX_SPINE]:
             path, media_type = manifest.get(itemref.get("idref") or "", ("", ""))
             if media_type not in _HTML_TYPES or path not in names:
                 continue
-            out.extend(_chapter(parse_html(zf.read(path), sections), labels.get(path, "")))
+            chapters.append(_chapter(parse_html(zf.read(path), sections), labels.get(path, "")))
+        for chapter in drop_repeated_blocks(chapters):
+            out.extend(chapter)
         images = [p for p, t in manifest.values() if t.startswith("image/") and p in names]
     assets, over = zip_images(data, images, cap=MAX_EPUB_IMAGES)
     warnings = (

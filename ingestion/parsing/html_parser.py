@@ -13,7 +13,9 @@ try:  # bs4 >= 4.11
 except ImportError:  # pragma: no cover - older bs4
     XMLParsedAsHTMLWarning = UserWarning  # type: ignore[misc,assignment]
 
-from .base import Element, SectionStack, collapse_ws
+from .base import Element, ParseReport, SectionStack, collapse_ws
+from .markup_encoding import decode_markup
+from .remote_refs import unfetched_image_warnings
 from .tables import render_row, render_table
 
 _DROP = {
@@ -29,6 +31,15 @@ _DROP = {
     "embed",
     "select",
 }
+#: Page furniture, not body text: navigation anywhere; a header or footer of the page (not
+#: one inside an article, section, aside or main, which belongs to that content, nor a header
+#: holding an ``<h1>``, the page's title; its navigation still goes); and the
+#: ARIA landmarks of the same blocks (HTML-AAM: ``header`` maps to ``banner`` and ``footer`` to
+#: ``contentinfo`` only outside sectioning content and ``main``).
+_NAV_ROLES = frozenset({"navigation", "banner", "contentinfo"})
+_PAGE_LEVEL_ONLY = frozenset({"header", "footer"})
+_SECTIONING = frozenset({"article", "aside", "main", "nav", "section"})
+_BOILERPLATE_MARK = "data-kfs-boilerplate"
 _HEADINGS = {f"h{i}": i for i in range(1, 7)}
 _PARAGRAPH_LIKE = {
     "p",
@@ -81,7 +92,7 @@ MAX_SPAN_CELLS = 1_000_000
 
 # A DOCTYPE with an internal subset; quoted strings may contain "]" or ">".
 _DTD_SUBSET_RE = re.compile(
-    rb"<!DOCTYPE\s+([^\[>]*?)\s*\[(?:[^\]\"']|\"[^\"]*\"|'[^']*')*\]\s*>", re.IGNORECASE
+    r"<!DOCTYPE\s+([^\[>]*?)\s*\[(?:[^\]\"']|\"[^\"]*\"|'[^']*')*\]\s*>", re.IGNORECASE
 )
 _LANG_RE = re.compile(r"^(?:language|lang)-(.+)$")
 
@@ -173,11 +184,64 @@ def _direct(tag: Tag, names: set[str]) -> list[Tag]:
     return [c for c in tag.children if isinstance(c, Tag) and (c.name or "").lower() in names]
 
 
+def _is_boilerplate(tag: Tag) -> bool:
+    name = (tag.name or "").lower()
+    roles = str(tag.get("role") or "").lower().split()
+    if name == "nav" or _NAV_ROLES.intersection(roles):
+        return True
+    if name not in _PAGE_LEVEL_ONLY:
+        return False
+    if name == "header" and tag.find("h1") is not None:
+        return False  # it holds the page's title (an EPUB chapter's, a post's): content
+    return not any((p.name or "").lower() in _SECTIONING for p in tag.parents)
+
+
+def mark_boilerplate(root: Tag) -> int:
+    """Mark the outermost navigation, page header and page footer blocks of ``root`` (see
+    :data:`_NAV_ROLES`) with :data:`_BOILERPLATE_MARK`; return how many were marked."""
+    marked = 0
+    for tag in root.find_all(True):
+        if _is_boilerplate(tag) and tag.find_parent(attrs={_BOILERPLATE_MARK: True}) is None:
+            tag[_BOILERPLATE_MARK] = "1"
+            marked += 1
+    return marked
+
+
+#: A block repeated in at least this many documents of one archive, and in at least half of
+#: them, is page furniture (a running header, a "previous | next" bar, a copyright line).
+REPEATED_BLOCK_MIN_DOCUMENTS = 3
+_REPEATED_BLOCK_MAX_CHARS = 300
+
+
+def drop_repeated_blocks(documents: list[list[Element]]) -> list[list[Element]]:
+    """The documents of one archive (EPUB spine files) without the short paragraphs and lists
+    repeated in most of them (:data:`REPEATED_BLOCK_MIN_DOCUMENTS`); a document that would be
+    left without text keeps its blocks."""
+    seen: dict[str, int] = {}
+    for elements in documents:
+        for text in {e.text for e in elements if _repeatable(e)}:
+            seen[text] = seen.get(text, 0) + 1
+    threshold = max(REPEATED_BLOCK_MIN_DOCUMENTS, (len(documents) + 1) // 2)
+    repeated = {text for text, n in seen.items() if n >= threshold}
+    if not repeated:
+        return documents
+    out = []
+    for elements in documents:
+        kept = [e for e in elements if not (_repeatable(e) and e.text in repeated)]
+        out.append(kept if any(e.type != "title" for e in kept) else elements)
+    return out
+
+
+def _repeatable(element: Element) -> bool:
+    return element.type in ("paragraph", "list") and len(element.text) <= _REPEATED_BLOCK_MAX_CHARS
+
+
 class _HtmlWalker:
     def __init__(self, sections: SectionStack | None = None) -> None:
         self.out: list[Element] = []
         self.sections = sections if sections is not None else SectionStack()
         self.buf: list[str] = []
+        self.skip_boilerplate = False
 
     def emit(self, type_: str, text: str, **kwargs: object) -> None:
         if text.strip():
@@ -199,7 +263,7 @@ class _HtmlWalker:
             if not isinstance(child, Tag):
                 continue
             name = (child.name or "").lower()
-            if name in _DROP:
+            if name in _DROP or (self.skip_boilerplate and child.has_attr(_BOILERPLATE_MARK)):
                 continue
             if name in _HEADINGS:
                 self.flush()
@@ -231,6 +295,8 @@ class _HtmlWalker:
         if isinstance(inner, Tag):
             classes += list(inner.get("class") or [])
         language = next((m.group(1) for c in classes if (m := _LANG_RE.match(c))), None)
+        for dropped in pre.find_all(list(_DROP)):
+            dropped.extract()
         lines = [line.rstrip() for line in pre.get_text().split("\n")]
         while lines and not lines[0].strip():
             lines.pop(0)
@@ -301,30 +367,81 @@ class _HtmlWalker:
         self.emit("table", text, metadata=meta)
 
 
+def parse_html_report(data: bytes) -> ParseReport:
+    """Parse an HTML document (parser ``"native-html"``): :func:`parse_html`'s elements with
+    the decoder's warnings (a declared charset overruled by the content, an encoding detected
+    with low confidence, invalid UTF-8 bytes replaced) and one per image, which stays a
+    reference (never fetched, :mod:`~ingestion.parsing.remote_refs`).
+
+    Raises:
+        EncodingError: (``undetectable_encoding``) no declared or detected encoding gives
+            plausible text.
+    """
+    decoded = decode_markup(data)
+    images: list[str] = []
+    return ParseReport(
+        elements=_parse_text(decoded.text, None, images),
+        page_count=None,
+        pages_without_text=[],
+        parser="native-html",
+        warnings=[*decoded.warnings, *unfetched_image_warnings(images)],
+    )
+
+
 def parse_html(data: bytes, sections: SectionStack | None = None) -> list[Element]:
     """Parse HTML bytes into title/heading/paragraph/list/code/table elements.
 
-    Drops script/style/noscript/template/head content; a non-empty ``<title>`` becomes a
-    ``"title"`` element first. Text directly inside divs (not in ``<p>``) is kept as
-    paragraphs. Encoding comes from the BOM/``<meta charset>``/detection (BeautifulSoup).
+    Drops script/style/noscript/template/head content (also inside ``<pre>``) and page
+    furniture: ``<nav>``, the page's ``<header>`` (unless it holds the ``<h1>``) and
+    ``<footer>`` (not those of an article or section) and ``role="navigation"``/
+    ``"banner"``/``"contentinfo"`` blocks, unless they hold all the page's text; a non-empty
+    ``<title>`` becomes a ``"title"`` element first. Text directly inside divs (not in
+    ``<p>``) is kept as paragraphs. The bytes are decoded by
+    :func:`~ingestion.parsing.markup_encoding.decode_markup` (BOM, a declared charset weighed
+    against the content, then scored detection), never by BeautifulSoup's guess.
     ``sections`` continues the heading stack of a previous document (EPUB chapters split
     across files); it is updated in place. A DOCTYPE's internal subset (``<!DOCTYPE html [
     <!ENTITY ...> ]>``, common in XHTML chapters of EPUBs) is removed before parsing: the HTML
     parser would end the DOCTYPE at its first ``>`` and leave the rest as text; its entities
     are never expanded (a reference to one stays as written).
+
+    Raises:
+        EncodingError: see :func:`parse_html_report`.
     """
-    data = _DTD_SUBSET_RE.sub(rb"<!DOCTYPE \1>", data, count=1)
+    return _parse_text(decode_markup(data).text, sections)
+
+
+def _parse_text(
+    text: str, sections: SectionStack | None, images: list[str] | None = None
+) -> list[Element]:
+    """Elements of decoded HTML; the page's image URLs (``img src``, ``srcset``, never
+    fetched) are appended to ``images`` when given."""
+    text = _DTD_SUBSET_RE.sub(r"<!DOCTYPE \1>", text, count=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
-        soup = BeautifulSoup(data, "lxml")
+        soup = BeautifulSoup(text, "lxml")
+    if images is not None:
+        for tag in soup.find_all(["img", "source"]):
+            images.extend(str(tag.get("src") or "").split()[:1])
+            images.extend(
+                c.split()[0] for c in str(tag.get("srcset") or "").split(",") if c.split()
+            )
     walker = _HtmlWalker(sections)
     title = soup.find("title")
     if isinstance(title, Tag):
         walker.emit("title", collapse_ws(title.get_text()))
     root = soup.body if isinstance(soup.body, Tag) else soup
     try:
+        walker.skip_boilerplate = mark_boilerplate(root) > 0
+        start = (len(walker.out), walker.sections.snapshot())
         walker.walk(root)
         walker.flush()
+        if walker.skip_boilerplate and len(walker.out) == start[0]:
+            # Nothing but page furniture: that is the page's content, keep it.
+            walker.sections.restore(start[1])
+            walker.skip_boilerplate = False
+            walker.walk(root)
+            walker.flush()
     except RecursionError:
         # Pathologically deep nesting: fall back to flat text (bs4 iterates without recursion).
         for tag in root.find_all(list(_DROP)):

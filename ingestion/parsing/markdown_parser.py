@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 import textwrap
 
-from .base import Element, SectionStack
-from .encoding import decode_text
+from .base import Element, ParseReport, SectionStack
+from .encoding import decode_text_report
+from .remote_refs import markdown_image_urls, unfetched_image_warnings
 from .tables import render_table
 
 _FENCE_RE = re.compile(r"^( {0,3})(`{3,}|~{3,})(.*)$")
@@ -247,15 +248,25 @@ class _MarkdownParser:
         return j
 
 
-def parse_markdown(data: bytes) -> list[Element]:
-    """Parse Markdown bytes into heading/paragraph/list/code/table elements.
+def parse_markdown(data: bytes) -> ParseReport:
+    """Parse Markdown bytes into heading/paragraph/list/code/table elements (parser
+    ``"native-markdown"``).
 
     Text before the first heading is kept with ``section_path == ()``. Code fences are kept
     whole (``metadata["language"]`` from the info string) and never scanned for headings; a
     fence inside a list item is a ``"code"`` element of its own between the item's text before
-    and after it, so no element holds a fence line.
+    and after it, so no element holds a fence line. Images stay references (never fetched,
+    :mod:`~ingestion.parsing.remote_refs`): each one is listed in the warnings, with the
+    decoder's notes.
 
     Raises:
         EncodingError: when the bytes are not text in a detectable encoding.
     """
-    return _MarkdownParser(decode_text(data)).run()
+    decoded = decode_text_report(data)
+    return ParseReport(
+        elements=_MarkdownParser(decoded.text).run(),
+        page_count=None,
+        pages_without_text=[],
+        parser="native-markdown",
+        warnings=[*decoded.warnings, *unfetched_image_warnings(markdown_image_urls(decoded.text))],
+    )

@@ -13,7 +13,8 @@ import olefile
 from .archive import ArchiveRejected, inspect_zip
 from .base import image_mime_type
 from .encoding import bom_encoding, guess_bomless_utf16
-from .errors import ContentMismatch, EmptyDocument, UnsupportedType
+from .errors import ContentMismatch, CorruptDocument, EmptyDocument, UnsupportedType
+from .mail_container import decode_container, split_mbox
 
 PDF = "application/pdf"
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
@@ -22,6 +23,8 @@ PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentatio
 EPUB = "application/epub+zip"
 EML = "message/rfc822"
 MSG = "application/vnd.ms-outlook"
+MBOX = "application/mbox"
+XML = "application/xml"
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _OLE2_BY_EXT = {
     ".doc": "application/msword",
@@ -88,6 +91,8 @@ _DESCRIPTIONS = {
     EPUB: "an EPUB book",
     MSG: "an Outlook (MSG) message",
     EML: "an e-mail message (EML)",
+    MBOX: "a mailbox (mbox)",
+    XML: "an XML document",
     "image/png": "a PNG image",
     "image/jpeg": "a JPEG image",
     "image/gif": "a GIF image",
@@ -261,6 +266,18 @@ def looks_like_email(head: str, minimum: int = 3) -> bool:
     return len(names & _EMAIL_HEADERS) >= minimum
 
 
+_XML_DECL_RE = re.compile(r"^\s*<\?xml\s")
+_XML_START_RE = re.compile(r"^<(?:!DOCTYPE\s+)?[A-Za-z_][\w.:-]*")
+
+
+def _looks_like_xml(head: str, ext: str) -> bool:
+    """An XML declaration at the start, or (under a ``.xml`` name) an element or DOCTYPE at
+    the start once comments are skipped; HTML and SVG are recognised before."""
+    if _XML_DECL_RE.match(head):
+        return True
+    return ext == ".xml" and bool(_XML_START_RE.match(_LEADING_NOISE_RE.sub("", head, count=1)))
+
+
 def _detect(data: bytes, ext: str) -> str:
     """Content-first detection (see :func:`sniff_mime_type`), without the mismatch check."""
     if b"%PDF-" in data[:1024]:
@@ -283,13 +300,19 @@ def _detect(data: bytes, ext: str) -> str:
     head = _head_text(data).lstrip("\ufeff")
     if _SVG_START_RE.match(_LEADING_NOISE_RE.sub("", head, count=1)):
         raise UnsupportedType("image/svg+xml")
-    if ext == ".mbox" or _MBOX_FROM_RE.match(head):
-        raise UnsupportedType("application/mbox")
+    if _MBOX_FROM_RE.match(head):
+        # One message behind an mbox envelope line (Gmail's "download original") is an EML.
+        try:
+            return MBOX if len(split_mbox(decode_container(data)[0])) > 1 else EML
+        except CorruptDocument:  # undecodable UTF-16: the parser reports it
+            return EML
     mail_head = _head_text(data, _MAIL_HEAD_CHARS).lstrip("\ufeff")
     if looks_like_email(mail_head, minimum=1 if ext == ".eml" else 3):
         return EML
     if looks_like_html(data):
         return "text/html"
+    if _looks_like_xml(head, ext):
+        return XML
     mime = _TEXT_EXT.get(ext, "text/plain")
     if mime == "text/html" and not _head_text(data).lstrip("\ufeff \t\r\n").startswith("<"):
         mime = "text/plain"
@@ -320,7 +343,10 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
     ``mimetype`` entry (EPUB), ``[Content_Types].xml`` main part or entry names (DOCX, XLSX,
     PPTX); OLE2 compound files by their streams (Outlook MSG); images by magic number (PNG,
     JPEG, GIF, TIFF, WebP, BMP). E-mail (EML) is recognised by an RFC 822 header block (at
-    least three usual headers, one under a ``.eml`` name), HTML by markers at the start
+    least three usual headers, one under a ``.eml`` name), or by an mbox envelope line
+    (``From sender date``: one message is ``message/rfc822``, several ``application/mbox``),
+    XML (``application/xml``) by an XML declaration, or an element at the start of a ``.xml``
+    file, HTML by markers at the start
     (``<!doctype html``, ``<html``, ``<head``, ``<body``). The file name's extension only
     chooses among text flavours: ``.md``/``.markdown`` -> ``text/markdown``,
     ``.csv``/``.tsv`` -> ``text/csv``, ``.html``/``.htm`` (content starting with ``<``) ->
@@ -336,7 +362,7 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
             (``.pdf .docx .xlsx .pptx .epub .msg``) but the content is another recognised
             format, e.g. ``"content mismatch: named .pdf but the content is a PNG image"``.
         UnsupportedType: for a type that is recognised but not parsed (macro-enabled or
-            template Office files, legacy Office/OLE2, SVG, RTF, mbox, other ZIPs...) or
+            template Office files, legacy Office/OLE2, SVG, RTF, other ZIPs...) or
             unrecognised binary data under a non-text extension; ``mime_type`` names it.
         ArchiveRejected: (code ``"archive_rejected"``) a ZIP container refused by
             :func:`~ingestion.parsing.archive.inspect_zip` (ZIP64, multi-disk, too many

@@ -5,11 +5,23 @@ from __future__ import annotations
 from .base import collapse_ws
 
 
+def cell_lines(value: str) -> str:
+    """A cell's text with its line breaks kept: each line's whitespace collapsed, blank lines
+    dropped (a spreadsheet cell written as "line one\nline two" keeps its two lines)."""
+    return "\n".join(line for line in (collapse_ws(p) for p in value.splitlines()) if line)
+
+
+def row_line_count(row: list[str]) -> int:
+    """Lines :func:`render_row` gives ``row`` (cells as :func:`cell_lines` returns them)."""
+    return 1 + sum(c.count("\n") for c in row if c.strip())
+
+
 def render_row(header: list[str] | None, row: list[str]) -> str:
     """Render one row as ``"h1: v1; h2: v2"`` (empty values skipped) or, without a header,
-    as the non-empty cells joined by ``" | "``. Cell whitespace (incl. newlines) is collapsed,
-    so a row is always exactly one line."""
-    cells = [collapse_ws(c) for c in row]
+    as the non-empty cells joined by ``" | "``. Whitespace inside each line of a cell is
+    collapsed; a cell's own line breaks (a quoted CSV cell or a spreadsheet cell with several
+    lines) are kept, so such a row renders on several lines (:func:`row_line_count`)."""
+    cells = [cell_lines(c) for c in row]
     if header is None:
         return " | ".join(c for c in cells if c)
     parts = []
@@ -24,7 +36,8 @@ def render_row(header: list[str] | None, row: list[str]) -> str:
 def render_table(header: list[str] | None, rows: list[list[str]]) -> tuple[str, dict]:
     """Render a table to ``(text, metadata)``.
 
-    ``text`` has one line per non-empty row (see :func:`render_row`); a header-only table is
+    ``text`` has one line per non-empty row, more for cells with line breaks (see
+    :func:`render_row`); a header-only table is
     rendered as its header cells joined by ``" | "``. ``metadata`` is
     ``{"header": header_or_None, "rows": rows}`` where ``rows`` excludes the header row.
     """

@@ -15,7 +15,7 @@ from openpyxl.utils.cell import range_boundaries
 from .archive import admit_zip
 from .base import Element, collapse_ws
 from .errors import CorruptDocument
-from .tables import render_table
+from .tables import cell_lines, render_table
 
 _CORRUPT = "corrupt or unreadable XLSX"
 #: Rows per ``"table"`` element, as for CSV.
@@ -46,7 +46,7 @@ def format_cell(value: Any) -> str:
         if value.is_integer() and abs(value) < 1e15:
             return str(int(value))
         return f"{value:.15g}"  # Excel shows 15 significant digits: 0.1 + 0.2 -> 0.3
-    return collapse_ws(str(value))
+    return cell_lines(str(value))  # a cell's own line breaks (Alt+Enter) are kept
 
 
 def _used_cells(ws: Any) -> dict[int, dict[int, str]]:

@@ -119,3 +119,21 @@ def test_a_zip_bomb_never_reaches_the_service(space, parser):
     assert refused.value.code == "archive_rejected"
     assert parser.requests == []
     assert not Document.objects.exists()
+
+
+def test_a_utf16_or_mbox_wrapped_email_is_unwrapped_natively_not_sent_raw(space, parser):
+    message = (
+        "From: ann@example.com\r\nTo: bob@example.com\r\nSubject: Wrapped\r\n"
+        "Date: Mon, 1 Jan 2024 10:00:00 +0000\r\n\r\nThe body says OSPREY-7.\r\n"
+    )
+    for name, data in (
+        ("utf16.eml", b"\xff\xfe" + message.encode("utf-16-le")),
+        ("gmail.eml", ("From 17@xxx Mon Jan 01 10:00:05 +0000 2024\r\n" + message).encode()),
+    ):
+        outcome, document = _compile(space, name, data)
+        assert document.mime_type == "message/rfc822"
+        assert document.state == "published", (name, outcome)
+        assert "The body says OSPREY-7." in _texts(document)
+        assert "Subject: Wrapped" in _texts(document)
+        assert ParseArtifact.objects.get(document=document).parser == "native-email"
+    assert parser.requests == []

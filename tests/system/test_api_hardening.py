@@ -44,6 +44,17 @@ def test_a_key_narrowed_elsewhere_is_narrowed_at_once(tenant, principal):
             b"Received: from x\nFrom: a@example.com\nDate: Mon\nSubject: s\n\nbody",
             "message/rfc822",
         ),
+        (  # Gmail's "download original": one message behind an mbox envelope line
+            "original_msg.eml",
+            b"From 178@xxx Mon Jan 01 10:00:05 +0000 2024\nFrom: a@example.com\nSubject: s\n\nb",
+            "message/rfc822",
+        ),
+        (
+            "export.mbox",
+            b"From a@x Mon Jan  1 10:00:05 2024\nFrom: a@x\nSubject: one\n\nbody one\n\n"
+            b"From b@x Mon Jan  1 10:00:06 2024\nFrom: b@x\nSubject: two\n\nbody two\n",
+            "application/mbox",
+        ),
     ],
 )
 def test_email_is_admitted_as_a_message_whatever_its_text_name(
@@ -306,3 +317,10 @@ def test_a_file_lease_id_with_a_control_character_is_refused(settings):
         }
     fine = inner.get("/internal/upgrade-file-leases/file-1?namespace_id=tenant-a")
     assert fine.json() == {"upload_file_id": "file-1", "leased": False, "expires_at": None}
+
+
+def test_xml_is_admitted_as_xml(client, space):
+    data = b'<?xml version="1.0"?><catalog><book><title>Midnight Rain</title></book></catalog>'
+    response = upload(client, space, "catalog.xml", data)
+    assert response.status_code == 202, response.content
+    assert response.json()["document"]["mime_type"] == "application/xml"
