@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ingestion', '0007_document_availability'),
+        ('ingestion', '0008_job_space_created'),
     ]
 
     operations = [
