@@ -5,13 +5,21 @@ from __future__ import annotations
 from .base import collapse_ws
 
 
-def render_row(header: list[str] | None, row: list[str]) -> str:
-    """Render one row as ``"h1: v1; h2: v2"`` (empty values skipped) or, without a header,
-    as the non-empty cells joined by ``" | "``. Cell whitespace (incl. newlines) is collapsed,
-    so a row is always exactly one line."""
+def render_row(header: list[str] | None, row: list[str], *, positional: bool = False) -> str:
+    """Render one row as ``"h1: v1; h2: v2"`` (empty values skipped: the names keep the
+    positions) or, without a header, as the cells joined by ``" | "``: with ``positional``
+    (every data table, see :func:`render_table`) a blank cell keeps its position
+    (``"1-1 |  | 1-3"``, case BC-08), so later values never move into its column; only blank
+    cells at the end of the row are dropped and an all-blank row renders ``""``. Without it
+    only the non-empty cells are joined (text laid out in a table, not data).
+    Cell whitespace (incl. newlines) is collapsed, so a row is always exactly one line."""
     cells = [collapse_ws(c) for c in row]
     if header is None:
-        return " | ".join(c for c in cells if c)
+        if not positional:
+            return " | ".join(c for c in cells if c)
+        while cells and not cells[-1]:
+            cells.pop()
+        return " | ".join(cells).lstrip()  # a leading blank cell: "| b | c"
     parts = []
     for idx, value in enumerate(cells):
         if not value:
@@ -24,11 +32,22 @@ def render_row(header: list[str] | None, row: list[str]) -> str:
 def render_table(header: list[str] | None, rows: list[list[str]]) -> tuple[str, dict]:
     """Render a table to ``(text, metadata)``.
 
-    ``text`` has one line per non-empty row (see :func:`render_row`); a header-only table is
-    rendered as its header cells joined by ``" | "``. ``metadata`` is
-    ``{"header": header_or_None, "rows": rows}`` where ``rows`` excludes the header row.
+    ``text`` has one line per non-empty row (see :func:`render_row`; blank cells keep their
+    column, so every row lines up); a column blank in every row and in the header (a spacer
+    column of an HTML layout, a column a merge leaves empty everywhere) is left out of the text
+    of every row alike. A header-only table is rendered as its header cells joined by
+    ``" | "``. ``metadata`` is ``{"header": header_or_None, "rows": rows}`` where ``rows``
+    excludes the header row and keeps every column.
     """
-    lines = [line for line in (render_row(header, r) for r in rows) if line]
+    width = max((len(r) for r in [*rows, header or []]), default=0)
+    used = [
+        i for i in range(width) if any(i < len(r) and r[i].strip() for r in [*rows, header or []])
+    ]
+    if header is None and len(used) < width:
+        shown = [[r[i] if i < len(r) else "" for i in used] for r in rows]
+    else:
+        shown = rows
+    lines = [line for line in (render_row(header, r, positional=True) for r in shown) if line]
     if not lines and header:
-        lines = [render_row(None, header)]
+        lines = [render_row(None, header, positional=True)]
     return "\n".join(lines), {"header": header, "rows": rows}
