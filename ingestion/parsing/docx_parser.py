@@ -10,7 +10,7 @@ from typing import Any
 import docx
 from docx.oxml.ns import qn
 
-from .archive import admit_zip, zip_images
+from .archive import admit_zip, unsafe_entry_warnings, zip_images
 from .base import MAX_ASSETS, Element, ParseReport, SectionStack, collapse_ws
 from .errors import CorruptDocument
 from .tables import render_row, render_table
@@ -307,7 +307,9 @@ def parse_docx(data: bytes) -> ParseReport:
     walker.body()
     walker.headers_footers()
     assets, over = zip_images(data, _media_names(summary.names))
-    warnings = [f"{over} images beyond the limit of {MAX_ASSETS} were not kept"] if over else []
+    warnings = unsafe_entry_warnings(summary)
+    if over:
+        warnings.append(f"{over} images beyond the limit of {MAX_ASSETS} were not kept")
     return ParseReport(
         elements=walker.out,
         page_count=None,

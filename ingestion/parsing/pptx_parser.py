@@ -10,7 +10,7 @@ from typing import Any
 import pptx
 from pptx.enum.shapes import MSO_SHAPE_TYPE, PP_PLACEHOLDER
 
-from .archive import admit_zip
+from .archive import admit_zip, unsafe_entry_warnings
 from .base import MAX_ASSETS, Asset, Element, ParseReport, collapse_ws, image_asset, image_mime_type
 from .errors import CorruptDocument
 from .tables import render_table
@@ -223,7 +223,7 @@ def parse_pptx(data: bytes) -> ParseReport:
         ArchiveRejected: the container is refused by the ZIP inspection.
         CorruptDocument: "corrupt or unreadable PPTX".
     """
-    admit_zip(data, "PPTX")
+    summary = admit_zip(data, "PPTX")
     try:
         presentation = pptx.Presentation(io.BytesIO(data))
     except Exception as exc:
@@ -231,7 +231,7 @@ def parse_pptx(data: bytes) -> ParseReport:
     walker = _SlideWalker()
     for number, slide in enumerate(presentation.slides, start=1):
         walker.slide(slide, number)
-    warnings = [
+    warnings = unsafe_entry_warnings(summary) + [
         f"slide {number} is hidden; it was indexed and tagged hidden_slide"
         for number in walker.hidden_slides
     ]

@@ -13,7 +13,7 @@ import openpyxl
 from lxml import etree
 from openpyxl.utils.cell import coordinate_to_tuple, range_boundaries
 
-from .archive import admit_zip
+from .archive import admit_zip, unsafe_entry_warnings
 from .base import Element, ParseReport, collapse_ws
 from .errors import CorruptDocument
 from .tables import render_table
@@ -242,11 +242,11 @@ def parse_xlsx(data: bytes) -> ParseReport:
         ArchiveRejected: the container is refused by the ZIP inspection.
         CorruptDocument: "corrupt or unreadable XLSX".
     """
-    admit_zip(data, "XLSX")
+    summary = admit_zip(data, "XLSX")
     workbook = _load(data, data_only=True)
     formula_book = None
     out: list[Element] = []
-    notes: list[str] = []
+    notes: list[str] = unsafe_entry_warnings(summary)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             for index, ws in enumerate(workbook.worksheets):
