@@ -32,6 +32,7 @@ from .errors import (
 )
 from .html_parser import parse_html
 from .markdown_parser import parse_markdown
+from .odf_parser import parse_odp, parse_ods, parse_odt
 from .pdf_parser import parse_pdf
 from .pptx_parser import parse_pptx
 from .sniff import sniff_mime_type
@@ -86,6 +87,9 @@ _PARSER_NAMES = {
     "msg": "olefile-msg",
     "epub": "native-epub",
     "image": "tesseract",
+    "odt": "native-odf",
+    "ods": "native-odf",
+    "odp": "native-odf",
 }
 
 #: Parser of each format other than PDF and images: bytes -> elements, or a full report when
@@ -103,6 +107,9 @@ _SIMPLE_PARSERS = {
     "markdown": parse_markdown,
     "csv": parse_csv,
     "txt": parse_text,
+    "odt": parse_odt,
+    "ods": parse_ods,
+    "odp": parse_odp,
 }
 
 

@@ -22,6 +22,11 @@ PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentatio
 EPUB = "application/epub+zip"
 EML = "message/rfc822"
 MSG = "application/vnd.ms-outlook"
+ODT = "application/vnd.oasis.opendocument.text"
+ODS = "application/vnd.oasis.opendocument.spreadsheet"
+ODP = "application/vnd.oasis.opendocument.presentation"
+#: OpenDocument packages by their ``mimetype`` entry.
+_ODF = {ODT, ODS, ODP}
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _OLE2_BY_EXT = {
     ".doc": "application/msword",
@@ -43,8 +48,19 @@ _BINARY_EXT = {
     ".pptx": PPTX,
     ".epub": EPUB,
     ".msg": MSG,
+    ".odt": ODT,
+    ".ods": ODS,
+    ".odp": ODP,
 }
-_ZIP_EXT = {".docx": DOCX, ".xlsx": XLSX, ".pptx": PPTX, ".epub": EPUB}
+_ZIP_EXT = {
+    ".docx": DOCX,
+    ".xlsx": XLSX,
+    ".pptx": PPTX,
+    ".epub": EPUB,
+    ".odt": ODT,
+    ".ods": ODS,
+    ".odp": ODP,
+}
 #: Content types of the OOXML main parts we parse, and of the macro/template flavours we do not.
 _OOXML_MAIN = (
     ("wordprocessingml.document.main+xml", DOCX),
@@ -88,6 +104,9 @@ _DESCRIPTIONS = {
     EPUB: "an EPUB book",
     MSG: "an Outlook (MSG) message",
     EML: "an e-mail message (EML)",
+    ODT: "an OpenDocument text (ODT)",
+    ODS: "an OpenDocument spreadsheet (ODS)",
+    ODP: "an OpenDocument presentation (ODP)",
     "image/png": "a PNG image",
     "image/jpeg": "a JPEG image",
     "image/gif": "a GIF image",
@@ -171,8 +190,8 @@ def _zip_type(data: bytes, ext: str) -> str:
         if ext in _ZIP_EXT:
             return _ZIP_EXT[ext]
         raise UnsupportedType("application/zip") from exc
-    if mimetype == EPUB:
-        return EPUB
+    if mimetype == EPUB or mimetype in _ODF:
+        return mimetype
     for marker, mime in _OOXML_REFUSED:
         if marker in content_types:
             raise UnsupportedType(mime)
