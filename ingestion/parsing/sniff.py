@@ -27,6 +27,10 @@ ODS = "application/vnd.oasis.opendocument.spreadsheet"
 ODP = "application/vnd.oasis.opendocument.presentation"
 #: OpenDocument packages by their ``mimetype`` entry.
 _ODF = {ODT, ODS, ODP}
+RTF = "application/rtf"
+DOC = "application/msword"
+XLS = "application/vnd.ms-excel"
+PPT = "application/vnd.ms-powerpoint"
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _OLE2_BY_EXT = {
     ".doc": "application/msword",
@@ -51,6 +55,10 @@ _BINARY_EXT = {
     ".odt": ODT,
     ".ods": ODS,
     ".odp": ODP,
+    ".rtf": RTF,
+    ".doc": DOC,
+    ".xls": XLS,
+    ".ppt": PPT,
 }
 _ZIP_EXT = {
     ".docx": DOCX,
@@ -217,13 +225,15 @@ def _ole_type(data: bytes, ext: str) -> str:
     except Exception as exc:  # noqa: BLE001 - olefile raises OSError and assorted others
         if ext == ".msg":  # let the MSG parser report the damage
             return MSG
+        if ext in _OLE2_BY_EXT:  # and the legacy Office parsers theirs
+            return _OLE2_BY_EXT[ext]
         raise UnsupportedType(_OLE2_BY_EXT.get(ext, "application/x-ole-storage")) from exc
     top = {e for e in entries if "/" not in e}
     if "__properties_version1.0" in top and any(e.startswith("__substg1.0_") for e in top):
         return MSG
     for stream, mime in _OLE2_BY_STREAM:
         if stream in top:
-            raise UnsupportedType(mime)
+            return mime
     raise UnsupportedType(_OLE2_BY_EXT.get(ext, "application/x-ole-storage"))
 
 
@@ -292,7 +302,7 @@ def _detect(data: bytes, ext: str) -> str:
     if image is not None:
         return image
     if data[:64].lstrip().startswith(b"{\\rtf"):
-        raise UnsupportedType("application/rtf")
+        return RTF
     if bom_encoding(data) is None and _BINARY_BYTES_RE.search(data[:8192]):
         # Only content with control bytes can be a binary format: magic numbers of some
         # formats ("BM", "ID3", "MZ", ...) are also the start of ordinary text.

@@ -162,7 +162,15 @@ def sheet_grid(
     other columns of a horizontally merged range stay empty, so the value is never repeated
     within a row. Only stored cells are visited (see :func:`_used_cells`).
     """
-    cells = _used_cells(ws, formulas)
+    return grid_from_cells(_used_cells(ws, formulas), merged)
+
+
+def grid_from_cells(
+    cells: dict[int, dict[int, str]], merged: list[tuple[int, int, int, int]] = ()
+) -> list[list[str]]:
+    """Rows of non-empty cell texts (``{row: {column: text}}``, 1-based) with the merged
+    ranges ``(min_col, min_row, max_col, max_row)`` carried as :func:`sheet_grid` describes,
+    empty rows and columns trimmed (shared with the legacy XLS parser)."""
     for min_col, min_row, _max_col, max_row in merged:
         value = cells.get(min_row, {}).get(min_col, "")
         if not value:
