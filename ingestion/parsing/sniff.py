@@ -346,9 +346,10 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
     Binary formats are recognised by content only: PDF magic (``%PDF-`` within the first
     KiB); ZIP containers, whose central directory is admitted by
     :func:`~ingestion.parsing.archive.inspect_zip` before any entry is read, by their
-    ``mimetype`` entry (EPUB), ``[Content_Types].xml`` main part or entry names (DOCX, XLSX,
-    PPTX); OLE2 compound files by their streams (Outlook MSG); images by magic number (PNG,
-    JPEG, GIF, TIFF, WebP, BMP). E-mail (EML) is recognised by an RFC 822 header block (at
+    ``mimetype`` entry (EPUB, ODT, ODS, ODP), ``[Content_Types].xml`` main part or entry names
+    (DOCX, XLSX, PPTX); OLE2 compound files by their streams (Outlook MSG, legacy DOC, XLS,
+    PPT); RTF by ``{\\rtf``; images by magic number (PNG, JPEG, GIF, TIFF, WebP, BMP).
+    E-mail (EML) is recognised by an RFC 822 header block (at
     least three usual headers, one under a ``.eml`` name), HTML by markers at the start
     (``<!doctype html``, ``<html``, ``<head``, ``<body``). The file name's extension only
     chooses among text flavours: ``.md``/``.markdown`` -> ``text/markdown``,
@@ -362,10 +363,11 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
     Raises:
         EmptyDocument: (code ``"empty_file"``) when ``data`` is empty.
         ContentMismatch: (code ``"content_mismatch"``) the extension names one binary format
-            (``.pdf .docx .xlsx .pptx .epub .msg``) but the content is another recognised
-            format, e.g. ``"content mismatch: named .pdf but the content is a PNG image"``.
+            (``.pdf .docx .xlsx .pptx .epub .msg .odt .ods .odp .rtf .doc .xls .ppt``) but the
+            content is another recognised format, e.g. ``"content mismatch: named .pdf but
+            the content is a PNG image"``.
         UnsupportedType: for a type that is recognised but not parsed (macro-enabled or
-            template Office files, legacy Office/OLE2, SVG, RTF, mbox, other ZIPs...) or
+            template Office files, other OLE2 files, SVG, mbox, other ZIPs...) or
             unrecognised binary data under a non-text extension; ``mime_type`` names it.
         ArchiveRejected: (code ``"archive_rejected"``) a ZIP container refused by
             :func:`~ingestion.parsing.archive.inspect_zip` (ZIP64, multi-disk, too many
