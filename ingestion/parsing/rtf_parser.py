@@ -63,7 +63,7 @@ def _table(rows: list[list[str]]) -> Element | None:
 
 
 def parse_rtf(data: bytes) -> ParseReport:
-    """Parse RTF bytes: paragraphs (blank lines between them), and one ``"table"`` element
+    """Parse RTF bytes: one ``"paragraph"`` per RTF paragraph, and one ``"table"`` element
     per run of table rows (``\\cell``/``\\row``), each row on the grid of its cells (a blank
     cell keeps its position; the first row is the header when it looks like one).
 
@@ -98,8 +98,7 @@ def parse_rtf(data: bytes) -> ParseReport:
         flush_table()
         if line.strip():
             paragraph.append(line.strip())
-        else:
-            flush_paragraph()
+        flush_paragraph()  # one paragraph per \par (a \line break ends one too)
     flush_table()
     flush_paragraph()
     return ParseReport(elements=out, page_count=None, pages_without_text=[], parser="striprtf")

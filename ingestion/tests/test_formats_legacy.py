@@ -219,6 +219,21 @@ def test_ppt_slides_text_boxes_and_notes() -> None:
     assert "Click to edit" not in "\n".join(e.text for e in report.elements)  # masters
 
 
+def test_ppt_encrypted_is_refused() -> None:
+    data = deck_ppt()
+    title = "Legacy Deck".encode("utf-16-le")
+    atom = b"\x00\x00\xa0\x0f" + len(title).to_bytes(4, "little") + title  # TextCharsAtom
+    assert data.count(atom) == 1
+    # The same record retyped as a CryptSession10Container: what an encrypted deck holds.
+    encrypted = data.replace(atom, b"\x0f\x00\x14\x2f" + atom[4:])
+    with pytest.raises(EncryptedDocument) as exc:
+        parse_with_report(encrypted, PPT)
+    assert (exc.value.code, exc.value.message) == (
+        "encrypted_document",
+        "encrypted PPT, password required",
+    )
+
+
 def test_ppt_corrupt_and_mismatched() -> None:
     with pytest.raises(CorruptDocument) as exc:
         parse_with_report(deck_ppt()[:1500], PPT)
