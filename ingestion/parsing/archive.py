@@ -13,8 +13,8 @@ expands them are rejected with :class:`ArchiveRejected` (code ``archive_rejected
   times its compressed size (an expansion bomb: zeros deflate about 1,000:1, office XML 5-50:1).
 
 Entries whose name could address a file outside an extraction folder (``..`` components,
-absolute or drive-letter paths, backslashes, NUL) or that are symbolic links (Unix mode
-``0o120000`` in ``external_attr``) are *unsafe*: they are left out of
+absolute or drive-letter paths, backslashes, NUL), that are symbolic links (Unix mode
+``0o120000`` in ``external_attr``) or that are encrypted (ZIP flag bit 0) are *unsafe*: they are left out of
 :attr:`ZipSummary.names`, so no parser or image reader opens them, and listed in
 :attr:`ZipSummary.unsafe`; parsers name them in their warnings (:func:`unsafe_entry_warnings`)
 and index the rest. Nothing here or in the parsers writes an entry to disk: entries are read
@@ -98,6 +98,8 @@ def unsafe_reason(info: zipfile.ZipInfo) -> str | None:
     name = info.filename
     if stat.S_ISLNK(info.external_attr >> 16):
         return "symbolic link"
+    if info.flag_bits & 0x1:
+        return "encrypted entry"
     if "\x00" in name:
         return "NUL in the name"
     if name.startswith("/"):

@@ -36,6 +36,7 @@ def hostile(base: bytes, media: str, *, bomb: bool = False) -> bytes:
         target.writestr(f"{media}../../../../tmp/kfs_slip.png", png_bytes("blue"))
         target.writestr("/tmp/kfs_abs.png", png_bytes("blue"))
         target.writestr("C:\\kfs_win.png", png_bytes("blue"))
+        target.writestr(f"{media}locked.png", png_bytes("blue"))  # marked encrypted below
         link = zipfile.ZipInfo(f"{media}passwd.png")
         link.create_system = 3
         link.external_attr = 0o120777 << 16
@@ -44,7 +45,25 @@ def hostile(base: bytes, media: str, *, bomb: bool = False) -> bytes:
             with target.open(f"{media}zeros.bin", "w") as fh:
                 for _ in range(200):
                     fh.write(bytes(1024 * 1024))
-    return out.getvalue()
+    return encrypt_flag(out.getvalue(), f"{media}locked.png".encode())
+
+
+def encrypt_flag(data: bytes, name: bytes) -> bytes:
+    """Set the "encrypted" flag (bit 0) of entry ``name`` in its local and central headers
+    (zipfile cannot write encrypted entries; the bytes are never decrypted anyway)."""
+    out = bytearray(data)
+    # (signature, offset of the flags, of the name length, of the name)
+    for signature, flags_at, length_at, name_at in (
+        (b"PK\x03\x04", 6, 26, 30),
+        (b"PK\x01\x02", 8, 28, 46),
+    ):
+        start = 0
+        while (start := out.find(signature, start)) >= 0:
+            length = int.from_bytes(out[start + length_at : start + length_at + 2], "little")
+            if out[start + name_at : start + name_at + length] == name:
+                out[start + flags_at] |= 0x01
+            start += 4
+    return bytes(out)
 
 
 def legit_docx() -> bytes:
@@ -61,6 +80,7 @@ UNSAFE_WARNINGS = {
     "unsafe archive entry skipped: '/tmp/kfs_abs.png' (absolute path)",
     "unsafe archive entry skipped: 'C:\\\\kfs_win.png' (drive-letter path)",
     "unsafe archive entry skipped: '{m}passwd.png' (symbolic link)",
+    "unsafe archive entry skipped: '{m}locked.png' (encrypted entry)",
 }
 
 
@@ -80,6 +100,7 @@ def test_bc47_docx_unsafe_entries_skipped_and_reported_text_and_pictures_kept() 
         "/tmp/kfs_abs.png",
         "C:\\kfs_win.png",
         "word/media/passwd.png",
+        "word/media/locked.png",
     }
     assert not set(summary.names) & {name for name, _ in summary.unsafe}
     assert sniff_mime_type(data, "report.docx") == DOCX
@@ -132,7 +153,7 @@ def test_bc47_upload_compiles_with_assets_keyed_by_ordinal(client, space, object
     (asset,) = artifact.assets
     assert asset["key"].endswith("/0.png") and "kfs" not in asset["key"]
     assert asset["key"].startswith(f"assets/{space.id}/{document.id}/")
-    assert len(artifact.warnings) == 4
+    assert len(artifact.warnings) == 5
     stored = sorted(str(p.relative_to(object_storage)) for p in object_storage.rglob("*.png"))
     assert stored == [asset["key"]]
 
