@@ -18,6 +18,8 @@ from .xlsx_parser import looks_like_header
 _CORRUPT = "corrupt or unreadable RTF"
 _CELL_MARK = "\ue000"
 _ROW_MARK = "\ue001"
+_IN_TABLE = "\ue002"
+_IN_TABLE_RE = re.compile(r"(?<!\\)\\intbl(?![A-Za-z])\s?")
 _CELL_RE = re.compile(r"(?<!\\)\\(?:nest)?cell(?![A-Za-z])\s?")
 _ROW_RE = re.compile(r"(?<!\\)\\(?:nest)?row(?![A-Za-z])\s?")
 _CODEPAGE_RE = re.compile(rb"\\ansicpg(\d{1,5})")
@@ -37,13 +39,15 @@ def _codec(data: bytes) -> str:
 
 
 def rtf_plain_text(data: bytes) -> str:
-    """The text of an RTF document, table cells ended by U+E000 and rows by U+E001."""
+    """The text of an RTF document, table cells ended by U+E000, rows by U+E001 and table
+    paragraphs (``\\intbl``) opened by U+E002."""
     if not data.lstrip()[:5] == b"{\\rtf":
         raise CorruptDocument(f"{_CORRUPT}: it does not start with {{\\rtf")
     codec = _codec(data)
     source = data.decode(codec, errors="replace")
     source = _CELL_RE.sub(r"\\u57344?", source)
     source = _ROW_RE.sub(r"\\u57345?\\par ", source)
+    source = _IN_TABLE_RE.sub(r"\\u57346?", source)
     try:
         return rtf_to_text(source, encoding=codec, errors="replace")
     except Exception as exc:  # noqa: BLE001 - striprtf raises assorted errors on damage
@@ -87,18 +91,29 @@ def parse_rtf(data: bytes) -> ParseReport:
             out.append(element)
         table.clear()
 
+    row: list[str] = []  # the lines of a table row not ended yet (cells of several paragraphs)
+
+    def end_row() -> None:
+        joined = " ".join(row).replace(_IN_TABLE, "").replace(_ROW_MARK, "")
+        cells = joined.split(_CELL_MARK)
+        if cells and not cells[-1].strip():
+            cells = cells[:-1]  # the text after the last cell mark
+        table.append([collapse_ws(c) for c in cells])
+        row.clear()
+
     for line in text.replace("\r\n", "\n").split("\n"):
-        if _CELL_MARK in line or _ROW_MARK in line:
+        if row or any(mark in line for mark in (_IN_TABLE, _CELL_MARK, _ROW_MARK)):
             flush_paragraph()
-            cells = line.replace(_ROW_MARK, "").split(_CELL_MARK)
-            if cells and not cells[-1].strip():
-                cells = cells[:-1]  # the text after the last cell mark
-            table.append([collapse_ws(c) for c in cells])
+            row.append(line)
+            if _ROW_MARK in line:
+                end_row()
             continue
         flush_table()
         if line.strip():
             paragraph.append(line.strip())
         flush_paragraph()  # one paragraph per \par (a \line break ends one too)
+    if row:
+        end_row()
     flush_table()
     flush_paragraph()
     return ParseReport(elements=out, page_count=None, pages_without_text=[], parser="striprtf")

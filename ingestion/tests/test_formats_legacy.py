@@ -264,3 +264,19 @@ def test_legacy_formats_compile_to_published(client, space, name, make, expected
     document = Document.objects.get()
     assert document.state == "published", (document.state, document.error_code)
     assert any(expected in n.text for n in KnowledgeNode.objects.filter(document=document))
+
+
+def test_rtf_cell_of_several_paragraphs_stays_in_its_cell() -> None:
+    rtf = (
+        rb"{\rtf1\ansi\ansicpg1252 \pard Before.\par"
+        rb"\trowd\cellx1000\cellx2000\pard\intbl Part A\par\pard\intbl Part B\cell"
+        rb"\pard\intbl 7\cell\row"
+        rb"\trowd\cellx1000\cellx2000\pard\intbl Solo\cell\pard\intbl 8\cell\row"
+        rb"\pard After.\par}"
+    )
+    report = parse_with_report(rtf, RTF)
+    assert [(e.type, e.text) for e in report.elements] == [
+        ("paragraph", "Before."),
+        ("table", "Part A Part B | 7\nSolo | 8"),
+        ("paragraph", "After."),
+    ]
