@@ -14,10 +14,10 @@ expands them are rejected with :class:`ArchiveRejected` (code ``archive_rejected
 
 Entries whose name could address a file outside an extraction folder (``..`` components,
 absolute or drive-letter paths, backslashes, NUL), that are symbolic links (Unix mode
-``0o120000`` in ``external_attr``) or that are encrypted (ZIP flag bit 0) are *unsafe*: they are left out of
-:attr:`ZipSummary.names`, so no parser or image reader opens them, and listed in
-:attr:`ZipSummary.unsafe`; parsers name them in their warnings (:func:`unsafe_entry_warnings`)
-and index the rest. Nothing here or in the parsers writes an entry to disk: entries are read
+``0o120000`` in ``external_attr``) or that are encrypted (ZIP flag bit 0) are *unsafe*: they
+are left out of :attr:`ZipSummary.names`, so no parser or image reader opens them, and listed
+in :attr:`ZipSummary.unsafe`; parsers name them in their warnings
+(:func:`unsafe_entry_warnings`) and index the rest. Nothing here or in the parsers writes an entry to disk: entries are read
 into memory by name, and stored images are keyed by job and ordinal, never by entry name.
 
 Declared sizes are a sound bound for our own parsers: :mod:`zipfile` stops inflating an entry at
