@@ -17,8 +17,9 @@ absolute or drive-letter paths, backslashes, NUL), that are symbolic links (Unix
 ``0o120000`` in ``external_attr``) or that are encrypted (ZIP flag bit 0) are *unsafe*: they
 are left out of :attr:`ZipSummary.names`, so no parser or image reader opens them, and listed
 in :attr:`ZipSummary.unsafe`; parsers name them in their warnings
-(:func:`unsafe_entry_warnings`) and index the rest. Nothing here or in the parsers writes an entry to disk: entries are read
-into memory by name, and stored images are keyed by job and ordinal, never by entry name.
+(:func:`unsafe_entry_warnings`) and index the rest. Nothing here or in the parsers writes an
+entry to disk: entries are read into memory by name, and stored images are keyed by job and
+ordinal, never by entry name.
 
 Declared sizes are a sound bound for our own parsers: :mod:`zipfile` stops inflating an entry at
 its declared ``file_size`` and then checks the CRC, so a lying header cannot expand further.
