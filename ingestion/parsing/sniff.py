@@ -13,7 +13,7 @@ import olefile
 from .archive import ArchiveRejected, inspect_zip
 from .base import image_mime_type
 from .encoding import bom_encoding, guess_bomless_utf16
-from .errors import ContentMismatch, EmptyDocument, UnsupportedType
+from .errors import ContentMismatch, EmptyDocument, EncryptedDocument, UnsupportedType
 
 PDF = "application/pdf"
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
@@ -229,6 +229,9 @@ def _ole_type(data: bytes, ext: str) -> str:
             return _OLE2_BY_EXT[ext]
         raise UnsupportedType(_OLE2_BY_EXT.get(ext, "application/x-ole-storage")) from exc
     top = {e for e in entries if "/" not in e}
+    if {"EncryptionInfo", "EncryptedPackage"} <= top:
+        # [MS-OFFCRYPTO]: a password-protected DOCX/XLSX/PPTX is an OLE2 file around the package
+        raise EncryptedDocument("encrypted Office document, password required")
     if "__properties_version1.0" in top and any(e.startswith("__substg1.0_") for e in top):
         return MSG
     for stream, mime in _OLE2_BY_STREAM:
@@ -362,6 +365,8 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
 
     Raises:
         EmptyDocument: (code ``"empty_file"``) when ``data`` is empty.
+        EncryptedDocument: (code ``"encrypted_document"``) a password-protected DOCX, XLSX or
+            PPTX (an OLE2 file holding ``EncryptionInfo`` and ``EncryptedPackage``).
         ContentMismatch: (code ``"content_mismatch"``) the extension names one binary format
             (``.pdf .docx .xlsx .pptx .epub .msg .odt .ods .odp .rtf .doc .xls .ppt``) but the
             content is another recognised format, e.g. ``"content mismatch: named .pdf but

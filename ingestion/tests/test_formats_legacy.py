@@ -280,3 +280,21 @@ def test_rtf_cell_of_several_paragraphs_stays_in_its_cell() -> None:
         ("table", "Part A Part B | 7\nSolo | 8"),
         ("paragraph", "After."),
     ]
+
+
+@pytest.mark.django_db
+def test_password_protected_docx_is_refused_at_upload_as_encrypted(client, space):
+    from ingestion.models import Document
+    from ingestion.tests.test_formats import compound_file
+
+    # [MS-OFFCRYPTO]: the encrypted package inside an OLE2 file (stream contents are opaque)
+    protected = compound_file(
+        {"EncryptionInfo": b"\x04\x00\x04\x00" + bytes(60), "EncryptedPackage": bytes(200)}
+    )
+    with pytest.raises(EncryptedDocument) as exc:
+        sniff_mime_type(protected, "contract.docx")
+    assert exc.value.message == "encrypted Office document, password required"
+    response = upload(client, space, "contract.docx", protected)
+    assert response.status_code == 400
+    assert response.json()["code"] == "encrypted_document"
+    assert not Document.objects.exists()
