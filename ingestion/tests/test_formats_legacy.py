@@ -22,6 +22,7 @@ from ingestion.parsing import (
     ContentMismatch,
     CorruptDocument,
     EncryptedDocument,
+    ParseError,
     parse_with_report,
     sniff_mime_type,
 )
@@ -298,3 +299,13 @@ def test_password_protected_docx_is_refused_at_upload_as_encrypted(client, space
     assert response.status_code == 400
     assert response.json()["code"] == "encrypted_document"
     assert not Document.objects.exists()
+
+
+def test_doc_without_antiword_on_the_server_fails_with_a_stable_code(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # a server where `make office` never ran
+    with pytest.raises(ParseError) as exc:
+        parse_with_report(report_doc(), DOC)
+    assert exc.value.code == "converter_unavailable"
+    assert exc.value.message == (
+        "DOC documents cannot be read: antiword is not installed on this server"
+    )
