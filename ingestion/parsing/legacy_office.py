@@ -15,6 +15,7 @@ are the slide's text, those of notes containers its speaker notes.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import shutil
@@ -40,6 +41,11 @@ _RT_SLIDE, _RT_SLIDE_ATOM, _RT_NOTES, _RT_NOTES_ATOM = 0x03EE, 0x03EF, 0x03F0, 0
 _RT_SLIDE_LIST, _RT_SLIDE_PERSIST = 0x0FF0, 0x03F3
 _RT_TEXT_CHARS, _RT_TEXT_BYTES = 0x0FA0, 0x0FA8
 _RT_CRYPT_SESSION = 0x2F14
+# OfficeArt records of the slide drawing: a group, a shape, a child anchor, the tertiary
+# property table (its property 0x03A0, tableProperties, marks a group that is a table)
+_RT_GROUP, _RT_SHAPE, _RT_CHILD_ANCHOR, _RT_TERTIARY_OPT = 0xF003, 0xF004, 0xF00F, 0xF122
+_RT_TEXT_BOX = 0xF00D  # OfficeArtClientTextbox
+_PROP_TABLE = 0x03A0
 _MAX_DEPTH = 32
 
 
@@ -183,12 +189,53 @@ def _atom_text(buf: bytes, kind: int, body: int, stop: int) -> str:
     return text.replace("\r", "\n").replace("\x0b", "\n")
 
 
+class _Group:
+    """A drawing group being read; when it is a table, its cells' anchors and texts."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.table = False
+        self.cells: list[list] = []  # [anchor (left, top) or None, texts, has a text box]
+
+    def grid(self) -> list[list[str]] | None:
+        """The cells on the grid their anchors form (rows by top edge, columns by left edge),
+        a blank cell kept; ``None`` when a cell has no anchor."""
+        # The first shape of a group is the group's own; shapes without a text box are the
+        # table's border lines.
+        cells = [(anchor, texts) for anchor, texts, box in self.cells[1:] if box]
+        if not cells or any(anchor is None for anchor, _ in cells):
+            return None
+        tops = sorted({anchor[1] for anchor, _ in cells})
+        lefts = sorted({anchor[0] for anchor, _ in cells})
+        rows = [[""] * len(lefts) for _ in tops]
+        for (left, top), texts in cells:
+            rows[tops.index(top)][lefts.index(left)] = collapse_ws(" ".join(texts))
+        return rows
+
+
+def _has_table_property(buf: bytes, instance: int, body: int, stop: int) -> bool:
+    for n in range(min(instance, (stop - body) // 6)):
+        if struct.unpack_from("<H", buf, body + 6 * n)[0] & 0x3FFF == _PROP_TABLE:
+            return True
+    return False
+
+
+def _table_element(rows: list[list[str]], number: int) -> Element | None:
+    rows = [r for r in rows if any(r)]
+    if not rows:
+        return None
+    header = len(rows) > 1 and looks_like_header(rows[0], rows[1:])
+    text, meta = render_table(rows[0], rows[1:]) if header else render_table(None, rows)
+    return Element(type="table", text=text, page_number=number, metadata=meta)
+
+
 def parse_ppt(data: bytes) -> ParseReport:
     """Parse a legacy PowerPoint presentation: per slide (``page_number`` = slide number in
     the order of the slide containers) the text of its shapes as paragraphs, the first one a
     level-1 heading when the slide has more than one; speaker notes ``{"part": "notes"}`` on
     their slide (matched by slide id). Master slides and ``*`` field placeholders are left
-    out. Table cells are read as separate paragraphs (a PPT table is a group of shapes).
+    out. A table (a group of cell shapes marked with ``tableProperties``) becomes a
+    ``"table"`` element on the grid of its cells' anchors, a blank cell kept in its column.
 
     Raises:
         EncryptedDocument: (code ``encrypted_document``) a password-protected presentation.
@@ -201,14 +248,34 @@ def parse_ppt(data: bytes) -> ParseReport:
             raise CorruptDocument("corrupt or unreadable PPT: no PowerPoint Document stream")
         buf = ole.openstream("PowerPoint Document").read()
     slide_ids: list[int] = []
-    slides: list[list[str]] = []
+    slides: list[list] = []  # per slide: texts, and tables as lists of rows
     notes: dict[int, list[str]] = {}
     owner: tuple[str, int] | None = None  # the top-level container the text belongs to
     owner_depth = -1
     list_instance = -1
+    groups: list[_Group] = []
     for kind, instance, body, stop, depth in _records(buf, 0, len(buf)):
+        while groups and depth <= groups[-1].depth:
+            group = groups.pop()
+            rows = group.grid() if group.table else None
+            if rows is not None and owner is not None and owner[0] == "slide":
+                slides[owner[1]].append(rows)
+            elif group.table and owner is not None and owner[0] == "slide":
+                slides[owner[1]].extend(t for _, texts, _ in group.cells for t in texts)
         if depth <= owner_depth:
             owner, owner_depth = None, -1
+        if groups and groups[-1].table is not None:
+            group = groups[-1]
+            if kind == _RT_SHAPE and depth == group.depth + 1:
+                group.cells.append([None, [], False])
+            elif kind == _RT_CHILD_ANCHOR and depth == group.depth + 2 and stop - body >= 16:
+                group.cells[-1][0] = struct.unpack_from("<2i", buf, body)
+            elif kind == _RT_TEXT_BOX and depth == group.depth + 2:
+                group.cells[-1][2] = True
+            elif kind == _RT_TERTIARY_OPT and len(group.cells) == 1:
+                group.table = _has_table_property(buf, instance, body, stop)
+        if kind == _RT_GROUP and owner is not None and owner[0] == "slide":
+            groups.append(_Group(depth))
         if kind == _RT_CRYPT_SESSION:
             raise EncryptedDocument("encrypted PPT, password required")
         if kind == _RT_SLIDE_LIST:
@@ -227,24 +294,32 @@ def parse_ppt(data: bytes) -> ParseReport:
             text = _atom_text(buf, kind, body, stop).strip()
             if not text or text == "*":
                 continue
-            if owner[0] == "slide":
+            table = next((g for g in reversed(groups) if g.table), None)
+            if owner[0] == "slide" and table is not None and table.cells:
+                table.cells[-1][1].append(text)
+            elif owner[0] == "slide":
                 slides[owner[1]].append(text)
             elif owner[1]:
                 notes.setdefault(owner[1], []).append(text)
     if not buf:
         raise CorruptDocument("corrupt or unreadable PPT: the document stream is empty")
     out: list[Element] = []
-    for number, texts in enumerate(slides, start=1):
+    for number, items in enumerate(slides, start=1):
         path: tuple[str, ...] = ()
-        if len(texts) > 1:
-            title = collapse_ws(texts[0])
+        if len(items) > 1 and isinstance(items[0], str):
+            title = collapse_ws(items[0])
             path = (title,)
             out.append(
                 Element(type="heading", text=title, page_number=number, section_path=path, level=1)
             )
-            texts = texts[1:]
-        for text in texts:
-            out.append(Element(type="paragraph", text=text, page_number=number, section_path=path))
+            items = items[1:]
+        for item in items:
+            if isinstance(item, str):
+                out.append(
+                    Element(type="paragraph", text=item, page_number=number, section_path=path)
+                )
+            elif (table := _table_element(item, number)) is not None:
+                out.append(dataclasses.replace(table, section_path=path))
         slide_id = slide_ids[number - 1] if number <= len(slide_ids) else None
         for text in notes.get(slide_id, []) if slide_id is not None else []:
             out.append(

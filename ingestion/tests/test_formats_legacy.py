@@ -220,6 +220,16 @@ def test_ppt_slides_text_boxes_and_notes() -> None:
     assert "Click to edit" not in "\n".join(e.text for e in report.elements)  # masters
 
 
+def test_ppt_table_keeps_its_columns() -> None:
+    data = gzip.decompress((FIXTURES / "table.ppt.gz").read_bytes())
+    report = parse_with_report(data, PPT)
+    assert [(e.type, e.text, e.page_number) for e in report.elements] == [
+        ("table", "Region: North; Q2: 12\nRegion: South; Q1: 30; Q2: 31", 1),
+        ("paragraph", "Below the table", 1),
+    ]
+    assert report.elements[0].metadata["rows"] == [["North", "", "12"], ["South", "30", "31"]]
+
+
 def test_ppt_encrypted_is_refused() -> None:
     data = deck_ppt()
     title = "Legacy Deck".encode("utf-16-le")
