@@ -11,13 +11,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     KNOWLEDGE_VAR_DIR=/var/lib/knowledgefs
 # Debian's Poppler (pdftoppm: PDF rasterization, KNOWLEDGE_PDF_RASTERIZER=poppler) and Tesseract
-# (OCR of scanned pages and images), verified at build time; tini, the api stage's init.
+# (OCR of scanned pages and images), antiword and catdoc (legacy Word .doc documents, run by the
+# parser), verified at build time; tini, the api stage's init.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends poppler-utils tesseract-ocr tesseract-ocr-eng tini \
+    && apt-get install -y --no-install-recommends poppler-utils tesseract-ocr tesseract-ocr-eng \
+        antiword catdoc tini \
     && rm -rf /var/lib/apt/lists/* \
     && pdftoppm -v \
     && tesseract --version \
-    && tini --version
+    && tini --version \
+    && command -v antiword catdoc
 RUN groupadd --system --gid 10001 knowledgefs \
     && useradd --system --uid 10001 --gid knowledgefs --no-create-home \
         --home-dir /var/lib/knowledgefs --shell /usr/sbin/nologin knowledgefs \

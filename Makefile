@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis nginx ocr mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale bench-floor bench-peers schemathesis loadtest clean unstructured
+.PHONY: install chromium redis nginx ocr office mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale bench-floor bench-peers schemathesis loadtest clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,17 @@ redis:
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends redis-server; }
 	@redis-server --version 2>/dev/null
+
+# Debian's antiword and catdoc: the legacy Word (.doc) parser runs them in the parser child
+# (ingestion/parsing/legacy_office.py; ingestion/tests/test_formats_legacy.py fails without
+# them under KFS_REQUIRE_OFFICE=1).
+office:
+	@{ command -v antiword && command -v catdoc; } >/dev/null 2>&1 || { \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+			antiword catdoc; }
+	@command -v antiword catdoc
 
 # Debian's mariadb-server for the migration suite on MariaDB (scripts/with_mariadb.py starts a
 # throw-away server on loopback; the system service is never started or used).

@@ -50,6 +50,11 @@ sys.path.insert(0, str(ROOT))
 
 FORMATS = {".pdf": "PDF", ".docx": "DOCX", ".pptx": "PPTX", ".xlsx": "XLSX"}
 EXTRA_FORMATS = {".eml": "EML", ".msg": "MSG", ".epub": "EPUB", ".xml": "XML", ".mbox": "mbox"}
+# OpenDocument, RTF and legacy Office: parsed natively since this release (--files to time them)
+EXTRA_FORMATS.update(
+    {".odt": "ODT", ".ods": "ODS", ".odp": "ODP", ".rtf": "RTF", ".doc": "DOC", ".xls": "XLS"}
+)
+EXTRA_FORMATS[".ppt"] = "PPT"
 MIB = 1024 * 1024
 
 

@@ -31,11 +31,15 @@ from .errors import (
     UnsupportedType,
 )
 from .html_parser import parse_html_report
+from .legacy_office import parse_doc, parse_ppt
 from .markdown_parser import parse_markdown
+from .odf_parser import parse_odp, parse_ods, parse_odt
 from .pdf_parser import parse_pdf
 from .pptx_parser import parse_pptx
+from .rtf_parser import parse_rtf
 from .sniff import sniff_mime_type
 from .text_parser import parse_text
+from .xls_parser import parse_xls
 from .xlsx_parser import parse_xlsx
 from .xml_parser import parse_xml
 
@@ -73,6 +77,8 @@ _ALIASES = {
     "application/x-msg": "application/vnd.ms-outlook",
     "message/x-emlx": "message/rfc822",
     "text/xml": "application/xml",
+    "text/rtf": "application/rtf",
+    "application/x-rtf": "application/rtf",
 }
 
 _PARSER_NAMES = {
@@ -89,6 +95,13 @@ _PARSER_NAMES = {
     "epub": "native-epub",
     "image": "tesseract",
     "xml": "lxml-xml",
+    "odt": "native-odf",
+    "ods": "native-odf",
+    "odp": "native-odf",
+    "rtf": "striprtf",
+    "doc": "antiword",
+    "xls": "xlrd",
+    "ppt": "olefile-ppt",
 }
 
 #: Parser of each format other than PDF and images: bytes -> elements, or a full report when
@@ -107,6 +120,13 @@ _SIMPLE_PARSERS = {
     "csv": parse_csv,
     "txt": parse_text,
     "xml": parse_xml,
+    "odt": parse_odt,
+    "ods": parse_ods,
+    "odp": parse_odp,
+    "rtf": parse_rtf,
+    "doc": parse_doc,
+    "xls": parse_xls,
+    "ppt": parse_ppt,
 }
 
 

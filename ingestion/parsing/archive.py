@@ -8,7 +8,18 @@ expands them are rejected with :class:`ArchiveRejected` (code ``archive_rejected
   ZIP64 extra field on an entry) - no office document of an admitted size needs one;
 * multi-disk (spanned) archives;
 * more than ``max_entries`` entries;
-* more than ``max_expanded_bytes`` of declared uncompressed content.
+* more than ``max_expanded_bytes`` of declared uncompressed content;
+* an entry declaring over :data:`RATIO_MIN_BYTES` that expands more than :data:`MAX_RATIO`
+  times its compressed size (an expansion bomb: zeros deflate about 1,000:1, office XML 5-50:1).
+
+Entries whose name could address a file outside an extraction folder (``..`` components,
+absolute or drive-letter paths, backslashes, NUL), that are symbolic links (Unix mode
+``0o120000`` in ``external_attr``) or that are encrypted (ZIP flag bit 0) are *unsafe*: they
+are left out of :attr:`ZipSummary.names`, so no parser or image reader opens them, and listed
+in :attr:`ZipSummary.unsafe`; parsers name them in their warnings
+(:func:`unsafe_entry_warnings`) and index the rest. Nothing here or in the parsers writes an
+entry to disk: entries are read into memory by name, and stored images are keyed by job and
+ordinal, never by entry name.
 
 Declared sizes are a sound bound for our own parsers: :mod:`zipfile` stops inflating an entry at
 its declared ``file_size`` and then checks the CRC, so a lying header cannot expand further.
@@ -23,6 +34,8 @@ with :func:`admit_zip` and read its images with :func:`zip_images`.
 from __future__ import annotations
 
 import io
+import re
+import stat
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -40,6 +53,14 @@ HEAVY_BODY_BYTES = 8 * 1024 * 1024
 HEAVY_EXPANDED_BYTES = 64 * 1024 * 1024
 HEAVY_ENTRIES = 2_000
 
+#: Expansion-ratio limit per entry (declared size / compressed size), checked for entries
+#: declaring over :data:`RATIO_MIN_BYTES`.
+MAX_RATIO = 200
+RATIO_MIN_BYTES = 1024 * 1024
+#: Unsafe entries named one by one in the warnings; further ones are counted.
+MAX_NAMED_UNSAFE = 20
+
+_DRIVE_RE = re.compile(r"^[A-Za-z]:")
 _EOCD_SIG = b"PK\x05\x06"
 _EOCD64_LOCATOR_SIG = b"PK\x06\x07"
 _EOCD_SIZE = 22
@@ -62,13 +83,47 @@ class ZipSummary:
         entries: number of entries.
         declared_bytes: sum of declared uncompressed sizes, bytes.
         compressed_bytes: sum of compressed sizes, bytes.
-        names: entry names in directory order.
+        names: names of the safe entries in directory order.
+        unsafe: ``(name, reason)`` of every unsafe entry (see the module documentation).
     """
 
     entries: int
     declared_bytes: int
     compressed_bytes: int
     names: tuple[str, ...]
+    unsafe: tuple[tuple[str, str], ...] = ()
+
+
+def unsafe_reason(info: zipfile.ZipInfo) -> str | None:
+    """Why entry ``info`` must not be opened, or ``None`` when it is safe."""
+    name = info.filename
+    if stat.S_ISLNK(info.external_attr >> 16):
+        return "symbolic link"
+    if info.flag_bits & 0x1:
+        return "encrypted entry"
+    if "\x00" in name:
+        return "NUL in the name"
+    if name.startswith("/"):
+        return "absolute path"
+    if _DRIVE_RE.match(name):
+        return "drive-letter path"
+    if "\\" in name:
+        return "backslash in the path"
+    if ".." in name.split("/"):
+        return "path leaves the archive"
+    return None
+
+
+def unsafe_entry_warnings(summary: ZipSummary) -> list[str]:
+    """The parse warnings naming a container's skipped unsafe entries."""
+    notes = [
+        f"unsafe archive entry skipped: {name!r} ({reason})"
+        for name, reason in summary.unsafe[:MAX_NAMED_UNSAFE]
+    ]
+    if len(summary.unsafe) > MAX_NAMED_UNSAFE:
+        more = len(summary.unsafe) - MAX_NAMED_UNSAFE
+        notes.append(f"{more} further unsafe archive entries skipped")
+    return notes
 
 
 def _end_record(data: bytes) -> tuple[int, bytes]:
@@ -86,7 +141,8 @@ def inspect_zip(
     max_entries: int = MAX_ENTRIES,
     max_expanded_bytes: int = MAX_EXPANDED_BYTES,
 ) -> ZipSummary:
-    """Read the central directory of ``data`` without inflating anything and admit or refuse it.
+    """Read the central directory of ``data`` without inflating anything and admit or refuse it
+    (limits and unsafe entries: see the module documentation).
 
     Args:
         data: the whole container.
@@ -97,7 +153,8 @@ def inspect_zip(
         :class:`ZipSummary` of the admitted container.
 
     Raises:
-        ArchiveRejected: ZIP64, multi-disk, too many entries, or too large when expanded.
+        ArchiveRejected: ZIP64, multi-disk, too many entries, too large when expanded, or an
+            entry over the expansion-ratio limit.
         CorruptDocument: not a readable ZIP (no end record, damaged central directory).
     """
     offset, record = _end_record(data)
@@ -144,11 +201,23 @@ def inspect_zip(
             f"archive rejected: {declared} bytes when expanded exceed the limit of "
             f"{max_expanded_bytes} bytes ({max_expanded_bytes // (1024 * 1024)} MiB)"
         )
+    for info in infos:
+        if info.file_size > RATIO_MIN_BYTES and info.file_size > MAX_RATIO * max(
+            info.compress_size, 1
+        ):
+            ratio = info.file_size // max(info.compress_size, 1)
+            raise ArchiveRejected(
+                f"archive rejected: entry {info.filename!r} expands {ratio}:1 "
+                f"({info.file_size} bytes from {info.compress_size}), over the limit of "
+                f"{MAX_RATIO}:1"
+            )
+    unsafe = [(info.filename, unsafe_reason(info)) for info in infos]
     return ZipSummary(
         entries=len(infos),
         declared_bytes=declared,
         compressed_bytes=compressed,
-        names=tuple(info.filename for info in infos),
+        names=tuple(name for name, reason in unsafe if reason is None),
+        unsafe=tuple((name, reason) for name, reason in unsafe if reason is not None),
     )
 
 

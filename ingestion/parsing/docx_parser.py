@@ -10,11 +10,11 @@ from typing import Any
 import docx
 from docx.oxml.ns import qn
 
-from .archive import admit_zip, zip_images
+from .archive import admit_zip, unsafe_entry_warnings, zip_images
 from .base import MAX_ASSETS, Element, ParseReport, SectionStack, collapse_ws
 from .errors import CorruptDocument
 from .remote_refs import unfetched_image_warnings
-from .tables import render_table
+from .tables import render_row, render_table
 
 _CORRUPT = "corrupt or unreadable DOCX"
 _W_P = qn("w:p")
@@ -100,7 +100,7 @@ def _cell_text(tc: Any) -> str:
         if block.tag == _W_P:
             parts.append(_para_text(block))
         else:
-            nested = [" | ".join(c for c in row if c) for row in _table_rows(block)]
+            nested = [render_row(None, row, positional=True) for row in _table_rows(block)]
             parts.append("; ".join(r for r in nested if r))
     return collapse_ws(" ".join(p for p in parts if p))
 
@@ -122,28 +122,40 @@ def _grid_before(tr: Any) -> int:
         return 0
 
 
+def _grid_after(tr: Any) -> int:
+    """Grid columns left empty after the row's last cell (``w:trPr/w:gridAfter``)."""
+    node = tr.find(f"{qn('w:trPr')}/{qn('w:gridAfter')}")
+    try:
+        return min(max(int(node.get(qn("w:val"))), 0), 64) if node is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
 def _table_rows(tbl: Any) -> list[list[str]]:
     """Cell texts per row, one entry per grid column, so every row lines up with the header.
 
-    A horizontally merged cell (``gridSpan``) gives its text to its first grid column and
-    ``""`` to the others (its text is never repeated in the row); a vertically merged cell
-    (``vMerge`` continue) carries the text of the cell above in the same grid column to every
-    row it covers. Rows are padded to the widest row.
+    The grid is followed exactly: ``gridBefore``/``gridAfter`` leave their columns ``""``; a
+    horizontally merged cell (``gridSpan``) gives its text to its first grid column and ``""``
+    to the others (its text is never repeated in the row); a vertically merged cell (``vMerge``
+    continue) carries the text of the merge above it in the same grid column to every row it
+    covers, as XLSX merges are (case BC-07). The text above a column is remembered across rows
+    that do not reach that column (a ``gridBefore``/``gridAfter`` row between the start and the
+    continuation), so a merge is never lost. Rows are padded to the widest row.
     """
     rows: list[list[str]] = []
-    above: dict[int, str] = {}
+    above: dict[int, str] = {}  # grid column -> text of the cell last seen covering it
     for tr in tbl.iterchildren(_W_TR):
-        col = _grid_before(tr)
+        col = min(_grid_before(tr), 64)
         row: list[str] = [""] * col
-        current: dict[int, str] = {}
         for tc in _row_cells(tr):
             span = max(min(int(getattr(tc, "grid_span", 1) or 1), 64), 1)
             text = above.get(col, "") if _vmerge_continue(tc) else _cell_text(tc)
             row.append(text)
             row.extend([""] * (span - 1))
-            current[col] = text
+            for covered in range(col, col + span):
+                above[covered] = text
             col += span
-        above = current
+        row.extend([""] * _grid_after(tr))
         rows.append(row)
     width = max((len(r) for r in rows), default=0)
     return [r + [""] * (width - len(r)) for r in rows]
@@ -254,7 +266,8 @@ class _DocxWalker:
                     if block.tag == _W_P:
                         lines.append(_para_text(block))
                     else:
-                        lines.extend(" | ".join(c for c in r if c) for r in _table_rows(block))
+                        rows = _table_rows(block)
+                        lines.extend(render_row(None, r, positional=True) for r in rows)
                 text = "\n".join(line for line in lines if line)
                 if text and (kind, text) not in seen:
                     seen.add((kind, text))
@@ -307,7 +320,9 @@ def parse_docx(data: bytes) -> ParseReport:
     walker.body()
     walker.headers_footers()
     assets, over = zip_images(data, _media_names(summary.names))
-    warnings = [f"{over} images beyond the limit of {MAX_ASSETS} were not kept"] if over else []
+    warnings = unsafe_entry_warnings(summary)
+    if over:
+        warnings.append(f"{over} images beyond the limit of {MAX_ASSETS} were not kept")
     warnings += unfetched_image_warnings(_linked_images(document))
     return ParseReport(
         elements=walker.out,

@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 from lxml import etree
 
-from .archive import admit_zip, zip_images
+from .archive import admit_zip, unsafe_entry_warnings, zip_images
 from .base import Element, ParseReport, SectionStack, collapse_ws
 from .errors import CorruptDocument, ProtectedDocument
 from .html_parser import drop_repeated_blocks, parse_html
@@ -166,9 +166,9 @@ def parse_epub(data: bytes) -> ParseReport:
             out.extend(chapter)
         images = [p for p, t in manifest.values() if t.startswith("image/") and p in names]
     assets, over = zip_images(data, images, cap=MAX_EPUB_IMAGES)
-    warnings = (
-        [f"{over} images beyond the limit of {MAX_EPUB_IMAGES} were not kept"] if over else []
-    )
+    warnings = unsafe_entry_warnings(summary)
+    if over:
+        warnings.append(f"{over} images beyond the limit of {MAX_EPUB_IMAGES} were not kept")
     return ParseReport(
         elements=out,
         page_count=None,

@@ -10,7 +10,7 @@ from typing import Any
 import pptx
 from pptx.enum.shapes import MSO_SHAPE_TYPE, PP_PLACEHOLDER
 
-from .archive import admit_zip
+from .archive import admit_zip, unsafe_entry_warnings
 from .base import MAX_ASSETS, Asset, Element, ParseReport, collapse_ws, image_asset, image_mime_type
 from .errors import CorruptDocument
 from .tables import render_table
@@ -104,8 +104,12 @@ class _SlideWalker:
         self.assets: list[Asset] = []
         self.seen_images: set[str] = set()
         self.images_over_cap = 0
+        self.hidden = False
+        self.hidden_slides: list[int] = []
 
     def emit(self, type_: str, text: str, number: int, path: tuple[str, ...], **kw: Any) -> None:
+        if self.hidden:
+            kw["metadata"] = {**kw.get("metadata", {}), "hidden_slide": True}
         if text.strip():
             self.out.append(
                 Element(type=type_, text=text, page_number=number, section_path=path, **kw)
@@ -163,6 +167,10 @@ class _SlideWalker:
             self.emit("paragraph", "\n".join(text for _, text in paragraphs), number, path)
 
     def slide(self, slide: Any, number: int) -> None:
+        # <p:sld show="0">: hidden in the slide show, still part of the deck.
+        self.hidden = slide._element.get("show") in ("0", "false")
+        if self.hidden:
+            self.hidden_slides.append(number)
         title_shape = None
         for shape in slide.placeholders:
             if _placeholder_type(shape) in _TITLE_TYPES and shape.has_text_frame:
@@ -207,13 +215,15 @@ def parse_pptx(data: bytes) -> ParseReport:
     page_number=slide)`` (each distinct
     image once, at most :data:`~ingestion.parsing.base.MAX_ASSETS`); speaker notes a
     ``"paragraph"`` with ``metadata={"part": "notes"}``. Date and slide-number placeholders
-    are skipped.
+    are skipped; connectors and other shapes without text contribute nothing. A hidden slide
+    (``show="0"``) is indexed like the others, its elements tagged
+    ``metadata["hidden_slide"] = True``, and named in the warnings.
 
     Raises:
         ArchiveRejected: the container is refused by the ZIP inspection.
         CorruptDocument: "corrupt or unreadable PPTX".
     """
-    admit_zip(data, "PPTX")
+    summary = admit_zip(data, "PPTX")
     try:
         presentation = pptx.Presentation(io.BytesIO(data))
     except Exception as exc:
@@ -221,7 +231,10 @@ def parse_pptx(data: bytes) -> ParseReport:
     walker = _SlideWalker()
     for number, slide in enumerate(presentation.slides, start=1):
         walker.slide(slide, number)
-    warnings = []
+    warnings = unsafe_entry_warnings(summary) + [
+        f"slide {number} is hidden; it was indexed and tagged hidden_slide"
+        for number in walker.hidden_slides
+    ]
     if walker.images_over_cap:
         warnings.append(
             f"{walker.images_over_cap} images beyond the limit of {MAX_ASSETS} were not kept"

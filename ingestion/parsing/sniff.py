@@ -13,7 +13,13 @@ import olefile
 from .archive import ArchiveRejected, inspect_zip
 from .base import image_mime_type
 from .encoding import bom_encoding, guess_bomless_utf16
-from .errors import ContentMismatch, CorruptDocument, EmptyDocument, UnsupportedType
+from .errors import (
+    ContentMismatch,
+    CorruptDocument,
+    EmptyDocument,
+    EncryptedDocument,
+    UnsupportedType,
+)
 from .mail_container import decode_container, split_mbox
 
 PDF = "application/pdf"
@@ -25,6 +31,15 @@ EML = "message/rfc822"
 MSG = "application/vnd.ms-outlook"
 MBOX = "application/mbox"
 XML = "application/xml"
+ODT = "application/vnd.oasis.opendocument.text"
+ODS = "application/vnd.oasis.opendocument.spreadsheet"
+ODP = "application/vnd.oasis.opendocument.presentation"
+#: OpenDocument packages by their ``mimetype`` entry.
+_ODF = {ODT, ODS, ODP}
+RTF = "application/rtf"
+DOC = "application/msword"
+XLS = "application/vnd.ms-excel"
+PPT = "application/vnd.ms-powerpoint"
 _OLE2_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _OLE2_BY_EXT = {
     ".doc": "application/msword",
@@ -46,8 +61,23 @@ _BINARY_EXT = {
     ".pptx": PPTX,
     ".epub": EPUB,
     ".msg": MSG,
+    ".odt": ODT,
+    ".ods": ODS,
+    ".odp": ODP,
+    ".rtf": RTF,
+    ".doc": DOC,
+    ".xls": XLS,
+    ".ppt": PPT,
 }
-_ZIP_EXT = {".docx": DOCX, ".xlsx": XLSX, ".pptx": PPTX, ".epub": EPUB}
+_ZIP_EXT = {
+    ".docx": DOCX,
+    ".xlsx": XLSX,
+    ".pptx": PPTX,
+    ".epub": EPUB,
+    ".odt": ODT,
+    ".ods": ODS,
+    ".odp": ODP,
+}
 #: Content types of the OOXML main parts we parse, and of the macro/template flavours we do not.
 _OOXML_MAIN = (
     ("wordprocessingml.document.main+xml", DOCX),
@@ -93,6 +123,9 @@ _DESCRIPTIONS = {
     EML: "an e-mail message (EML)",
     MBOX: "a mailbox (mbox)",
     XML: "an XML document",
+    ODT: "an OpenDocument text (ODT)",
+    ODS: "an OpenDocument spreadsheet (ODS)",
+    ODP: "an OpenDocument presentation (ODP)",
     "image/png": "a PNG image",
     "image/jpeg": "a JPEG image",
     "image/gif": "a GIF image",
@@ -176,8 +209,8 @@ def _zip_type(data: bytes, ext: str) -> str:
         if ext in _ZIP_EXT:
             return _ZIP_EXT[ext]
         raise UnsupportedType("application/zip") from exc
-    if mimetype == EPUB:
-        return EPUB
+    if mimetype == EPUB or mimetype in _ODF:
+        return mimetype
     for marker, mime in _OOXML_REFUSED:
         if marker in content_types:
             raise UnsupportedType(mime)
@@ -203,13 +236,18 @@ def _ole_type(data: bytes, ext: str) -> str:
     except Exception as exc:  # noqa: BLE001 - olefile raises OSError and assorted others
         if ext == ".msg":  # let the MSG parser report the damage
             return MSG
+        if ext in _OLE2_BY_EXT:  # and the legacy Office parsers theirs
+            return _OLE2_BY_EXT[ext]
         raise UnsupportedType(_OLE2_BY_EXT.get(ext, "application/x-ole-storage")) from exc
     top = {e for e in entries if "/" not in e}
+    if {"EncryptionInfo", "EncryptedPackage"} <= top:
+        # [MS-OFFCRYPTO]: a password-protected DOCX/XLSX/PPTX is an OLE2 file around the package
+        raise EncryptedDocument("encrypted Office document, password required")
     if "__properties_version1.0" in top and any(e.startswith("__substg1.0_") for e in top):
         return MSG
     for stream, mime in _OLE2_BY_STREAM:
         if stream in top:
-            raise UnsupportedType(mime)
+            return mime
     raise UnsupportedType(_OLE2_BY_EXT.get(ext, "application/x-ole-storage"))
 
 
@@ -290,7 +328,7 @@ def _detect(data: bytes, ext: str) -> str:
     if image is not None:
         return image
     if data[:64].lstrip().startswith(b"{\\rtf"):
-        raise UnsupportedType("application/rtf")
+        return RTF
     if bom_encoding(data) is None and _BINARY_BYTES_RE.search(data[:8192]):
         # Only content with control bytes can be a binary format: magic numbers of some
         # formats ("BM", "ID3", "MZ", ...) are also the start of ordinary text.
@@ -340,13 +378,13 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
     Binary formats are recognised by content only: PDF magic (``%PDF-`` within the first
     KiB); ZIP containers, whose central directory is admitted by
     :func:`~ingestion.parsing.archive.inspect_zip` before any entry is read, by their
-    ``mimetype`` entry (EPUB), ``[Content_Types].xml`` main part or entry names (DOCX, XLSX,
-    PPTX); OLE2 compound files by their streams (Outlook MSG); images by magic number (PNG,
-    JPEG, GIF, TIFF, WebP, BMP). E-mail (EML) is recognised by an RFC 822 header block (at
-    least three usual headers, one under a ``.eml`` name), or by an mbox envelope line
-    (``From sender date``: one message is ``message/rfc822``, several ``application/mbox``),
-    XML (``application/xml``) by an XML declaration, or an element at the start of a ``.xml``
-    file, HTML by markers at the start
+    ``mimetype`` entry (EPUB, ODT, ODS, ODP), ``[Content_Types].xml`` main part or entry names
+    (DOCX, XLSX, PPTX); OLE2 compound files by their streams (Outlook MSG, legacy DOC, XLS,
+    PPT); RTF by ``{\\rtf``; images by magic number (PNG, JPEG, GIF, TIFF, WebP, BMP).
+    E-mail (EML) is recognised by an RFC 822 header block (at least three usual headers, one
+    under a ``.eml`` name), or by an mbox envelope line (``From sender date``: one message is
+    ``message/rfc822``, several ``application/mbox``), XML (``application/xml``) by an XML
+    declaration, or an element at the start of a ``.xml`` file, HTML by markers at the start
     (``<!doctype html``, ``<html``, ``<head``, ``<body``). The file name's extension only
     chooses among text flavours: ``.md``/``.markdown`` -> ``text/markdown``,
     ``.csv``/``.tsv`` -> ``text/csv``, ``.html``/``.htm`` (content starting with ``<``) ->
@@ -358,11 +396,14 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
 
     Raises:
         EmptyDocument: (code ``"empty_file"``) when ``data`` is empty.
+        EncryptedDocument: (code ``"encrypted_document"``) a password-protected DOCX, XLSX or
+            PPTX (an OLE2 file holding ``EncryptionInfo`` and ``EncryptedPackage``).
         ContentMismatch: (code ``"content_mismatch"``) the extension names one binary format
-            (``.pdf .docx .xlsx .pptx .epub .msg``) but the content is another recognised
-            format, e.g. ``"content mismatch: named .pdf but the content is a PNG image"``.
+            (``.pdf .docx .xlsx .pptx .epub .msg .odt .ods .odp .rtf .doc .xls .ppt``) but the
+            content is another recognised format, e.g. ``"content mismatch: named .pdf but
+            the content is a PNG image"``.
         UnsupportedType: for a type that is recognised but not parsed (macro-enabled or
-            template Office files, legacy Office/OLE2, SVG, RTF, other ZIPs...) or
+            template Office files, other OLE2 files, SVG, other ZIPs...) or
             unrecognised binary data under a non-text extension; ``mime_type`` names it.
         ArchiveRejected: (code ``"archive_rejected"``) a ZIP container refused by
             :func:`~ingestion.parsing.archive.inspect_zip` (ZIP64, multi-disk, too many

@@ -97,8 +97,8 @@ def test_bc18_whitespace_only_text_fails_with_no_extractable_text(client, space)
 
 
 def test_unknown_type_gets_415_with_the_supported_list(client, space):
-    rtf = b"{\\rtf1\\ansi a letter}"
-    response = upload(client, space, "letter.rtf", rtf)
+    icon = b"\x00\x00\x01\x00\x01\x00\x10\x10" + b"\x00" * 64
+    response = upload(client, space, "favicon.ico", icon)
     assert response.status_code == 415
     body = response.json()
     assert body["code"] == "unsupported_media_type"

@@ -285,7 +285,7 @@ def test_the_image_is_python_311_slim_with_poppler_and_tesseract_and_no_dev_extr
     text = DOCKERFILE.read_text()
     assert re.search(r"^FROM python:3\.11-slim AS base$", text, re.M)
     install = next(i for i in _dockerfile_stages()["base"] if "apt-get install" in i)
-    assert {"poppler-utils", "tesseract-ocr"} <= set(install.split())
+    assert {"poppler-utils", "tesseract-ocr", "antiword", "catdoc"} <= set(install.split())
     assert "pdftoppm -v" in install and "tesseract --version" in install
     assert "pip install . " in text and ".[dev]" not in text
 
