@@ -3,10 +3,20 @@
 * **Text.** pypdf extracts each page's text layer, split into paragraphs on blank lines. On a
   page where pdfplumber finds tables, the text comes from pdfplumber instead, without the
   characters inside the tables, so a table's cells are not repeated as a paragraph.
-* **Tables.** pdfplumber's ``find_tables``: tables drawn with a grid of lines, else tables
-  ruled only by full-width horizontal lines (journal style: a rule above and below the header
-  and below the body; columns from the text's alignment, a multi-line header joined per
-  column); each becomes one ``"table"`` element in the shared convention
+* **Layout pass only where needed.** pdfplumber (pdfminer's layout analysis, the costly part)
+  runs only on pages whose content stream paints a path, shows an image or form XObject, or
+  uses a font without a Unicode mapping (:func:`_needs_layout`, a scan of the operators); a
+  page that draws only text takes pypdf's text alone.
+* **Unmapped glyphs.** A composite font with an Identity encoding and no ``/ToUnicode`` names
+  no characters: pypdf prints its glyph ids as unrelated letters, pdfminer as ``(cid:N)``. Such
+  a page's text comes from pdfminer (which maps what the font's encoding or embedded cmap
+  allows) with the ``(cid:N)`` glyphs dropped from paragraphs and table cells and counted in a
+  warning ``"page N: K glyphs without a Unicode mapping ... dropped"``; never in a chunk.
+* **Tables** (:mod:`ingestion.parsing.pdf_tables`). pdfplumber's ``find_tables``: tables
+  drawn with a grid of lines, else tables ruled only by full-width horizontal lines (journal
+  style: a rule above and below the header and below the body; columns from the text's
+  alignment, a multi-line header joined per column); each becomes one ``"table"`` element in
+  the shared convention
   (:mod:`ingestion.parsing.tables`): the first row is the header,
   ``metadata={"header": [...], "rows": [[...], ...]}``.
 * **OCR.** A page without a text layer is rendered (:mod:`ingestion.parsing.rasterize`, at the
@@ -28,16 +38,16 @@ import contextlib
 import io
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError
 
-from . import ocr, rasterize
+from . import ocr, pdf_tables, rasterize
 from .base import Asset, Element, ParseReport, clean_text
 from .errors import CorruptDocument, EncryptedDocument, ParseError
-from .tables import render_table
 from .text_parser import split_paragraphs
 
 logger = logging.getLogger("knowledgefs.parsing.pdf")
@@ -168,11 +178,15 @@ def _parse_pdf(data: bytes) -> ParseReport:
     if not pages:
         raise ParseError("the PDF has no pages", code="no_extractable_text")
     doc = _Doc(data=data, config=rasterize.current())
-    plumber = _open_plumber(data)
+    plumber = None  # opened on the first page that needs a layout pass
     failures = 0
     try:
         for number, page in enumerate(pages, start=1):
-            ppage = _plumber_page(plumber, number)
+            ppage = None
+            if _needs_layout(page):
+                if plumber is None:
+                    plumber = _open_plumber(data) or False
+                ppage = _plumber_page(plumber, number)
             try:
                 failures += not _parse_page(doc, number, page, ppage)
             finally:
@@ -181,7 +195,7 @@ def _parse_pdf(data: bytes) -> ParseReport:
                         ppage.close()
     finally:
         doc.close()
-        if plumber is not None:
+        if plumber:
             with contextlib.suppress(Exception):
                 plumber.close()
     if failures == len(pages):
@@ -210,7 +224,7 @@ def _pages(numbers: list[int]) -> str:
 
 
 def _plumber_page(plumber, number: int):
-    if plumber is None:
+    if not plumber:
         return None
     try:
         return plumber.pages[number - 1]
@@ -219,7 +233,12 @@ def _plumber_page(plumber, number: int):
 
 
 def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
-    """Add one page's elements and assets to ``doc``; False when its text could not be read."""
+    """Add one page's elements and assets to ``doc``; False when its text could not be read.
+
+    ``ppage`` (pdfplumber) is ``None`` on a page that draws no paths or images and has no font
+    without a Unicode mapping (:func:`_needs_layout`): its text is pypdf's, with no table or
+    image pass.
+    """
     ok = True
     try:
         text = page.extract_text() or ""
@@ -227,9 +246,28 @@ def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
         raise EncryptedPdf() from exc
     except Exception:  # noqa: BLE001 - a damaged page counts as unreadable
         ok, text = False, ""
-    tables = _find_tables(ppage)
-    if tables:
-        text = _text_outside(ppage, [bbox for bbox, _ in tables], fallback=text)
+    dropped = [0]
+    tables = pdf_tables.find_tables(ppage, dropped)
+    unmapped = _unmapped_fonts(page)
+    if unmapped and ppage is None:
+        text = ""
+        doc.warnings.append(
+            f"page {number}: text in a font without a Unicode mapping dropped (the page could "
+            "not be laid out)"
+        )
+    elif tables or unmapped:
+        # pdfminer maps what a font's encoding or embedded cmap allows and marks the rest
+        # (cid:N), which _text_outside drops; pypdf would print such glyphs as wrong letters.
+        boxes = [bbox for bbox, _ in tables]
+        fallback = "" if unmapped else text
+        text = _text_outside(ppage, boxes, fallback=fallback, dropped=dropped)
+    text, count = pdf_tables.drop_unmapped(text)
+    dropped[0] += count
+    if dropped[0]:
+        doc.warnings.append(
+            f"page {number}: {dropped[0]} glyphs without a Unicode mapping (font without "
+            "ToUnicode) dropped from its text"
+        )
     first = len(doc.elements)
     doc.elements.extend(
         Element(type="paragraph", text=p, page_number=number)
@@ -251,156 +289,72 @@ def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
     return ok
 
 
-def _find_tables(ppage) -> list[tuple[tuple, dict]]:
-    """``[(bbox, table element fields), ...]`` of the page's tables with at least one cell:
-    grid tables (ruling lines both ways), else tables ruled by horizontal lines only."""
-    if ppage is None:
-        return []
+# Content-stream operators that draw something besides text: paths painted (stroke, fill,
+# rectangles), shadings, XObjects (images, forms) and inline images.
+_DRAWING_OPS = frozenset({b"re", b"S", b"s", b"f", b"F", b"f*", b"B", b"B*", b"b", b"b*",
+                          b"sh", b"Do", b"BI"})  # fmt: skip
+# String literals, hex strings and names, removed before the operators are read (a "(S)" shown
+# as text is no stroke). A nested parenthesis only ends a literal early: more is read, never less.
+_NOT_OPERATORS = re.compile(rb"\((?:\\.|[^\\)])*\)|<[0-9A-Fa-f\s]*>|/[^\s/\[\]()<>{}%]*")
+_OPERATOR = re.compile(rb"[A-Za-z'\"*]+")
+
+
+def _needs_layout(page) -> bool:
+    """True unless the page's content stream provably draws only text (no path painted, no
+    image or form XObject, no inline image) and every font maps to Unicode; such a page needs
+    no table or page-image pass, so pdfminer's layout analysis is skipped. Any doubt (an
+    unreadable stream) answers True."""
     try:
-        found = ppage.find_tables()
-    except Exception:  # noqa: BLE001 - tables are best effort
-        return []
-    out = []
-    for table in found:
-        try:
-            rows = [[(cell or "").strip() for cell in row] for row in table.extract()]
-        except Exception:  # noqa: BLE001
-            continue
-        rows = [row for row in rows if any(row)]
-        if not rows or sum(len(row) for row in rows) < 2:
-            continue
-        header, body = (rows[0], rows[1:]) if len(rows) > 1 else (None, rows)
-        out.append((table.bbox, _table_fields(header, body)))
-    if not out:
-        out = _rule_tables(ppage)
-    return [(bbox, fields) for bbox, fields in out if fields["text"].strip()]
+        contents = page.get("/Contents")
+        if contents is None:
+            return False
+        contents = contents.get_object()
+        streams = contents if isinstance(contents, list) else [contents]
+        data = b"\n".join(stream.get_object().get_data() for stream in streams)
+    except Exception:  # noqa: BLE001 - unknown: take the full pass
+        return True
+    operators = set(_OPERATOR.findall(_NOT_OPERATORS.sub(b" ", data)))
+    return bool(operators & _DRAWING_OPS) or _unmapped_fonts(page)
 
 
-def _table_fields(header: list[str] | None, body: list[list[str]]) -> dict:
-    text, metadata = render_table(header, body)
-    return {"type": "table", "text": text, "metadata": metadata}
-
-
-# A "booktabs" table (journals): full-width horizontal rules above the header, below it and
-# below the body, no vertical lines. Limits that keep prose between page rules out: the header
-# band is at most this high (points), body cells are short, every body row has two cells.
-_RULE_MIN_SHARE = 0.2
-_HEADER_BAND_MAX_PT = 60.0
-_RULE_GAP_MAX_PT = 300.0
-_CELL_MAX_CHARS = 40
-_COLUMN_GAP_PT = 7.0
-
-
-def _rules(ppage) -> list[list[tuple[float, float, float]]]:
-    """Horizontal rules ``(top, x0, x1)`` grouped by their span, each group sorted by top; a
-    rule drawn as a thin rectangle (two edges) counts once."""
-    groups: list[list[tuple[float, float, float]]] = []
-    for edge in sorted(ppage.edges, key=lambda e: e["top"]):
-        if edge["orientation"] != "h" or edge["x1"] - edge["x0"] < _RULE_MIN_SHARE * ppage.width:
-            continue
-        rule = (float(edge["top"]), float(edge["x0"]), float(edge["x1"]))
-        for group in groups:
-            last = group[-1]
-            if abs(last[1] - rule[1]) <= 3 and abs(last[2] - rule[2]) <= 3:
-                if rule[0] - last[0] > 2:
-                    group.append(rule)
-                break
-        else:
-            groups.append([rule])
-    return groups
-
-
-def _rule_tables(ppage) -> list[tuple[tuple, dict]]:
-    """Tables ruled only by horizontal lines: the rows between the first and the last rule of a
-    span, split into columns by pdfplumber's text alignment; rows above the second rule are the
-    header (joined per column)."""
+def _unmapped_fonts(page) -> bool:
+    """True when a font of the page (or of a form it draws) is a composite (Type0) font with an
+    Identity encoding and no ``/ToUnicode``: its glyph ids name no characters, and pypdf would
+    print them as unrelated letters."""
     try:
-        groups = _rules(ppage)
+        return _resources_unmapped(page.get("/Resources"), depth=0)
     except Exception:  # noqa: BLE001
-        return []
-    out = []
-    for group in groups:
-        for run in _runs(group):
-            found = _rule_table(ppage, run)
-            if found is not None:
-                out.append(found)
-    return out
+        return False
 
 
-def _runs(group: list[tuple[float, float, float]]) -> list[list[tuple[float, float, float]]]:
-    """Split a span's rules where they are far apart; keep runs of three or more."""
-    runs: list[list[tuple[float, float, float]]] = [[group[0]]]
-    for rule in group[1:]:
-        if rule[0] - runs[-1][-1][0] > _RULE_GAP_MAX_PT:
-            runs.append([])
-        runs[-1].append(rule)
-    return [run for run in runs if len(run) >= 3 and run[1][0] - run[0][0] <= _HEADER_BAND_MAX_PT]
+def _resources_unmapped(resources, depth: int) -> bool:
+    if resources is None or depth > 3:
+        return False
+    resources = resources.get_object()
+    fonts = resources.get("/Font")
+    for font in fonts.get_object().values() if fonts is not None else []:
+        font = font.get_object()
+        encoding = font.get("/Encoding")
+        if (
+            font.get("/Subtype") == "/Type0"
+            and "/ToUnicode" not in font
+            and str(encoding).startswith("/Identity")
+        ):
+            return True
+    xobjects = resources.get("/XObject")
+    for xobject in xobjects.get_object().values() if xobjects is not None else []:
+        xobject = xobject.get_object()
+        if xobject.get("/Subtype") == "/Form" and _resources_unmapped(
+            xobject.get("/Resources"), depth + 1
+        ):
+            return True
+    return False
 
 
-def _columns_are_gapped(crop, table, header_end: float) -> bool:
-    """True when most body rows show a gap of at least :data:`_COLUMN_GAP_PT` between each pair
-    of neighbouring filled cells: table columns are set apart, prose words are not (text
-    alignment alone also "finds" columns in a paragraph between two page rules). Words are
-    placed in rows and cells by their centre."""
-    words = crop.extract_words(x_tolerance=1.5)
-    considered = good = 0
-    for row in table.rows:
-        _, top, _, bottom = row.bbox
-        if top < header_end:
-            continue
-        line = sorted(
-            (w for w in words if top <= (w["top"] + w["bottom"]) / 2 < bottom),
-            key=lambda w: w["x0"],
-        )
-        if not line:
-            continue
-        considered += 1
-        centres = [(w["x0"] + w["x1"]) / 2 for w in line]
-        filled = sum(
-            1
-            for cell in row.cells
-            if cell is not None and any(cell[0] <= x < cell[2] for x in centres)
-        )
-        pairs = zip(line, line[1:], strict=False)
-        gaps = sum(1 for a, b in pairs if b["x0"] - a["x1"] >= _COLUMN_GAP_PT)
-        good += filled >= 2 and gaps >= filled - 1
-    return considered > 0 and good >= 0.8 * considered
-
-
-def _rule_table(ppage, run) -> tuple[tuple, dict] | None:
-    top, x0, x1 = run[0]
-    bottom, header_end = run[-1][0], run[1][0]
-    try:
-        crop = ppage.crop((x0, max(0.0, top - 1), x1, min(float(ppage.height), bottom + 1)))
-        tables = crop.find_tables({"vertical_strategy": "text", "horizontal_strategy": "text"})
-        if not tables:
-            return None
-        table = max(tables, key=lambda t: len(t.cells))
-        rows = [
-            (row.bbox[1], [(cell or "").strip() for cell in cells])
-            for row, cells in zip(table.rows, table.extract(), strict=False)
-        ]
-        if not _columns_are_gapped(crop, table, header_end):
-            return None
-    except Exception:  # noqa: BLE001
-        return None
-    head = [cells for y, cells in rows if y < header_end and any(cells)]
-    body = [cells for y, cells in rows if y >= header_end and any(cells)]
-    width = max((len(cells) for _, cells in rows), default=0)
-    if width < 2 or not body:
-        return None
-    if any(sum(1 for c in cells if c) < 2 for cells in body):
-        return None
-    if any(len(c) > _CELL_MAX_CHARS for cells in body for c in cells):
-        return None
-    header = None
-    if head:
-        header = [" ".join(r[i] for r in head if i < len(r) and r[i]) for i in range(width)]
-    return (x0, top, x1, bottom), _table_fields(header, body)
-
-
-def _text_outside(ppage, boxes: list[tuple], *, fallback: str) -> str:
-    """The page's text without characters whose centre lies inside one of ``boxes``.
+def _text_outside(ppage, boxes: list[tuple], *, fallback: str, dropped: list[int]) -> str:
+    """The page's text without characters whose centre lies inside one of ``boxes`` and
+    without glyphs pdfminer could not map to Unicode (``(cid:N)``, counted in ``dropped[0]``);
+    ``fallback`` when pdfplumber fails.
 
     ``x_tolerance=1.5`` (pdfplumber's default is 3) keeps the word spaces of tightly set fonts,
     e.g. the journal page of the sample documents.
@@ -409,6 +363,9 @@ def _text_outside(ppage, boxes: list[tuple], *, fallback: str) -> str:
     def outside(obj) -> bool:
         if obj.get("object_type") != "char":
             return True
+        if pdf_tables.UNMAPPED_GLYPH.fullmatch(obj.get("text") or ""):
+            dropped[0] += 1
+            return False
         cx, cy = (obj["x0"] + obj["x1"]) / 2, (obj["top"] + obj["bottom"]) / 2
         return not any(x0 <= cx <= x1 and top <= cy <= bottom for x0, top, x1, bottom in boxes)
 
