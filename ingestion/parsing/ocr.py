@@ -23,8 +23,21 @@ from .base import Element, ParseReport, clean_text
 from .errors import CorruptDocument, ParseError
 from .text_parser import split_paragraphs
 
-#: Pillow formats accepted as image documents.
-IMAGE_FORMATS = frozenset({"PNG", "JPEG", "TIFF", "GIF", "BMP", "WEBP"})
+#: Pillow formats accepted as image documents (HEIF: HEIC/HEIF photos through pillow-heif).
+IMAGE_FORMATS = frozenset({"PNG", "JPEG", "TIFF", "GIF", "BMP", "WEBP", "HEIF"})
+
+
+def _register_heif() -> bool:
+    """Register pillow-heif's opener with Pillow (HEIC and HEIF); False when not installed."""
+    try:
+        from pillow_heif import register_heif_opener
+    except ImportError:
+        return False
+    register_heif_opener()
+    return True
+
+
+HEIF_AVAILABLE = _register_heif()
 
 
 class OcrUnavailable(Exception):
@@ -124,7 +137,8 @@ def _open_image(data: bytes) -> Image.Image:
 
 
 def parse_image(data: bytes) -> ParseReport:
-    """OCR an image document (PNG, JPEG, TIFF, GIF, BMP, WebP; the first frame only).
+    """OCR an image document (PNG, JPEG, TIFF, GIF, BMP, WebP, HEIC/HEIF; the first frame or
+    the primary image only).
 
     Pillow opens it within its default ``MAX_IMAGE_PIXELS`` (never raised here); an image over
     the rasterizer's pixel budget (:data:`~ingestion.parsing.rasterize.DEFAULT_MAX_PIXELS`) is

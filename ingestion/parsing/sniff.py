@@ -94,6 +94,8 @@ _DESCRIPTIONS = {
     "image/tiff": "a TIFF image",
     "image/bmp": "a BMP image",
     "image/webp": "a WebP image",
+    "image/heic": "a HEIC image",
+    "image/heif": "a HEIF image",
     "application/zip": "a ZIP archive",
     "application/msword": "a legacy Word (DOC) document",
     "application/vnd.ms-excel": "a legacy Excel (XLS) workbook",
@@ -102,6 +104,7 @@ _DESCRIPTIONS = {
 }
 _TEXT_MIMES = {"text/plain", "text/markdown", "text/csv", "text/html"}
 _IMAGE_MIMES = {"image/png", "image/jpeg", "image/gif", "image/tiff", "image/bmp", "image/webp"}
+_IMAGE_MIMES |= {"image/heic", "image/heif"}
 _TEXT_EXT = {
     ".md": "text/markdown",
     ".markdown": "text/markdown",
@@ -319,10 +322,11 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
     :func:`~ingestion.parsing.archive.inspect_zip` before any entry is read, by their
     ``mimetype`` entry (EPUB), ``[Content_Types].xml`` main part or entry names (DOCX, XLSX,
     PPTX); OLE2 compound files by their streams (Outlook MSG); images by magic number (PNG,
-    JPEG, GIF, TIFF, WebP, BMP). E-mail (EML) is recognised by an RFC 822 header block (at
-    least three usual headers, one under a ``.eml`` name), HTML by markers at the start
-    (``<!doctype html``, ``<html``, ``<head``, ``<body``). The file name's extension only
-    chooses among text flavours: ``.md``/``.markdown`` -> ``text/markdown``,
+    JPEG, GIF, TIFF, WebP, BMP, HEIC/HEIF by the ``ftyp`` brand). E-mail (EML) is recognised
+    by an RFC 822 header block (at least three usual headers, one under a ``.eml`` name), HTML
+    by markers at the start (``<!doctype html``, ``<html``, ``<head``, ``<body``). The file
+    name's extension only chooses among text flavours: ``.md``/``.markdown`` ->
+    ``text/markdown``,
     ``.csv``/``.tsv`` -> ``text/csv``, ``.html``/``.htm`` (content starting with ``<``) ->
     ``text/html``, anything else -> ``text/plain``; a ``.pdf`` name on plain text is
     therefore text.
