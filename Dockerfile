@@ -11,9 +11,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     KNOWLEDGE_VAR_DIR=/var/lib/knowledgefs
 # Debian's Poppler (pdftoppm: PDF rasterization, KNOWLEDGE_PDF_RASTERIZER=poppler) and Tesseract
-# (OCR of scanned pages and images), verified at build time.
+# (OCR of scanned pages and images) with script detection (osd) and the common languages the
+# OCR picks by script (ingestion/parsing/ocr_scripts.py), verified at build time.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends poppler-utils tesseract-ocr tesseract-ocr-eng \
+        tesseract-ocr-osd tesseract-ocr-chi-sim tesseract-ocr-chi-tra tesseract-ocr-jpn \
+        tesseract-ocr-kor tesseract-ocr-deu tesseract-ocr-fra tesseract-ocr-spa tesseract-ocr-rus \
     && rm -rf /var/lib/apt/lists/* \
     && pdftoppm -v \
     && tesseract --version

@@ -131,6 +131,7 @@ class _Doc:
     tmp: tempfile.TemporaryDirectory | None = None
     capped: bool = False
     no_ocr: set[int] = field(default_factory=set)  # pages unread only for want of tesseract
+    ocr_codes: dict[int, str] = field(default_factory=dict)  # page -> ocr_language_unavailable...
 
     def pdf_path(self) -> str:
         """The PDF written to a private temp file once, for ``pdftoppm``."""
@@ -205,6 +206,13 @@ def _parse_pdf(data: bytes) -> ParseReport:
             "the document contains no extractable text: OCR is unavailable (tesseract not "
             f"installed) for its pages without a text layer ({_pages(doc.without_text)})",
             code="ocr_unavailable",
+        )
+    if not doc.elements and doc.without_text and set(doc.without_text) <= set(doc.ocr_codes):
+        codes = sorted(set(doc.ocr_codes.values()))
+        raise ParseError(
+            f"the document contains no text OCR could read reliably ({', '.join(codes)}): "
+            + "; ".join(w for w in doc.warnings if "ocr_" in w)[:900],
+            code=codes[0],
         )
     return ParseReport(
         elements=doc.elements,
@@ -462,6 +470,9 @@ def _ocr_page(doc: _Doc, number: int, rendered) -> None:
         text = ocr.ocr_image(rendered, doc.config)
     except ocr.OcrUnavailable:
         reason = "OCR unavailable: tesseract is not installed"
+    except (ocr.OcrLanguageUnavailable, ocr.OcrLowConfidence) as exc:
+        doc.ocr_codes[number] = exc.code
+        reason = f"{exc.code}: {exc.reason}; its OCR text is not indexed"
     except ocr.OcrFailed as exc:
         reason = exc.reason
     else:
