@@ -10,8 +10,9 @@
 * **Unmapped glyphs.** A composite font with an Identity encoding and no ``/ToUnicode`` names
   no characters: pypdf prints its glyph ids as unrelated letters, pdfminer as ``(cid:N)``. Such
   a page's text comes from pdfminer (which maps what the font's encoding or embedded cmap
-  allows) with the ``(cid:N)`` glyphs dropped from paragraphs and table cells and counted in a
-  warning ``"page N: K glyphs without a Unicode mapping ... dropped"``; never in a chunk.
+  allows); a word or table cell holding a ``(cid:N)`` glyph is dropped whole (the lone minus
+  of "-0.94" in a math font must not leave "0.94") and counted in a warning ``"page N: K words
+  or table cells dropped: they hold glyphs without a Unicode mapping ..."``; never in a chunk.
 * **Tables** (:mod:`ingestion.parsing.pdf_tables`). pdfplumber's ``find_tables``: tables
   drawn with a grid of lines, else tables ruled only by full-width horizontal lines (journal
   style: a rule above and below the header and below the body; columns from the text's
@@ -43,6 +44,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from pypdf import PasswordType, PdfReader
+from pypdf._codecs.adobe_glyphs import adobe_glyphs
 from pypdf.errors import DependencyError, FileNotDecryptedError
 
 from . import ocr, pdf_tables, rasterize
@@ -273,8 +275,8 @@ def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
     dropped[0] += count
     if dropped[0]:
         doc.warnings.append(
-            f"page {number}: {dropped[0]} glyphs without a Unicode mapping (font without "
-            "ToUnicode) dropped from its text"
+            f"page {number}: {dropped[0]} words or table cells dropped: they hold glyphs "
+            "without a Unicode mapping (font without ToUnicode)"
         )
     first = len(doc.elements)
     doc.elements.extend(
@@ -326,13 +328,32 @@ def _needs_layout(page) -> bool:
 
 
 def _unmapped_fonts(page) -> bool:
-    """True when a font of the page (or of a form it draws) is a composite (Type0) font with an
-    Identity encoding and no ``/ToUnicode``: its glyph ids name no characters, and pypdf would
-    print them as unrelated letters."""
+    """True when a font of the page (or of a form it draws) has codes that name no character:
+    a composite (Type0) font with an Identity encoding and no ``/ToUnicode`` (pypdf would print
+    its glyph ids as unrelated letters), or a simple font whose ``/Differences`` give a glyph
+    name outside the Adobe Glyph List, e.g. ``/C0`` of a math font (pypdf would print the
+    name, "/C00.94"). pdfminer honours a ``/ToUnicode`` entry for such a code and marks the
+    rest ``(cid:N)``."""
     try:
         return _resources_unmapped(page.get("/Resources"), depth=0)
     except Exception:  # noqa: BLE001
         return False
+
+
+def _unnamed_glyphs(encoding) -> bool:
+    """True when an encoding dictionary's ``/Differences`` name a glyph that is neither in the
+    Adobe Glyph List nor a ``uniXXXX``/``uXXXX[XX]`` name."""
+    if not hasattr(encoding, "get"):
+        return False
+    for item in encoding.get("/Differences") or []:
+        name = str(item)
+        if not name.startswith("/") or name in adobe_glyphs or _UNI_NAME.fullmatch(name):
+            continue
+        return True
+    return False
+
+
+_UNI_NAME = re.compile(r"/(?:uni(?:[0-9A-F]{4})+|u[0-9A-F]{4,6})(?:\..*)?")
 
 
 def _resources_unmapped(resources, depth: int) -> bool:
@@ -343,11 +364,10 @@ def _resources_unmapped(resources, depth: int) -> bool:
     for font in fonts.get_object().values() if fonts is not None else []:
         font = font.get_object()
         encoding = font.get("/Encoding")
-        if (
-            font.get("/Subtype") == "/Type0"
-            and "/ToUnicode" not in font
-            and str(encoding).startswith("/Identity")
-        ):
+        if font.get("/Subtype") == "/Type0":
+            if "/ToUnicode" not in font and str(encoding).startswith("/Identity"):
+                return True
+        elif encoding is not None and _unnamed_glyphs(encoding.get_object()):
             return True
     xobjects = resources.get("/XObject")
     for xobject in xobjects.get_object().values() if xobjects is not None else []:
@@ -360,9 +380,9 @@ def _resources_unmapped(resources, depth: int) -> bool:
 
 
 def _text_outside(ppage, boxes: list[tuple], *, fallback: str, dropped: list[int]) -> str:
-    """The page's text without characters whose centre lies inside one of ``boxes`` and
-    without glyphs pdfminer could not map to Unicode (``(cid:N)``, counted in ``dropped[0]``);
-    ``fallback`` when pdfplumber fails.
+    """The page's text without characters whose centre lies inside one of ``boxes``;
+    ``fallback`` when pdfplumber fails. Glyphs pdfminer could not map to Unicode stay
+    ``(cid:N)`` here; the caller drops their words.
 
     ``x_tolerance=1.5`` (pdfplumber's default is 3) keeps the word spaces of tightly set fonts,
     e.g. the journal page of the sample documents.
@@ -371,9 +391,6 @@ def _text_outside(ppage, boxes: list[tuple], *, fallback: str, dropped: list[int
     def outside(obj) -> bool:
         if obj.get("object_type") != "char":
             return True
-        if pdf_tables.UNMAPPED_GLYPH.fullmatch(obj.get("text") or ""):
-            dropped[0] += 1
-            return False
         cx, cy = (obj["x0"] + obj["x1"]) / 2, (obj["top"] + obj["bottom"]) / 2
         return not any(x0 <= cx <= x1 and top <= cy <= bottom for x0, top, x1, bottom in boxes)
 

@@ -5,7 +5,8 @@ Each table becomes ``(bbox, fields)``: ``fields`` are the keyword arguments of a
 :class:`~ingestion.parsing.base.Element` in the shared convention
 (:mod:`ingestion.parsing.tables`): the first row is the header,
 ``metadata={"header": [...], "rows": [[...], ...]}``. Glyphs pdfminer could not map to Unicode
-(``(cid:N)``) never reach a cell: :func:`drop_unmapped` removes them and counts them.
+(``(cid:N)``) never reach a cell: a cell holding one is left empty and counted (a glyph alone
+cannot be dropped: the minus of "-0.94" in a math font would turn the value into "0.94").
 """
 
 from __future__ import annotations
@@ -17,26 +18,30 @@ from .tables import render_table
 #: pdfminer's text for a glyph whose font gives no Unicode mapping (no ToUnicode, no usable
 #: encoding or embedded cmap).
 UNMAPPED_GLYPH = re.compile(r"\(cid:\d+\)")
+_UNMAPPED_WORD = re.compile(r"[^\s]*\(cid:\d+\)[^\s]*")
 
 
 def drop_unmapped(text: str) -> tuple[str, int]:
-    """``text`` without pdfminer's ``(cid:N)`` placeholders, and how many were dropped."""
-    cleaned, count = UNMAPPED_GLYPH.subn("", text)
+    """``text`` without the words (runs without white space) that hold a ``(cid:N)``
+    placeholder, and how many were dropped: such a word cannot be read reliably."""
+    cleaned, count = _UNMAPPED_WORD.subn("", text)
     return cleaned, count
 
 
 def _cell(value: str | None, dropped: list[int]) -> str:
-    """A cell's text, stripped, without unmapped glyphs (their number added to ``dropped[0]``)."""
-    text, count = drop_unmapped(value or "")
-    dropped[0] += count
-    return text.strip()
+    """A cell's text, stripped; empty when it holds an unmapped glyph (``dropped[0]`` + 1)."""
+    text = (value or "").strip()
+    if UNMAPPED_GLYPH.search(text):
+        dropped[0] += 1
+        return ""
+    return text
 
 
 def find_tables(ppage, dropped: list[int] | None = None) -> list[tuple[tuple, dict]]:
     """``[(bbox, table element fields), ...]`` of the page's tables with at least one cell:
     grid tables (ruling lines both ways), else tables ruled by horizontal lines only.
 
-    ``dropped[0]`` (when given) grows by the number of unmapped glyphs removed from cells.
+    ``dropped[0]`` (when given) grows by the number of cells emptied for unmapped glyphs.
     """
     dropped = dropped if dropped is not None else [0]
     if ppage is None:

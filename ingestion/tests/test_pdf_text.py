@@ -29,6 +29,7 @@ from ingestion.documents import admit_document
 from ingestion.models import Document, KnowledgeNode
 from ingestion.parsing import parse_with_report
 from ingestion.parsing.pdf_parser import _needs_layout
+from knowledgefs.testing.fixtures import shared_path
 from knowledgefs.testing.pdf_fixtures import text_pdf
 
 PDF = "application/pdf"
@@ -77,6 +78,12 @@ BT /F0 12 Tf 72 710 Td <0003002B00480044> Tj ET
 """
 
 
+_DROPPED = (
+    "page 1: {} words or table cells dropped: they hold glyphs without a Unicode mapping "
+    "(font without ToUnicode)"
+)
+
+
 def _all_text(report) -> str:
     parts = []
     for element in report.elements:
@@ -104,17 +111,13 @@ def test_unmapped_glyphs_in_table_cells_and_paragraphs_are_dropped_with_a_warnin
     assert len(tables) == 1
     assert tables[0].metadata["header"] == ["Name", "Value"]
     assert tables[0].metadata["rows"] == [["alpha", ""], ["beta", "two"]]
-    assert report.warnings == [
-        "page 1: 8 glyphs without a Unicode mapping (font without ToUnicode) dropped from its text"
-    ]
+    assert report.warnings == [_DROPPED.format(2)]
 
 
 def test_unmapped_glyphs_on_a_page_without_graphics_are_dropped_too():
     report = parse_with_report(_unmapped_font_pdf(_PARAGRAPHS), PDF)
     assert [e.text for e in report.elements] == ["Readable paragraph before the table"]
-    assert report.warnings == [
-        "page 1: 4 glyphs without a Unicode mapping (font without ToUnicode) dropped from its text"
-    ]
+    assert report.warnings == [_DROPPED.format(1)]
 
 
 @pytest.mark.django_db
@@ -167,3 +170,63 @@ def test_a_text_only_pdf_parses_to_the_same_text_as_pypdf_page_by_page():
     for number, page in enumerate(reader.pages, start=1):
         assert " ".join(by_page[number]).split() == page.extract_text().split()
     assert report.warnings == []
+
+
+def _math_minus_pdf(table: bool) -> bytes:
+    """A simple font whose ``/Differences`` name code 3 ``/C0`` (a math font's minus, as in the
+    sample journal page), its ``/ToUnicode`` covering other codes only: "\x030.94" shows
+    "-0.94"."""
+    writer = PdfWriter()
+    page = writer.add_blank_page(612, 792)
+    cmap = StreamObject()
+    cmap.set_data(
+        b"/CIDInit /ProcSet findresource begin 12 dict begin begincmap /CMapName /M def "
+        b"1 begincodespacerange <00> <ff> endcodespacerange 1 beginbfchar <41> <0041> "
+        b"endbfchar endcmap CMapName currentdict /CMap defineresource pop end end"
+    )
+    encoding = DictionaryObject(
+        {N("/Type"): N("/Encoding"), N("/Differences"): ArrayObject([NumberObject(3), N("/C0")])}
+    )
+    math = DictionaryObject(
+        {N("/Type"): N("/Font"), N("/Subtype"): N("/Type1"), N("/BaseFont"): N("/MathSymbols"),
+         N("/Encoding"): writer._add_object(encoding), N("/ToUnicode"): writer._add_object(cmap)}
+    )  # fmt: skip
+    helvetica = DictionaryObject(
+        {N("/Type"): N("/Font"), N("/Subtype"): N("/Type1"), N("/BaseFont"): N("/Helvetica")}
+    )
+    fonts = {N("/F0"): writer._add_object(math), N("/F1"): writer._add_object(helvetica)}
+    page[N("/Resources")] = DictionaryObject({N("/Font"): DictionaryObject(fonts)})
+    content = b"BT /F1 12 Tf 72 740 Td (Potential of the sample:) Tj ET "
+    content += b"BT /F0 12 Tf 72 720 Td <03> Tj /F1 12 Tf (0.9393 V measured) Tj ET"
+    if table:
+        content += _GRID
+    stream = StreamObject()
+    stream.set_data(content)
+    page[N("/Contents")] = writer._add_object(stream)
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("table", [False, True])
+def test_a_math_fonts_unnamed_minus_never_leaves_a_wrong_value(table):
+    data = _math_minus_pdf(table)
+    assert "/C00.9393" in PdfReader(io.BytesIO(data)).pages[0].extract_text()  # pypdf's output
+    report = parse_with_report(data, PDF)
+    text = _all_text(report)
+    assert "0.9393" not in text and "/C0" not in text and "(cid:" not in text
+    assert "Potential of the sample:" in text and "V measured" in text
+
+
+def test_the_sample_journal_table_has_no_cid_and_no_unsigned_potentials():
+    data = shared_path("data", "sample-docs", "embedded-images-tables.pdf").read_bytes()
+    report = parse_with_report(data, PDF)
+    text = _all_text(report)
+    assert "(cid:" not in text and "/C0" not in text
+    assert "0.9393" not in text  # printed "−0.9393": its minus has no Unicode mapping
+    table = next(e for e in report.elements if e.type == "table")
+    assert "Ecorr(V)" in table.metadata["header"]
+    column = table.metadata["header"].index("Ecorr(V)")
+    assert [row[column] for row in table.metadata["rows"]] == [""] * 6
+    assert table.metadata["rows"][0][:3] == ["0", "0.0335", "0.0409"]
+    assert report.warnings == [_DROPPED.format(6)]
