@@ -5,8 +5,8 @@
   characters inside the tables, so a table's cells are not repeated as a paragraph.
 * **Layout pass only where needed.** pdfplumber (pdfminer's layout analysis, the costly part)
   runs only on pages whose content stream paints a path, shows an image or form XObject, or
-  uses a font without a Unicode mapping (:func:`_needs_layout`, a scan of the operators); a
-  page that draws only text takes pypdf's text alone.
+  uses a font without a Unicode mapping (:func:`.pdf_content.needs_layout`, a scan of the
+  operators); a page that draws only text takes pypdf's text alone.
 * **Unmapped glyphs.** A composite font with an Identity encoding and no ``/ToUnicode`` names
   no characters: pypdf prints its glyph ids as unrelated letters, pdfminer as ``(cid:N)``. Such
   a page's text comes from pdfminer (which maps what the font's encoding or embedded cmap
@@ -39,15 +39,13 @@ import contextlib
 import io
 import logging
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field
 
 from pypdf import PasswordType, PdfReader
-from pypdf._codecs.adobe_glyphs import adobe_glyphs
 from pypdf.errors import DependencyError, FileNotDecryptedError
 
-from . import ocr, pdf_tables, rasterize
+from . import ocr, pdf_content, pdf_tables, rasterize
 from .base import Asset, Element, ParseReport, clean_text
 from .errors import CorruptDocument, EncryptedDocument, ParseError
 from .text_parser import split_paragraphs
@@ -73,6 +71,13 @@ class EncryptedPdf(EncryptedDocument):
 
     def __init__(self, message: str = _ENCRYPTED) -> None:
         super().__init__(message)
+
+
+class DocumentTooLarge(ParseError):
+    """``document_too_large``: more pages, or more pages needing OCR, than the configured
+    limits; refused before any page is parsed (nothing is half-written)."""
+
+    code = "document_too_large"
 
 
 class CorruptPdf(CorruptDocument):
@@ -181,12 +186,13 @@ def _parse_pdf(data: bytes) -> ParseReport:
     if not pages:
         raise ParseError("the PDF has no pages", code="no_extractable_text")
     doc = _Doc(data=data, config=rasterize.current())
+    operators = _check_size(pages, doc.config)
     plumber = None  # opened on the first page that needs a layout pass
     failures = 0
     try:
         for number, page in enumerate(pages, start=1):
             ppage = None
-            if _needs_layout(page):
+            if pdf_content.needs_layout(page, operators[number - 1]):
                 if plumber is None:
                     plumber = _open_plumber(data) or False
                 ppage = _plumber_page(plumber, number)
@@ -246,8 +252,8 @@ def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
     """Add one page's elements and assets to ``doc``; False when its text could not be read.
 
     ``ppage`` (pdfplumber) is ``None`` on a page that draws no paths or images and has no font
-    without a Unicode mapping (:func:`_needs_layout`): its text is pypdf's, with no table or
-    image pass.
+    without a Unicode mapping (:func:`.pdf_content.needs_layout`): its text is pypdf's, with no
+    table or image pass.
     """
     ok = True
     try:
@@ -258,7 +264,7 @@ def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
         ok, text = False, ""
     dropped = [0]
     tables = pdf_tables.find_tables(ppage, dropped)
-    unmapped = _unmapped_fonts(page)
+    unmapped = pdf_content.unmapped_fonts(page)
     if unmapped and ppage is None:
         text = ""
         doc.warnings.append(
@@ -299,84 +305,27 @@ def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
     return ok
 
 
-# Content-stream operators that draw something besides text: paths painted (stroke, fill,
-# rectangles), shadings, XObjects (images, forms) and inline images.
-_DRAWING_OPS = frozenset({b"re", b"S", b"s", b"f", b"F", b"f*", b"B", b"B*", b"b", b"b*",
-                          b"sh", b"Do", b"BI"})  # fmt: skip
-# String literals, hex strings and names, removed before the operators are read (a "(S)" shown
-# as text is no stroke). A nested parenthesis only ends a literal early: more is read, never less.
-_NOT_OPERATORS = re.compile(rb"\((?:\\.|[^\\)])*\)|<[0-9A-Fa-f\s]*>|/[^\s/\[\]()<>{}%]*")
-_OPERATOR = re.compile(rb"[A-Za-z'\"*]+")
-
-
-def _needs_layout(page) -> bool:
-    """True unless the page's content stream provably draws only text (no path painted, no
-    image or form XObject, no inline image) and every font maps to Unicode; such a page needs
-    no table or page-image pass, so pdfminer's layout analysis is skipped. Any doubt (an
-    unreadable stream) answers True."""
-    try:
-        contents = page.get("/Contents")
-        if contents is None:
-            return False
-        contents = contents.get_object()
-        streams = contents if isinstance(contents, list) else [contents]
-        data = b"\n".join(stream.get_object().get_data() for stream in streams)
-    except Exception:  # noqa: BLE001 - unknown: take the full pass
-        return True
-    operators = set(_OPERATOR.findall(_NOT_OPERATORS.sub(b" ", data)))
-    return bool(operators & _DRAWING_OPS) or _unmapped_fonts(page)
-
-
-def _unmapped_fonts(page) -> bool:
-    """True when a font of the page (or of a form it draws) has codes that name no character:
-    a composite (Type0) font with an Identity encoding and no ``/ToUnicode`` (pypdf would print
-    its glyph ids as unrelated letters), or a simple font whose ``/Differences`` give a glyph
-    name outside the Adobe Glyph List, e.g. ``/C0`` of a math font (pypdf would print the
-    name, "/C00.94"). pdfminer honours a ``/ToUnicode`` entry for such a code and marks the
-    rest ``(cid:N)``."""
-    try:
-        return _resources_unmapped(page.get("/Resources"), depth=0)
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def _unnamed_glyphs(encoding) -> bool:
-    """True when an encoding dictionary's ``/Differences`` name a glyph that is neither in the
-    Adobe Glyph List nor a ``uniXXXX``/``uXXXX[XX]`` name."""
-    if not hasattr(encoding, "get"):
-        return False
-    for item in encoding.get("/Differences") or []:
-        name = str(item)
-        if not name.startswith("/") or name in adobe_glyphs or _UNI_NAME.fullmatch(name):
-            continue
-        return True
-    return False
-
-
-_UNI_NAME = re.compile(r"/(?:uni(?:[0-9A-F]{4})+|u[0-9A-F]{4,6})(?:\..*)?")
-
-
-def _resources_unmapped(resources, depth: int) -> bool:
-    if resources is None or depth > 3:
-        return False
-    resources = resources.get_object()
-    fonts = resources.get("/Font")
-    for font in fonts.get_object().values() if fonts is not None else []:
-        font = font.get_object()
-        encoding = font.get("/Encoding")
-        if font.get("/Subtype") == "/Type0":
-            if "/ToUnicode" not in font and str(encoding).startswith("/Identity"):
-                return True
-        elif encoding is not None and _unnamed_glyphs(encoding.get_object()):
-            return True
-    xobjects = resources.get("/XObject")
-    for xobject in xobjects.get_object().values() if xobjects is not None else []:
-        xobject = xobject.get_object()
-        if xobject.get("/Subtype") == "/Form" and _resources_unmapped(
-            xobject.get("/Resources"), depth + 1
-        ):
-            return True
-    return False
+def _check_size(pages: list, config: rasterize.RasterConfig) -> list[frozenset[bytes] | None]:
+    """Refuse a PDF over ``config.max_pages`` pages, or with more than ``config.max_ocr_pages``
+    pages that show no text and draw an image (to OCR), before any page is parsed; returns
+    each page's operators."""
+    if len(pages) > config.max_pages:
+        raise DocumentTooLarge(
+            f"the document exceeds {config.max_pages} pages ({len(pages)} pages); split it"
+        )
+    operators = [pdf_content.operators(page) for page in pages]
+    if config.enabled:
+        scans = sum(
+            1
+            for ops in operators
+            if ops is not None and not ops & pdf_content.TEXT_OPS and b"Do" in ops
+        )
+        if scans > config.max_ocr_pages:
+            raise DocumentTooLarge(
+                f"the document exceeds {config.max_ocr_pages} pages to OCR ({scans} pages "
+                "without a text layer); split it"
+            )
+    return operators
 
 
 def _text_outside(ppage, boxes: list[tuple], *, fallback: str, dropped: list[int]) -> str:

@@ -86,6 +86,8 @@ class RasterConfig:
         ocr_languages: Tesseract language list, e.g. ``"eng"`` or ``"eng+deu"``.
         lock_dir: directory of the slot lock files bounding concurrency across processes
             (``""``: a per-process semaphore only).
+        max_pages: most pages of one PDF (seed ours: 5000); more fail ``document_too_large``.
+        max_ocr_pages: most pages of one PDF without a text layer, i.e. to OCR (ours: 200).
         slot_wait_s: most seconds one parse may wait for page-batch slots in all, apart from
             the parser's own time budget, which does not count them (from the settings: the
             parser timeout, within the job timeout less the parser timeout).
@@ -103,6 +105,8 @@ class RasterConfig:
     ocr_languages: str = "eng"
     lock_dir: str = ""
     slot_wait_s: float = 300.0
+    max_pages: int = 5000
+    max_ocr_pages: int = 200
 
     @classmethod
     def from_settings(cls) -> RasterConfig:
@@ -126,6 +130,8 @@ class RasterConfig:
             ocr_languages=settings.KNOWLEDGE_OCR_LANGUAGES,
             lock_dir=str(lock_dir),
             slot_wait_s=float(max(1, min(parser_s, job_s - parser_s - 10))),
+            max_pages=settings.KNOWLEDGE_PDF_MAX_PAGES,
+            max_ocr_pages=settings.KNOWLEDGE_OCR_MAX_PAGES,
         )
 
 

@@ -28,7 +28,7 @@ from ingestion.compilation.pipeline import run_job
 from ingestion.documents import admit_document
 from ingestion.models import Document, KnowledgeNode
 from ingestion.parsing import parse_with_report
-from ingestion.parsing.pdf_parser import _needs_layout
+from ingestion.parsing.pdf_content import needs_layout
 from knowledgefs.testing.fixtures import shared_path
 from knowledgefs.testing.pdf_fixtures import text_pdf
 
@@ -150,12 +150,12 @@ def _report_pdf(paragraphs: int) -> bytes:
 def test_pages_that_draw_only_text_skip_the_layout_pass_and_others_do_not():
     text_only = PdfReader(io.BytesIO(_report_pdf(30))).pages
     assert len(text_only) > 2
-    assert not any(_needs_layout(page) for page in text_only)
+    assert not any(needs_layout(page) for page in text_only)
     grid = PdfReader(io.BytesIO(_unmapped_font_pdf(b"BT /F1 12 Tf 72 700 Td (x) Tj ET" + _GRID)))
-    assert _needs_layout(grid.pages[0])
+    assert needs_layout(grid.pages[0])
     # "(S)" and "(re)" shown as text are no drawing operators.
     shown = text_pdf([["S", "re f Do BI"]])
-    assert not _needs_layout(PdfReader(io.BytesIO(shown)).pages[0])
+    assert not needs_layout(PdfReader(io.BytesIO(shown)).pages[0])
 
 
 def test_a_text_only_pdf_parses_to_the_same_text_as_pypdf_page_by_page():
