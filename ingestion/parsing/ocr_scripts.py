@@ -7,10 +7,8 @@ Pure Python (no Django); used by :mod:`ingestion.parsing.ocr`.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import threading
 from dataclasses import dataclass
 
 #: Tesseract language codes (``<lang>.traineddata``) that write each OSD script, most common
@@ -39,8 +37,6 @@ SCRIPT_LANGUAGES: dict[str, tuple[str, ...]] = {
 SCRIPT_NAMES = {"Han": "Chinese (Han)", "Korean": "Korean (Hangul)", "Hangul": "Korean (Hangul)"}
 
 _OSD_SCRIPT = re.compile(r"^Script:\s*(\S+)", re.MULTILINE)
-_installed: dict[str, frozenset[str]] = {}
-_installed_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -54,25 +50,19 @@ class ScriptChoice:
 
 
 def installed_languages(command: str) -> frozenset[str]:
-    """The language data Tesseract finds (its ``TESSDATA_PREFIX``), asked once per data
-    directory and process."""
-    key = os.environ.get("TESSDATA_PREFIX", "")
-    with _installed_lock:
-        if key in _installed:
-            return _installed[key]
+    """The language data Tesseract finds (``tesseract --list-langs``; asked each time, only for
+    a page the configured languages did not read confidently, so installing data needs no
+    restart)."""
     try:
         done = subprocess.run(
             [command, "--list-langs"], capture_output=True, timeout=30, check=False
         )
-        lines = (done.stdout + done.stderr).decode("utf-8", "replace").splitlines()
-        found = frozenset(
-            line.strip() for line in lines if line.strip() and not line.startswith("List of")
-        )
     except (OSError, subprocess.SubprocessError):
-        found = frozenset()
-    with _installed_lock:
-        _installed[key] = found
-    return found
+        return frozenset()
+    lines = (done.stdout + done.stderr).decode("utf-8", "replace").splitlines()
+    return frozenset(
+        line.strip() for line in lines if line.strip() and not line.startswith("List of")
+    )
 
 
 def parse_osd(output: str) -> str | None:
