@@ -11,10 +11,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     KNOWLEDGE_VAR_DIR=/var/lib/knowledgefs
 # Debian's Poppler (pdftoppm: PDF rasterization, KNOWLEDGE_PDF_RASTERIZER=poppler) and Tesseract
-# (OCR of scanned pages and images), antiword and catdoc (legacy Word .doc documents, run by the
-# parser), verified at build time; tini, the api stage's init.
+# (OCR of scanned pages and images) with script detection (osd) and the common languages the
+# OCR picks by script (ingestion/parsing/ocr_scripts.py), antiword and catdoc (legacy Word .doc
+# documents, run by the parser), verified at build time; tini, the api stage's init.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends poppler-utils tesseract-ocr tesseract-ocr-eng \
+        tesseract-ocr-osd tesseract-ocr-chi-sim tesseract-ocr-chi-tra tesseract-ocr-jpn \
+        tesseract-ocr-kor tesseract-ocr-deu tesseract-ocr-fra tesseract-ocr-spa tesseract-ocr-rus \
         antiword catdoc tini \
     && rm -rf /var/lib/apt/lists/* \
     && pdftoppm -v \

@@ -66,14 +66,19 @@ mariadb:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends mariadb-server; }
 	@mariadbd --version 2>/dev/null
 
-# Debian's tesseract-ocr (English data) and poppler-utils (pdftoppm) for OCR and PDF
-# rasterization (ingestion/tests/test_pdf.py, ingestion/tests/test_rasterize.py fail without them under KFS_REQUIRE_OCR=1).
+# Debian's tesseract-ocr with script detection (osd) and the common language data, poppler-utils
+# (pdftoppm) for OCR and PDF rasterization, and a CJK font for the OCR language tests
+# (ingestion/tests/test_pdf.py, test_rasterize.py, test_ocr_languages.py fail without them under
+# KFS_REQUIRE_OCR=1).
+OCR_PACKAGES := tesseract-ocr tesseract-ocr-eng tesseract-ocr-osd tesseract-ocr-chi-sim \
+	tesseract-ocr-chi-tra tesseract-ocr-jpn tesseract-ocr-kor tesseract-ocr-deu tesseract-ocr-fra \
+	tesseract-ocr-spa tesseract-ocr-rus poppler-utils fonts-noto-cjk
 ocr:
-	@{ command -v tesseract && command -v pdftoppm; } >/dev/null 2>&1 || { \
+	@dpkg -s $(OCR_PACKAGES) >/dev/null 2>&1 || { \
 		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
-			tesseract-ocr tesseract-ocr-eng poppler-utils; }
+			$(OCR_PACKAGES); }
 	@tesseract --version 2>/dev/null | head -n 1
 	@pdftoppm -v 2>&1 | head -n 1
 

@@ -27,6 +27,8 @@ _ASSET_EXTENSIONS = {
     "image/bmp": "bmp",
     "image/tiff": "tif",
     "image/webp": "webp",
+    "image/heic": "heic",
+    "image/heif": "heif",
     "image/svg+xml": "svg",
     "image/x-emf": "emf",
     "image/x-wmf": "wmf",

@@ -83,7 +83,7 @@ def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
 
 # Parse failures a later attempt may cure: the rasterizer's process group was killed, so a retry
 # cannot pile up work (unlike a parser that may still be running, see TRANSIENT_ERRORS).
-RETRYABLE_PARSE_CODES = frozenset({"rasterization_timeout", "ocr_timeout"})
+RETRYABLE_PARSE_CODES = frozenset({"rasterization_timeout", "ocr_timeout", "rasterizer_busy"})
 
 
 def _stop_check(job: CompilationJob, held: Held | None):

@@ -74,6 +74,8 @@ _ALIASES = {
     "image/jpg": "image/jpeg",
     "image/pjpeg": "image/jpeg",
     "image/x-ms-bmp": "image/bmp",
+    "image/heic-sequence": "image/heic",
+    "image/heif-sequence": "image/heif",
     "application/x-msg": "application/vnd.ms-outlook",
     "message/x-emlx": "message/rfc822",
     "text/xml": "application/xml",

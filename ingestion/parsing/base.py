@@ -42,6 +42,8 @@ SUPPORTED_MIME_TYPES: dict[str, str] = {
     "image/gif": "image",
     "image/bmp": "image",
     "image/webp": "image",
+    "image/heic": "image",
+    "image/heif": "image",
 }
 
 #: Most embedded images one document's parser returns as :class:`Asset` objects (seed
@@ -199,16 +201,26 @@ _IMAGE_SUFFIX_MIME = {
     "tif": "image/tiff",
     "tiff": "image/tiff",
     "webp": "image/webp",
+    "heic": "image/heic",
+    "heif": "image/heif",
     "emf": "image/emf",
     "wmf": "image/wmf",
     "svg": "image/svg+xml",
 }
 
 
+#: Major brands of the ISO base media file ``ftyp`` box that name a HEIF image (ISO/IEC
+#: 23008-12): HEVC-coded (HEIC, iPhone photos) and the generic image brands.
+_HEIF_BRANDS = {
+    **dict.fromkeys((b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx"), "image/heic"),
+    **dict.fromkeys((b"mif1", b"msf1"), "image/heif"),
+}
+
+
 def image_mime_type(data: bytes, name: str = "") -> str | None:
     """MIME type of an embedded image: from its magic number (PNG, JPEG, GIF, TIFF, WebP,
-    BMP), else from the suffix of ``name`` (EMF, WMF, SVG, ...); ``None`` when neither says
-    it is an image."""
+    BMP, HEIC/HEIF), else from the suffix of ``name`` (EMF, WMF, SVG, ...); ``None`` when
+    neither says it is an image."""
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
         return "image/png"
     if data.startswith(b"\xff\xd8\xff"):
@@ -221,6 +233,8 @@ def image_mime_type(data: bytes, name: str = "") -> str | None:
         return "image/webp"
     if data[:2] == b"BM" and len(data) > 26:
         return "image/bmp"
+    if data[4:8] == b"ftyp" and data[8:12] in _HEIF_BRANDS:
+        return _HEIF_BRANDS[data[8:12]]
     suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
     return _IMAGE_SUFFIX_MIME.get(suffix)
 

@@ -13,7 +13,11 @@ in a child process and:
   the hard limit plus a 5 s margin has not passed, and otherwise SIGKILLs its whole session,
   so a worker killed from outside (``kill -9``, the OOM killer) leaves no parse running.
   :class:`ParserTimeout` (a ``TimeoutError``) is raised, which compilation records as the
-  terminal ``parser_timeout``. The calling thread is free at once.
+  terminal ``parser_timeout``. The calling thread is free at once. Time the child spends
+  waiting for a PDF rasterizer slot (a page batch queued behind other documents) is not
+  counted: the child publishes its waits (:class:`~ingestion.parsing.rasterize.SlotWaits`)
+  and the limit moves by them; the waits have their own bound and code (``rasterizer_busy``,
+  retryable).
 * **Memory cap.** ``RLIMIT_AS`` of ``memory_bytes`` (``KNOWLEDGE_PARSER_MAX_MEMORY_MB``), also
   inherited by the child's ``pdftoppm`` and ``tesseract``; a ``MemoryError`` ends the parse
   with ``parser_memory_exceeded``; a child killed by a signal (the kernel's OOM killer, a crash
@@ -211,6 +215,7 @@ def parse_isolated(
     # is removed with it, even when the child was killed.
     with tempfile.TemporaryDirectory(prefix="kfs-parse-") as tmp:
         source, result = os.path.join(tmp, "source"), os.path.join(tmp, "result.pickle")
+        waits = os.path.join(tmp, "slot-waits")
         work = os.path.join(tmp, "tmp")
         os.mkdir(work, 0o700)
         with open(source, "wb") as handle:
@@ -219,17 +224,23 @@ def parse_isolated(
             source=source, mime_type=mime_type, result=result, memory_bytes=config.memory_bytes,
             raster=raster, target=target, tmpdir=work, parent_pid=os.getpid(),
             parent_start=process_start_time(os.getpid()), hard_limit_s=config.timeout_s,
+            slot_waits=waits,
         )  # fmt: skip
         child = _ParserProcess(target=_child_main, args=(job,), name="kfs-parser", daemon=True)
         child.start()
         timed_out = canceled = False
+        waited = 0.0
         try:
+            # The budget runs while the parse runs, not while it waits for a rasterizer slot
+            # (that wait has its own bound, raster.slot_wait_s, and code, rasterizer_busy).
             deadline = time.monotonic() + config.timeout_s
+            most_wait = raster.slot_wait_s + CHILD_LIMIT_MARGIN_S
             while child.exitcode is None and not canceled:
-                remaining = deadline - time.monotonic()
+                waited = min(rasterize.SlotWaits.read(waits), most_wait)
+                remaining = deadline + waited - time.monotonic()
                 if remaining <= 0:
                     break
-                child.join(min(remaining, STOP_POLL_S) if should_stop else remaining)
+                child.join(min(remaining, STOP_POLL_S))
                 canceled = child.exitcode is None and should_stop is not None and should_stop()
             timed_out = child.exitcode is None and not canceled
         finally:
@@ -239,8 +250,10 @@ def parse_isolated(
         if canceled:
             raise ParseCanceled("the parse was stopped on request")
         if timed_out:
+            note = f" (not counting {waited:.0f} s waiting for a rasterizer slot)"
             raise ParserTimeout(
                 f"the parser exceeded its limit of {config.timeout_s:g} s and was stopped"
+                + (note if waited >= 1 else "")
             )
         return _outcome(child, result)
 
@@ -259,6 +272,7 @@ class _ChildJob:
     parent_pid: int
     parent_start: int | None
     hard_limit_s: float
+    slot_waits: str = ""
 
 
 #: How often ``parse_isolated`` asks its ``should_stop`` (our choice: a cancel stops a parse
@@ -295,7 +309,7 @@ def _watchdog(parent_pid: int, parent_start: int | None, deadline: float, job_di
         time.sleep(WATCHDOG_INTERVAL_S)
         # parent_start is None only where /proc could not be read: then the deadline alone.
         gone = parent_start is not None and process_start_time(parent_pid) != parent_start
-        if gone or time.monotonic() > deadline:
+        if gone or time.monotonic() > deadline + rasterize.slot_waited():
             _kill_own_session(job_dir if gone else None)
 
 
@@ -365,6 +379,7 @@ def _child_main(job: _ChildJob) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (job.memory_bytes, job.memory_bytes))
     os.environ["OMP_THREAD_LIMIT"] = "1"
     rasterize.configure(job.raster)
+    rasterize.track_slot_waits(job.slot_waits)
     module, _, name = job.target.partition(":")
     memory_bytes, result = job.memory_bytes, job.result
     try:

@@ -3,10 +3,21 @@
 * **Text.** pypdf extracts each page's text layer, split into paragraphs on blank lines. On a
   page where pdfplumber finds tables, the text comes from pdfplumber instead, without the
   characters inside the tables, so a table's cells are not repeated as a paragraph.
-* **Tables.** pdfplumber's ``find_tables``: tables drawn with a grid of lines, else tables
-  ruled only by full-width horizontal lines (journal style: a rule above and below the header
-  and below the body; columns from the text's alignment, a multi-line header joined per
-  column); each becomes one ``"table"`` element in the shared convention
+* **Layout pass only where needed.** pdfplumber (pdfminer's layout analysis, the costly part)
+  runs only on pages whose content stream paints a path, shows an image or form XObject, or
+  uses a font without a Unicode mapping (:func:`.pdf_content.needs_layout`, a scan of the
+  operators); a page that draws only text takes pypdf's text alone.
+* **Unmapped glyphs.** A composite font with an Identity encoding and no ``/ToUnicode`` names
+  no characters: pypdf prints its glyph ids as unrelated letters, pdfminer as ``(cid:N)``. Such
+  a page's text comes from pdfminer (which maps what the font's encoding or embedded cmap
+  allows); a word or table cell holding a ``(cid:N)`` glyph is dropped whole (the lone minus
+  of "-0.94" in a math font must not leave "0.94") and counted in a warning ``"page N: K words
+  or table cells dropped: they hold glyphs without a Unicode mapping ..."``; never in a chunk.
+* **Tables** (:mod:`ingestion.parsing.pdf_tables`). pdfplumber's ``find_tables``: tables
+  drawn with a grid of lines, else tables ruled only by full-width horizontal lines (journal
+  style: a rule above and below the header and below the body; columns from the text's
+  alignment, a multi-line header joined per column); each becomes one ``"table"`` element in
+  the shared convention
   (:mod:`ingestion.parsing.tables`): the first row is the header,
   ``metadata={"header": [...], "rows": [[...], ...]}``.
 * **OCR.** A page without a text layer is rendered (:mod:`ingestion.parsing.rasterize`, at the
@@ -34,10 +45,9 @@ from dataclasses import dataclass, field
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError
 
-from . import ocr, rasterize
+from . import ocr, pdf_content, pdf_tables, rasterize
 from .base import Asset, Element, ParseReport, clean_text
 from .errors import CorruptDocument, EncryptedDocument, ParseError
-from .tables import render_table
 from .text_parser import split_paragraphs
 
 logger = logging.getLogger("knowledgefs.parsing.pdf")
@@ -61,6 +71,13 @@ class EncryptedPdf(EncryptedDocument):
 
     def __init__(self, message: str = _ENCRYPTED) -> None:
         super().__init__(message)
+
+
+class DocumentTooLarge(ParseError):
+    """``document_too_large``: more pages, or more pages needing OCR, than the configured
+    limits; refused before any page is parsed (nothing is half-written)."""
+
+    code = "document_too_large"
 
 
 class CorruptPdf(CorruptDocument):
@@ -121,6 +138,7 @@ class _Doc:
     tmp: tempfile.TemporaryDirectory | None = None
     capped: bool = False
     no_ocr: set[int] = field(default_factory=set)  # pages unread only for want of tesseract
+    ocr_codes: dict[int, str] = field(default_factory=dict)  # page -> ocr_language_unavailable...
 
     def pdf_path(self) -> str:
         """The PDF written to a private temp file once, for ``pdftoppm``."""
@@ -168,11 +186,16 @@ def _parse_pdf(data: bytes) -> ParseReport:
     if not pages:
         raise ParseError("the PDF has no pages", code="no_extractable_text")
     doc = _Doc(data=data, config=rasterize.current())
-    plumber = _open_plumber(data)
+    operators = _check_size(pages, doc.config)
+    plumber = None  # opened on the first page that needs a layout pass
     failures = 0
     try:
         for number, page in enumerate(pages, start=1):
-            ppage = _plumber_page(plumber, number)
+            ppage = None
+            if pdf_content.needs_layout(page, operators[number - 1]):
+                if plumber is None:
+                    plumber = _open_plumber(data) or False
+                ppage = _plumber_page(plumber, number)
             try:
                 failures += not _parse_page(doc, number, page, ppage)
             finally:
@@ -181,7 +204,7 @@ def _parse_pdf(data: bytes) -> ParseReport:
                         ppage.close()
     finally:
         doc.close()
-        if plumber is not None:
+        if plumber:
             with contextlib.suppress(Exception):
                 plumber.close()
     if failures == len(pages):
@@ -191,6 +214,13 @@ def _parse_pdf(data: bytes) -> ParseReport:
             "the document contains no extractable text: OCR is unavailable (tesseract not "
             f"installed) for its pages without a text layer ({_pages(doc.without_text)})",
             code="ocr_unavailable",
+        )
+    if not doc.elements and doc.without_text and set(doc.without_text) <= set(doc.ocr_codes):
+        codes = sorted(set(doc.ocr_codes.values()))
+        raise ParseError(
+            f"the document contains no text OCR could read reliably ({', '.join(codes)}): "
+            + "; ".join(w for w in doc.warnings if "ocr_" in w)[:900],
+            code=codes[0],
         )
     return ParseReport(
         elements=doc.elements,
@@ -210,7 +240,7 @@ def _pages(numbers: list[int]) -> str:
 
 
 def _plumber_page(plumber, number: int):
-    if plumber is None:
+    if not plumber:
         return None
     try:
         return plumber.pages[number - 1]
@@ -219,7 +249,12 @@ def _plumber_page(plumber, number: int):
 
 
 def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
-    """Add one page's elements and assets to ``doc``; False when its text could not be read."""
+    """Add one page's elements and assets to ``doc``; False when its text could not be read.
+
+    ``ppage`` (pdfplumber) is ``None`` on a page that draws no paths or images and has no font
+    without a Unicode mapping (:func:`.pdf_content.needs_layout`): its text is pypdf's, with no
+    table or image pass.
+    """
     ok = True
     try:
         text = page.extract_text() or ""
@@ -227,9 +262,28 @@ def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
         raise EncryptedPdf() from exc
     except Exception:  # noqa: BLE001 - a damaged page counts as unreadable
         ok, text = False, ""
-    tables = _find_tables(ppage)
-    if tables:
-        text = _text_outside(ppage, [bbox for bbox, _ in tables], fallback=text)
+    dropped = [0]
+    tables = pdf_tables.find_tables(ppage, dropped)
+    unmapped = pdf_content.unmapped_fonts(page)
+    if unmapped and ppage is None:
+        text = ""
+        doc.warnings.append(
+            f"page {number}: text in a font without a Unicode mapping dropped (the page could "
+            "not be laid out)"
+        )
+    elif tables or unmapped:
+        # pdfminer maps what a font's encoding or embedded cmap allows and marks the rest
+        # (cid:N), which _text_outside drops; pypdf would print such glyphs as wrong letters.
+        boxes = [bbox for bbox, _ in tables]
+        fallback = "" if unmapped else text
+        text = _text_outside(ppage, boxes, fallback=fallback, dropped=dropped)
+    text, count = pdf_tables.drop_unmapped(text)
+    dropped[0] += count
+    if dropped[0]:
+        doc.warnings.append(
+            f"page {number}: {dropped[0]} words or table cells dropped: they hold glyphs "
+            "without a Unicode mapping (font without ToUnicode)"
+        )
     first = len(doc.elements)
     doc.elements.extend(
         Element(type="paragraph", text=p, page_number=number)
@@ -251,156 +305,33 @@ def _parse_page(doc: _Doc, number: int, page, ppage) -> bool:
     return ok
 
 
-def _find_tables(ppage) -> list[tuple[tuple, dict]]:
-    """``[(bbox, table element fields), ...]`` of the page's tables with at least one cell:
-    grid tables (ruling lines both ways), else tables ruled by horizontal lines only."""
-    if ppage is None:
-        return []
-    try:
-        found = ppage.find_tables()
-    except Exception:  # noqa: BLE001 - tables are best effort
-        return []
-    out = []
-    for table in found:
-        try:
-            rows = [[(cell or "").strip() for cell in row] for row in table.extract()]
-        except Exception:  # noqa: BLE001
-            continue
-        rows = [row for row in rows if any(row)]
-        if not rows or sum(len(row) for row in rows) < 2:
-            continue
-        header, body = (rows[0], rows[1:]) if len(rows) > 1 else (None, rows)
-        out.append((table.bbox, _table_fields(header, body)))
-    if not out:
-        out = _rule_tables(ppage)
-    return [(bbox, fields) for bbox, fields in out if fields["text"].strip()]
-
-
-def _table_fields(header: list[str] | None, body: list[list[str]]) -> dict:
-    text, metadata = render_table(header, body)
-    return {"type": "table", "text": text, "metadata": metadata}
-
-
-# A "booktabs" table (journals): full-width horizontal rules above the header, below it and
-# below the body, no vertical lines. Limits that keep prose between page rules out: the header
-# band is at most this high (points), body cells are short, every body row has two cells.
-_RULE_MIN_SHARE = 0.2
-_HEADER_BAND_MAX_PT = 60.0
-_RULE_GAP_MAX_PT = 300.0
-_CELL_MAX_CHARS = 40
-_COLUMN_GAP_PT = 7.0
-
-
-def _rules(ppage) -> list[list[tuple[float, float, float]]]:
-    """Horizontal rules ``(top, x0, x1)`` grouped by their span, each group sorted by top; a
-    rule drawn as a thin rectangle (two edges) counts once."""
-    groups: list[list[tuple[float, float, float]]] = []
-    for edge in sorted(ppage.edges, key=lambda e: e["top"]):
-        if edge["orientation"] != "h" or edge["x1"] - edge["x0"] < _RULE_MIN_SHARE * ppage.width:
-            continue
-        rule = (float(edge["top"]), float(edge["x0"]), float(edge["x1"]))
-        for group in groups:
-            last = group[-1]
-            if abs(last[1] - rule[1]) <= 3 and abs(last[2] - rule[2]) <= 3:
-                if rule[0] - last[0] > 2:
-                    group.append(rule)
-                break
-        else:
-            groups.append([rule])
-    return groups
-
-
-def _rule_tables(ppage) -> list[tuple[tuple, dict]]:
-    """Tables ruled only by horizontal lines: the rows between the first and the last rule of a
-    span, split into columns by pdfplumber's text alignment; rows above the second rule are the
-    header (joined per column)."""
-    try:
-        groups = _rules(ppage)
-    except Exception:  # noqa: BLE001
-        return []
-    out = []
-    for group in groups:
-        for run in _runs(group):
-            found = _rule_table(ppage, run)
-            if found is not None:
-                out.append(found)
-    return out
-
-
-def _runs(group: list[tuple[float, float, float]]) -> list[list[tuple[float, float, float]]]:
-    """Split a span's rules where they are far apart; keep runs of three or more."""
-    runs: list[list[tuple[float, float, float]]] = [[group[0]]]
-    for rule in group[1:]:
-        if rule[0] - runs[-1][-1][0] > _RULE_GAP_MAX_PT:
-            runs.append([])
-        runs[-1].append(rule)
-    return [run for run in runs if len(run) >= 3 and run[1][0] - run[0][0] <= _HEADER_BAND_MAX_PT]
-
-
-def _columns_are_gapped(crop, table, header_end: float) -> bool:
-    """True when most body rows show a gap of at least :data:`_COLUMN_GAP_PT` between each pair
-    of neighbouring filled cells: table columns are set apart, prose words are not (text
-    alignment alone also "finds" columns in a paragraph between two page rules). Words are
-    placed in rows and cells by their centre."""
-    words = crop.extract_words(x_tolerance=1.5)
-    considered = good = 0
-    for row in table.rows:
-        _, top, _, bottom = row.bbox
-        if top < header_end:
-            continue
-        line = sorted(
-            (w for w in words if top <= (w["top"] + w["bottom"]) / 2 < bottom),
-            key=lambda w: w["x0"],
+def _check_size(pages: list, config: rasterize.RasterConfig) -> list[frozenset[bytes] | None]:
+    """Refuse a PDF over ``config.max_pages`` pages, or with more than ``config.max_ocr_pages``
+    pages that show no text and draw an image (to OCR), before any page is parsed; returns
+    each page's operators."""
+    if len(pages) > config.max_pages:
+        raise DocumentTooLarge(
+            f"the document exceeds {config.max_pages} pages ({len(pages)} pages); split it"
         )
-        if not line:
-            continue
-        considered += 1
-        centres = [(w["x0"] + w["x1"]) / 2 for w in line]
-        filled = sum(
+    operators = [pdf_content.operators(page) for page in pages]
+    if config.enabled:
+        scans = sum(
             1
-            for cell in row.cells
-            if cell is not None and any(cell[0] <= x < cell[2] for x in centres)
+            for ops in operators
+            if ops is not None and not ops & pdf_content.TEXT_OPS and b"Do" in ops
         )
-        pairs = zip(line, line[1:], strict=False)
-        gaps = sum(1 for a, b in pairs if b["x0"] - a["x1"] >= _COLUMN_GAP_PT)
-        good += filled >= 2 and gaps >= filled - 1
-    return considered > 0 and good >= 0.8 * considered
+        if scans > config.max_ocr_pages:
+            raise DocumentTooLarge(
+                f"the document exceeds {config.max_ocr_pages} pages to OCR ({scans} pages "
+                "without a text layer); split it"
+            )
+    return operators
 
 
-def _rule_table(ppage, run) -> tuple[tuple, dict] | None:
-    top, x0, x1 = run[0]
-    bottom, header_end = run[-1][0], run[1][0]
-    try:
-        crop = ppage.crop((x0, max(0.0, top - 1), x1, min(float(ppage.height), bottom + 1)))
-        tables = crop.find_tables({"vertical_strategy": "text", "horizontal_strategy": "text"})
-        if not tables:
-            return None
-        table = max(tables, key=lambda t: len(t.cells))
-        rows = [
-            (row.bbox[1], [(cell or "").strip() for cell in cells])
-            for row, cells in zip(table.rows, table.extract(), strict=False)
-        ]
-        if not _columns_are_gapped(crop, table, header_end):
-            return None
-    except Exception:  # noqa: BLE001
-        return None
-    head = [cells for y, cells in rows if y < header_end and any(cells)]
-    body = [cells for y, cells in rows if y >= header_end and any(cells)]
-    width = max((len(cells) for _, cells in rows), default=0)
-    if width < 2 or not body:
-        return None
-    if any(sum(1 for c in cells if c) < 2 for cells in body):
-        return None
-    if any(len(c) > _CELL_MAX_CHARS for cells in body for c in cells):
-        return None
-    header = None
-    if head:
-        header = [" ".join(r[i] for r in head if i < len(r) and r[i]) for i in range(width)]
-    return (x0, top, x1, bottom), _table_fields(header, body)
-
-
-def _text_outside(ppage, boxes: list[tuple], *, fallback: str) -> str:
-    """The page's text without characters whose centre lies inside one of ``boxes``.
+def _text_outside(ppage, boxes: list[tuple], *, fallback: str, dropped: list[int]) -> str:
+    """The page's text without characters whose centre lies inside one of ``boxes``;
+    ``fallback`` when pdfplumber fails. Glyphs pdfminer could not map to Unicode stay
+    ``(cid:N)`` here; the caller drops their words.
 
     ``x_tolerance=1.5`` (pdfplumber's default is 3) keeps the word spaces of tightly set fonts,
     e.g. the journal page of the sample documents.
@@ -505,6 +436,9 @@ def _ocr_page(doc: _Doc, number: int, rendered) -> None:
         text = ocr.ocr_image(rendered, doc.config)
     except ocr.OcrUnavailable:
         reason = "OCR unavailable: tesseract is not installed"
+    except (ocr.OcrLanguageUnavailable, ocr.OcrLowConfidence) as exc:
+        doc.ocr_codes[number] = exc.code
+        reason = f"{exc.code}: {exc.reason}; its OCR text is not indexed"
     except ocr.OcrFailed as exc:
         reason = exc.reason
     else:

@@ -60,6 +60,13 @@ class RasterizationError(ParseError):
     code = "rasterization_failed"
 
 
+class RasterizerBusy(ParseError):
+    """``rasterizer_busy``: no page-batch slot became free within the slot-wait bound
+    (:attr:`RasterConfig.slot_wait_s`). Retryable by the job policy: nothing ran."""
+
+    code = "rasterizer_busy"
+
+
 @dataclass(frozen=True)
 class RasterConfig:
     """Limits of rasterization and OCR for one process.
@@ -79,6 +86,11 @@ class RasterConfig:
         ocr_languages: Tesseract language list, e.g. ``"eng"`` or ``"eng+deu"``.
         lock_dir: directory of the slot lock files bounding concurrency across processes
             (``""``: a per-process semaphore only).
+        max_pages: most pages of one PDF (seed ours: 5000); more fail ``document_too_large``.
+        max_ocr_pages: most pages of one PDF without a text layer, i.e. to OCR (ours: 200).
+        slot_wait_s: most seconds one parse may wait for page-batch slots in all, apart from
+            the parser's own time budget, which does not count them (from the settings: the
+            parser timeout, within the job timeout less the parser timeout).
     """
 
     enabled: bool = True
@@ -92,6 +104,9 @@ class RasterConfig:
     ocr_dpi: int = DEFAULT_OCR_DPI
     ocr_languages: str = "eng"
     lock_dir: str = ""
+    slot_wait_s: float = 300.0
+    max_pages: int = 5000
+    max_ocr_pages: int = 200
 
     @classmethod
     def from_settings(cls) -> RasterConfig:
@@ -99,6 +114,8 @@ class RasterConfig:
         from django.conf import settings
 
         lock_dir = Path(settings.VAR_DIR) / "locks" / "pdf-rasterizer"
+        parser_s = settings.KNOWLEDGE_PARSER_TIMEOUT_SECONDS
+        job_s = settings.Q_CLUSTER["timeout"]
         lock_dir.mkdir(parents=True, exist_ok=True)
         return cls(
             enabled=settings.KNOWLEDGE_PDF_RASTERIZER == "poppler",
@@ -112,6 +129,9 @@ class RasterConfig:
             ocr_dpi=settings.KNOWLEDGE_OCR_DPI,
             ocr_languages=settings.KNOWLEDGE_OCR_LANGUAGES,
             lock_dir=str(lock_dir),
+            slot_wait_s=float(max(1, min(parser_s, job_s - parser_s - 10))),
+            max_pages=settings.KNOWLEDGE_PDF_MAX_PAGES,
+            max_ocr_pages=settings.KNOWLEDGE_OCR_MAX_PAGES,
         )
 
 
@@ -259,43 +279,134 @@ _local_slots: dict[int, threading.BoundedSemaphore] = {}
 _local_lock = threading.Lock()
 
 
+class SlotWaits:
+    """The time this process spent waiting for page-batch slots, published to ``path`` (total
+    seconds and, while waiting, the ``time.monotonic()`` the wait began: one machine-wide
+    clock) so the process that started the parse can leave it out of the parse's budget."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.total, self.since = path, 0.0, None
+
+    def begin(self) -> None:
+        self.since = time.monotonic()
+        self._publish()
+
+    def end(self) -> None:
+        if self.since is not None:
+            self.total += time.monotonic() - self.since
+            self.since = None
+            self._publish()
+
+    def waited(self) -> float:
+        """Seconds waited so far, the wait under way included."""
+        return self.total + (time.monotonic() - self.since if self.since is not None else 0.0)
+
+    def _publish(self) -> None:
+        partial = self.path + ".part"
+        with open(partial, "w") as handle:
+            handle.write(f"{self.total!r} {self.since or 0.0!r}")
+        os.replace(partial, self.path)
+
+    @staticmethod
+    def read(path: str) -> float:
+        """Seconds waited so far by the process publishing to ``path`` (0 when none)."""
+        try:
+            with open(path) as handle:
+                total, since = (float(x) for x in handle.read().split())
+        except (OSError, ValueError):
+            return 0.0
+        return total + (time.monotonic() - since if since else 0.0)
+
+
+_waits: SlotWaits | None = None
+
+
+def track_slot_waits(path: str | None) -> None:
+    """Publish this process's slot waits to ``path`` (the isolated parser child calls it)."""
+    global _waits
+    _waits = SlotWaits(path) if path else None
+
+
+def slot_waited() -> float:
+    """Seconds this process waited for page-batch slots (0 unless :func:`track_slot_waits`)."""
+    return _waits.waited() if _waits is not None else 0.0
+
+
 @contextlib.contextmanager
 def batch_slot(config: RasterConfig):
     """Hold one of ``config.max_concurrency`` page-batch slots while rendering.
 
     With a ``lock_dir`` the slots are ``flock``-ed files shared by every process using that
     directory (the kernel releases a killed holder's lock, so a killed parser never leaks a
-    slot); without one, a semaphore of this process. Waits as long as it takes; the parser's
-    own hard timeout bounds the wait.
+    slot); without one, a semaphore of this process. The wait is not part of the parser's time
+    budget (:class:`SlotWaits`); it has its own bound, ``config.slot_wait_s`` for all the waits
+    of one parse, past which :class:`RasterizerBusy` is raised.
     """
+    budget = config.slot_wait_s - (_waits.total if _waits is not None else 0.0)
     if not config.lock_dir:
         with _local_lock:
             sem = _local_slots.setdefault(
                 config.max_concurrency, threading.BoundedSemaphore(config.max_concurrency)
             )
-        with sem:
+        if not sem.acquire(blocking=False):
+            _waiting(True)
+            try:
+                granted = sem.acquire(timeout=max(budget, 0.0))
+            finally:
+                _waiting(False)
+            if not granted:
+                raise _busy(config)
+        try:
             yield
+        finally:
+            sem.release()
         return
     handles = []
     try:
         for index in range(config.max_concurrency):
             path = os.path.join(config.lock_dir, f"slot-{index}.lock")
             handles.append(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        while True:
-            for handle in handles:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue
-                try:
-                    yield
-                finally:
-                    fcntl.flock(handle, fcntl.LOCK_UN)
-                return
-            time.sleep(0.05)
+        handle = _try_slots(handles)
+        if handle is None:
+            deadline = time.monotonic() + budget
+            _waiting(True)
+            try:
+                while handle is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    handle = _try_slots(handles)
+            finally:
+                _waiting(False)
+            if handle is None:
+                raise _busy(config)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
     finally:
         for handle in handles:
             os.close(handle)
+
+
+def _try_slots(handles: list[int]) -> int | None:
+    for handle in handles:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        return handle
+    return None
+
+
+def _waiting(start: bool) -> None:
+    if _waits is not None:
+        _waits.begin() if start else _waits.end()
+
+
+def _busy(config: RasterConfig) -> RasterizerBusy:
+    return RasterizerBusy(
+        f"no PDF rasterizer slot became free within {config.slot_wait_s:g} s "
+        f"({config.max_concurrency} concurrent page batches per machine are busy)"
+    )
 
 
 # --- rendering ----------------------------------------------------------------------------------

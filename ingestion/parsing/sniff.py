@@ -132,6 +132,8 @@ _DESCRIPTIONS = {
     "image/tiff": "a TIFF image",
     "image/bmp": "a BMP image",
     "image/webp": "a WebP image",
+    "image/heic": "a HEIC image",
+    "image/heif": "a HEIF image",
     "application/zip": "a ZIP archive",
     "application/msword": "a legacy Word (DOC) document",
     "application/vnd.ms-excel": "a legacy Excel (XLS) workbook",
@@ -140,6 +142,7 @@ _DESCRIPTIONS = {
 }
 _TEXT_MIMES = {"text/plain", "text/markdown", "text/csv", "text/html"}
 _IMAGE_MIMES = {"image/png", "image/jpeg", "image/gif", "image/tiff", "image/bmp", "image/webp"}
+_IMAGE_MIMES |= {"image/heic", "image/heif"}
 _TEXT_EXT = {
     ".md": "text/markdown",
     ".markdown": "text/markdown",
@@ -380,7 +383,8 @@ def sniff_mime_type(data: bytes, filename: str) -> str:
     :func:`~ingestion.parsing.archive.inspect_zip` before any entry is read, by their
     ``mimetype`` entry (EPUB, ODT, ODS, ODP), ``[Content_Types].xml`` main part or entry names
     (DOCX, XLSX, PPTX); OLE2 compound files by their streams (Outlook MSG, legacy DOC, XLS,
-    PPT); RTF by ``{\\rtf``; images by magic number (PNG, JPEG, GIF, TIFF, WebP, BMP).
+    PPT); RTF by ``{\\rtf``; images by magic number (PNG, JPEG, GIF, TIFF, WebP, BMP,
+    HEIC/HEIF by the ``ftyp`` brand).
     E-mail (EML) is recognised by an RFC 822 header block (at least three usual headers, one
     under a ``.eml`` name), or by an mbox envelope line (``From sender date``: one message is
     ``message/rfc822``, several ``application/mbox``), XML (``application/xml``) by an XML

@@ -207,6 +207,11 @@ KNOWLEDGE_PDF_RASTERIZER_MAX_PIXELS = bounded_int(
 # OCR of pages without a text layer and of image documents (Debian tesseract-ocr).
 KNOWLEDGE_OCR_DPI = bounded_int("KNOWLEDGE_OCR_DPI", 300, 72, 600)
 KNOWLEDGE_OCR_LANGUAGES = env.str("KNOWLEDGE_OCR_LANGUAGES", default="eng").strip()
+# Up-front limits of one PDF (our choice): its pages, and its pages without a text layer that
+# need OCR (200 x 1-2 s of Tesseract on one core stays inside the 300 s parser timeout).
+# A document over either fails at once with document_too_large, before any page is parsed.
+KNOWLEDGE_PDF_MAX_PAGES = bounded_int("KNOWLEDGE_PDF_MAX_PAGES", 5000, 1, 100_000)
+KNOWLEDGE_OCR_MAX_PAGES = bounded_int("KNOWLEDGE_OCR_MAX_PAGES", 200, 0, 10_000)
 # Every parse runs in a child process with a hard wall-clock limit and an address-space cap
 # (ingestion/parsing/isolation.py); it must end well within the worker timeout.
 # Default 300 s, or half the worker timeout when that is shorter.

@@ -52,3 +52,13 @@ def hold_the_interpreter(data: bytes, mime_type: str):
     import ctypes
 
     ctypes.PyDLL(None).sleep(600)
+def parse_measuring_memory(data: bytes, mime_type: str):
+    """The real parse (:func:`ingestion.parsing.parse_with_report`), then this child's peak
+    resident set (``VmHWM``, KiB) appended to the report's warnings as ``"peak_rss_kib=N"``."""
+    from ingestion.parsing import parse_with_report
+
+    report = parse_with_report(data, mime_type)
+    with open("/proc/self/status") as handle:
+        peak = next(line.split()[1] for line in handle if line.startswith("VmHWM:"))
+    report.warnings.append(f"peak_rss_kib={peak}")
+    return report
