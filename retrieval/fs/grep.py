@@ -1,0 +1,215 @@
+"""``grep``: a case-insensitive substring search over the published text of a path, with
+snippets and exact offsets into the canonical text.
+
+The bound: a scope of at most :data:`SCAN_NODES` published nodes is scanned in full, in
+keyset batches ordered by ``(document id, chunk index)``, checking the deadline between
+batches. A larger scope is narrowed first by the space's keyword index (the tantivy index on
+SQLite, the text index on PostgreSQL) to its :data:`KEYWORD_CANDIDATES` best nodes for the query,
+and only those are scanned; the response says so in ``scan``. Each match is the first occurrence
+in its node.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from django.db.models import F, Q, Sum
+
+from ingestion.models import DocumentState, KnowledgeNode
+from knowledgefs.errors import InvalidInput, Unavailable
+
+from . import listing, paths, tree
+from .tree import DOCS, DocumentView
+
+MAX_QUERY_CHARS = 4_000
+MAX_TIMEOUT_MS = 10_000
+SCAN_NODES = 20_000
+KEYWORD_CANDIDATES = 2_000
+BATCH = 500
+SNIPPET_CONTEXT = 100
+_COLUMNS = (
+    "id", "document_id", "chunk_index", "kind", "page_number", "section_path", "start_offset",
+    "end_offset", "text",
+)  # fmt: skip
+
+
+def check_query(q) -> str:
+    if not isinstance(q, str) or not q.strip():
+        raise InvalidInput("q is required", code="invalid_query", details={"field": "q"})
+    if len(q) > MAX_QUERY_CHARS:
+        raise InvalidInput(
+            f"q is {len(q)} characters; at most {MAX_QUERY_CHARS} are allowed",
+            code="query_too_long",
+            details={"field": "q", "limit": MAX_QUERY_CHARS},
+        )
+    return q
+
+
+def check_timeout(value) -> int:
+    if value in (None, ""):
+        return MAX_TIMEOUT_MS
+    number = listing._integer(value)
+    if number is None or not 1 <= number <= MAX_TIMEOUT_MS:
+        raise InvalidInput(
+            f"timeoutMs must be an integer from 1 to {MAX_TIMEOUT_MS}",
+            code="invalid_timeout",
+            details={"field": "timeoutMs", "min": 1, "max": MAX_TIMEOUT_MS},
+        )
+    return number
+
+
+def _scope(space, normal: str):
+    """``(document view or None, node filter or None)`` of a path."""
+    if normal in ("/", "/knowledge", DOCS):
+        return None, None
+    entry = tree.resolve(space, normal)
+    if entry.document is None:  # the reserved roots hold nothing to search
+        return "empty", None
+    view = entry.document
+    kind = entry.resource_type
+    if kind == "section":
+        ids = {r[0] for r in entry.payload.nodes}
+    elif kind == "table":
+        ids = {entry.payload[0]}
+    elif kind == "page_text":
+        ids = {r[0] for r in view.node_rows if r[3] == entry.payload}
+    elif kind == "folder" and entry.name == "tables":
+        ids = {r[0] for _, r in view.tables}
+    elif kind == "folder" and entry.name == "sections":
+        ids = {r[0] for r in view.node_rows if r[2] != "table"}
+    elif kind == "page":
+        ids = {r[0] for r in view.node_rows if r[3] == entry.payload}
+    else:
+        ids = None
+    return view, ids
+
+
+def _visible(space, view):
+    rows = KnowledgeNode.objects.filter(
+        space=space,
+        generation=F("document__active_generation"),
+        document__enabled=True,
+        document__state=DocumentState.PUBLISHED,
+    )
+    return rows.filter(document=view.document) if view is not None else rows
+
+
+def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
+    started = time.monotonic()
+    q = check_query(q)
+    paths.check_path(path)
+    limit = listing.check_limit(limit)
+    timeout_ms = check_timeout(timeout_ms)
+    deadline = started + timeout_ms / 1000
+    normal = listing._normal(path)
+    view, ids = _scope(space, normal)
+    key = listing.listing_id(space, "grep", normal, limit, q)
+    after = listing.read_cursor(cursor, key)
+    pattern = re.compile(re.escape(q), re.IGNORECASE)
+    if view == "empty":
+        return {"path": normal, "matches": [], "truncated": False, "scan": {"mode": "full"}}
+    base = _visible(space, view)
+    if ids is not None:
+        base = base.filter(id__in=ids)
+    if after:
+        base = base.filter(
+            Q(document_id__gt=after[0]) | Q(document_id=after[0], chunk_index__gt=after[1])
+        )
+    if view is not None or ids is not None:
+        in_scope = SCAN_NODES
+    else:
+        in_scope = tree.published_documents(space).aggregate(n=Sum("node_count"))["n"] or 0
+    hits: list[tuple] = []
+    last = None
+    stopped = False
+    if in_scope <= SCAN_NODES:
+        scan = {"mode": "full"}
+        rows = base.order_by("document_id", "chunk_index")
+        while len(hits) <= limit:
+            batch = list(rows.values_list(*_COLUMNS)[:BATCH])
+            for row in batch:
+                match = pattern.search(row[8])
+                last = row
+                if match:
+                    hits.append((row, match))
+                    if len(hits) > limit:
+                        break
+            if len(batch) < BATCH or len(hits) > limit:
+                break
+            if time.monotonic() > deadline:
+                stopped = True
+                break
+            rows = base.filter(
+                Q(document_id__gt=last[1]) | Q(document_id=last[1], chunk_index__gt=last[2])
+            ).order_by("document_id", "chunk_index")
+    else:
+        hits, scan = _keyword_candidates(space, q, base, pattern, limit)
+    more = len(hits) > limit
+    page = hits[:limit]
+    if stopped and not page:
+        raise Unavailable(
+            f"grep found nothing within its deadline of {timeout_ms} ms; narrow the path or "
+            "raise timeoutMs (at most 10000)",
+            code="fs_grep_deadline_exceeded",
+            details={"timeoutMs": timeout_ms},
+        )
+    body = {"path": normal, "matches": _matches(page), "scan": scan}
+    next_row = page[-1][0] if more else (last if stopped else None)
+    body["truncated"] = next_row is not None
+    if stopped:
+        body["deadlineReached"] = True
+    if next_row is not None:
+        body["nextCursor"] = listing.make_cursor(key, [next_row[1].hex, next_row[2]])
+    body["tookMs"] = round((time.monotonic() - started) * 1000, 1)
+    return body
+
+
+def _keyword_candidates(space, q, base, pattern, limit):
+    from ..backends import get_search_backend
+
+    found = get_search_backend().keyword_search(space.id, q, KEYWORD_CANDIDATES)
+    ids = [s.node_id for s in found]
+    rows = list(base.filter(id__in=ids).values_list(*_COLUMNS)) if ids else []
+    rows.sort(key=lambda r: (r[1].hex, r[2]))
+    hits = []
+    for row in rows:
+        match = pattern.search(row[8])
+        if match:
+            hits.append((row, match))
+            if len(hits) > limit:
+                break
+    return hits, {"mode": "keyword_candidates", "candidates": len(ids)}
+
+
+def _matches(page: list[tuple]) -> list[dict]:
+    views: dict = {}
+    out = []
+    for row, match in page:
+        doc_id = row[1]
+        if doc_id not in views:
+            from ingestion.models import Document
+
+            views[doc_id] = DocumentView(Document.objects.get(id=doc_id))
+        view = views[doc_id]
+        text = row[8]
+        lo = max(0, match.start() - SNIPPET_CONTEXT)
+        hi = min(len(text), match.end() + SNIPPET_CONTEXT)
+        out.append(
+            {
+                "kind": "node",
+                "path": tree.node_path(view, (row[0], *row[2:8])),
+                "nodeId": str(row[0]),
+                "snippet": text[lo:hi],
+                "snippetStartOffset": row[6] + lo,
+                "startOffset": row[6] + match.start(),
+                "endOffset": row[6] + match.end(),
+                "metadata": {
+                    "documentId": str(doc_id),
+                    "filename": view.document.filename,
+                    "pageNumber": row[4],
+                    "sectionPath": list(row[5] or []),
+                },
+            }
+        )
+    return out
