@@ -3,7 +3,8 @@ host shell.
 
 A command is at most :data:`MAX_STEPS` steps joined by ``|``: the first a filesystem command
 (``ls tree cat stat grep find diff``), the others in-memory transforms (``head tail wc jq``,
-``jq`` taking a path selector only, such as ``.items[0].path``). ``;``, ``&``, ``<``, ``>``,
+``jq`` taking a path selector only, such as ``.items[0].path``). The output is JSON, except the
+lines ``head``/``tail`` cut from a text (``cat``). ``;``, ``&``, ``<``, ``>``,
 backticks, ``$(``, parentheses, an empty step and an unterminated quote are refused with 400
 naming the token. The output is at most :data:`MAX_OUTPUT_BYTES` bytes, then ``truncated``.
 """
@@ -224,7 +225,8 @@ def execute(space, command) -> dict:
     value = run_fs(space, first["command"], first["input"])
     for step in planned["steps"][1:]:
         value = _transform(step["command"], step["input"], value)
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=1)
+    raw = isinstance(value, str) and planned["steps"][-1]["command"] in ("head", "tail")
+    text = value if raw else json.dumps(value, ensure_ascii=False, indent=1)
     data = text.encode()
     truncated = len(data) > MAX_OUTPUT_BYTES
     if truncated:
