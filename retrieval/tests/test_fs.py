@@ -394,3 +394,32 @@ def test_the_sample_documents_are_browsable(client, space):
             if item["kind"] == "file":
                 assert fs(client, space, "cat", path=item["path"], limit=200).status_code == 200
                 assert fs(client, space, "stat", path=item["path"]).status_code == 200
+
+
+def test_kfs_fs_commands(space, corpus):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    def kfs(*args: str) -> str:
+        out = StringIO()
+        call_command("kfs", *args, "--space", space.slug, "--tenant", space.tenant_id, stdout=out)
+        return out.getvalue()
+
+    listed = kfs("fs", "ls", "/knowledge/docs")
+    guide = folder(corpus["guide 2024/final.md"])
+    assert f"d {guide}" in listed.splitlines()
+    as_json = json.loads(kfs("fs", "ls", "/knowledge/docs", "--json", "--limit", "1"))
+    assert len(as_json["items"]) == 1 and as_json["nextCursor"]
+    tree = kfs("fs", "tree", guide, "--depth", "2")
+    assert "outline.json" in tree and "  Installation-guide--Steps--" in tree
+    hits = kfs("fs", "grep", "zebra", "/knowledge")
+    assert len(hits.splitlines()) == 3 and all(":" in line for line in hits.splitlines())
+    found = kfs("fs", "find", "/knowledge", "--resource-type", "table")
+    assert "/tables/table-1--" in found
+    outline = kfs("fs", "cat", guide + "/outline.json")
+    assert json.loads(outline)["documentId"] == str(corpus["guide 2024/final.md"].id)
+    stat = json.loads(kfs("fs", "stat", guide))
+    assert stat["resourceType"] == "document"
+    with pytest.raises(CommandError, match="invalid_path"):
+        kfs("fs", "ls", "/knowledge/../x")
