@@ -3,10 +3,11 @@ snippets and exact offsets into the canonical text.
 
 The bound: a scope of at most :data:`SCAN_NODES` published nodes is scanned in full, in
 keyset batches ordered by ``(document id, chunk index)``, checking the deadline between
-batches. A larger scope is narrowed first by the space's keyword index (the tantivy index on
-SQLite, the text index on PostgreSQL) to its :data:`KEYWORD_CANDIDATES` best nodes for the query,
-and only those are scanned; the response says so in ``scan``. Each match is the first occurrence
-in its node.
+batches; the database's case-insensitive ``LIKE`` picks the rows first where it folds case
+like the exact test (:func:`_sql_prefilter`). A larger scope is narrowed first by the
+space's keyword index (the tantivy index on SQLite, the text index on PostgreSQL) to its
+:data:`KEYWORD_CANDIDATES` best nodes for the query, and only those are scanned; the response
+says so in ``scan``. Each match is the first occurrence in its node.
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
     stopped = False
     if in_scope <= SCAN_NODES:
         scan = {"mode": "full"}
+        if _sql_prefilter(q):
+            base = base.filter(text__icontains=q)
+            scan["prefilter"] = "sql"
         rows = base.order_by("document_id", "chunk_index")
         while len(hits) <= limit:
             batch = list(rows.values_list(*_COLUMNS)[:BATCH])
@@ -163,6 +167,15 @@ def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
         body["nextCursor"] = listing.make_cursor(key, [next_row[1].hex, next_row[2]])
     body["tookMs"] = round((time.monotonic() - started) * 1000, 1)
     return body
+
+
+def _sql_prefilter(q: str) -> bool:
+    """Whether the database's case-insensitive ``LIKE`` may pick the rows first: PostgreSQL's
+    ``UPPER … LIKE`` always; SQLite's ``LIKE`` folds ASCII only, so only for an ASCII query.
+    The exact test in this process still decides every match."""
+    from django.db import connection
+
+    return connection.vendor == "postgresql" or q.isascii()
 
 
 def _keyword_candidates(space, q, base, pattern, limit):
