@@ -38,6 +38,8 @@ _COLUMNS = (
 def check_query(q) -> str:
     if not isinstance(q, str) or not q.strip():
         raise InvalidInput("q is required", code="invalid_query", details={"field": "q"})
+    if "\x00" in q:
+        raise InvalidInput("q contains NUL", code="invalid_query", details={"field": "q"})
     if len(q) > MAX_QUERY_CHARS:
         raise InvalidInput(
             f"q is {len(q)} characters; at most {MAX_QUERY_CHARS} are allowed",

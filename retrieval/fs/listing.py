@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 from django.core import signing
 from django.db.models import Q
@@ -73,7 +74,7 @@ def _integer(value) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,9}", value.strip()):
         return int(value)
     return None
 

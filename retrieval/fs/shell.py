@@ -147,7 +147,7 @@ def _fs_input(name: str, args: list[str]) -> dict:
             member, integer = FLAGS[arg]
             value = args[i + 1]
             if integer:
-                if not value.isdigit():
+                if not re.fullmatch(r"[0-9]{1,9}", value):
                     raise refuse(f"{arg} needs an integer", "shell_invalid_argument", value)
                 value = int(value)
             values[member] = value
@@ -172,7 +172,7 @@ def _transform_input(name: str, args: list[str]) -> dict:
     if name in ("head", "tail"):
         if not args:
             return {"lines": 10}
-        if len(args) == 2 and args[0] in ("-n", "--lines") and args[1].isdigit():
+        if len(args) == 2 and args[0] in ("-n", "--lines") and re.fullmatch(r"[0-9]{1,9}", args[1]):
             return {"lines": int(args[1])}
         raise refuse(f"{name} takes -n N or --lines N", "shell_invalid_argument", args[0])
     if name == "wc":

@@ -101,6 +101,8 @@ REFUSED = [
     ("ls /knowledge | head | head | head | head | head", "shell_too_many_steps", None),
     ("ls /knowledge | jq 'del(.items)'", "shell_invalid_argument", "del(.items)"),
     ("ls /knowledge --limit x", "shell_invalid_argument", "x"),
+    ("ls /knowledge --limit ²", "shell_invalid_argument", "²"),
+    ("ls /knowledge | head -n ²", "shell_invalid_argument", "-n"),
     ("ls /knowledge --depth 2", "shell_invalid_argument", "--depth"),
     ("ls /knowledge /other", "shell_invalid_argument", "/other"),
     ("", "invalid_command", None),
