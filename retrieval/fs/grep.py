@@ -198,14 +198,13 @@ def _keyword_candidates(space, q, base, pattern, limit):
 
 
 def _matches(page: list[tuple]) -> list[dict]:
-    views: dict = {}
+    from ingestion.models import Document
+
+    documents = Document.objects.in_bulk({row[1] for row, _ in page})
+    views = {ident: DocumentView(d) for ident, d in documents.items()}
     out = []
     for row, match in page:
         doc_id = row[1]
-        if doc_id not in views:
-            from ingestion.models import Document
-
-            views[doc_id] = DocumentView(Document.objects.get(id=doc_id))
         view = views[doc_id]
         text = row[8]
         lo = max(0, match.start() - SNIPPET_CONTEXT)
