@@ -48,7 +48,9 @@ def test_execute_runs_the_pipeline(client, space, corpus):
     tail = post(
         client, space, "execute", "grep zebra /knowledge | tail -n 1 | jq .matches[0].snippet"
     )
-    assert "zebra line 2" in json.loads(tail.json()["output"])
+    every = json.loads(post(client, space, "execute", "grep zebra /knowledge").json()["output"])
+    assert json.loads(tail.json()["output"]) == every["matches"][-1]["snippet"]
+    assert len(every["matches"]) == 3
     missing = post(client, space, "execute", "ls /knowledge --limit 3 | jq .nothing[3].x").json()
     assert missing["output"] == "null"
     docs = post(client, space, "execute", "ls /knowledge/docs --limit 1 | jq .items[0].path")
