@@ -6,8 +6,9 @@ keyset batches ordered by ``(document id, chunk index)``, checking the deadline 
 batches; the database's case-insensitive ``LIKE`` picks the rows first where it folds case
 like the exact test (:func:`_sql_prefilter`). A larger scope is narrowed first by the
 space's keyword index (the tantivy index on SQLite, the text index on PostgreSQL) to its
-:data:`KEYWORD_CANDIDATES` best nodes for the query, and only those are scanned; the response
-says so in ``scan``. Each match is the first occurrence in its node.
+:data:`KEYWORD_CANDIDATES` best nodes for the query, which are tested in rank order (the page's
+order, and its cursor an offset in that ranking) in batches of ``2 × (limit + 1)``; the
+response says so in ``scan``. Each match is the first occurrence in its node.
 """
 
 from __future__ import annotations
@@ -115,10 +116,6 @@ def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
     base = _visible(space, view)
     if ids is not None:
         base = base.filter(id__in=ids)
-    if after:
-        base = base.filter(
-            Q(document_id__gt=after[0]) | Q(document_id=after[0], chunk_index__gt=after[1])
-        )
     if view is not None or ids is not None:
         in_scope = SCAN_NODES
     else:
@@ -127,7 +124,13 @@ def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
     last = None
     stopped = False
     if in_scope <= SCAN_NODES:
+        if after and after[0] == "k":
+            raise listing.invalid_cursor()
         scan = {"mode": "full"}
+        if after:
+            base = base.filter(
+                Q(document_id__gt=after[0]) | Q(document_id=after[0], chunk_index__gt=after[1])
+            )
         if _sql_prefilter(q):
             base = base.filter(text__icontains=q)
             scan["prefilter"] = "sql"
@@ -149,10 +152,18 @@ def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
             rows = base.filter(
                 Q(document_id__gt=last[1]) | Q(document_id=last[1], chunk_index__gt=last[2])
             ).order_by("document_id", "chunk_index")
+        more = len(hits) > limit
+        page = hits[:limit]
+        next_row = page[-1][0] if more else (last if stopped else None)
+        next_key = [next_row[1].hex, next_row[2]] if next_row is not None else None
     else:
-        hits, scan = _keyword_candidates(space, q, base, pattern, limit)
-    more = len(hits) > limit
-    page = hits[:limit]
+        if after and after[0] != "k":
+            raise listing.invalid_cursor()
+        offset = after[1] if after else 0
+        page, next_offset, scan, stopped = _keyword_candidates(
+            space, q, base, pattern, limit, offset, deadline
+        )
+        next_key = ["k", next_offset] if next_offset is not None else None
     if stopped and not page:
         raise Unavailable(
             f"grep found nothing within its deadline of {timeout_ms} ms; narrow the path or "
@@ -161,12 +172,11 @@ def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
             details={"timeoutMs": timeout_ms},
         )
     body = {"path": normal, "matches": _matches(page), "scan": scan}
-    next_row = page[-1][0] if more else (last if stopped else None)
-    body["truncated"] = next_row is not None
+    body["truncated"] = next_key is not None
     if stopped:
         body["deadlineReached"] = True
-    if next_row is not None:
-        body["nextCursor"] = listing.make_cursor(key, [next_row[1].hex, next_row[2]])
+    if next_key is not None:
+        body["nextCursor"] = listing.make_cursor(key, next_key)
     body["tookMs"] = round((time.monotonic() - started) * 1000, 1)
     return body
 
@@ -180,21 +190,36 @@ def _sql_prefilter(q: str) -> bool:
     return connection.vendor == "postgresql" or q.isascii()
 
 
-def _keyword_candidates(space, q, base, pattern, limit):
+def _keyword_candidates(space, q, base, pattern, limit, offset, deadline):
+    """The keyword index's best :data:`KEYWORD_CANDIDATES` nodes for ``q``, walked in rank order
+    from ``offset`` in batches, each tested exactly; ``(hits, next offset, scan, stopped)``."""
     from ..backends import get_search_backend
 
-    found = get_search_backend().keyword_search(space.id, q, KEYWORD_CANDIDATES)
-    ids = [s.node_id for s in found]
-    rows = list(base.filter(id__in=ids).values_list(*_COLUMNS)) if ids else []
-    rows.sort(key=lambda r: (r[1].hex, r[2]))
-    hits = []
-    for row in rows:
-        match = pattern.search(row[8])
-        if match:
-            hits.append((row, match))
-            if len(hits) > limit:
-                break
-    return hits, {"mode": "keyword_candidates", "candidates": len(ids)}
+    ranked = [
+        s.node_id for s in get_search_backend().keyword_search(space.id, q, KEYWORD_CANDIDATES)
+    ]
+    scan = {"mode": "keyword_candidates", "candidates": len(ranked)}
+    hits: list[tuple] = []
+    position = offset
+    stopped = False
+    size = 2 * (limit + 1)
+    while position < len(ranked) and len(hits) <= limit:
+        ids = ranked[position : position + size]
+        rows = {r[0]: r for r in base.filter(id__in=ids).values_list(*_COLUMNS)}
+        for node_id in ids:
+            position += 1
+            row = rows.get(node_id)
+            match = pattern.search(row[8]) if row is not None else None
+            if match:
+                hits.append((row, match))
+                if len(hits) > limit:
+                    position -= 1  # the next page starts with this one
+                    break
+        if len(hits) <= limit and time.monotonic() > deadline:
+            stopped = True
+            break
+    more = len(hits) > limit or (stopped and position < len(ranked))
+    return hits[:limit], (position if more else None), scan, stopped
 
 
 def _matches(page: list[tuple]) -> list[dict]:

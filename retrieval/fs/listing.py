@@ -89,6 +89,14 @@ def make_cursor(listing: str, key) -> str:
     return signing.dumps({"l": listing, "k": key}, salt=_SALT, compress=True)
 
 
+def invalid_cursor() -> InvalidInput:
+    return InvalidInput(
+        "cursor is not a cursor of this listing (pass the nextCursor of the same request)",
+        code="invalid_cursor",
+        details={"field": "cursor"},
+    )
+
+
 def read_cursor(cursor, listing: str):
     """The position stored in ``cursor`` (``None`` for no cursor); 400 ``invalid_cursor`` when
     it is forged, damaged or was issued by another listing."""
@@ -99,11 +107,7 @@ def read_cursor(cursor, listing: str):
     except signing.BadSignature:
         data = None
     if not isinstance(data, dict) or data.get("l") != listing:
-        raise InvalidInput(
-            "cursor is not a cursor of this listing (pass the nextCursor of the same request)",
-            code="invalid_cursor",
-            details={"field": "cursor"},
-        )
+        raise invalid_cursor()
     return data.get("k")
 
 

@@ -11,8 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from django.db.models import CharField, F
-from django.db.models.functions import Cast
+from django.db.models import F
 
 from ingestion.models import Document, DocumentState, KnowledgeNode, ParseArtifact
 from knowledgefs.errors import NotFound
@@ -252,11 +251,9 @@ def find_document(space, name: str) -> DocumentView:
     prefix = name.rsplit("--", 1)[-1] if "--" in name else ""
     if len(prefix) != 8 or any(c not in "0123456789abcdef" for c in prefix):
         raise not_found(f"{DOCS}/{name}")
-    candidates = (
-        published_documents(space)
-        .annotate(id_text=Cast("id", CharField()))
-        .filter(id_text__startswith=prefix)
-    )
+    # the ids whose hex starts with the prefix are one range of the primary key
+    low, high = uuid.UUID(prefix + "0" * 24), uuid.UUID(prefix + "f" * 24)
+    candidates = published_documents(space).filter(id__gte=low, id__lte=high)
     for document in candidates.order_by("id"):
         view = DocumentView(document)
         if view.name == name:

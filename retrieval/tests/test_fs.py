@@ -191,6 +191,33 @@ def test_grep_pages_with_a_cursor(client, space, corpus):
     assert len(ids) == 3
 
 
+def test_grep_over_a_large_scope_tests_the_keyword_candidates_exactly(
+    client, space, corpus, monkeypatch
+):
+    from retrieval.fs import grep
+
+    monkeypatch.setattr(grep, "SCAN_NODES", 2)  # this space is "large"
+    first = fs(client, space, "grep", q="zebra", path="/knowledge", limit=2).json()
+    assert first["scan"]["mode"] == "keyword_candidates" and first["scan"]["candidates"] >= 3
+    assert len(first["matches"]) == 2 and first["truncated"] is True
+    rest = fs(
+        client, space, "grep", q="zebra", path="/knowledge", limit=2, cursor=first["nextCursor"]
+    ).json()  # fmt: skip
+    ids = [m["nodeId"] for m in first["matches"] + rest["matches"]]
+    assert len(ids) == len(set(ids)) == 3 and rest["truncated"] is False
+    # a word the keyword index ranks but whose exact text is absent matches nothing
+    none = fs(client, space, "grep", q="zebras orbital", path="/knowledge", limit=5).json()
+    assert none["matches"] == []
+    # a cursor of the full scan is not one of the keyword walk
+    monkeypatch.setattr(grep, "SCAN_NODES", 20_000)
+    full = fs(client, space, "grep", q="zebra", path="/knowledge", limit=1).json()
+    monkeypatch.setattr(grep, "SCAN_NODES", 2)
+    mixed = fs(
+        client, space, "grep", q="zebra", path="/knowledge", limit=1, cursor=full["nextCursor"]
+    )
+    assert (mixed.status_code, mixed.json()["code"]) == (400, "invalid_cursor")
+
+
 def test_find_by_name_metadata_and_type(client, space, corpus):
     from ingestion.availability import patch_document_metadata
 
