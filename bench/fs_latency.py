@@ -2,7 +2,8 @@
 
 1. Compiles (or reuses) the evaluation space of ``--dataset`` (default the committed
    ``tests/fixtures/eval-mini``, 200 SciFact abstracts) with ``kfs eval``'s ``prepare_space``.
-2. Creates the space ``bench-fs`` (tenant ``kfs-bench``, dropped first if present) and grows it
+2. Creates the space ``bench-fs`` (``--slug``; tenant ``kfs-bench``, dropped first if present
+   unless ``--reuse``, which keeps it and only grows it) and grows it
    to each ``--sizes`` value in ascending order by copying the source's published nodes, vectors
    and keyword rows (``bench/replicate.py``; every copy a published document of its own).
 3. Per size, times ``--repeat`` calls of each case in this process through the services the
@@ -10,8 +11,8 @@
    first page and a page 50 pages deep (limit 20, via its cursor), ``ls`` of one document's
    sections, and ``grep`` over the whole space for a frequent word, a rare word and a phrase
    (limit 20), reporting nearest-rank p50/p95 and the grep scan mode (``full`` up to 20,000
-   published nodes, else ``keyword_candidates``: the keyword index's 2,000 best nodes scanned
-   exactly).
+   published nodes, else ``keyword_candidates``: the keyword index's 500 best nodes scanned
+   exactly, in rank order).
 
 Writes ``bench/results/fs-latency-DATE.json`` (or ``--out``) and prints a markdown table.
 Run on a throw-away SQLite database::
@@ -113,16 +114,22 @@ def main() -> int:
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--slug", default=SLUG)
+    parser.add_argument(
+        "--reuse", action="store_true", help="keep the space if present and only grow it"
+    )
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     call_command("migrate", verbosity=0)
     corpus_path, corpus, _queries, _qrels = load_dataset(Path(args.dataset), "test")
     source, _, _ = prepare_space(corpus_path, corpus)
     principal = Principal(tenant_id=TENANT)
-    old = KnowledgeSpace.objects.filter(tenant_id=TENANT, slug=SLUG).first()
-    if old is not None:
-        delete_space(principal, old.id)
-    target = create_space(principal, name="Filesystem benchmark", slug=SLUG)
+    target = KnowledgeSpace.objects.filter(tenant_id=TENANT, slug=args.slug).first()
+    if target is not None and not args.reuse:
+        delete_space(principal, target.id)
+        target = None
+    if target is None:
+        target = create_space(principal, name="Filesystem benchmark", slug=args.slug)
     result = {
         "date": dt.date.today().isoformat(),
         "machine": (
