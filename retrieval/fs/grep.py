@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 
-from django.db.models import F, Q, Sum
+from django.db.models import F, Q
 
 from ingestion.models import DocumentState, KnowledgeNode
 from knowledgefs.errors import InvalidInput, Unavailable
@@ -118,8 +118,9 @@ def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
         base = base.filter(id__in=ids)
     if view is not None or ids is not None:
         in_scope = SCAN_NODES
-    else:
-        in_scope = tree.published_documents(space).aggregate(n=Sum("node_count"))["n"] or 0
+    else:  # the nodes stored in the space, counted up to the bound (an index range)
+        stored = KnowledgeNode.objects.filter(space=space).values_list("generation", flat=True)
+        in_scope = stored[: SCAN_NODES + 1].count()  # covered by the (space, generation) index
     hits: list[tuple] = []
     last = None
     stopped = False
@@ -161,7 +162,7 @@ def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
             raise listing.invalid_cursor()
         offset = after[1] if after else 0
         page, next_offset, scan, stopped = _keyword_candidates(
-            space, q, base, pattern, limit, offset, deadline
+            space, q, (view, ids), pattern, limit, offset, deadline
         )
         next_key = ["k", next_offset] if next_offset is not None else None
     if stopped and not page:
@@ -190,7 +191,30 @@ def _sql_prefilter(q: str) -> bool:
     return connection.vendor == "postgresql" or q.isascii()
 
 
-def _keyword_candidates(space, q, base, pattern, limit, offset, deadline):
+def _readable_rows(space, ids: list, scope) -> dict:
+    """``{id: row}`` of the nodes ``ids`` that are readable and inside ``scope`` (a document view
+    or ``None``, node ids or ``None``); read by primary key, checked here."""
+    view, allowed = scope
+    found = KnowledgeNode.objects.filter(id__in=ids).values_list(
+        *_COLUMNS, "space_id", "generation", "document__active_generation",
+        "document__enabled", "document__state",
+    )  # fmt: skip
+    rows = {}
+    for r in found:
+        row, (space_id, generation, active, enabled, state) = r[:9], r[9:]
+        if space_id != space.id or generation != active or not enabled:
+            continue
+        if state != DocumentState.PUBLISHED:
+            continue
+        if view is not None and row[1] != view.document.id:
+            continue
+        if allowed is not None and row[0] not in allowed:
+            continue
+        rows[row[0]] = row
+    return rows
+
+
+def _keyword_candidates(space, q, scope, pattern, limit, offset, deadline):
     """The keyword index's best :data:`KEYWORD_CANDIDATES` nodes for ``q``, walked in rank order
     from ``offset`` in batches, each tested exactly; ``(hits, next offset, scan, stopped)``."""
     from ..backends import get_search_backend
@@ -204,9 +228,9 @@ def _keyword_candidates(space, q, base, pattern, limit, offset, deadline):
     stopped = False
     size = 2 * (limit + 1)
     while position < len(ranked) and len(hits) <= limit:
-        ids = ranked[position : position + size]
-        rows = {r[0]: r for r in base.filter(id__in=ids).values_list(*_COLUMNS)}
-        for node_id in ids:
+        batch = ranked[position : position + size]
+        rows = _readable_rows(space, batch, scope)
+        for node_id in batch:
             position += 1
             row = rows.get(node_id)
             match = pattern.search(row[8]) if row is not None else None

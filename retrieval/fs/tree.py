@@ -252,12 +252,19 @@ def find_document(space, name: str) -> DocumentView:
     if len(prefix) != 8 or any(c not in "0123456789abcdef" for c in prefix):
         raise not_found(f"{DOCS}/{name}")
     # the ids whose hex starts with the prefix are one range of the primary key
+    # (alone: the planner then walks the primary key, not the space's documents); readability
+    # is checked on the few rows found
     low, high = uuid.UUID(prefix + "0" * 24), uuid.UUID(prefix + "f" * 24)
-    candidates = published_documents(space).filter(id__gte=low, id__lte=high)
-    for document in candidates.order_by("id"):
-        view = DocumentView(document)
-        if view.name == name:
-            return view
+    candidates = Document.objects.filter(id__gte=low, id__lte=high).order_by("id")
+    for document in candidates[:64]:
+        readable = (
+            document.space_id == space.id
+            and document.state == DocumentState.PUBLISHED
+            and document.enabled
+            and document.active_generation is not None
+        )
+        if readable and DocumentView(document).name == name:
+            return DocumentView(document)
     raise not_found(f"{DOCS}/{name}")
 
 
