@@ -66,7 +66,7 @@ def _outline(space, a: dict) -> dict:
     ident = a.get("documentId")
     try:
         document = published_documents(space).filter(id=ident).first()
-    except (ValueError, ValidationError):  # a malformed id is not found, like a foreign one
+    except (ValueError, TypeError, ValidationError):  # malformed: not found, like a foreign one
         document = None
     if document is None:
         raise NotFound("document not found in this space", code="document_not_found")
