@@ -65,7 +65,11 @@ class Document(models.Model):
                 condition=models.Q(row_version__gte=1), name="document_row_version_positive"
             ),
         ]
-        indexes = [models.Index(fields=["space", "-created_at"], name="document_space_created")]
+        indexes = [
+            models.Index(fields=["space", "-created_at"], name="document_space_created"),
+            # the knowledge filesystem's listing in filename order (retrieval/fs/listing.py)
+            models.Index(fields=["space", "filename", "id"], name="document_space_filename"),
+        ]
 
     def __str__(self) -> str:
         return self.filename

@@ -4,6 +4,7 @@ probes, and Django admin. Each app's routes live in its ``urls.py``; this module
 from django.contrib import admin
 from django.urls import include, path
 
+from retrieval.api import mcp as mcp_api
 from spaces import urls as spaces_urls
 
 from . import health, internal, openapi
@@ -44,4 +45,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include(v1)),
     path("internal/", include(internal_routes)),
+    # The MCP server of the knowledge filesystem (docs/filesystem.md), streamable HTTP.
+    path("mcp", mcp_api.endpoint, name="mcp"),
 ]

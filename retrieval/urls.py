@@ -1,9 +1,9 @@
 """Retrieval's product routes, included under ``/v1/`` by knowledgefs.urls: retrieval tests,
-golden questions, cited answers and research tasks."""
+golden questions, cited answers, research tasks and the knowledge filesystem."""
 
 from django.urls import path
 
-from .api import research_tasks
+from .api import fs, research_tasks
 from .api.answers import QueryTraceView, QueryView
 from .api.views import GoldenQuestionDetailView, GoldenQuestionListView, RetrievalTestView
 
@@ -52,5 +52,29 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/research-tasks",
         research_tasks.SpaceResearchTaskListView.as_view(),
         name="space-research-tasks",
+    ),
+    # The knowledge filesystem (docs/filesystem.md): one operation per route.
+    *[
+        path(f"knowledge-spaces/<str:space_id>/fs/{name}", view.as_view(), name=f"fs-{name}")
+        for name, view in (
+            ("ls", fs.FsLsView),
+            ("tree", fs.FsTreeView),
+            ("cat", fs.FsCatView),
+            ("stat", fs.FsStatView),
+            ("grep", fs.FsGrepView),
+            ("find", fs.FsFindView),
+            ("diff", fs.FsDiffView),
+            ("open_node", fs.FsOpenNodeView),
+        )
+    ],
+    path(
+        "knowledge-spaces/<str:space_id>/fs/shell/plan",
+        fs.ShellPlanView.as_view(),
+        name="fs-shell-plan",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/fs/shell/execute",
+        fs.ShellExecuteView.as_view(),
+        name="fs-shell-execute",
     ),
 ]

@@ -54,8 +54,8 @@ CHILD_RESOURCE_TYPES = frozenset(
     {"document", "job", "query", "research_task", "source", "upload_session"}
 )
 
-# caller_kind -> (azp, subject prefix). MCP sessions are defined by the contract but Dify does
-# not issue them yet, so their tokens are refused by every route (no route allows the kind).
+# caller_kind -> (azp, subject prefix). MCP session tokens reach only the operations that list
+# the kind: the knowledge filesystem's routes and its MCP server at /mcp (docs/filesystem.md).
 CALLER_KINDS: dict[str, tuple[str, str]] = {
     "interactive": ("dify-console", "dify-account:"),
     "service": ("dify-service-api", "dify-service-api:"),

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Dify caller kinds that may use product routes. ``internal_worker`` tokens are for Dify's
-# background workers, ``mcp`` is not issued: neither reaches a product route unless listed.
+# background workers, ``mcp`` for MCP sessions: neither reaches a product route unless listed
+# (the knowledge filesystem's operations list ``mcp``: retrieval/api/fs.py).
 READ_CALLERS = frozenset({"interactive", "service", "agent", "workflow"})
 WRITE_CALLERS = frozenset({"interactive", "service", "workflow"})
 ADMIN_CALLERS = frozenset({"interactive", "service"})

@@ -16,6 +16,7 @@ from ingestion import cli as ingestion_cli
 from knowledgefs import cli as core_cli
 from knowledgefs.errors import ServiceError
 from retrieval import cli as retrieval_cli
+from retrieval.fs import cli as fs_cli
 from spaces import cli as spaces_cli
 from upgrades import cli as upgrades_cli
 
@@ -40,6 +41,8 @@ COMMANDS = (
     ("answer", retrieval_cli),
     ("eval", retrieval_cli),
     ("reindex", retrieval_cli),
+    ("fs", fs_cli),
+    ("mcp", fs_cli),
 )
 
 
@@ -47,7 +50,7 @@ class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, research tasks, "
         "documents, jobs, stats, retry, cancel, schedules, sweep, storage, downgrade-check, "
-        "cutover, upgrade, answer, eval, reindex."
+        "cutover, upgrade, answer, eval, reindex, fs, mcp."
     )
 
     def add_arguments(self, parser) -> None:
