@@ -52,6 +52,8 @@ def hold_the_interpreter(data: bytes, mime_type: str):
     import ctypes
 
     ctypes.PyDLL(None).sleep(600)
+
+
 def parse_measuring_memory(data: bytes, mime_type: str):
     """The real parse (:func:`ingestion.parsing.parse_with_report`), then this child's peak
     resident set (``VmHWM``, KiB) appended to the report's warnings as ``"peak_rss_kib=N"``."""
