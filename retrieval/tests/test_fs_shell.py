@@ -156,3 +156,13 @@ def test_every_listed_path_can_be_read_through_the_shell(client, space):
         assert out.status_code == 200, out.json()
         headings.add(out.json()["output"].rstrip("\n"))
     assert headings == {"# The `kfs fs` command", "# The `kfs fs` command / Cost $(estimate)"}
+
+
+@pytest.mark.parametrize("command", [5, ["ls", "/"], {"ls": "/"}, True])
+def test_a_command_that_is_not_a_string_is_named_as_such(client, space, command):
+    response = post(client, space, "plan", command)
+    assert response.status_code == 400
+    body = response.json()
+    assert body["code"] == "invalid_command"
+    assert body["message"] == "command must be a string (a shell command line)"
+    assert body["details"] == {"field": "command"}
