@@ -69,6 +69,7 @@ def _add_documents(sub) -> None:
     docs = sub.add_parser("documents", help="list a space's documents")
     docs.add_argument("--space", required=True, metavar="SLUG")
     docs.add_argument("--tenant", required=True)
+    add_page_arguments(docs, default=100)
     docs.add_argument("--json", action="store_true")
 
 
@@ -196,7 +197,15 @@ def _follow(document_ids: list, *, quiet: bool) -> None:
 
 
 def _documents(command, options: dict) -> None:
+    """A page of the space's documents, newest first (``--limit``, ``--all``, ``--cursor``; the
+    output's ``next_cursor`` continues it)."""
     space = space_of(options)
+    page, next_cursor = cli_page(
+        documents.documents_in(space),
+        options,
+        listing="documents",
+        binding={"space": str(space.id)},
+    )
     rows = [
         {
             "id": str(d.id),
@@ -206,13 +215,15 @@ def _documents(command, options: dict) -> None:
             "error_message": d.error_message or None,
             "nodes": d.node_count,
         }
-        for d in documents.documents_in(space)
+        for d in page
     ]
+    lines = [f"{r['state']:<10} {r['nodes']:>5}  {r['filename']}" for r in rows]
+    if next_cursor:
+        lines.append(f"more: --cursor {next_cursor}")
     command.emit(
         options,
-        {"items": rows},
-        "\n".join(f"{r['state']:<10} {r['nodes']:>5}  {r['filename']}" for r in rows)
-        or "no documents",
+        {"items": rows, "next_cursor": next_cursor},
+        "\n".join(lines) or "no documents",
     )
 
 

@@ -74,9 +74,11 @@ def join(*segments: str) -> str:
 
 
 def slug(text: str, limit: int) -> str:
-    """``text`` with slashes, backslashes and whitespace runs turned into ``-``, at most
-    ``limit`` characters (``_`` when nothing is left)."""
-    value = _SEPARATORS.sub("-", text).strip("-")
+    """``text`` with slashes, backslashes and whitespace runs turned into ``-``, backticks
+    dropped and ``$(`` written ``(`` (the safe shell refuses both even quoted, so a listed name
+    must not hold them), at most ``limit`` characters (``_`` when nothing is left)."""
+    value = text.replace("`", "").replace("$(", "(")
+    value = _SEPARATORS.sub("-", value).strip("-")
     value = "".join(c for c in value if ord(c) >= 32)[:limit].rstrip("-")
     if value in ("", ".", ".."):
         value = "_" + value

@@ -68,6 +68,12 @@ def refuse(message: str, code: str, token: str | None = None) -> InvalidInput:
 
 def plan(command) -> dict:
     """``{command, steps[{argv, command, kind, input}]}`` or 400 naming what is refused."""
+    if command is not None and not isinstance(command, str):
+        raise InvalidInput(
+            "command must be a string (a shell command line)",
+            code="invalid_command",
+            details={"field": "command"},
+        )
     if not isinstance(command, str) or not command.strip():
         raise refuse("command is required", "invalid_command")
     if len(command) > MAX_COMMAND_CHARS:

@@ -134,3 +134,35 @@ def test_a_command_over_4000_characters_and_bad_fs_input(client, space):
         f"/v1/knowledge-spaces/{space.id}/fs/shell/plan", {"cmd": "ls"}, format="json"
     )
     assert (member.status_code, member.json()["code"]) == (400, "invalid_request")
+
+
+def test_every_listed_path_can_be_read_through_the_shell(client, space):
+    """Headings and filenames with code spans or ``$(``: the names the filesystem lists are
+    names the shell accepts (quoted), so ``ls`` → ``cat`` works on every entry."""
+    text = "# The `kfs fs` command\n\nIt lists the space.\n\n## Cost $(estimate)\n\nAbout 3 ms.\n"
+    admit_document(space, filename="`odd`$(name).md", data=text.encode(), enqueue=False)
+    compile_all()
+    tree = client.get(
+        f"/v1/knowledge-spaces/{space.id}/fs/tree",
+        {"path": "/knowledge/docs", "limit": 20, "depth": 3},
+    )
+    assert tree.status_code == 200
+    files = [i["path"] for i in tree.json()["items"] if i["path"].endswith(".md")]
+    assert len(files) == 2
+    headings = set()
+    for path in files:
+        assert "`" not in path and "$(" not in path
+        out = post(client, space, "execute", f"cat '{path}' | head -n 1")
+        assert out.status_code == 200, out.json()
+        headings.add(out.json()["output"].rstrip("\n"))
+    assert headings == {"# The `kfs fs` command", "# The `kfs fs` command / Cost $(estimate)"}
+
+
+@pytest.mark.parametrize("command", [5, ["ls", "/"], {"ls": "/"}, True])
+def test_a_command_that_is_not_a_string_is_named_as_such(client, space, command):
+    response = post(client, space, "plan", command)
+    assert response.status_code == 400
+    body = response.json()
+    assert body["code"] == "invalid_command"
+    assert body["message"] == "command must be a string (a shell command line)"
+    assert body["details"] == {"field": "command"}

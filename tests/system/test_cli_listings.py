@@ -1,7 +1,8 @@
 """``kfs`` listings and answers with the fields and pages the API has: ``kfs jobs``,
-``kfs research-tasks`` and ``kfs upgrade list`` page with ``--limit``/``--all``/``--cursor`` and
-print ``next_cursor``; ``kfs documents --json`` carries ``error_message``; ``kfs answer --json``
-carries the SSE ``answer.done`` payload's fields (``answerability_reasons``, ``conflicts``)."""
+``kfs documents``, ``kfs research-tasks`` and ``kfs upgrade list`` page with
+``--limit``/``--all``/``--cursor`` and print ``next_cursor``; ``kfs documents --json`` carries
+``error_message``; ``kfs answer --json`` carries the SSE ``answer.done`` payload's fields
+(``answerability_reasons``, ``conflicts``)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,29 @@ def test_kfs_documents_json_has_the_error_message(space):
     listed = kfs("documents", "--space", space.slug, "--tenant", space.tenant_id)["items"]
     assert listed[0]["error_code"] == document.error_code
     assert listed[0]["error_message"] == document.error_message
+
+
+def test_kfs_documents_pages_with_limit_all_and_cursor(space):
+    for n in range(105):
+        admit_document(space, filename=f"d{n}.txt", data=f"text {n}".encode(), enqueue=False)
+    expected = [
+        str(i) for i in Document.objects.order_by("-created_at", "-id").values_list("id", flat=True)
+    ]
+    args = ("documents", "--space", space.slug, "--tenant", space.tenant_id)
+    first = kfs(*args)  # a page of 100, then the cursor: never an unbounded listing
+    assert len(first["items"]) == 100 and first["next_cursor"]
+    rest = kfs(*args, "--cursor", first["next_cursor"])
+    assert [d["id"] for d in first["items"] + rest["items"]] == expected
+    assert rest["next_cursor"] is None
+    assert [d["id"] for d in kfs(*args, "--all")["items"]] == expected
+    assert [d["id"] for d in kfs(*args, "--limit", "3")["items"]] == expected[:3]
+    with pytest.raises(CommandError, match="invalid_limit"):
+        kfs(*args, "--limit", "0")
+    with pytest.raises(CommandError, match="invalid_cursor"):
+        kfs(*args, "--cursor", jobs_of(space, "--limit", "2")["next_cursor"])
+    text = StringIO()
+    call_command("kfs", *args, "--limit", "2", stdout=text)
+    assert f"more: --cursor {kfs(*args, '--limit', '2')['next_cursor']}" in text.getvalue()
 
 
 CONFLICTING = (
