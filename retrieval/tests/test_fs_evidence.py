@@ -224,3 +224,26 @@ def test_mcp_ls_and_cat_on_evidence_follow_the_same_visibility(tokens, client, c
     bound = rpc(create_api_key("tenant-a", spaces=[other])[1], "knowledge.fs.ls", args)
     assert bound["isError"] is True
     assert bound["structuredContent"]["code"] == "space_not_found"
+
+
+@pytest.mark.django_db
+def test_an_item_keeps_its_rank_when_its_document_is_disabled(client, corpus):
+    from ingestion.availability import set_document_availability
+    from ingestion.models import Document
+
+    run_id = ask(client, corpus)
+    path = f"/evidence/{run_id}/items/001"
+    before = json.loads(fs(client, corpus, "cat", path=path).json()["text"])
+    assert before["citation"]["filename"] == "leave.md" and before["path"]
+    leave = Document.objects.get(space=corpus, filename="leave.md")
+    set_document_availability(leave.id, False, leave.row_version)
+    after = json.loads(fs(client, corpus, "cat", path=path).json()["text"])
+    assert after["nodeId"] == before["nodeId"] and after["rank"] == 1
+    assert after["citation"] is None and after["path"] is None and after["text"] is None
+    # the safe shell reads the evidence as the same caller
+    out = client.post(
+        f"/v1/knowledge-spaces/{corpus.id}/fs/shell/execute",
+        {"command": "ls /evidence --limit 5 | jq .items[0].name"}, format="json",
+    )  # fmt: skip
+    assert out.status_code == 200, out.content
+    assert run_id in out.json()["output"]
