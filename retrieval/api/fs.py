@@ -11,6 +11,7 @@ from knowledgefs.errors import InvalidInput
 from spaces.services import get_space
 
 from ..fs import grep, listing, reading, shell
+from ..fs.evidence import Caller
 from .views import RouteView, refuse_unknown_members
 
 #: MCP sessions (caller kind ``mcp``) reach the filesystem like the other read callers.
@@ -36,9 +37,10 @@ class FsView(RouteView):
                 code="invalid_request",
                 details={"field": unknown[0]},
             )
-        return Response(self.run(space, {name: query.get(name) for name in self.params}))
+        caller = Caller.of(request.user)
+        return Response(self.run(space, {name: query.get(name) for name in self.params}, caller))
 
-    def run(self, space, p: dict) -> dict:  # pragma: no cover - abstract
+    def run(self, space, p: dict, caller: Caller) -> dict:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -50,39 +52,39 @@ class FsLsView(FsView):
     op, params = "ls", ("path", "limit", "cursor")
     operations = fs_operation("ls")
 
-    def run(self, space, p):
-        return listing.ls(space, p["path"], p["limit"], p["cursor"])
+    def run(self, space, p, caller):
+        return listing.ls(space, p["path"], p["limit"], p["cursor"], caller)
 
 
 class FsTreeView(FsView):
     op, params = "tree", ("path", "limit", "cursor", "depth")
     operations = fs_operation("tree")
 
-    def run(self, space, p):
-        return listing.tree_listing(space, p["path"], p["limit"], p["depth"], p["cursor"])
+    def run(self, space, p, caller):
+        return listing.tree_listing(space, p["path"], p["limit"], p["depth"], p["cursor"], caller)
 
 
 class FsCatView(FsView):
     op, params = "cat", ("path", "limit", "cursor")
     operations = fs_operation("cat")
 
-    def run(self, space, p):
-        return reading.cat(space, p["path"], p["limit"], p["cursor"])
+    def run(self, space, p, caller):
+        return reading.cat(space, p["path"], p["limit"], p["cursor"], caller)
 
 
 class FsStatView(FsView):
     op, params = "stat", ("path",)
     operations = fs_operation("stat")
 
-    def run(self, space, p):
-        return reading.stat(space, p["path"])
+    def run(self, space, p, caller):
+        return reading.stat(space, p["path"], caller)
 
 
 class FsGrepView(FsView):
     op, params = "grep", ("q", "path", "limit", "cursor", "timeoutMs")
     operations = fs_operation("grep")
 
-    def run(self, space, p):
+    def run(self, space, p, caller):
         return grep.grep(space, p["q"], p["path"], p["limit"], p["cursor"], p["timeoutMs"])
 
 
@@ -93,11 +95,11 @@ class FsFindView(FsView):
     )  # fmt: skip
     operations = fs_operation("find")
 
-    def run(self, space, p):
+    def run(self, space, p, caller):
         return listing.find(
             space, p["path"], p["limit"], p["cursor"], name_contains=p["nameContains"],
             metadata_key=p["metadataKey"], metadata_value=p["metadataValue"],
-            resource_type=p["resourceType"],
+            resource_type=p["resourceType"], caller=caller,
         )  # fmt: skip
 
 
@@ -105,7 +107,7 @@ class FsDiffView(FsView):
     op, params = "diff", ("oldPath", "newPath", "mode")
     operations = fs_operation("diff")
 
-    def run(self, space, p):
+    def run(self, space, p, caller):
         return reading.diff(space, p["oldPath"], p["newPath"], p["mode"])
 
 
@@ -113,7 +115,7 @@ class FsOpenNodeView(FsView):
     op, params = "open_node", ("node_id", "nodeId")
     operations = fs_operation("open_node")
 
-    def run(self, space, p):
+    def run(self, space, p, caller):
         return reading.open_node(space, p["node_id"] or p["nodeId"])
 
 
@@ -124,18 +126,18 @@ class ShellView(RouteView):
         if not isinstance(body, dict):
             raise InvalidInput("body must be a JSON object", code="invalid_request")
         refuse_unknown_members(body, ("command",), "shell")
-        return Response(self.run(space, body.get("command")))
+        return Response(self.run(space, body.get("command"), Caller.of(request.user)))
 
 
 class ShellPlanView(ShellView):
     operations = {"POST": Operation("knowledge_fs.shell_plan", space_from(), FS_CALLERS)}
 
-    def run(self, space, command):
+    def run(self, space, command, caller):
         return shell.plan(command)
 
 
 class ShellExecuteView(ShellView):
     operations = {"POST": Operation("knowledge_fs.shell_execute", space_from(), FS_WRITE_CALLERS)}
 
-    def run(self, space, command):
-        return shell.execute(space, command)
+    def run(self, space, command, caller):
+        return shell.execute(space, command, caller)

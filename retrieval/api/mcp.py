@@ -28,6 +28,7 @@ from spaces.api.views import KnowledgeSpaceDetailView
 from spaces.services import get_space
 
 from ..fs import mcp
+from ..fs.evidence import Caller
 from . import fs
 from .views import RetrievalTestView
 
@@ -82,7 +83,7 @@ def authorizer(request: Request):
             OperationThrottle().allow_request(request, shim)
         except APIException as error:
             raise _refused(error) from None
-        return get_space(request.user, space_id)
+        return get_space(request.user, space_id), Caller.of(request.user)
 
     return authorize
 

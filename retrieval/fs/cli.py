@@ -9,6 +9,7 @@ import json
 from spaces.cli import space_of
 
 from . import mcp, shell
+from .evidence import Caller
 
 COMMANDS = ("fs", "mcp")
 
@@ -55,7 +56,7 @@ def handle(command, options: dict) -> None:
     ):  # fmt: skip
         if options.get(key) is not None:
             values[member] = options[key]
-    result = shell.run_fs(space, action, values)
+    result = shell.run_fs(space, action, values, Caller.operator(space))
     command.emit(options, result, _text(action, result))
 
 

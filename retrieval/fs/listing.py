@@ -19,7 +19,7 @@ from django.db.models import Q
 
 from knowledgefs.errors import InvalidInput, Unavailable
 
-from . import paths, tree
+from . import evidence, paths, tree
 from .tree import DOCS, DocumentView, Entry
 
 MAX_LIMIT = 100
@@ -30,7 +30,7 @@ MAX_METADATA_KEY = 120
 MAX_METADATA_VALUE = 4000
 RESOURCE_TYPES = (
     "document", "folder", "outline", "section", "table", "figure", "page", "page_text",
-    "page_image",
+    "page_image", "trace", "trace_query", "evidence_items", "evidence_item",
 )  # fmt: skip
 _SALT = "knowledgefs.fs.cursor"
 
@@ -79,9 +79,10 @@ def _integer(value) -> int | None:
     return None
 
 
-def listing_id(space, op: str, *parts) -> str:
+def listing_id(space, op: str, *parts, caller=None) -> str:
     """What a cursor is bound to: the space, the operation and every parameter but the page."""
-    text = json.dumps([str(space.id), op, *parts], default=str)
+    who = [caller.tenant_id, caller.kind, caller.owner] if caller is not None else []
+    text = json.dumps([str(space.id), op, *parts, *who], default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -126,19 +127,26 @@ def _key(view: DocumentView) -> list:
 
 
 # --- ls ---------------------------------------------------------------------------------------
-def ls(space, path, limit, cursor=None) -> dict:
+def ls(space, path, limit, cursor=None, caller=None) -> dict:
+    """A page of the children of ``path``; ``/evidence`` lists the traces ``caller`` may read
+    (:class:`.evidence.Caller`), newest first."""
     paths.check_path(path)
     limit = check_limit(limit)
     normal = _normal(path)
-    listing = listing_id(space, "ls", normal, limit)
+    listing = listing_id(space, "ls", normal, limit, caller=caller)
     after = read_cursor(cursor, listing)
-    if normal == DOCS:
+    if normal == evidence.ROOT:
+        items = evidence.page(space, caller, after, limit + 1)
+        more = len(items) > limit
+        items = items[:limit]
+        next_key = evidence.key(items[-1]) if more else None
+    elif normal == DOCS:
         views = document_page(space, after, limit + 1)
         page, more = views[:limit], len(views) > limit
         items = [v.entry() for v in page]
         next_key = _key(page[-1]) if more else None
     else:
-        entries = children_of(space, normal)
+        entries = children_of(space, normal, caller)
         if after is not None:
             entries = [e for e in entries if e.name > after]
         page, more = entries[:limit], len(entries) > limit
@@ -147,13 +155,16 @@ def ls(space, path, limit, cursor=None) -> dict:
     return _page(normal, items, listing, next_key)
 
 
-def children_of(space, normal: str) -> list[Entry]:
+def children_of(space, normal: str, caller=None) -> list[Entry]:
     fixed = tree.fixed_children(normal)
     if fixed is not None:
         return fixed
-    entry = tree.resolve(space, normal)
+    entry = evidence.resolve(space, normal, caller)
     if entry.kind == "file":
         return [entry]
+    if entry.resource_type in ("trace", "evidence_items"):
+        rest = entry.path[len(evidence.ROOT) + 1 :].split("/")[1:]
+        return evidence.children(_trace_of(entry), rest)
     rel = entry.path[len(entry.document.path) + 1 :] if entry.document else ""
     return entry.document.children(rel.split("/") if rel else [])
 
@@ -186,8 +197,29 @@ class Budget:
         self.exhausted = False
 
 
-def walk(space, normal: str, depth: int, budget: Budget):
+def _trace_of(entry: Entry):
+    """The trace a ``trace`` or ``evidence_items`` entry stands for."""
+    return entry.payload
+
+
+def walk(space, normal: str, depth: int, budget: Budget, caller=None):
     """``(entry, depth)`` below ``normal`` down to ``depth``, depth first in listing order."""
+    if normal == evidence.ROOT:
+        after = None
+        while True:
+            if budget.pages is not None and budget.read >= budget.pages:
+                budget.exhausted = True
+                return
+            traces = evidence.page(space, caller, after, budget.page_size)
+            budget.read += 1
+            for entry in traces:
+                yield entry, 1
+                if depth > 1:
+                    for sub, d in _walk_trace(entry.payload, [], depth - 1):
+                        yield sub, d + 1
+            if len(traces) < budget.page_size:
+                return
+            after = evidence.key(traces[-1])
     if normal == DOCS:
         after = None
         while True:
@@ -210,13 +242,24 @@ def walk(space, normal: str, depth: int, budget: Budget):
         for entry in fixed:
             yield entry, 1
             if depth > 1:
-                for sub, d in walk(space, entry.path, depth - 1, budget):
+                for sub, d in walk(space, entry.path, depth - 1, budget, caller):
                     yield sub, d + 1
         return
-    entry = tree.resolve(space, normal)
-    if entry.kind == "directory":
+    entry = evidence.resolve(space, normal, caller)
+    if entry.resource_type in ("trace", "evidence_items"):
+        rest = entry.path[len(evidence.ROOT) + 1 :].split("/")[1:]
+        yield from _walk_trace(_trace_of(entry), rest, depth)
+    elif entry.kind == "directory":
         rel = entry.path[len(entry.document.path) + 1 :]
         yield from _walk_document(entry.document, rel.split("/") if rel else [], depth)
+
+
+def _walk_trace(trace, rest: list[str], depth: int):
+    for child in evidence.children(trace, rest):
+        yield child, 1
+        if child.kind == "directory" and depth > 1:
+            for entry, d in _walk_trace(trace, [*rest, child.name], depth - 1):
+                yield entry, d + 1
 
 
 def _walk_document(view: DocumentView, rel: list[str], depth: int):
@@ -228,21 +271,21 @@ def _walk_document(view: DocumentView, rel: list[str], depth: int):
                 yield entry, d + 1
 
 
-def tree_listing(space, path, limit, depth=None, cursor=None) -> dict:
+def tree_listing(space, path, limit, depth=None, cursor=None, caller=None) -> dict:
     """Entries below ``path`` down to ``depth`` (1..8, default 2), depth first, at most
     ``limit`` per page; each item carries its ``depth``."""
     paths.check_path(path)
     limit = check_limit(limit)
     depth = check_depth(depth)
     normal = _normal(path)
-    root = tree.resolve(space, normal)
-    listing = listing_id(space, "tree", normal, limit, depth)
+    root = evidence.resolve(space, normal, caller)
+    listing = listing_id(space, "tree", normal, limit, depth, caller=caller)
     offset = read_cursor(cursor, listing) or 0
     items: list[dict] = []
     position = 0
     more = False
     budget = Budget(MAX_LIMIT + 1, None)
-    for entry, d in walk(space, normal, depth, budget):
+    for entry, d in walk(space, normal, depth, budget, caller):
         if position >= offset:
             if len(items) == limit:
                 more = True
@@ -258,7 +301,7 @@ def tree_listing(space, path, limit, depth=None, cursor=None) -> dict:
 
 def find(
     space, path, limit, cursor=None, *, name_contains=None, metadata_key=None,
-    metadata_value=None, resource_type=None,
+    metadata_value=None, resource_type=None, caller=None,
 ) -> dict:  # fmt: skip
     """Entries below ``path`` (any depth) whose name contains ``name_contains`` (case
     insensitive), whose document's metadata has ``metadata_key`` equal to ``metadata_value``
@@ -281,10 +324,11 @@ def find(
             details={"field": "resourceType"},
         )
     normal = _normal(path)
-    tree.resolve(space, normal)
+    evidence.resolve(space, normal, caller)
     listing = listing_id(
-        space, "find", normal, limit, name_contains, metadata_key, metadata_value, resource_type
-    )
+        space, "find", normal, limit, name_contains, metadata_key, metadata_value, resource_type,
+        caller=caller,
+    )  # fmt: skip
     offset = read_cursor(cursor, listing) or 0
     fragment = name_contains.casefold() if name_contains else None
 
@@ -305,7 +349,7 @@ def find(
     budget = Budget(limit + 1, SCAN_PAGES)
     found: list[Entry] = []
     position = 0
-    for entry, _depth in walk(space, normal, 64, budget):
+    for entry, _depth in walk(space, normal, 64, budget, caller):
         if matches(entry):
             if position >= offset:
                 found.append(entry)

@@ -4,9 +4,9 @@ server (``mcp.server.lowlevel.Server``) over the tool table :mod:`retrieval.fs.t
 Transports are the callers' business: ``kfs mcp`` serves it on stdio for one space
 (:func:`serve_stdio`), the service mounts it at ``/mcp`` in the SDK's stateless streamable-HTTP
 JSON-response mode (``retrieval/api/mcp.py``). ``authorize(tool, arguments)`` returns the space a
-call acts on or raises a :class:`knowledgefs.errors.ServiceError`; refusals and not-found are tool
-errors (``isError``) whose structured content is ``{"error", "code", "status"}``, the codes of
-the HTTP routes.
+call acts on and its :class:`~.evidence.Caller`, or raises a
+:class:`knowledgefs.errors.ServiceError`; refusals and not-found are tool errors (``isError``)
+whose structured content is ``{"error", "code", "status"}``, the codes of the HTTP routes.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def run_tool(authorize: Callable, name: str, arguments: dict | None):
         if tool is None:
             raise NotFound(f"no tool named {name!r}", code="unknown_tool")
         arguments = dict(arguments or {})
-        space = authorize(tool, arguments)
-        return tools.call(tool, space, arguments)
+        space, caller = authorize(tool, arguments)
+        return tools.call(tool, space, arguments, caller)
     except ServiceError as error:
         return tool_error(error)
     finally:
@@ -78,13 +78,17 @@ def build_server(authorize: Callable, *, space_required: bool = True) -> Server:
 
 def bound_to(space) -> Callable:
     """``authorize`` of a server bound to one space (stdio): another ``knowledgeSpaceId`` is
-    ``space_not_found``, as for a foreign space over HTTP."""
+    ``space_not_found``, as for a foreign space over HTTP. The caller is the operator of the
+    space (the command line's principal)."""
+    from .evidence import Caller
+
+    caller = Caller.operator(space)
 
     def authorize(tool, arguments: dict):
         named = arguments.get("knowledgeSpaceId")
         if named not in (None, "") and str(named) != str(space.id):
             raise NotFound("knowledge space not found", code="space_not_found")
-        return space
+        return space, caller
 
     return authorize
 

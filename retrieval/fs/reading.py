@@ -15,7 +15,7 @@ import re
 from ingestion.models import KnowledgeNode
 from knowledgefs.errors import InvalidInput, NotFound
 
-from . import listing, paths, tree
+from . import evidence, listing, paths, tree
 from .tree import DocumentView, Entry
 
 DEFAULT_PAGE_CHARS = 16_384
@@ -49,6 +49,8 @@ def merged_text(view: DocumentView, rows: list[tuple]) -> str:
 def render(space, entry: Entry) -> tuple[str, str, dict]:
     """``(content type, text, extra members)`` of a file entry."""
     view = entry.document
+    if entry.resource_type in ("trace_query", "evidence_item"):
+        return "application/json", evidence.render(space, entry), {}
     if entry.resource_type == "outline":
         return "application/json", json.dumps(outline(view), ensure_ascii=False, indent=1), {}
     if entry.resource_type == "section":
@@ -141,9 +143,9 @@ def outline(view: DocumentView) -> dict:
     }
 
 
-def _file(space, path) -> Entry:
+def _file(space, path, caller=None) -> Entry:
     paths.check_path(path)
-    entry = tree.resolve(space, listing._normal(path))
+    entry = evidence.resolve(space, listing._normal(path), caller)
     if entry.kind != "file":
         raise InvalidInput(
             f"{entry.path} is a directory; use ls or tree", code="fs_is_directory",
@@ -152,13 +154,13 @@ def _file(space, path) -> Entry:
     return entry
 
 
-def cat(space, path, limit=None, cursor=None) -> dict:
+def cat(space, path, limit=None, cursor=None, caller=None) -> dict:
     """A page of a file's rendered content: ``limit`` characters (1..65,536, default 16,384)
     from the cursor's offset; ``nextCursor`` while more remains."""
-    entry = _file(space, path)
+    entry = _file(space, path, caller)
     size = _page_chars(limit)
     content_type, text, extra = render(space, entry)
-    listing_key = listing.listing_id(space, "cat", entry.path, size, entry.version)
+    listing_key = listing.listing_id(space, "cat", entry.path, size, entry.version, caller=caller)
     start = listing.read_cursor(cursor, listing_key) or 0
     chunk = text[start : start + size]
     more = start + size < len(text)
@@ -189,10 +191,10 @@ def _page_chars(limit) -> int:
     return number
 
 
-def stat(space, path) -> dict:
+def stat(space, path, caller=None) -> dict:
     """Metadata of a path; files add the sha256 and UTF-8 size of their rendered content."""
     paths.check_path(path)
-    entry = tree.resolve(space, listing._normal(path))
+    entry = evidence.resolve(space, listing._normal(path), caller)
     body = {
         "path": entry.path,
         "kind": entry.kind,

@@ -200,35 +200,36 @@ def _is_selector(text: str) -> bool:
     return bool(text.startswith(".") and "".join(_SELECTOR.findall(text)) == text)
 
 
-def run_fs(space, name: str, values: dict) -> dict:
-    """One filesystem command with its input members (as the HTTP routes and MCP tools take)."""
+def run_fs(space, name: str, values: dict, caller=None) -> dict:
+    """One filesystem command with its input members (as the HTTP routes and MCP tools take);
+    ``caller`` (:class:`.evidence.Caller`) decides what ``/evidence`` shows."""
     v = values.get
     if name == "ls":
-        return listing.ls(space, v("path"), v("limit"), v("cursor"))
+        return listing.ls(space, v("path"), v("limit"), v("cursor"), caller)
     if name == "tree":
-        return listing.tree_listing(space, v("path"), v("limit"), v("depth"), v("cursor"))
+        return listing.tree_listing(space, v("path"), v("limit"), v("depth"), v("cursor"), caller)
     if name == "find":
         return listing.find(
             space, v("path"), v("limit"), v("cursor"), name_contains=v("nameContains"),
             metadata_key=v("metadataKey"), metadata_value=v("metadataValue"),
-            resource_type=v("resourceType"),
+            resource_type=v("resourceType"), caller=caller,
         )  # fmt: skip
     if name == "grep":
         return grep_mod.grep(space, v("q"), v("path"), v("limit"), v("cursor"), v("timeoutMs"))
     if name == "cat":
-        return reading.cat(space, v("path"), v("limit"), v("cursor"))
+        return reading.cat(space, v("path"), v("limit"), v("cursor"), caller)
     if name == "stat":
-        return reading.stat(space, v("path"))
+        return reading.stat(space, v("path"), caller)
     if name == "diff":
         return reading.diff(space, v("oldPath"), v("newPath"), v("mode"))
     raise refuse(f"{name!r} is not a filesystem command", "shell_command_not_allowed", name)
 
 
-def execute(space, command) -> dict:
+def execute(space, command, caller=None) -> dict:
     """Plan, run the first step, apply the transforms; ``{output, plan, truncated}``."""
     planned = plan(command)
     first = planned["steps"][0]
-    value = run_fs(space, first["command"], first["input"])
+    value = run_fs(space, first["command"], first["input"], caller)
     for step in planned["steps"][1:]:
         value = _transform(step["command"], step["input"], value)
     raw = isinstance(value, str) and planned["steps"][-1]["command"] in ("head", "tail")

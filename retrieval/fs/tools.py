@@ -34,7 +34,7 @@ class Tool:
     description: str
     properties: dict
     required: tuple[str, ...]
-    handler: Callable[[Any, dict], dict]
+    handler: Callable[[Any, dict, Any], dict]  # (space, arguments, caller)
 
     def input_schema(self, space_required: bool = True) -> dict:
         required = (("knowledgeSpaceId",) if space_required else ()) + self.required
@@ -46,7 +46,7 @@ class Tool:
         }
 
 
-def _search(space, a: dict, evidence: bool = False) -> dict:
+def _search(space, a: dict, caller=None, evidence: bool = False) -> dict:
     from ..evidence import from_retrieval
     from ..modes import retrieve
 
@@ -62,7 +62,11 @@ def _search(space, a: dict, evidence: bool = False) -> dict:
     return {"query": query, "mode": result.mode, "evidence": [e.as_dict() for e in items]}
 
 
-def _outline(space, a: dict) -> dict:
+def _evidence(space, a: dict, caller=None) -> dict:
+    return _search(space, a, caller, evidence=True)
+
+
+def _outline(space, a: dict, caller=None) -> dict:
     ident = a.get("documentId")
     try:
         document = published_documents(space).filter(id=ident).first()
@@ -73,7 +77,7 @@ def _outline(space, a: dict) -> dict:
     return reading.outline(DocumentView(document))
 
 
-def _status(space, a: dict) -> dict:
+def _status(space, a: dict, caller=None) -> dict:
     from django.db.models import Count, Sum
 
     from ingestion.models import Document
@@ -97,7 +101,7 @@ def _status(space, a: dict) -> dict:
 
 
 def _fs(name: str):
-    return lambda space, a: shell.run_fs(space, name, a)
+    return lambda space, a, caller: shell.run_fs(space, name, a, caller)
 
 
 LIST = {"path": PATH, "limit": LIMIT, "cursor": CURSOR}
@@ -132,7 +136,7 @@ TOOLS: tuple[Tool, ...] = (
     Tool("knowledge.fs.open_node", "knowledge_fs.open_node",
          "A node and its citation exactly as retrieval gives it.",
          {"nodeId": {"type": "string"}}, ("nodeId",),
-         lambda space, a: reading.open_node(space, a.get("nodeId"))),
+         lambda space, a, caller: reading.open_node(space, a.get("nodeId"))),
     Tool("knowledge.search", "queries.create",
          "Fast, Deep or Auto retrieval with citations.",
          {"query": {"type": "string", "minLength": 1, "maxLength": 16000}, "topK": TOP_K,
@@ -140,18 +144,18 @@ TOOLS: tuple[Tool, ...] = (
     Tool("knowledge.fetch_evidence", "queries.create",
          "Evidence items (text, citation, conflicts) for a query, best first.",
          {"query": {"type": "string", "minLength": 1, "maxLength": 16000}, "topK": TOP_K,
-          "mode": SEARCH_MODE}, ("query",), lambda space, a: _search(space, a, evidence=True)),
+          "mode": SEARCH_MODE}, ("query",), _evidence),
     Tool("knowledge.get_document_outline", "knowledge_fs.cat",
          "The outline of a published document: sections, tables, figures, pages.",
          {"documentId": {"type": "string"}}, ("documentId",), _outline),
     Tool("knowledge.shell.plan", "knowledge_fs.shell_plan",
          "Plan a safe shell pipeline (ls|tree|cat|stat|grep|find|diff, then head|tail|wc|jq).",
          {"command": {"type": "string", "minLength": 1, "maxLength": 4000}}, ("command",),
-         lambda space, a: shell.plan(a.get("command"))),
+         lambda space, a, caller: shell.plan(a.get("command"))),
     Tool("knowledge.shell.execute", "knowledge_fs.shell_execute",
          "Run a safe shell pipeline; output at most 128 KiB, then truncated.",
          {"command": {"type": "string", "minLength": 1, "maxLength": 4000}}, ("command",),
-         lambda space, a: shell.execute(space, a.get("command"))),
+         lambda space, a, caller: shell.execute(space, a.get("command"), caller)),
     Tool("knowledge.space.status", "knowledge_spaces.read",
          "The space: documents by state, readable documents and nodes, the index.", {}, (),
          _status),
@@ -166,8 +170,9 @@ def error_body(error: ServiceError) -> dict:
     return body
 
 
-def call(tool: Tool, space, arguments: dict) -> dict:
-    """Run ``tool`` on ``space``; unknown members are refused like the HTTP routes do."""
+def call(tool: Tool, space, arguments: dict, caller=None) -> dict:
+    """Run ``tool`` on ``space`` for ``caller`` (:class:`.evidence.Caller`: what ``/evidence``
+    shows); unknown members are refused like the HTTP routes do."""
     unknown = sorted(set(arguments) - set(tool.properties) - {"knowledgeSpaceId"})
     if unknown:
         raise InvalidInput(
@@ -175,4 +180,4 @@ def call(tool: Tool, space, arguments: dict) -> dict:
             code="invalid_request",
             details={"field": unknown[0]},
         )
-    return tool.handler(space, arguments)
+    return tool.handler(space, arguments, caller)

@@ -287,8 +287,8 @@ def fixed_entry(path: str) -> Entry | None:
 
 def fixed_children(path: str) -> list[Entry] | None:
     """The children of a fixed directory (``/``, ``/knowledge``, and the reserved roots, which
-    are empty); ``None`` for any other path."""
-    if path in ("/evidence", "/sources", "/workspaces"):
+    are empty); ``None`` for any other path (``/evidence`` lists traces: :mod:`.evidence`)."""
+    if path in ("/sources", "/workspaces"):
         return []
     if path not in ROOT_ENTRIES:
         return None
@@ -304,7 +304,8 @@ def split_document(segments: list[str]) -> tuple[str, list[str]] | None:
 
 
 def resolve(space, path: str) -> Entry:
-    """The entry at ``path`` (already checked by :func:`paths.check_path`), else 404."""
+    """The entry at ``path`` (already checked by :func:`paths.check_path`), else 404; below
+    ``/evidence`` nothing (:func:`.evidence.resolve` resolves those for a caller)."""
     segments = [s for s in path.split("/") if s]
     normal = "/" + "/".join(segments)
     fixed = fixed_entry(normal)
