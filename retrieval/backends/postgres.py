@@ -28,6 +28,10 @@ from . import pgkeyword, pgvector
 from .base import DenseHits, IndexedNode, ScoredNode, SearchBackend
 
 DENSE_BATCH = 500  # rows per executemany of dense vectors
+#: Bound of one HNSW attempt, ms. Past it the statement is cancelled and the exact scan
+#: answers (reported like a short scan): a plan that joins the iterative index scan as the inner
+#: side of a nested loop rescans the index per outer row and can run for minutes.
+HNSW_ATTEMPT_TIMEOUT_MS = 5000
 
 logger = logging.getLogger("knowledgefs.retrieval")
 
@@ -197,7 +201,15 @@ class PostgresSearchBackend(SearchBackend):
         args = (space_id, query, model_id, dimension, index_version, limit, documents)
         indexed = pgvector.index_type(dimension) is not None
         hits = self._dense_query(*args, indexed=indexed)
-        if indexed and len(hits) < limit:
+        if hits is None:
+            # The HNSW attempt ran past HNSW_ATTEMPT_TIMEOUT_MS and was cancelled.
+            hits = DenseHits(self._dense_query(*args, indexed=False))
+            hits.exact_fallback = (
+                f"the HNSW scan was cancelled after {HNSW_ATTEMPT_TIMEOUT_MS} ms; "
+                f"answered by the full scan ({len(hits)} rows)"
+            )
+            logger.warning("dense search of space %s: %s", space_id, hits.exact_fallback)
+        elif indexed and len(hits) < limit:
             # Too few rows passed the conditions within the scan's budget (hnsw.max_scan_tuples,
             # or the candidates the iterative scan could reach): never a short answer, and
             # never silently: reported in the log and in the result's metrics.
@@ -222,25 +234,41 @@ class PostgresSearchBackend(SearchBackend):
         documents: frozenset | None,
         *,
         indexed: bool,
-    ) -> list[ScoredNode]:
+    ) -> list[ScoredNode] | None:
         """Run :data:`DENSE_SQL` ordered by the indexed expression (``indexed``) or by the
-        uncast column, which no index serves (an exact scan)."""
+        uncast column, which no index serves (an exact scan). ``None`` when the indexed attempt
+        ran past :data:`HNSW_ATTEMPT_TIMEOUT_MS` (cancelled inside a savepoint, so the caller's
+        transaction goes on)."""
         sql, params = dense_statement(
             space_id, query, model_id, dimension, index_version, limit, documents, indexed=indexed
         )
-        with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-            if indexed:
+        if not indexed:
+            with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return [ScoredNode(row[0], float(row[1])) for row in cursor.fetchall()]
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+                    "SELECT current_setting('statement_timeout'), "
+                    "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
                     "set_config('hnsw.ef_search', %s, true), "
-                    "set_config('hnsw.max_scan_tuples', %s, true)",
+                    "set_config('hnsw.max_scan_tuples', %s, true), "
+                    "set_config('statement_timeout', %s, true)",
                     [
                         str(min(1000, max(settings.KNOWLEDGE_PG_HNSW_EF_SEARCH, limit))),
                         str(settings.KNOWLEDGE_PG_HNSW_MAX_SCAN_TUPLES),
+                        str(HNSW_ATTEMPT_TIMEOUT_MS),
                     ],
                 )
-            cursor.execute(sql, params)
-            return [ScoredNode(row[0], float(row[1])) for row in cursor.fetchall()]
+                (previous, *_) = cursor.fetchone()
+                cursor.execute(sql, params)
+                rows = [ScoredNode(row[0], float(row[1])) for row in cursor.fetchall()]
+                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
+                return rows
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != "57014":  # query_canceled
+                raise
+            return None
 
 
 def dense_statement(

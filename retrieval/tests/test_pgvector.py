@@ -333,3 +333,41 @@ def test_index_creation_is_idempotent_and_rebuilds_an_invalid_index(db):
     assert pgv.ensure_hnsw_index(connection, "test/huge", 4001) is None
     halfvec = pgv.ensure_hnsw_index(connection, "test/large", 3072)
     assert "halfvec(3072)) halfvec_ip_ops" in pgv.hnsw_indexes(connection)[halfvec]
+
+
+def test_an_hnsw_attempt_past_its_time_bound_is_cancelled_and_the_exact_scan_answers(
+    space, django_capture_on_commit_callbacks, monkeypatch, caplog
+):
+    from retrieval.backends import postgres
+
+    version, _, _ = fill(
+        space,
+        MODEL_A,
+        documents=20,
+        per_document=20,
+        seed=5,
+        capture=django_capture_on_commit_callbacks,
+    )
+    query = _unit(np.random.default_rng(11), 1, 8)[0]
+    backend = get_search_backend()
+    kwargs = dict(index_version=version.number, head_revision=0, limit=10, dimension=8)
+    want = backend.dense_search(space.id, query, model_id=MODEL_A, **kwargs)
+    assert len(want) == 10 and getattr(want, "exact_fallback", None) is None
+
+    def slow_when_indexed(*args, indexed=True):  # the indexed statement sleeps 0.5 s first
+        sql, params = dense_statement(*args, indexed=indexed)
+        if indexed:
+            sql = f"WITH pause AS (SELECT pg_sleep(0.5)) SELECT q.* FROM ({sql}) q, pause"
+        return sql, params
+
+    monkeypatch.setattr(postgres, "dense_statement", slow_when_indexed)
+    monkeypatch.setattr(postgres, "HNSW_ATTEMPT_TIMEOUT_MS", 50)
+    with caplog.at_level("WARNING", logger="knowledgefs.retrieval"):
+        got = backend.dense_search(space.id, query, model_id=MODEL_A, **kwargs)
+    assert [h.node_id for h in got] == [h.node_id for h in want]
+    assert "cancelled after 50 ms" in got.exact_fallback
+    assert "cancelled after 50 ms" in caplog.text
+    # The caller's transaction goes on, with its own statement timeout back.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('statement_timeout')")
+        assert cursor.fetchone()[0] == "0"
