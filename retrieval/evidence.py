@@ -28,12 +28,12 @@ it.
 
 from __future__ import annotations
 
-import math
 import re
-import unicodedata
 from dataclasses import dataclass, field
 
 from django.conf import settings
+
+from ingestion.tokens import approx_tokens
 
 from .conflicts import find_conflicts, normal
 from .sentences import sentences_with_kind, split_sentences  # noqa: F401 - used as ev.*
@@ -57,9 +57,7 @@ _EVIDENCE_MARKER = re.compile(r"\[(E\d+)\]")
 # Fullwidth square brackets (U+FF3B, U+FF3D): ``[E2]`` from a document is shown as ``［E2］``.
 NEUTRAL_OPEN, NEUTRAL_CLOSE = "\uff3b", "\uff3d"
 
-_LATIN_RUN = re.compile(r"[0-9A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]+")
 _WORD = re.compile(r"\w+", re.UNICODE)
-_JOINERS = {"\u200d"}
 
 
 def neutralise_markers(text: str) -> str:
@@ -69,35 +67,6 @@ def neutralise_markers(text: str) -> str:
     the evidence an LLM is given and to the sentences of an extractive answer; the evidence
     ``text`` returned to the client stays the document's own."""
     return _EVIDENCE_MARKER.sub(lambda m: f"{NEUTRAL_OPEN}{m.group(1)}{NEUTRAL_CLOSE}", text)
-
-
-def approx_tokens(text: str) -> int:
-    """Approximate token count of ``text`` (rules in the module docstring); ``0`` for ``""``."""
-    total = 0
-    position = 0
-    length = len(text)
-    joined = False
-    while position < length:
-        match = _LATIN_RUN.match(text, position)
-        if match is not None:
-            n = match.end() - position
-            total += 1 if n <= 8 else math.ceil(n / 4)
-            position = match.end()
-            joined = False
-            continue
-        char = text[position]
-        position += 1
-        if char.isspace():
-            joined = False
-            continue
-        if char in _JOINERS:
-            joined = True
-            continue
-        if joined or unicodedata.combining(char) or "\ufe00" <= char <= "\ufe0f":
-            joined = False  # part of the previous grapheme
-            continue
-        total += 1
-    return total
 
 
 @dataclass
