@@ -1,6 +1,7 @@
 """KnowledgeFS's token approximation, for sizing chunks where the model's tokenizer is unknown.
 
-The one rule for chunk sizing and the answer window (``retrieval/evidence.py`` imports it; inventory §5.7):
+The one rule for chunk sizing and the answer window (``retrieval/evidence.py`` imports it;
+inventory §5.7):
 whitespace is free; a run of Latin letters and digits of at most 8 characters is 1 token, a
 longer run ``ceil(n / 4)``; every other grapheme (CJK, kana, Hangul, other scripts,
 punctuation, symbols) is 1. A grapheme is approximated as a code point with the combining
