@@ -343,7 +343,7 @@ class CompilationJobAdmin(ServiceActionMixin, admin.ModelAdmin):
 
     @admin.display(description="document", ordering="document__filename")
     def document_filename(self, job: CompilationJob) -> str:
-        return ellipsized(job.document.filename)
+        return ellipsized(job.document.filename) if job.document else "(deleted)"
 
     @admin.display(description="space", ordering="space__slug")
     def space_slug(self, job: CompilationJob) -> str:

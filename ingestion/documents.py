@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from ingestion import parsing
 from ingestion.models import (
@@ -342,7 +343,9 @@ def purge_documents(documents: QuerySet[Document]) -> int:
     reference, then the source: one DELETE each; a missing object counts as deleted), then the
     rows in one transaction: its live jobs are canceled (a worker still holding one loses its
     lease and writes nothing more), its nodes leave every index, and the space's publication
-    head moves so that cached indexes are rebuilt. When the storage fails,
+    head moves so that cached indexes are rebuilt. The attempts the delete canceled stay
+    readable (``canceled``, ``error_code`` ``document_deleted``, ``document_id`` null); the
+    document's ended attempts go with it. When the storage fails,
     its error (an ``OSError``; under Dify an :class:`~knowledgefs.dify.errors.ObjectStorageError`,
     answered 503 ``storage_unavailable`` when a retry may succeed) is raised with that document's
     rows and every later document intact, so the same delete can simply be sent again; nothing
@@ -362,9 +365,7 @@ def purge_documents(documents: QuerySet[Document]) -> int:
             # Lock order everywhere: the document row first, then its jobs.
             if not lock_for_update(Document.objects.filter(id=document.id)).exists():
                 continue
-            CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES).update(
-                run_state=RunState.CANCELED, stage=Stage.CANCELED, lease_token=None
-            )
+            _cancel_for_deletion(document)
             remove_nodes(
                 list(KnowledgeNode.objects.filter(document=document).values_list("id", flat=True))
             )
@@ -372,3 +373,28 @@ def purge_documents(documents: QuerySet[Document]) -> int:
             PublicationHead.objects.advance(document.space_id)
         deleted += 1
     return deleted
+
+
+def _cancel_for_deletion(document: Document) -> None:
+    """Cancel the document's live attempts (a worker still holding one loses its lease and
+    writes nothing more) and delete its ended ones; the canceled ones outlive the document."""
+    now = timezone.now()
+    message = f"canceled: its document {document.id} was deleted"
+    live = CompilationJob.objects.filter(document=document, run_state__in=LIVE_RUN_STATES)
+    canceled = []
+    for job in live.only("id", "progress"):
+        canceled.append(job.id)
+        CompilationJob.objects.filter(id=job.id).update(
+            run_state=RunState.CANCELED,
+            stage=Stage.CANCELED,
+            lease_token=None,
+            lease_expires_at=None,
+            task_id="",
+            finished_at=now,
+            updated_at=now,
+            error_code="document_deleted",
+            error_message=message,
+            error_retryable=False,
+            progress={**(job.progress or {}), "phase": "canceled", "operation": "canceled"},
+        )
+    CompilationJob.objects.filter(document=document).exclude(id__in=canceled).delete()

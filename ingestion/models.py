@@ -123,7 +123,11 @@ class CompilationJob(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant_id = models.CharField(max_length=64)
     space = models.ForeignKey(KnowledgeSpace, on_delete=models.CASCADE, related_name="jobs")
-    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="jobs")
+    # NULL once the document is deleted: the attempts that deletion canceled stay readable as
+    # ``canceled`` (``error_code`` ``document_deleted``); its ended attempts go with it.
+    document = models.ForeignKey(
+        Document, null=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
     stage = models.CharField(max_length=20, choices=Stage.choices, default=Stage.QUEUED)
     run_state = models.CharField(max_length=20, choices=RunState.choices, default=RunState.QUEUED)
     task_id = models.CharField(max_length=64, blank=True, default="")

@@ -68,13 +68,13 @@ def _job_for_update(job_id) -> CompilationJob:
         job_uuid = uuid.UUID(str(job_id))
     except ValueError:
         raise NotFound("job not found", code="job_not_found") from None
-    document_id = (
-        CompilationJob.objects.filter(id=job_uuid).values_list("document_id", flat=True).first()
-    )
-    if document_id is None:
+    row = CompilationJob.objects.filter(id=job_uuid).values_list("document_id", flat=True)
+    if not row.exists():
         raise NotFound("job not found", code="job_not_found")
+    document_id = row.first()  # None once its document was deleted
     # Lock order everywhere: the document row first, then its jobs.
-    lock_for_update(Document.objects.filter(id=document_id)).first()
+    if document_id is not None:
+        lock_for_update(Document.objects.filter(id=document_id)).first()
     job = CompilationJob.objects.select_for_update().filter(id=job_uuid).first()
     if job is None:
         raise NotFound("job not found", code="job_not_found")
@@ -137,6 +137,11 @@ def retry_job(job_id, *, from_checkpoint: bool = True) -> CompilationJob:
             raise Conflict(f"job {job.id} is still {job.run_state}", code="job_live")
         if job.run_state == RunState.SUCCEEDED:
             raise Conflict(f"job {job.id} already succeeded", code="job_succeeded")
+        if job.document_id is None:
+            raise Conflict(
+                f"job {job.id} was canceled because its document was deleted; upload it again",
+                code="document_deleted",
+            )
         newer = CompilationJob.objects.filter(
             document_id=job.document_id, created_at__gt=job.created_at
         )

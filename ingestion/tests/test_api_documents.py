@@ -267,3 +267,39 @@ def test_the_upload_engine_check_passes_on_sqlite_and_postgresql(client, space):
 
     assert connection.vendor in ("sqlite", "postgresql")
     require_supported_engine()  # no exception
+
+
+def test_bc42_a_job_canceled_by_its_documents_deletion_stays_readable(client, space):
+    import uuid
+
+    from ingestion.compilation.leases import Held, claim
+    from ingestion.compilation.pipeline import _compile_claimed
+
+    old = upload(client, space, "ledger.txt", b"ORPHAN-CANARY-42 in the ledger").json()
+    document_id = old["document"]["id"]
+    assert client.delete(f"/v1/jobs/{old['job']['id']}").status_code == 200  # an ended attempt
+    job_id = client.post(f"/v1/jobs/{old['job']['id']}/retry", {}, format="json").json()["id"]
+    token = claim(uuid.UUID(job_id), "worker-1")  # a worker holds the attempt: it is running
+    assert token is not None
+    assert client.get(f"/v1/jobs/{job_id}").json()["run_state"] == "running"
+
+    url = f"/v1/knowledge-spaces/{space.id}/documents/{document_id}"
+    assert client.delete(url).status_code == 204
+
+    job = client.get(f"/v1/jobs/{job_id}")
+    assert job.status_code == 200, job.content
+    body = job.json()
+    assert (body["state"], body["run_state"], body["stage"]) == ("canceled",) * 3
+    assert body["document_id"] is None and body["error_code"] == "document_deleted"
+    assert document_id in body["error_message"] and body["finished_at"]
+    listed = client.get(f"/v1/knowledge-spaces/{space.id}/jobs").json()["results"]
+    assert [j["id"] for j in listed] == [job_id]  # the ended first attempt went with it
+    assert client.get(f"/v1/jobs/{old['job']['id']}").status_code == 404
+    # Nothing more to do with it: no cancel, no retry of a document that is gone.
+    assert client.delete(f"/v1/jobs/{job_id}").json()["code"] == "job_finished"
+    retry = client.post(f"/v1/jobs/{job_id}/retry", {}, format="json")
+    assert (retry.status_code, retry.json()["code"]) == (409, "document_deleted")
+    # The worker that still runs it writes nothing: its lease is gone.
+    _compile_claimed(Held({uuid.UUID(job_id): token}), None)
+    assert not KnowledgeNode.objects.exists() and not Document.objects.exists()
+    assert CompilationJob.objects.get(id=job_id).run_state == "canceled"
