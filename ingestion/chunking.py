@@ -16,8 +16,10 @@ Rules (``target_chars``/``overlap_chars`` are counted in Python ``str`` code poi
   pieces overlapping by about ``overlap_chars``;
 * tables are their own chunks (``kind="table"``), kept whole up to ``4 * target_chars`` and
   split between rows beyond that (the lines of a row whose cells hold line breaks stay
-  together). Rows render as ``header: value`` pairs, so every piece is
-  self-describing; header lines are not repeated because chunks must stay exact slices;
+  together). A table with a header is a Markdown table (header row, separator, one line per
+  row); a piece that does not hold the header carries it as *context*
+  (``metadata["context"]``), never in its text, because chunks stay exact slices;
+  a piece of fenced code carries its fence the same way (:mod:`ingestion.chunk_metadata`);
 * a chunk's ``page_number`` is the page of all its text (chunks never cross pages);
 * no chunk is empty or whitespace-only; output is deterministic.
 """
@@ -27,10 +29,11 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+from ingestion.chunk_metadata import annotate
 from ingestion.parsing import Element, TooManyChunks
-from ingestion.parsing.tables import row_line_count
+from ingestion.parsing.tables import header_lines, row_line_count
 from ingestion.tokens import approx_tokens
 
 CHUNKER_VERSION = "structure-v1"
@@ -70,8 +73,10 @@ class Chunk:
         metadata: what the chunk holds beyond its text: a table piece
             ``{"table": {"rows": [first, last], "header": [...], "sheet": name}}`` (its data
             rows, 1-based, header excluded; ``sheet`` for spreadsheets, the page is
-            ``page_number``), a piece of fenced code ``{"code": {"language": "bash"}}``, so a
-            reader can re-open the fence; else ``{}``.
+            ``page_number``), a piece of fenced code ``{"code": {"language": "bash"}}``; and
+            ``{"context": {"insert": [[offset, text], ...]}}`` where a reader needs lines
+            that are not part of the text (the header of a later table piece, the fence of a
+            code piece): :func:`ingestion.chunk_metadata.reading_text`; else ``{}``.
     """
 
     index: int
@@ -138,6 +143,7 @@ class _Chunker:
                     and previous[0].section_path == element.section_path
                 ):
                     lines = self.text.count("\n", previous[1], previous[2]) + 1
+                    lines -= header_lines(previous[0].text, previous[0].metadata)
                     offset = self.row_offsets[-1] + lines
             self.row_offsets.append(offset)
             previous = (element, start, end)
@@ -479,40 +485,7 @@ def chunk_elements(
     if max_tokens is not None:
         count = count_tokens or approx_tokens
         chunks = _within_tokens(chunker, chunks, max_tokens, overlap_tokens, count)
-    return _annotated(chunker, chunks)
-
-
-def _annotated(chunker: _Chunker, chunks: list[Chunk]) -> list[Chunk]:
-    """Each chunk with its :attr:`Chunk.metadata` (table rows and sheet, code language)."""
-    text, kept, starts = chunker.text, chunker.kept, chunker.starts
-    out = []
-    for chunk in chunks:
-        a, b = chunk.start_offset, chunk.end_offset
-        first_i = max(bisect_right(starts, a) - 1, 0)
-        last_i = max(bisect_right(starts, b - 1) - 1, 0)
-        inside = [
-            (i, *kept[i]) for i in range(first_i, last_i + 1) if kept[i][1] < b and kept[i][2] > a
-        ]
-        meta: dict = {}
-        tables = [item for item in inside if item[1].type == "table"]
-        if chunk.kind == "table" and tables:
-            i, element, start, _ = tables[0]
-            first = chunker.row_offsets[i] + text.count("\n", start, max(a, start)) + 1
-            j, _, start_last, end_last = tables[-1]
-            last_char = min(b, end_last) - 1
-            last = chunker.row_offsets[j] + text.count("\n", start_last, last_char) + 1
-            table: dict = {"rows": [first, last]}
-            if element.metadata.get("header"):
-                table["header"] = list(element.metadata["header"])
-            if element.metadata.get("sheet"):
-                table["sheet"] = element.metadata["sheet"]
-            meta["table"] = table
-        code = [item for item in inside if item[1].type == "code"]
-        if code:
-            language = code[0][1].metadata.get("language")
-            meta["code"] = {"language": language} if language else {}
-        out.append(replace(chunk, metadata=meta) if meta else chunk)
-    return out
+    return annotate(chunker, chunks)
 
 
 def check_token_sizes(max_tokens: int | None, overlap_tokens: int) -> None:

@@ -36,7 +36,11 @@ from django.conf import settings
 from ingestion.tokens import approx_tokens
 
 from .conflicts import find_conflicts, normal
-from .sentences import sentences_with_kind, split_sentences  # noqa: F401 - used as ev.*
+from .sentences import (  # noqa: F401 - used as ev.*
+    sentences_with_kind,
+    split_sentences,
+    table_row_sentences,
+)
 from .text import keyword_terms, keyword_text
 
 MAX_ITEMS = 128  # inventory §5.7: at most 128 packed evidence items

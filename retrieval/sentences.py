@@ -10,9 +10,10 @@ at ``. ! ?`` and at the CJK ``。！？``, and know abbreviations such as "Dr.")
 A line **continues** the one before it when that one does not end a sentence or a lead-in
 (``. ! ? : 。 ！ ？``), neither is a heading, and the line does not start a block of its own
 (a list item ``-``/``*``/``+``/``1.``, a table row ``|``, a quote ``>``) and starts in lower case,
-with a digit, or with ``` ` ( " “ ‘ '``. A **heading** is a line that is one of the chunk's
-section path entries (the chunker keeps the heading's text as the chunk's first lines) or a
-Markdown ``#`` line.
+with a digit, or with ``` ` ( " “ ‘ '``. A Markdown table row (``| a | b |``) whose cell holds a
+line break goes on, whatever its next lines look like, until the line that ends with ``|``. A
+**heading** is a line that is one of the chunk's section path entries (the chunker keeps the
+heading's text as the chunk's first lines) or a Markdown ``#`` line.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def _is_heading(line: str, headings: set[str]) -> bool:
     return line in headings or line.startswith("#")
 
 
+def _open_row(lines: list[str]) -> bool:
+    """Whether ``lines`` are a Markdown table row not closed yet (it began with ``|`` and its
+    last line does not end with an unescaped ``|``)."""
+    last = lines[-1]
+    return lines[0].startswith("|") and not (last.endswith("|") and not last.endswith("\\|"))
+
+
 def blocks(text: str, headings: Iterable[str] = ()) -> list[Block]:
     """The blocks of ``text``: headings (``headings``: the chunk's section path, and Markdown
     ``#`` lines) on their own, other lines rejoined while they continue each other (module
@@ -57,6 +65,11 @@ def blocks(text: str, headings: Iterable[str] = ()) -> list[Block]:
         line = " ".join(raw.split())
         if not line:
             close()
+            continue
+        if current and _open_row(current):
+            # A table row whose cell holds a line break ("| depot | 12 Elm Street" then
+            # "Springfield |") goes on until the line that closes it.
+            current.append(line)
             continue
         if _is_heading(line, names):
             close()
@@ -93,4 +106,15 @@ def sentences_with_kind(text: str, headings: Iterable[str] = ()) -> list[tuple[b
             cleaned = " ".join(sentence.split())
             if cleaned:
                 found.append((False, cleaned))
+    return found
+
+
+def table_row_sentences(text: str, headings: Iterable[str] = ()) -> set[str]:
+    """The sentences of :func:`split_sentences` that come from a Markdown table row (a block
+    starting with ``|``): cells of a catalogue or a grid, not prose."""
+    found: set[str] = set()
+    for block in blocks(text, headings):
+        if block.heading or not block.text.startswith("|"):
+            continue
+        found.update(c for c in (" ".join(s.split()) for s in segment("en", block.text)) if c)
     return found

@@ -119,7 +119,8 @@ def csv_elements(text: str) -> list[Element]:
         return out
     for start in range(0, len(body), ROWS_PER_ELEMENT):
         group = body[start : start + ROWS_PER_ELEMENT]
-        text_, meta = render_table(header, group)
+        text_, meta = render_table(header, group, with_header=start == 0)
+        meta["first_row"] = start + 1
         if text_.strip():
             out.append(Element(type="table", text=text_, metadata=meta))
     return out

@@ -395,8 +395,8 @@ def parse_html(data: bytes, sections: SectionStack | None = None) -> list[Elemen
     furniture: ``<nav>``, the page's ``<header>`` (unless it holds the ``<h1>``) and
     ``<footer>`` (not those of an article or section) and ``role="navigation"``/
     ``"banner"``/``"contentinfo"`` blocks, unless they hold all the page's text; a non-empty
-    ``<title>`` becomes a ``"title"`` element first. Text directly inside divs (not in
-    ``<p>``) is kept as paragraphs. The bytes are decoded by
+    ``<title>`` becomes a ``"title"`` element first, unless the first heading repeats it.
+    Text directly inside divs (not in ``<p>``) is kept as paragraphs. The bytes are decoded by
     :func:`~ingestion.parsing.markup_encoding.decode_markup` (BOM, a declared charset weighed
     against the content, then scored detection), never by BeautifulSoup's guess.
     ``sections`` continues the heading stack of a previous document (EPUB chapters split
@@ -450,4 +450,15 @@ def _parse_text(
         walker.sections = sections if sections is not None else SectionStack()
         for line in root.get_text("\n").split("\n"):
             walker.emit("paragraph", collapse_ws(line))
-    return walker.out
+    return _without_repeated_title(walker.out)
+
+
+def _without_repeated_title(elements: list[Element]) -> list[Element]:
+    """Drop the ``<title>`` element when the page's first heading says the same (an ``<h1>``
+    equal to it up to case and whitespace): the text is indexed once, as the heading."""
+    if not elements or elements[0].type != "title":
+        return elements
+    heading = next((e for e in elements[1:] if e.type == "heading"), None)
+    if heading is not None and heading.text.casefold() == elements[0].text.casefold():
+        return elements[1:]
+    return elements

@@ -220,7 +220,9 @@ def _sheet_elements(title: str, rows: list[list[str]], state: str = "visible") -
     if looks_like_header(rows[0], rows[1:]):
         header, rows = rows[0], rows[1:]
     for start in range(0, len(rows), ROWS_PER_ELEMENT):
-        text, meta = render_table(header, rows[start : start + ROWS_PER_ELEMENT])
+        text, meta = render_table(
+            header, rows[start : start + ROWS_PER_ELEMENT], with_header=start == 0
+        )
         meta.update(sheet=title, first_row=start + 1)  # the chunk metadata's sheet and rows
         if text.strip():
             out.append(

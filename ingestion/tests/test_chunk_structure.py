@@ -1,9 +1,9 @@
 """Structure the chunker keeps: tables cut between rows (BC-38), fenced code (BC-39).
 
 The real parsers (Markdown, XLSX) feed the real chunker; what is asserted is what a reader of a
-stored chunk sees. Tables are rendered one row per line as ``header: value`` pairs
-(``ingestion/parsing/tables.py``), so every piece of a table is self-describing without
-repeating a header line, and chunks stay exact slices of the canonical text.
+stored chunk sees. A table with a header is a Markdown table (``ingestion/parsing/tables.py``);
+a later piece of it, and a piece of fenced code, carry the header or the fence as context
+(``ingestion/chunk_metadata.py``), so chunks stay exact slices of the canonical text.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import re
 import openpyxl
 import pytest
 
+from ingestion.chunk_metadata import reading_text
 from ingestion.chunking import canonical_text, chunk_elements
 from ingestion.parsing import parse
 
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+HEADER, SEPARATOR = "| Depot | Units | Remark |", "| --- | --- | --- |"
 ROWS = [(f"D-{n:03d}", f"{(n * 7919) % 9000 + 1000:,}", "已盘点？是。") for n in range(200)]
 ROWS[42] = ("D-042", "7,310", "已盘点？是。")
 
@@ -43,35 +45,39 @@ def _xlsx() -> bytes:
 
 
 @pytest.mark.parametrize(("source", "mime"), [(_markdown, "text/markdown"), (_xlsx, XLSX)])
-def test_bc38_a_long_table_is_cut_between_rows_and_loses_no_character(source, mime):
+def test_bc38_a_long_table_is_cut_between_rows_and_every_piece_reads_with_its_header(source, mime):
     elements = parse(source(), mime)
     text, _ = canonical_text(elements)
-    chunks = chunk_elements(elements, target_chars=600, overlap_chars=60)
+    chunks = chunk_elements(elements, target_chars=400, overlap_chars=40)
     tables = [c for c in chunks if c.kind == "table"]
     assert len(tables) >= 4
-    for chunk in tables:
+    for n, chunk in enumerate(tables):
+        # The cited text is an exact slice, cut only between rows.
         assert text[chunk.start_offset : chunk.end_offset] == chunk.text
-        # Cut only between rows: every piece starts and ends at a line boundary.
         assert chunk.start_offset == 0 or text[chunk.start_offset - 1] == "\n"
         assert chunk.end_offset == len(text) or text[chunk.end_offset] == "\n"
-        rows = [line for line in chunk.text.splitlines() if "Depot:" in line]
-        assert rows, chunk.text[:80]
-        # Every row names its columns, so a piece without the first one still reads as a table.
-        for row in rows:
-            assert re.fullmatch(r"Depot: D-\d{3}; Units: [\d,]+; Remark: 已盘点？是。", row), row
+        # What a reader of the piece gets begins with the header row and the separator (a
+        # valid Markdown table); the first piece holds them, later ones carry them as context.
+        lines = reading_text(chunk.text, chunk.metadata).splitlines()
+        assert lines[:2] == [HEADER, SEPARATOR], lines[:3]
+        assert (HEADER in chunk.text) == (n == 0)
+        assert ("context" in chunk.metadata) == (n > 0)
+        for row in lines[2:]:
+            assert re.fullmatch(r"\| D-\d{3} \| [\d,]+ \| 已盘点？是。 \|", row), row
         # The chunk's metadata gives its data rows (1-based), the header and the sheet.
-        numbers = [int(m) + 1 for m in re.findall(r"Depot: D-(\d{3})", chunk.text)]
+        numbers = [int(m) + 1 for m in re.findall(r"\| D-(\d{3}) \|", chunk.text)]
         table = chunk.metadata["table"]
         assert table["rows"] == [numbers[0], numbers[-1]], (table, numbers[:3])
         assert table["header"] == ["Depot", "Units", "Remark"]
         assert table.get("sheet") == ("Depots" if mime == XLSX else None)
-    # The caption is in the first chunk only.
+    # The header and the caption are in the text once: in the first pieces only.
+    assert text.count(HEADER) == 1
     assert sum("Table 3: depot stock" in c.text for c in chunks) == 1
     assert "Table 3: depot stock" in chunks[0].text
     # Every value and delimiter survives: 200 rows, "7,310", each 。 and ？.
     joined = "\n".join(c.text for c in tables)
-    assert "Units: 7,310;" in joined
-    found = {m for c in tables for m in re.findall(r"Depot: (D-\d{3})", c.text)}
+    assert "| D-042 | 7,310 | 已盘点？是。 |" in joined
+    found = {m for c in tables for m in re.findall(r"\| (D-\d{3}) \|", c.text)}
     assert len(found) == 200
     assert text.count("。") == text.count("？") == 200
     assert all(t.section_path == ("Depots",) for t in tables)
@@ -109,6 +115,17 @@ def test_bc39_headings_inside_a_fence_are_code_and_pieces_of_it_stay_balanced(fe
         # A fence is never left open: the parser keeps the code without its fence lines, so no
         # stored chunk holds half of one.
         assert not any(line.strip().startswith(fence) for line in chunk.text.splitlines())
+    for chunk in setup:
+        # Read alone, each piece of the code is closed and reopened with its fence and info
+        # string (context inserted around the cited slice, which stays exact).
+        lines = reading_text(chunk.text, chunk.metadata).splitlines()
+        fences = [line for line in lines if line.startswith("```")]
+        assert fences == ["```bash", "```"], lines[:3]
+        assert lines[-1] == "```"
+        opened = lines.index("```bash")
+        assert opened == (1 if chunk is setup[0] else 0)  # after the carried heading "Setup"
+        assert "echo step" in "\n".join(lines[opened + 1 : -1])
+        assert "install deps" not in " ".join(chunk.section_path)
     assert chunks[-1].section_path == ("Usage",) and "one argument" in chunks[-1].text
 
 
@@ -128,6 +145,13 @@ def test_bc39_a_fence_inside_a_list_item_is_code_and_never_left_open(fence):
     for chunk in chunks:  # no stored chunk holds an opening fence without its closing one
         fences = [line for line in chunk.text.splitlines() if line.strip().startswith(fence)]
         assert len(fences) % 2 == 0, chunk.text[:80]
+        # Read alone, a piece holding code has its fence opened and closed around it.
+        read = [
+            line
+            for line in reading_text(chunk.text, chunk.metadata).splitlines()
+            if line.startswith("```")
+        ]
+        assert read == (["```bash", "```"] if "echo step" in chunk.text else []), read
 
 
 @pytest.mark.django_db

@@ -75,7 +75,10 @@ def test_rtf_code_pages_unicode_escapes_and_tables_on_the_grid() -> None:
     report = parse_with_report(RTF_1251, RTF)
     assert [(e.type, e.text) for e in report.elements] == [
         ("paragraph", "Привет world"),
-        ("table", "Name: Bolt; Note: spare\nName: Nut; Qty: 12"),
+        (
+            "table",
+            "| Name | Qty | Note |\n| --- | --- | --- |\n| Bolt |  | spare |\n| Nut | 12 |  |",
+        ),
         ("paragraph", "Café costs 3 € now."),
     ]
     assert report.elements[1].metadata["rows"] == [["Bolt", "", "spare"], ["Nut", "12", ""]]
@@ -136,10 +139,12 @@ def test_xls_sheets_merges_dates_and_hidden_sheet() -> None:
     rates = [e for e in report.elements if e.section_path == ("Rates",) and e.type == "table"]
     assert rates[0].metadata["header"] == ["Level", "Rate", "Since"]
     assert rates[0].text.split("\n") == [
-        "Level: Department level; Rate: 480; Since: 2026-03-01",
-        "Level: Department level; Rate: 350.5",
-        "Level: Other",  # xlwt stores no computed value for a formula: nothing is made up
-        "Level: Flag; Rate: TRUE",
+        "| Level | Rate | Since |",
+        "| --- | --- | --- |",
+        "| Department level | 480 | 2026-03-01 |",
+        "| Department level | 350.5 |  |",
+        "| Other |  |  |",  # xlwt stores no computed value for a formula: nothing is made up
+        "| Flag | TRUE |  |",
     ]
     lookup = [e for e in report.elements if e.section_path == ("Lookup",)]
     assert [e.type for e in lookup] == ["heading", "table"]
@@ -179,7 +184,11 @@ def test_doc_paragraphs_and_table_with_a_blank_cell() -> None:
     assert [(e.type, e.text) for e in report.elements] == [
         ("paragraph", "Legacy Report"),
         ("paragraph", "DOC-CANARY-61 the legacy Word text. Привет мир."),
-        ("table", "Region: North; Q1: 10; Q3: 12\nRegion: South; Q1: 30; Q2: 31; Q3: 32"),
+        (
+            "table",
+            "| Region | Q1 | Q2 | Q3 |\n| --- | --- | --- | --- |\n| North | 10 |  | 12 |\n"
+            "| South | 30 | 31 | 32 |",
+        ),
         ("paragraph", "After the table."),
     ]
     assert report.elements[2].metadata["rows"] == [
@@ -224,7 +233,11 @@ def test_ppt_table_keeps_its_columns() -> None:
     data = gzip.decompress((FIXTURES / "table.ppt.gz").read_bytes())
     report = parse_with_report(data, PPT)
     assert [(e.type, e.text, e.page_number) for e in report.elements] == [
-        ("table", "Region: North; Q2: 12\nRegion: South; Q1: 30; Q2: 31", 1),
+        (
+            "table",
+            "| Region | Q1 | Q2 |\n| --- | --- | --- |\n| North |  | 12 |\n| South | 30 | 31 |",
+            1,
+        ),
         ("paragraph", "Below the table", 1),
     ]
     assert report.elements[0].metadata["rows"] == [["North", "", "12"], ["South", "30", "31"]]
@@ -258,9 +271,9 @@ def test_ppt_corrupt_and_mismatched() -> None:
     ("name", "make", "expected"),
     [
         ("letter.rtf", lambda: RTF_1251, "Café costs 3 € now."),
-        ("rates.xls", xls_bytes, "Level: Department level; Rate: 350.5"),
+        ("rates.xls", xls_bytes, "| Department level | 350.5 |  |"),
         ("deck.ppt", deck_ppt, "PPT-CANARY-62"),
-        ("report.doc", report_doc, "Region: North; Q1: 10; Q3: 12"),
+        ("report.doc", report_doc, "| North | 10 |  | 12 |"),
     ],
 )
 def test_legacy_formats_compile_to_published(client, space, name, make, expected):

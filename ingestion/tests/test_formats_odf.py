@@ -123,8 +123,8 @@ def test_odt_headings_lists_notes_tables_on_the_grid_and_text_boxes() -> None:
         ("list", "- North\n  - Oslo office\n- South", ("Quarterly Report", "Regions")),
         (
             "table",
-            "Region: North; Q1: 10; Q3: 12\nRegion: North; Q1: 20; Q3: 22\n"
-            "Region: South; Q1: 30; Q2: 31; Q3: 32",
+            "| Region | Q1 | Q2 | Q3 |\n| --- | --- | --- | --- |\n| North | 10 |  | 12 |\n"
+            "| North | 20 |  | 22 |\n| South | 30 | 31 | 32 |",
             ("Quarterly Report", "Regions"),
         ),
         ("paragraph", "Anchored after the box.", ("Quarterly Report", "Regions")),
@@ -165,8 +165,8 @@ def test_ods_sheets_formulas_hidden_sheets_and_huge_repeats_stay_small() -> None
     report = parse_with_report(data, ODS)
     rates = [e for e in report.elements if e.section_path == ("Rates",) and e.type == "table"]
     assert [e.text for e in rates] == [
-        "Level: Department level; Rate: 480\nLevel: Department level; Rate: 350\n"
-        "Level: Other; Rate: =SUM([.B2:.B3]) (not calculated)"
+        "| Level | Rate |\n| --- | --- |\n| Department level | 480 |\n| Department level | 350 |\n"
+        "| Other | =SUM([.B2:.B3]) (not calculated) |"
     ]
     lookup = [e for e in report.elements if e.section_path == ("Lookup",)]
     assert [e.type for e in lookup] == ["heading", "table"]
@@ -245,4 +245,4 @@ def test_odt_upload_compiles_and_is_searchable_text(client, space):
     document = Document.objects.get()
     assert (document.state, document.mime_type) == ("published", ODT)
     texts = [n.text for n in KnowledgeNode.objects.filter(document=document)]
-    assert any("Region: North; Q1: 20; Q3: 22" in t for t in texts)
+    assert any("| North | 20 |  | 22 |" in t for t in texts)

@@ -135,7 +135,7 @@ def test_navigation_page_header_and_footer_are_not_body_text() -> None:
         ("paragraph", "By Ann, 2 May"),
         ("paragraph", "The drill has two speeds."),
         ("code", "x = 1"),
-        ("table", "Part: Bit; Qty: 4\nPart: Case; Qty: 1"),
+        ("table", "| Part | Qty |\n| --- | --- |\n| Bit | 4 |\n| Case | 1 |"),
         ("paragraph", "Article footer: 3 comments"),
     ]
     joined = "\n".join(e.text for e in report.elements)
@@ -207,3 +207,22 @@ def test_a_page_header_holding_the_title_is_content_but_its_navigation_is_not() 
         ("paragraph", "The train was late."),
     ]
     assert elements[1].section_path == ("Chapter 1: Arrival",)
+
+
+def test_a_title_equal_to_the_first_heading_is_indexed_once() -> None:
+    from ingestion.chunking import canonical_text
+    from ingestion.parsing import parse
+
+    page = (
+        b"<html><head><title>Depot  Opening Hours</title></head><body>"
+        b"<h1>Depot opening hours</h1><p>Open 8-18 on weekdays.</p></body></html>"
+    )
+    elements = parse(page, "text/html")
+    assert [(e.type, e.text) for e in elements][:2] == [
+        ("heading", "Depot opening hours"),
+        ("paragraph", "Open 8-18 on weekdays."),
+    ]
+    assert canonical_text(elements)[0].casefold().count("opening hours") == 1
+    # A different title is kept.
+    other = page.replace(b"<title>Depot  Opening Hours", b"<title>Acme depot")
+    assert [e.type for e in parse(other, "text/html")][:2] == ["title", "heading"]

@@ -50,9 +50,11 @@ def test_formula_without_a_cached_value_is_indexed_as_its_formula_marked_not_cal
     report = parse_with_report(workbook_bytes(budget()), XLSX)
     (table,) = [e for e in report.elements if e.type == "table"]
     assert table.text.split("\n") == [
-        "Item: Rent; Amount: 100; Double: =B2*2 (not calculated)",
-        "Item: Food; Amount: 50; Double: =B3*2 (not calculated)",
-        "Item: Total; Amount: =SUM(B2:B3) (not calculated)",
+        "| Item | Amount | Double |",
+        "| --- | --- | --- |",
+        "| Rent | 100 | =B2*2 (not calculated) |",
+        "| Food | 50 | =B3*2 (not calculated) |",
+        "| Total | =SUM(B2:B3) (not calculated) |  |",
     ]
     assert table.metadata["rows"][2] == ["Total", "=SUM(B2:B3) (not calculated)", ""]
     assert report.warnings == [
@@ -73,9 +75,11 @@ def test_cached_values_win_and_shared_formulas_are_translated() -> None:
     report = parse_with_report(rewrite(data, "xl/worksheets/sheet1.xml", excel_like), XLSX)
     (table,) = [e for e in report.elements if e.type == "table"]
     assert table.text.split("\n") == [
-        "Item: Rent; Amount: 100; Double: =B2*2 (not calculated)",
-        "Item: Food; Amount: 50; Double: =B3*2 (not calculated)",
-        "Item: Total; Amount: 150",
+        "| Item | Amount | Double |",
+        "| --- | --- | --- |",
+        "| Rent | 100 | =B2*2 (not calculated) |",
+        "| Food | 50 | =B3*2 (not calculated) |",
+        "| Total | 150 |  |",
     ]
     assert "2 formula cells have no calculated value" in report.warnings[0]
 

@@ -380,9 +380,11 @@ def test_cp1252_csv_is_not_read_as_cp1250() -> None:
     data = FRENCH_CSV.encode("cp1252")
     (table,) = parse_with_report(data, sniff_mime_type(data, "eleves.csv")).elements
     assert table.text.split("\n") == [
-        "Name: Renée; Ville: Besançon; Remarque: élève très sérieux",
-        "Name: Jérôme; Ville: Orléans; Remarque: à revoir où nécessaire",
-        "Name: Anaïs; Ville: Créteil; Remarque: coût réglé",
+        "| Name | Ville | Remarque |",
+        "| --- | --- | --- |",
+        "| Renée | Besançon | élève très sérieux |",
+        "| Jérôme | Orléans | à revoir où nécessaire |",
+        "| Anaïs | Créteil | coût réglé |",
     ]
 
 
@@ -423,7 +425,7 @@ def test_utf8_with_few_stray_bytes_is_utf8_with_a_warning() -> None:
         b"name,city\r\nJos\xc3\xa9,Lyon\xff\r\n" + b"a,b\r\n" * 300, "text/csv"
     )
     assert csv_report.warnings == ["1 byte was not valid UTF-8 and was replaced with U+FFFD"]
-    assert "name: José; city: Lyon\ufffd" in csv_report.elements[0].text
+    assert "| José | Lyon\ufffd |" in csv_report.elements[0].text
 
 
 def test_utf8_with_many_invalid_bytes_goes_to_detection() -> None:
@@ -510,7 +512,7 @@ def test_markdown_structure() -> None:
     assert lists[0] == "- item one\n- item two\n  continued"
     assert lists[1] == "1. first\n2. second"
     table = next(e for e in elements if e.type == "table")
-    assert table.text == "name: widget; units: 12\nname: gadget; units: 7"
+    assert table.text.split("\n")[2:] == ["| widget | 12 |", "| gadget | 7 |"]
     assert table.metadata["header"] == ["name", "units"]
     assert any(e.text == "quoted text" for e in elements)
     assert all(e.text.strip() == e.text and e.text for e in elements)
@@ -554,7 +556,7 @@ def test_html_structure() -> None:
     assert [e.type for e in child] == ["heading", "list", "code", "paragraph", "table"]
     assert child[1].text == "- a\n  - a1\n- b"
     assert child[2].text == "def f():\n    return 1" and child[2].metadata["language"] == "python"
-    assert child[4].text == "k: x; v: 1\nk: y; v: 2"
+    assert child[4].text == "| k | v |\n| --- | --- |\n| x | 1 |\n| y | 2 |"
     assert elements[-1].section_path == ("Second",)
 
 
@@ -566,9 +568,11 @@ def test_html_rowspan_carries_the_label_to_every_covered_row() -> None:
     )
     (table,) = parse(html, "text/html")
     assert table.text.split("\n") == [
-        "Level: Department level; Rate: 480",
-        "Level: Department level; Rate: 350",
-        "Level: Other; Rate: 300",
+        "| Level | Rate |",
+        "| --- | --- |",
+        "| Department level | 480 |",
+        "| Department level | 350 |",
+        "| Other | 300 |",
     ]
 
 
@@ -616,7 +620,7 @@ def test_html_samples() -> None:
     assert heading.level == 3
     assert heading.section_path == ("My First Heading", "My Second Heading", "A Third Heading")
     table = next(e for e in elements if e.type == "table")
-    assert "Column 1: Row 1, Cell 1; Column 2: Row 1, Cell 2" in table.text
+    assert "| Row 1, Cell 1 | Row 1, Cell 2 |" in table.text
     assert any("With sub-bullets!" in e.text for e in elements if e.type == "list")
     tenk = texts(parse(sample("example-10k-1p.html"), "text/html"))
     assert "Galaxy Gaming, Inc." in tenk and "GLXZ" in tenk
@@ -633,20 +637,20 @@ def test_bc05_semicolon_csv_with_bom() -> None:
     assert table.type == "table"
     assert table.metadata["header"] == ["name", "region", "units"]
     assert table.metadata["rows"] == [["widget", "EU", "12"], ["gadget", "US", "7"]]
-    assert table.text.split("\n")[0] == "name: widget; region: EU; units: 12"
+    assert table.text.split("\n")[2] == "| widget | EU | 12 |"
 
 
 def test_bc05_tab_separated_csv_and_quoted_newlines() -> None:
     data = b'name\tregion\tunits\nwidget\tEU\t12\n"multi\nline"\tUS\t3\n'
     table = parse(data, sniff_mime_type(data, "sales.csv"))[0]
     assert len(table.metadata["header"]) == 3
-    assert table.text.split("\n") == [
-        "name: widget; region: EU; units: 12",
-        "name: multi",
-        "line; region: US; units: 3",
+    assert table.text.split("\n")[2:] == [
+        "| widget | EU | 12 |",
+        "| multi",
+        "line | US | 3 |",
     ]
     pipes = parse(b"a|b\n1|2\n3|4\n", "text/csv")[0]
-    assert pipes.text == "a: 1; b: 2\na: 3; b: 4"
+    assert pipes.text == "| a | b |\n| --- | --- |\n| 1 | 2 |\n| 3 | 4 |"
 
 
 def test_csv_groups_rows() -> None:
@@ -659,7 +663,7 @@ def test_csv_groups_rows() -> None:
 def test_csv_sample() -> None:
     elements = parse(sample("stanley-cups.csv"), "text/csv")
     assert elements[0].text == "Stanley Cups"
-    assert "Team: Maple Leafs; Location: TOR; Stanley Cups: 13" in texts(elements)
+    assert "| Maple Leafs | TOR | 13 |" in texts(elements)
 
 
 # -- PDF ----------------------------------------------------------------------------------------
@@ -737,7 +741,7 @@ def test_docx_structure() -> None:
     assert [e.type for e in elements[5:9]] == ["heading", "table", "table", "paragraph"]
     table = elements[6]
     assert table.section_path == ("Overview", "Details")
-    assert table.text == ("name: widget; region: EU; units: 12\nname: gadget; region: US; units: 7")
+    assert table.text.split("\n")[2:] == ["| widget | EU | 12 |", "| gadget | US | 7 |"]
     assert table.metadata["rows"] == [["widget", "EU", "12"], ["gadget", "US", "7"]]
     merged = elements[7]
     assert merged.text.count("MERGED-X") == 1
@@ -752,7 +756,7 @@ def test_docx_samples() -> None:
     elements = parse(sample("docx-tables.docx"), DOCX)
     tables = [e for e in elements if e.type == "table"]
     assert len(tables) == 3
-    assert "Header Col 1: Lorem ipsum" in tables[0].text
+    assert "| Lorem ipsum |" in tables[0].text
     assert "g&t" in tables[1].text  # nested table text kept
     assert "e |  | d" in tables[2].text and "e | e" not in tables[2].text
     pictures = parse(sample("contains-pictures.docx"), DOCX)

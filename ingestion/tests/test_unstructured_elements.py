@@ -84,7 +84,9 @@ def test_tables_keep_their_header_and_carry_merged_cells():
         "header": ["Region", "Q1", "Q2"],
         "rows": [["North", "10", "12"], ["North", "n/a", "n/a"]],
     }
-    assert table.text == "Region: North; Q1: 10; Q2: 12\nRegion: North; Q1: n/a; Q2: n/a"
+    assert table.text == (
+        "| Region | Q1 | Q2 |\n| --- | --- | --- |\n| North | 10 | 12 |\n| North | n/a | n/a |"
+    )
 
 
 def test_a_first_row_that_looks_like_a_header_becomes_one_and_numbers_do_not():
@@ -96,7 +98,7 @@ def test_a_first_row_that_looks_like_a_header_becomes_one_and_numbers_do_not():
         mime_type=PDF,
         filename="t.pdf",
     ).elements  # fmt: skip
-    assert first.text == "Team: Blues; Cups: 1"
+    assert first.text == "| Team | Cups |\n| --- | --- |\n| Blues | 1 |"
     assert second.metadata == {"header": None, "rows": [["1", "2"], ["3", "4"]]}
     assert second.text == "1 | 2\n3 | 4"
 

@@ -63,26 +63,32 @@ def extract(bundle: ev.Bundle, query: str, limit: int) -> list[tuple[str, str]]:
     sentence made only of the question's words and a lead-in are never the answer. A candidate
     scores the share of the question's content words (:func:`subject_terms`, CJK as bigrams, a
     final ``s`` ignored) it contains; kept: those scoring at least half the best score, ties in
-    evidence order, each distinct sentence once. No candidate: ``[]`` (the answer is then
-    :data:`NO_SENTENCE_MESSAGE`, never a sentence about something else).
+    evidence order, each distinct sentence once; sentences of prose before those of Markdown
+    table rows (:func:`retrieval.sentences.table_row_sentences`), which only follow. No
+    candidate: ``[]`` (the answer is then :data:`NO_SENTENCE_MESSAGE`, never a sentence about
+    something else).
     """
     wanted = subject_terms(query)
     scored = []
     for rank, item in enumerate(bundle.items):
         headings = item.citation.get("section_path") or ()
+        rows = ev.table_row_sentences(ev.neutralise_markers(item.text), headings)
         for position, sentence in enumerate(answer_sentences(item.text, headings)):
             if not carries_content(sentence, wanted):
                 continue
             share = len(wanted & ev.terms_of(sentence)) / len(wanted)
-            scored.append((share, rank, position, sentence, item.label))
+            scored.append((share, sentence in rows, rank, position, sentence, item.label))
     if not scored:
         return []
     best = max(s[0] for s in scored)
-    scored.sort(key=lambda s: (-s[0], s[1], s[2]))
+    # Prose first among the kept: a sentence that answers leads over a table row that matches
+    # as well (a catalogue's cells name many things; the row follows as further evidence).
+    scored = [s for s in scored if s[0] >= best / 2]
+    scored.sort(key=lambda s: (s[1], -s[0], s[2], s[3]))
     chosen: list[tuple[str, str]] = []
     seen: set[str] = set()
-    for share, _, _, sentence, label in scored:
-        if share < best / 2 or len(chosen) >= limit:
+    for _, _, _, _, sentence, label in scored:
+        if len(chosen) >= limit:
             break
         if sentence in seen:
             continue

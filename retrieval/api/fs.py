@@ -37,6 +37,14 @@ class FsView(RouteView):
                 code="invalid_request",
                 details={"field": unknown[0]},
             )
+        repeated = sorted(name for name in query if len(query.getlist(name)) > 1)
+        if repeated:
+            raise InvalidInput(
+                f"{repeated[0]}: given {len(query.getlist(repeated[0]))} times; send each "
+                f"parameter of fs/{self.op} once",
+                code="invalid_request",
+                details={"field": repeated[0]},
+            )
         caller = Caller.of(request.user)
         return Response(self.run(space, {name: query.get(name) for name in self.params}, caller))
 

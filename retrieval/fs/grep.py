@@ -41,6 +41,14 @@ def check_query(q) -> str:
         raise InvalidInput("q is required", code="invalid_query", details={"field": "q"})
     if "\x00" in q:
         raise InvalidInput("q contains NUL", code="invalid_query", details={"field": "q"})
+    try:
+        q.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            "q contains an unpaired surrogate (invalid Unicode)",
+            code="invalid_query",
+            details={"field": "q"},
+        ) from None
     if len(q) > MAX_QUERY_CHARS:
         raise InvalidInput(
             f"q is {len(q)} characters; at most {MAX_QUERY_CHARS} are allowed",

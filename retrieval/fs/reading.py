@@ -26,24 +26,56 @@ MAX_DIFF_OPERATIONS = 1_000
 
 def merged_text(view: DocumentView, rows: list[tuple]) -> str:
     """The canonical text covered by ``rows`` (node rows of one document), overlaps taken
-    once, gaps between non-adjacent nodes as one newline."""
+    once, gaps between non-adjacent nodes as one newline; fenced code (kept by the parser
+    without its fence lines) is shown inside its fence again, opened where the code starts and
+    closed where it ends within the text shown (case BC-39)."""
     if not rows:
         return ""
     texts = dict(
         KnowledgeNode.objects.filter(id__in=[r[0] for r in rows]).values_list("id", "text")
     )
-    out: list[str] = []
+    segments: list[tuple[int, str]] = []  # (canonical offset of the text, text)
     end = None
     for row in sorted(rows, key=lambda r: (r[5], r[6])):
         start, stop, text = row[5], row[6], texts.get(row[0], "")
         if end is None or start >= end:
-            if end is not None:
-                out.append("\n")
-            out.append(text)
+            segments.append((start, text))
         elif stop > end:
-            out.append(text[end - start :])
+            segments.append((end, text[end - start :]))
         end = stop if end is None else max(end, stop)
+    fences = _fences(view, [(a, a + len(t)) for a, t in segments])
+    out: list[str] = []
+    previous_end, placed = None, 0
+    for a, text in segments:
+        if previous_end is not None and a != previous_end:
+            out.append("\n")
+        pos = a
+        while placed < len(fences) and fences[placed][0] <= a + len(text):
+            at, line = fences[placed]
+            at = max(at, pos)
+            out += [text[pos - a : at - a], line]
+            pos, placed = at, placed + 1
+        out.append(text[pos - a :])
+        previous_end = a + len(text)
     return "".join(out)
+
+
+def _fences(view: DocumentView, spans: list[tuple[int, int]]) -> list[tuple[int, str]]:
+    """``(canonical offset, fence line)`` to insert for each code element meeting ``spans``:
+    the opening fence (with the info string) at its start or the first shown character, the
+    closing fence at its end or the last; ascending."""
+    from ingestion.chunk_metadata import fence_for
+
+    out: list[tuple[int, str]] = []
+    for start, end, element in _elements(view, "code"):
+        shown = [(max(a, start), min(b, end)) for a, b in spans if a < end and b > start]
+        if not shown:
+            continue
+        code = element.text.strip()
+        opening, closing = fence_for(code, (element.metadata or {}).get("language"))
+        out.append((shown[0][0], opening + "\n"))
+        out.append((shown[-1][1], "\n" + closing))
+    return sorted(out, key=lambda item: item[0])
 
 
 def render(space, entry: Entry) -> tuple[str, str, dict]:
@@ -83,15 +115,15 @@ def render(space, entry: Entry) -> tuple[str, str, dict]:
     raise InvalidInput(f"{entry.path} is a directory", code="fs_is_directory")
 
 
-def _table_elements(view: DocumentView, row: tuple) -> list[dict]:
-    """The parsed tables (``{header, rows}``) inside a table node's range of the canonical
-    text, read from the generation's parse artifact."""
+def _elements(view: DocumentView, kind: str) -> list[tuple[int, int, object]]:
+    """``(start, end, element)`` of the generation's parsed elements of type ``kind``, their
+    ranges in the canonical text (read from the parse artifact)."""
     from ingestion.chunking import canonical_text
     from ingestion.models import ParseArtifact
     from ingestion.parsing import Element
 
     artifact = ParseArtifact.objects.filter(job_id=view.generation).only("elements").first()
-    if artifact is None:
+    if artifact is None or not any(e.get("type") == kind for e in artifact.elements):
         return []
     elements = [
         Element(**{**e, "section_path": tuple(e.get("section_path") or ())})
@@ -99,9 +131,19 @@ def _table_elements(view: DocumentView, row: tuple) -> list[dict]:
     ]
     kept = [e for e in elements if e.text.strip()]
     _text, spans = canonical_text(elements)
+    return [
+        (start, end, element)
+        for element, (start, end) in zip(kept, spans, strict=True)
+        if element.type == kind
+    ]
+
+
+def _table_elements(view: DocumentView, row: tuple) -> list[dict]:
+    """The parsed tables (``{header, rows}``) inside a table node's range of the canonical
+    text, read from the generation's parse artifact."""
     out = []
-    for element, (start, end) in zip(kept, spans, strict=True):
-        if element.type == "table" and start < row[6] and end > row[5]:
+    for start, end, element in _elements(view, "table"):
+        if start < row[6] and end > row[5]:
             meta = element.metadata or {}
             out.append({"header": meta.get("header"), "rows": meta.get("rows") or []})
     return out

@@ -454,3 +454,55 @@ def test_kfs_fs_commands(space, corpus):
     assert stat["resourceType"] == "document"
     with pytest.raises(CommandError, match="invalid_path"):
         kfs("fs", "ls", "/knowledge/../x")
+
+
+def test_bc39_cat_shows_fenced_code_inside_its_fence(client, space):
+    script = "\n".join(f"echo step {i} && apt-get install -y package-{i}" for i in range(60))
+    source = (
+        f"# Setup\n\n```bash\n# install deps\n## not a title\n{script}\n```\n\n# Usage\n\nRun it.\n"
+    )
+    doc = admit_document(space, filename="setup.md", data=source.encode(), enqueue=False).document
+    compile_all()
+    doc = Document.objects.get(id=doc.id)
+    nodes = doc.nodes.filter(generation=doc.active_generation, section_path=["Setup"])
+    assert nodes.count() >= 3  # the code is longer than a chunk
+    sections = fs(client, space, "ls", path=folder(doc) + "/sections", limit=10).json()["items"]
+    setup = next(i for i in sections if i["name"].startswith("Setup"))
+    text = fs(client, space, "cat", path=setup["path"]).json()["text"]
+    # One fence around the whole block, with its info string, however many chunks it spans.
+    expected = f"```bash\n# install deps\n## not a title\n{script}\n```"
+    assert text == f"# Setup\n\nSetup\n{expected}", text[:120]
+    usage = next(i for i in sections if i["name"].startswith("Usage"))
+    assert "```" not in fs(client, space, "cat", path=usage["path"]).json()["text"]
+
+
+def test_a_repeated_parameter_is_refused_naming_it(client, space, corpus):
+    url = f"/v1/knowledge-spaces/{space.id}/fs/ls"
+    response = client.get(f"{url}?path=/knowledge&limit=5&limit=500")
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["code"] == "invalid_request" and body["details"]["field"] == "limit"
+    assert "limit" in body["message"] and "2 times" in body["message"]
+    grep = client.get(f"/v1/knowledge-spaces/{space.id}/fs/grep?q=a&q=b&path=/knowledge")
+    assert (grep.status_code, grep.json()["details"]["field"]) == (400, "q")
+
+
+def test_a_lone_surrogate_in_a_grep_pattern_is_refused(client, space, corpus):
+    from retrieval.fs import tools
+
+    # A JSON body may hold "\ud800": the safe shell's grep over HTTP.
+    response = client.post(
+        f"/v1/knowledge-spaces/{space.id}/fs/shell/execute",
+        b'{"command": "grep zebra\\ud800 /knowledge"}',
+        content_type="application/json",
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == "invalid_query", response.content
+    assert "surrogate" in response.json()["message"]
+    # The same through the tool MCP calls (a JSON string may hold "\ud800").
+    from knowledgefs.errors import InvalidInput
+
+    tool = tools.BY_NAME["knowledge.fs.grep"]
+    with pytest.raises(InvalidInput) as refused:
+        tools.call(tool, space, {"q": "\ud800", "path": "/knowledge"})
+    assert (refused.value.status, refused.value.code) == (400, "invalid_query")
