@@ -145,6 +145,9 @@ def progress_counters(job: CompilationJob) -> list[tuple[str, str]]:
     for label, name in (("phase", "phase"), ("operation", "operation")):
         if progress.get(name):
             counters.append((label, str(progress[name])))
+    if progress.get("pages_total"):
+        pages = f"{progress.get('pages_parsed') or 0} of {progress['pages_total']}"
+        counters.append(("pages parsed", pages))
     if progress.get("elements_parsed") is not None:
         counters.append(("elements parsed", str(progress["elements_parsed"])))
     total, embedded = progress.get("nodes_total"), progress.get("nodes_embedded")
@@ -181,6 +184,8 @@ def progress_label(job: CompilationJob) -> str:
         parts.append(f"{embedded}/{total}")
     elif total:
         parts.append(f"{total} nodes")
+    elif progress.get("pages_total") and not progress.get("elements_parsed"):
+        parts.append(f"page {progress.get('pages_parsed') or 0}/{progress['pages_total']}")
     elif progress.get("elements_parsed"):
         parts.append(f"{progress['elements_parsed']} elements")
     return " ".join(parts)

@@ -18,7 +18,8 @@ from ingestion import parsing, unstructured
 from ingestion.compilation.assets import store_assets
 from ingestion.compilation.errors import CompilationFailure
 from ingestion.compilation.leases import Held
-from ingestion.models import CompilationJob, Document, ParseArtifact
+from ingestion.compilation.progress import PROGRESS, _progress
+from ingestion.models import CompilationJob, Document, ParseArtifact, Stage
 from ingestion.parsing.mail_container import is_wrapped
 from ingestion.retained_bytes import estimate_retained_bytes
 from knowledgefs import storage
@@ -56,7 +57,9 @@ def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
     ):
         report = _parse_remote(data, document, held)
     else:
-        report = _parse_isolated(data, document.mime_type, _stop_check(job, held))
+        report = _parse_isolated(
+            data, document.mime_type, _stop_check(job, held), _page_reporter(job, held)
+        )
     elements = [_element_dict(e) for e in report.elements]
     artifact_hash = hashlib.sha256(
         json.dumps(elements, sort_keys=True, ensure_ascii=False).encode()
@@ -94,7 +97,30 @@ def _stop_check(job: CompilationJob, held: Held | None):
     return lambda: held.is_lost(job.id)
 
 
-def _parse_isolated(data: bytes, mime_type: str, should_stop=None) -> parsing.ParseReport:
+def _page_reporter(job: CompilationJob, held: Held | None):
+    """``on_pages`` for the isolated parse: the job's progress says which pages are parsed
+    (``pages_parsed`` of ``pages_total``, the percent moving within the parse's share) and the
+    lease is renewed; ``None`` without a lease holder (case BC-43)."""
+    if held is None:
+        return None
+    start = [1]  # the first page of the range parsed since the last report
+
+    def report(done: int, total: int) -> None:
+        first, start[0] = start[0], done + 1
+        span = f"page {done}" if first >= done else f"pages {first}–{done}"
+        percent = PROGRESS[Stage.PARSED] * done // max(total, 1)
+        note = f"parsed {span} of {total}"
+        held.beat(
+            {job.id: _progress("parsing", note, min(percent, PROGRESS[Stage.PARSED] - 1),
+                               pages_parsed=done, pages_total=total)}
+        )  # fmt: skip
+
+    return report
+
+
+def _parse_isolated(
+    data: bytes, mime_type: str, should_stop=None, on_pages=None
+) -> parsing.ParseReport:
     """Parse in the isolated child (:mod:`ingestion.parsing.isolation`); failures mapped to
     :class:`CompilationFailure`: the parser's code (retryable only for
     :data:`RETRYABLE_PARSE_CODES`), or the terminal ``parser_timeout`` after the hard limit.
@@ -109,6 +135,7 @@ def _parse_isolated(data: bytes, mime_type: str, should_stop=None) -> parsing.Pa
             config=isolation.IsolationConfig.from_settings(),
             raster=rasterize.RasterConfig.from_settings(),
             should_stop=should_stop,
+            on_pages=on_pages,
         )
     except parsing.ParseError as exc:
         raise CompilationFailure(

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 
-from . import rasterize
+from . import page_progress, rasterize
 from .base import ParseReport
 from .errors import ParseError
 
@@ -189,6 +189,7 @@ def parse_isolated(
     raster: rasterize.RasterConfig | None = None,
     target: str = _DEFAULT_TARGET,
     should_stop: Callable[[], bool] | None = None,
+    on_pages: Callable[[int, int], None] | None = None,
 ) -> ParseReport:
     """Run ``target(data, mime_type)`` (by default ``parse_with_report``) in a child process.
 
@@ -199,6 +200,8 @@ def parse_isolated(
         target: ``"module:function"`` run in the child (tests use it for a parse that spins).
         should_stop: asked about every :data:`STOP_POLL_S` seconds while the child runs (e.g.
             "was the job canceled?"); when it answers true the parse is killed.
+        on_pages: called with ``(pages parsed, pages in all)`` as often as the child reports a
+            change (:mod:`.page_progress`: a PDF after its pages), polled like ``should_stop``.
 
     Returns the child's :class:`ParseReport`.
 
@@ -216,6 +219,7 @@ def parse_isolated(
     with tempfile.TemporaryDirectory(prefix="kfs-parse-") as tmp:
         source, result = os.path.join(tmp, "source"), os.path.join(tmp, "result.pickle")
         waits = os.path.join(tmp, "slot-waits")
+        pages = os.path.join(tmp, "pages")
         work = os.path.join(tmp, "tmp")
         os.mkdir(work, 0o700)
         with open(source, "wb") as handle:
@@ -224,12 +228,13 @@ def parse_isolated(
             source=source, mime_type=mime_type, result=result, memory_bytes=config.memory_bytes,
             raster=raster, target=target, tmpdir=work, parent_pid=os.getpid(),
             parent_start=process_start_time(os.getpid()), hard_limit_s=config.timeout_s,
-            slot_waits=waits,
+            slot_waits=waits, pages=pages,
         )  # fmt: skip
         child = _ParserProcess(target=_child_main, args=(job,), name="kfs-parser", daemon=True)
         child.start()
         timed_out = canceled = False
         waited = 0.0
+        seen: tuple[int, int] | None = None
         try:
             # The budget runs while the parse runs, not while it waits for a rasterizer slot
             # (that wait has its own bound, raster.slot_wait_s, and code, rasterizer_busy).
@@ -241,6 +246,9 @@ def parse_isolated(
                 if remaining <= 0:
                     break
                 child.join(min(remaining, STOP_POLL_S))
+                if on_pages is not None and (now := page_progress.read(pages)) not in (None, seen):
+                    seen = now
+                    on_pages(*now)
                 canceled = child.exitcode is None and should_stop is not None and should_stop()
             timed_out = child.exitcode is None and not canceled
         finally:
@@ -273,6 +281,7 @@ class _ChildJob:
     parent_start: int | None
     hard_limit_s: float
     slot_waits: str = ""
+    pages: str = ""
 
 
 #: How often ``parse_isolated`` asks its ``should_stop`` (our choice: a cancel stops a parse
@@ -380,6 +389,7 @@ def _child_main(job: _ChildJob) -> None:
     os.environ["OMP_THREAD_LIMIT"] = "1"
     rasterize.configure(job.raster)
     rasterize.track_slot_waits(job.slot_waits)
+    page_progress.track(job.pages)
     module, _, name = job.target.partition(":")
     memory_bytes, result = job.memory_bytes, job.result
     try:

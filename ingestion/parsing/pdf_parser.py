@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError
 
-from . import ocr, pdf_content, pdf_tables, rasterize
+from . import ocr, page_progress, pdf_content, pdf_tables, rasterize
 from .base import Asset, Element, ParseReport, clean_text
 from .errors import CorruptDocument, EncryptedDocument, ParseError
 from .text_parser import split_paragraphs
@@ -202,6 +202,7 @@ def _parse_pdf(data: bytes) -> ParseReport:
                 if ppage is not None:
                     with contextlib.suppress(Exception):
                         ppage.close()
+            page_progress.report(number, len(pages))
     finally:
         doc.close()
         if plumber:

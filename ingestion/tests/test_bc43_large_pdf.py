@@ -100,3 +100,50 @@ def test_bc43_a_1200_page_pdf_over_the_page_limit_fails_up_front(space, settings
     assert (document.state, document.error_code) == ("failed", "document_too_large")
     assert document.error_message == "the document exceeds 1000 pages (1200 pages); split it"
     assert not KnowledgeNode.objects.filter(document=document).exists()
+
+
+def _text_pdf(pages: int) -> bytes:
+    buffer = io.BytesIO()
+    pdf = canvas.Canvas(buffer, pagesize=(612, 792))
+    for number in range(1, pages + 1):
+        pdf.drawString(72, 720, f"Page {number} of the long ledger, one line of text.")
+        pdf.showPage()
+    pdf.save()
+    return buffer.getvalue()
+
+
+@pytest.mark.timeout(240)
+def test_bc43_the_parser_child_reports_pages_parsed_by_range(tmp_path):
+    seen: list[tuple[int, int]] = []
+    report = parse_isolated(
+        _text_pdf(400), PDF, config=IsolationConfig(timeout_s=200, memory_bytes=CAP),
+        raster=rasterize.RasterConfig(lock_dir=str(tmp_path)), on_pages=lambda *p: seen.append(p),
+    )  # fmt: skip
+    assert report.page_count == 400
+    assert seen, "no page progress reported"
+    assert seen[-1] == (400, 400)
+    assert [done for done, _ in seen] == sorted({done for done, _ in seen})  # only forward
+    assert {total for _, total in seen} == {400}
+
+
+@pytest.mark.django_db
+@pytest.mark.timeout(240)
+def test_bc43_a_parsing_job_shows_its_pages_in_the_job_api_and_admin(space, client, settings):
+    from ingestion.admin import progress_counters, progress_label
+    from ingestion.compilation.leases import Held, claim
+    from ingestion.compilation.parse_step import _parse
+
+    admission = admit_document(space, filename="ledger.pdf", data=_text_pdf(120), enqueue=False)
+    token = claim(admission.job.id, "worker-1")
+    job = CompilationJob.objects.select_related("document").get(id=admission.job.id)
+    artifact = _parse(job, Held({job.id: token}))  # the parse step, before its checkpoint
+    assert artifact.page_count == 120
+    body = client.get(f"/v1/jobs/{job.id}").json()
+    progress = body["progress"]
+    assert (progress["pages_parsed"], progress["pages_total"]) == (120, 120), progress
+    assert progress["phase"] == "parsing" and progress["operation"].endswith("of 120")
+    assert progress["operation"].startswith("parsed page")
+    assert 0 < progress["percent"] < 30 and body["progress_percent"] == progress["percent"]
+    job.refresh_from_db()
+    assert ("pages parsed", "120 of 120") in progress_counters(job)
+    assert progress_label(job).endswith("parsing page 120/120")
