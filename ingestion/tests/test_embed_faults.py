@@ -347,6 +347,59 @@ def test_bc41_a_rate_limited_provider_throttles_but_every_document_completes(
     assert elapsed < 120
 
 
+def _compile_each_in_its_own_process(job_ids) -> list[int]:
+    """Three worker processes at once (forked from this one, so they share its settings and
+    reach the same contract server and database), each compiling one job; their exit codes."""
+    import multiprocessing
+    import os
+
+    from django.db import connections
+
+    def work(job_id):
+        code = 1
+        try:
+            compile_jobs([job_id])
+            code = 0
+        finally:
+            connections.close_all()
+            os._exit(code)  # no test-session teardown in the child
+
+    connections.close_all()  # the children open their own connections
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=work, args=(j,)) for j in job_ids]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=150)
+    return [worker.exitcode for worker in workers]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bc41_the_provider_concurrency_holds_across_worker_processes(ready_space, dify, settings):
+    settings.KNOWLEDGE_EMBEDDING_PROVIDER_CONCURRENCY = 2
+    admitted = [_forty_chunks(ready_space, n) for n in range(3)]
+    job_ids = [a.job.id for a in admitted]
+    provider = RateLimited(dify, job_ids)
+    dify.embedding_responder = provider
+    assert _compile_each_in_its_own_process(job_ids) == [0, 0, 0]
+    for job in _jobs(admitted):
+        assert job.run_state == RunState.SUCCEEDED, (job.error_code, job.error_message)
+        assert job.execution_attempts == 1
+    # Three processes, one machine-wide gate: never more than 2 requests at the provider, so
+    # none was refused for concurrency (429s here come from the 5-a-second rate only).
+    assert provider.peak <= 2 and dify.peak_in_flight(TEXT_EMBEDDING) <= 2
+    assert len([a for a in provider.answers if a[2] == 200]) >= 3 * 40 // 16
+    # The bound is the setting's: with 1 slot, one request at a time across the processes.
+    settings.KNOWLEDGE_EMBEDDING_PROVIDER_CONCURRENCY = 1
+    more = [_forty_chunks(ready_space, n) for n in range(3, 5)]
+    provider = RateLimited(dify, [a.job.id for a in more])
+    dify.embedding_responder = provider
+    dify.reset_observations()
+    assert _compile_each_in_its_own_process([a.job.id for a in more]) == [0, 0]
+    assert all(job.run_state == RunState.SUCCEEDED for job in _jobs(more))
+    assert provider.peak == 1 and dify.peak_in_flight(TEXT_EMBEDDING) == 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_bc41_a_bad_key_fails_every_document_at_once_without_retries(ready_space, dify):
     admitted = [_forty_chunks(ready_space, n) for n in range(3)]
