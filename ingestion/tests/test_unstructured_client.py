@@ -91,7 +91,7 @@ def test_a_docx_is_sent_as_multipart_files_and_its_elements_are_mapped(parser):
     assert paragraph.section_path == ("Report Quarterly report.docx",)
     assert paragraph.page_number is None and paragraph.metadata == {"page": 1}
     assert table.type == "table"
-    assert table.text == "Team: Blues; Cups: 1"
+    assert table.text == "| Team | Cups |\n| --- | --- |\n| Blues | 1 |"
     assert table.metadata["header"] == ["Team", "Cups"]
     assert table.metadata["rows"] == [["Blues", "1"]]
     assert report.page_count is None

@@ -64,7 +64,7 @@ def test_a_docx_is_parsed_remotely_and_published(space, parser):
     artifact = ParseArtifact.objects.get(document=document)
     assert artifact.parser == "unstructured"
     texts = _texts(document)
-    assert "KESTREL-42" in texts and "Team: Blues; Cups: 1" in texts
+    assert "KESTREL-42" in texts and "| Blues | 1 |" in texts
     assert "NATIVE-ONLY" not in texts
     [sent] = parser.requests
     assert sent.filename == "report.docx"

@@ -110,7 +110,7 @@ def test_docx_tables_keep_header_and_cells(remote):
         "header": ["Header Col 1", "Header Col 2"],
         "rows": [["Lorem ipsum", "A link example"]],
     }
-    assert "Header Col 1: Lorem ipsum; Header Col 2: A link example" in tables[0].text
+    assert "| Lorem ipsum | A link example |" in tables[0].text
     assert any(e.text == "Table with merged cells" for e in report.elements)
     # rowspan/colspan carried to every cell they cover
     assert tables[2].metadata == {
@@ -124,8 +124,8 @@ def test_xlsx_sheets_become_tables_with_their_sheet_names(remote):
     report = parse("stanley-cups.xlsx", XLSX)
     tables = [e for e in report.elements if e.type == "table"]
     assert [t.metadata["sheet"] for t in tables] == ["Stanley Cups", "Stanley Cups Since 67"]
-    assert "Team: Maple Leafs; Location: TOR; Stanley Cups: 13" in tables[0].text
-    assert "Team: Maple Leafs; Location: TOR; Stanley Cups: 0" in tables[1].text
+    assert "| Maple Leafs | TOR | 13 |" in tables[0].text
+    assert "| Maple Leafs | TOR | 0 |" in tables[1].text
 
 
 def test_pptx_titles_and_bullets(remote):
