@@ -168,6 +168,24 @@ def after(space_id, query: str, limit: int, trace=None) -> list:
     return [str(h.node_id) for h in hits]
 
 
+def unbounded(space_id, query: str, limit: int, trace=None) -> list:
+    """The Threshold Algorithm without a postings budget (always exact; the leg before the
+    budget), in the transaction the backend opens."""
+    from django.db import connection, transaction
+
+    from retrieval.backends import pgkeyword as pk
+    from retrieval.text import is_lone_cjk, keyword_terms
+
+    terms = keyword_terms(query)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        hits = pk.search(
+            cursor, space_id, terms, [is_lone_cjk(t) for t in terms], limit, trace=trace,
+            bounded=False,
+        )  # fmt: skip
+    return [node for node, _ in hits]
+
+
 def exact(cursor, space_id, query: str, limit: int) -> list:
     """Exhaustive BM25: every matching visible posting scored in Python."""
     from retrieval.backends import pgkeyword as pk
@@ -196,29 +214,36 @@ def measure(copies: int, count: int, limit: int) -> None:
 
     space = space_of(copies)
     queries = list(claims().values())[:count]
-    timings: dict[str, list[float]] = {"before": [], "after": [], "exact": []}
-    agree = {"before": [], "after": []}
-    work = []
+    timings: dict[str, list[float]] = {"before": [], "unbounded": [], "after": [], "exact": []}
+    agree = {"before": [], "unbounded": [], "after": []}
+    work, work_unbounded = [], []
     with connection.cursor() as cursor:
         for q in queries[:20]:  # warm-up
             before(cursor, space.id, q, limit)
+            unbounded(space.id, q, limit)
             after(space.id, q, limit)
         for q in queries:
             t0 = time.perf_counter()
             b = before(cursor, space.id, q, limit)
             t1 = time.perf_counter()
+            trace_u: dict = {}
+            u = unbounded(space.id, q, limit, trace_u)
+            t2 = time.perf_counter()
             trace: dict = {}
             a = after(space.id, q, limit, trace)
-            t2 = time.perf_counter()
-            e = exact(cursor, space.id, q, limit)
             t3 = time.perf_counter()
-            timings["before"].append((t1 - t0) * 1000)
-            timings["after"].append((t2 - t1) * 1000)
-            timings["exact"].append((t3 - t2) * 1000)
+            e = exact(cursor, space.id, q, limit)
+            t4 = time.perf_counter()
+            for name, (t_start, t_end) in (
+                ("before", (t0, t1)), ("unbounded", (t1, t2)), ("after", (t2, t3)),
+                ("exact", (t3, t4)),
+            ):  # fmt: skip
+                timings[name].append((t_end - t_start) * 1000)
             reference = set(e[:10])
-            for name, got in (("before", b), ("after", a)):
+            for name, got in (("before", b), ("unbounded", u), ("after", a)):
                 agree[name].append(len(set(got[:10]) & reference) / max(1, min(10, len(e))))
             work.append(trace)
+            work_unbounded.append(trace_u)
     report = {
         "nodes": copies * len(corpus()),
         "queries": len(queries),
@@ -231,10 +256,16 @@ def measure(copies: int, count: int, limit: int) -> None:
             for k, v in timings.items()
         },
         **{f"{k}_top10_agreement": round(statistics.mean(v), 4) for k, v in agree.items()},
-        "threshold_mean": {
-            key: round(statistics.mean(t.get(key, 0) for t in work), 1)
-            for key in ("rounds", "postings", "resolved")
+        **{
+            f"threshold_mean_{name}": {
+                key: round(statistics.mean(t.get(key, 0) for t in traces), 1)
+                for key in ("rounds", "postings", "resolved")
+            }
+            for name, traces in (("unbounded", work_unbounded), ("after", work))
         },
+        "after_max_postings": max(t.get("postings", 0) for t in work),
+        "after_proved_exact_share": round(statistics.mean(bool(t.get("exact")) for t in work), 3),
+        "after_budget": sorted({t.get("budget") for t in work if t.get("budget")}),
     }
     print(json.dumps(report, indent=2))
 
@@ -293,6 +324,7 @@ def ndcg(copies: int) -> None:
         result = {}
         for name, run in (
             ("before", lambda q: before(cursor, space.id, q, 10)),
+            ("unbounded", lambda q: unbounded(space.id, q, 10)),
             ("after", lambda q: after(space.id, q, 10)),
         ):
             gains = []
@@ -315,7 +347,18 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--limit", type=int, default=50)
     parser.add_argument("--query-index", type=int, default=0)
+    parser.add_argument("--budget", type=int, help="threshold.POSTINGS_BUDGET_MIN (a sweep)")
+    parser.add_argument("--per-result", type=int, help="threshold.POSTINGS_PER_RESULT")
+    parser.add_argument("--first-share", type=float, help="threshold.FIRST_ROUND_SHARE")
     args = parser.parse_args()
+    from retrieval.backends import threshold
+
+    for name, value in (
+        ("POSTINGS_BUDGET_MIN", args.budget), ("POSTINGS_PER_RESULT", args.per_result),
+        ("FIRST_ROUND_SHARE", args.first_share),
+    ):  # fmt: skip
+        if value is not None:
+            setattr(threshold, name, value)
     if args.command == "build":
         build(args.copies)
     elif args.command == "measure":
