@@ -209,41 +209,50 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1)]
 
 
-def measure(copies: int, count: int, limit: int) -> None:
+def measure(copies: int, count: int, limit: int, only: set[str]) -> None:
+    """``only``: the statements timed (``before``, ``unbounded``, ``after``). The exhaustive
+    reference's ids are cached in ``var/pg-keyword-exact-<copies>-<limit>.json`` (reused by
+    later runs over the same space: a budget sweep)."""
     from django.db import connection
 
     space = space_of(copies)
     queries = list(claims().values())[:count]
     timings: dict[str, list[float]] = {"before": [], "unbounded": [], "after": [], "exact": []}
-    agree = {"before": [], "unbounded": [], "after": []}
+    agree: dict[str, list[float]] = {name: [] for name in ("before", "unbounded", "after")}
     work, work_unbounded = [], []
+    cache_path = ROOT / "var" / f"pg-keyword-exact-{copies}-{limit}-{space.id}.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    runs = {
+        "before": lambda c, q, t: before(c, space.id, q, limit),
+        "unbounded": lambda c, q, t: unbounded(space.id, q, limit, t),
+        "after": lambda c, q, t: after(space.id, q, limit, t),
+    }
     with connection.cursor() as cursor:
         for q in queries[:20]:  # warm-up
-            before(cursor, space.id, q, limit)
-            unbounded(space.id, q, limit)
-            after(space.id, q, limit)
+            for name in only:
+                runs[name](cursor, q, None)
         for q in queries:
-            t0 = time.perf_counter()
-            b = before(cursor, space.id, q, limit)
-            t1 = time.perf_counter()
-            trace_u: dict = {}
-            u = unbounded(space.id, q, limit, trace_u)
-            t2 = time.perf_counter()
-            trace: dict = {}
-            a = after(space.id, q, limit, trace)
-            t3 = time.perf_counter()
-            e = exact(cursor, space.id, q, limit)
-            t4 = time.perf_counter()
-            for name, (t_start, t_end) in (
-                ("before", (t0, t1)), ("unbounded", (t1, t2)), ("after", (t2, t3)),
-                ("exact", (t3, t4)),
-            ):  # fmt: skip
-                timings[name].append((t_end - t_start) * 1000)
+            got = {}
+            traces = {"unbounded": {}, "after": {}}
+            for name in ("before", "unbounded", "after"):
+                if name in only:
+                    t0 = time.perf_counter()
+                    got[name] = runs[name](cursor, q, traces.get(name))
+                    timings[name].append((time.perf_counter() - t0) * 1000)
+            if q not in cache:
+                t0 = time.perf_counter()
+                cache[q] = exact(cursor, space.id, q, limit)
+                timings["exact"].append((time.perf_counter() - t0) * 1000)
+            e = cache[q]
             reference = set(e[:10])
-            for name, got in (("before", b), ("unbounded", u), ("after", a)):
-                agree[name].append(len(set(got[:10]) & reference) / max(1, min(10, len(e))))
-            work.append(trace)
-            work_unbounded.append(trace_u)
+            for name, ids in got.items():
+                agree[name].append(len(set(ids[:10]) & reference) / max(1, min(10, len(e))))
+            work.append(traces["after"])
+            work_unbounded.append(traces["unbounded"])
+    cache_path.parent.mkdir(exist_ok=True)
+    cache_path.write_text(json.dumps(cache))
+    timings = {k: v for k, v in timings.items() if v}
+    agree = {k: v for k, v in agree.items() if v}
     report = {
         "nodes": copies * len(corpus()),
         "queries": len(queries),
@@ -263,7 +272,7 @@ def measure(copies: int, count: int, limit: int) -> None:
             }
             for name, traces in (("unbounded", work_unbounded), ("after", work))
         },
-        "after_max_postings": max(t.get("postings", 0) for t in work),
+        "after_max_postings": max((t.get("postings", 0) for t in work), default=None),
         "after_proved_exact_share": round(statistics.mean(bool(t.get("exact")) for t in work), 3),
         "after_budget": sorted({t.get("budget") for t in work if t.get("budget")}),
     }
@@ -347,6 +356,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--limit", type=int, default=50)
     parser.add_argument("--query-index", type=int, default=0)
+    parser.add_argument("--only", default="before,unbounded,after", help="statements timed")
     parser.add_argument("--budget", type=int, help="threshold.POSTINGS_BUDGET_MIN (a sweep)")
     parser.add_argument("--per-result", type=int, help="threshold.POSTINGS_PER_RESULT")
     parser.add_argument("--first-share", type=float, help="threshold.FIRST_ROUND_SHARE")
@@ -362,7 +372,7 @@ def main() -> None:
     if args.command == "build":
         build(args.copies)
     elif args.command == "measure":
-        measure(args.copies, args.queries, args.limit)
+        measure(args.copies, args.queries, args.limit, set(args.only.split(",")))
     elif args.command == "explain":
         explain(args.copies, args.query_index)
     else:

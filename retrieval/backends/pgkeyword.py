@@ -1,4 +1,4 @@
-"""PostgreSQL keyword leg: BM25 over per-term impact lists, exact top-k by the Threshold Algorithm.
+"""PostgreSQL keyword leg: BM25 over per-term impact lists, top-k by the Threshold Algorithm.
 
 Tables (migration ``retrieval.0010``):
 
@@ -29,16 +29,13 @@ node's true tf-component is at most ``max(1, A/A₀)`` times its impact (the len
 ``1 − b + b·dl/A`` shrinks by at most A₀/A when A grows), so the bounds below stay valid however
 the space grows; only their tightness drifts until a rebuild.
 
-Query (Fagin, Lotem & Naor, "Optimal aggregation algorithms for middleware", PODS 2001, TA with
-the CA refinement of upper-bounding candidates before random access): each round reads live
-term lists in impact order, one block per list (a ``LIMIT``, doubling each time; after round 1
-only the lists holding the threshold up, :data:`READ_SHARE`); a candidate's upper bound is its
-seen impacts plus the last impact read of its other lists; up to ``limit`` candidates per round
-whose bound can still reach the k-th score are resolved by random access (their postings of all
-query terms, length and visibility in one statement) to their exact score; the loop stops when
-the k-th visible score exceeds the threshold Σ idf · last impact (no unseen node can reach it)
-and no candidate's bound reaches it. The answer equals the exact BM25 top-k over visible nodes,
-ties by node id.
+Query: the Threshold Algorithm under a postings budget, :mod:`retrieval.backends.threshold`
+(Fagin, Lotem & Naor, PODS 2001, with the CA refinement): each round reads live term lists in
+impact order, one block per list (:data:`SORTED_SQL`, a ``LIMIT`` per list); candidates whose
+upper bound can still reach the k-th score are resolved by random access (:data:`RANDOM_SQL`:
+their postings of all query terms, length and visibility in one statement) to their exact
+score. The answer is the exact BM25 top-k over visible nodes (ties by node id) when the
+algorithm's stopping rule holds within the budget; past it, the best resolved candidates.
 """
 
 from __future__ import annotations
@@ -416,9 +413,10 @@ def search(
     trace: dict | None = None,
     bounded: bool = True,
 ) -> list[tuple[uuid.UUID, float]]:
-    """The exact BM25 top ``limit`` visible nodes of the space for ``terms`` (``prefix[i]``: the
-    term is a lone CJK character), ``documents`` (ids as strings) restricting them. ``trace``
-    (optional) receives the work done: rounds, postings read, candidates resolved."""
+    """The BM25 top ``limit`` visible nodes of the space for ``terms`` (``prefix[i]``: the term is
+    a lone CJK character), ``documents`` (ids as strings) restricting them: exact when proved
+    within the postings budget (``bounded=False``: always). ``trace`` (optional) receives the
+    work done: rounds, postings read, candidates resolved, budget, whether proved exact."""
     stats = space_statistics(cursor, space_id)
     if stats is None or stats[0] <= 0 or limit <= 0:
         return []
