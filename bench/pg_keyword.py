@@ -243,6 +243,8 @@ def measure(copies: int, count: int, limit: int, only: set[str]) -> None:
                 t0 = time.perf_counter()
                 cache[q] = exact(cursor, space.id, q, limit)
                 timings["exact"].append((time.perf_counter() - t0) * 1000)
+                cache_path.parent.mkdir(exist_ok=True)
+                cache_path.write_text(json.dumps(cache))
             e = cache[q]
             reference = set(e[:10])
             for name, ids in got.items():
