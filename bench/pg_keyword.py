@@ -168,6 +168,24 @@ def after(space_id, query: str, limit: int, trace=None) -> list:
     return [str(h.node_id) for h in hits]
 
 
+def unbounded(space_id, query: str, limit: int, trace=None) -> list:
+    """The Threshold Algorithm without a postings budget (always exact; the leg before the
+    budget), in the transaction the backend opens."""
+    from django.db import connection, transaction
+
+    from retrieval.backends import pgkeyword as pk
+    from retrieval.text import is_lone_cjk, keyword_terms
+
+    terms = keyword_terms(query)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        hits = pk.search(
+            cursor, space_id, terms, [is_lone_cjk(t) for t in terms], limit, trace=trace,
+            bounded=False,
+        )  # fmt: skip
+    return [node for node, _ in hits]
+
+
 def exact(cursor, space_id, query: str, limit: int) -> list:
     """Exhaustive BM25: every matching visible posting scored in Python."""
     from retrieval.backends import pgkeyword as pk
@@ -191,34 +209,52 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1)]
 
 
-def measure(copies: int, count: int, limit: int) -> None:
+def measure(copies: int, count: int, limit: int, only: set[str]) -> None:
+    """``only``: the statements timed (``before``, ``unbounded``, ``after``). The exhaustive
+    reference's ids are cached in ``var/pg-keyword-exact-<copies>-<limit>.json`` (reused by
+    later runs over the same space: a budget sweep)."""
     from django.db import connection
 
     space = space_of(copies)
     queries = list(claims().values())[:count]
-    timings: dict[str, list[float]] = {"before": [], "after": [], "exact": []}
-    agree = {"before": [], "after": []}
-    work = []
+    timings: dict[str, list[float]] = {"before": [], "unbounded": [], "after": [], "exact": []}
+    agree: dict[str, list[float]] = {name: [] for name in ("before", "unbounded", "after")}
+    work, work_unbounded = [], []
+    cache_path = ROOT / "var" / f"pg-keyword-exact-{copies}-{limit}-{space.id}.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    runs = {
+        "before": lambda c, q, t: before(c, space.id, q, limit),
+        "unbounded": lambda c, q, t: unbounded(space.id, q, limit, t),
+        "after": lambda c, q, t: after(space.id, q, limit, t),
+    }
     with connection.cursor() as cursor:
         for q in queries[:20]:  # warm-up
-            before(cursor, space.id, q, limit)
-            after(space.id, q, limit)
+            for name in only:
+                runs[name](cursor, q, None)
         for q in queries:
-            t0 = time.perf_counter()
-            b = before(cursor, space.id, q, limit)
-            t1 = time.perf_counter()
-            trace: dict = {}
-            a = after(space.id, q, limit, trace)
-            t2 = time.perf_counter()
-            e = exact(cursor, space.id, q, limit)
-            t3 = time.perf_counter()
-            timings["before"].append((t1 - t0) * 1000)
-            timings["after"].append((t2 - t1) * 1000)
-            timings["exact"].append((t3 - t2) * 1000)
+            got = {}
+            traces = {"unbounded": {}, "after": {}}
+            for name in ("before", "unbounded", "after"):
+                if name in only:
+                    t0 = time.perf_counter()
+                    got[name] = runs[name](cursor, q, traces.get(name))
+                    timings[name].append((time.perf_counter() - t0) * 1000)
+            if q not in cache:
+                t0 = time.perf_counter()
+                cache[q] = exact(cursor, space.id, q, limit)
+                timings["exact"].append((time.perf_counter() - t0) * 1000)
+                cache_path.parent.mkdir(exist_ok=True)
+                cache_path.write_text(json.dumps(cache))
+            e = cache[q]
             reference = set(e[:10])
-            for name, got in (("before", b), ("after", a)):
-                agree[name].append(len(set(got[:10]) & reference) / max(1, min(10, len(e))))
-            work.append(trace)
+            for name, ids in got.items():
+                agree[name].append(len(set(ids[:10]) & reference) / max(1, min(10, len(e))))
+            work.append(traces["after"])
+            work_unbounded.append(traces["unbounded"])
+    cache_path.parent.mkdir(exist_ok=True)
+    cache_path.write_text(json.dumps(cache))
+    timings = {k: v for k, v in timings.items() if v}
+    agree = {k: v for k, v in agree.items() if v}
     report = {
         "nodes": copies * len(corpus()),
         "queries": len(queries),
@@ -231,10 +267,16 @@ def measure(copies: int, count: int, limit: int) -> None:
             for k, v in timings.items()
         },
         **{f"{k}_top10_agreement": round(statistics.mean(v), 4) for k, v in agree.items()},
-        "threshold_mean": {
-            key: round(statistics.mean(t.get(key, 0) for t in work), 1)
-            for key in ("rounds", "postings", "resolved")
+        **{
+            f"threshold_mean_{name}": {
+                key: round(statistics.mean(t.get(key, 0) for t in traces), 1)
+                for key in ("rounds", "postings", "resolved")
+            }
+            for name, traces in (("unbounded", work_unbounded), ("after", work))
         },
+        "after_max_postings": max((t.get("postings", 0) for t in work), default=None),
+        "after_proved_exact_share": round(statistics.mean(bool(t.get("exact")) for t in work), 3),
+        "after_budget": sorted({t.get("budget") for t in work if t.get("budget")}),
     }
     print(json.dumps(report, indent=2))
 
@@ -293,6 +335,7 @@ def ndcg(copies: int) -> None:
         result = {}
         for name, run in (
             ("before", lambda q: before(cursor, space.id, q, 10)),
+            ("unbounded", lambda q: unbounded(space.id, q, 10)),
             ("after", lambda q: after(space.id, q, 10)),
         ):
             gains = []
@@ -315,11 +358,23 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--limit", type=int, default=50)
     parser.add_argument("--query-index", type=int, default=0)
+    parser.add_argument("--only", default="before,unbounded,after", help="statements timed")
+    parser.add_argument("--budget", type=int, help="threshold.POSTINGS_BUDGET_MIN (a sweep)")
+    parser.add_argument("--per-result", type=int, help="threshold.POSTINGS_PER_RESULT")
+    parser.add_argument("--first-share", type=float, help="threshold.FIRST_ROUND_SHARE")
     args = parser.parse_args()
+    from retrieval.backends import threshold
+
+    for name, value in (
+        ("POSTINGS_BUDGET_MIN", args.budget), ("POSTINGS_PER_RESULT", args.per_result),
+        ("FIRST_ROUND_SHARE", args.first_share),
+    ):  # fmt: skip
+        if value is not None:
+            setattr(threshold, name, value)
     if args.command == "build":
         build(args.copies)
     elif args.command == "measure":
-        measure(args.copies, args.queries, args.limit)
+        measure(args.copies, args.queries, args.limit, set(args.only.split(",")))
     elif args.command == "explain":
         explain(args.copies, args.query_index)
     else:

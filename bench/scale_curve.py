@@ -34,6 +34,10 @@ point runs in its own subprocess under ``--max-seconds``):
     ``--queries`` claims (PostgreSQL: again at other ``hnsw.ef_search`` values), then Fast
     in-process (``retrieval.modes.retrieve``, mode ``fast``, ``top_k`` 10, both legs, query
     embedding included) one claim at a time until ``--queries`` or ``--max-seconds``.
+    Environment: ``KFS_SCALE_KEYWORD=unbounded`` measures PostgreSQL's keyword leg without its
+    postings budget (recorded as engine ``postgres+unbounded``: before and after in one run);
+    ``KFS_SCALE_EF_SWEEP=0`` skips the ``ef_search`` sweep, ``KFS_SCALE_PUBLISH_PROBES=0`` the
+    first-query-after-publish probes.
 ``report``
     Recall@10 (and @50) of each engine's dense leg against the numpy ground truth, the
     markdown table, ``bench/results/scale-curve-<date>.json``.
@@ -126,7 +130,9 @@ def worker(args) -> int:
         args.phase = "generate"
     else:
         data = measure_point(args.engine, args.size, args.queries, args.warmup, args.max_seconds)
-    save_point(args.phase, args.engine, args.size, data)
+    variant = os.environ.get("KFS_SCALE_KEYWORD", "") if args.phase == "measure" else ""
+    engine = f"{args.engine}+{variant}" if variant else args.engine
+    save_point(args.phase, engine, args.size, data)
     log(f"{args.phase} {args.engine} {args.size}: {json.dumps(summary(data))}")
     return 0
 

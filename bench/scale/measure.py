@@ -4,6 +4,7 @@ PostgreSQL) and Fast in-process, with latency percentiles; runs inside a worker 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import re
 import time
@@ -25,6 +26,10 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
     from spaces.models import KnowledgeSpace
 
     call_command("migrate", verbosity=0)  # the merged branch's migrations, if any are new
+    if KEYWORD_VARIANT == "unbounded":  # PostgreSQL's keyword leg without its postings budget
+        from retrieval.backends import pgkeyword
+
+        pgkeyword.search = functools.partial(pgkeyword.search, bounded=False)
     loaded = np.load(state_dir() / "queries.npz", allow_pickle=True)
     texts, vectors = list(loaded["texts"]), loaded["vectors"]
     space = KnowledgeSpace.objects.get(tenant_id=TENANT, slug=f"scale-{size}")
@@ -54,7 +59,7 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
         hits = dense(vector)
         dense_ms.append((time.perf_counter() - t0) * 1000)
         dense_ids.append([_hex(h.node_id) for h in hits])
-    sweep = ef_search_sweep(dense, vectors[:count]) if engine == "postgres" else {}
+    sweep = ef_search_sweep(dense, vectors[:count]) if engine == "postgres" and EF_SWEEP else {}
     deadline = time.monotonic() + max_seconds
     for text in texts[:count]:  # then Fast, bounded by the point's time budget
         if time.monotonic() > deadline:
@@ -85,6 +90,11 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
             name: pct([s[name] for s in stages if name in s], 50)
             for name in ("embed", "dense", "keyword", "fusion")
         },
+        "stage_p95_ms": {
+            name: pct([s[name] for s in stages if name in s], 95)
+            for name in ("embed", "dense", "keyword", "fusion")
+        },
+        "keyword_variant": KEYWORD_VARIANT or "default",
         "load_avg_start": load_start,
         "load_avg_end": os.getloadavg(),
         "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -97,6 +107,10 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
 
 
 PUBLISH_PROBES = int(os.environ.get("KFS_SCALE_PUBLISH_PROBES", "5"))
+EF_SWEEP = os.environ.get("KFS_SCALE_EF_SWEEP", "1") != "0"
+# ``unbounded``: PostgreSQL's keyword leg without its postings budget (the exact Threshold
+# Algorithm, the leg before the budget), recorded as engine ``postgres+unbounded``.
+KEYWORD_VARIANT = os.environ.get("KFS_SCALE_KEYWORD", "")
 
 
 def publish_probe(space, texts: list[str]) -> dict:

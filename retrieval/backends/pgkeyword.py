@@ -1,4 +1,4 @@
-"""PostgreSQL keyword leg: BM25 over per-term impact lists, exact top-k by the Threshold Algorithm.
+"""PostgreSQL keyword leg: BM25 over per-term impact lists, top-k by the Threshold Algorithm.
 
 Tables (migration ``retrieval.0010``):
 
@@ -29,16 +29,13 @@ node's true tf-component is at most ``max(1, A/A₀)`` times its impact (the len
 ``1 − b + b·dl/A`` shrinks by at most A₀/A when A grows), so the bounds below stay valid however
 the space grows; only their tightness drifts until a rebuild.
 
-Query (Fagin, Lotem & Naor, "Optimal aggregation algorithms for middleware", PODS 2001, TA with
-the CA refinement of upper-bounding candidates before random access): each round reads live
-term lists in impact order, one block per list (a ``LIMIT``, doubling each time; after round 1
-only the lists holding the threshold up, :data:`READ_SHARE`); a candidate's upper bound is its
-seen impacts plus the last impact read of its other lists; up to ``limit`` candidates per round
-whose bound can still reach the k-th score are resolved by random access (their postings of all
-query terms, length and visibility in one statement) to their exact score; the loop stops when
-the k-th visible score exceeds the threshold Σ idf · last impact (no unseen node can reach it)
-and no candidate's bound reaches it. The answer equals the exact BM25 top-k over visible nodes,
-ties by node id.
+Query: the Threshold Algorithm under a postings budget, :mod:`retrieval.backends.threshold`
+(Fagin, Lotem & Naor, PODS 2001, with the CA refinement): each round reads live term lists in
+impact order, one block per list (:data:`SORTED_SQL`, a ``LIMIT`` per list); candidates whose
+upper bound can still reach the k-th score are resolved by random access (:data:`RANDOM_SQL`:
+their postings of all query terms, length and visibility in one statement) to their exact
+score. The answer is the exact BM25 top-k over visible nodes (ties by node id) when the
+algorithm's stopping rule holds within the budget; past it, the best resolved candidates.
 """
 
 from __future__ import annotations
@@ -50,6 +47,8 @@ from collections.abc import Iterable
 
 from retrieval.text import keyword_text
 
+from . import threshold
+
 POSTING = "retrieval_keyword_posting"
 NODE = "retrieval_keyword_node"
 TERM = "retrieval_keyword_term"
@@ -60,12 +59,6 @@ B = 0.75
 LEX_BATCH = 500  # nodes per to_tsvector statement
 ROW_BATCH = 20_000  # postings per INSERT
 PREFIX_TERMS = 64  # lexemes a lone CJK character expands to (highest df first)
-FIRST_BLOCK = 32  # postings per list in the first round (at least the limit)
-MAX_BLOCK = 4096
-# After the first round, a list is read when its idf × last impact is at least this share of the
-# largest (any schedule keeps the threshold algorithm exact; this one lowers the bound fastest).
-READ_SHARE = 0.5
-RESOLVE_MIN = 32  # candidates resolved per round at least (and per statement when draining)
 # Impacts are stored as float4 (relative error ≤ 2⁻²⁴); bounds are widened by this factor.
 MARGIN = 1.0 + 2.0**-20
 # A documents filter allowing at most this many nodes is answered exactly over those nodes
@@ -418,10 +411,12 @@ def search(
     documents: list[str] | None = None,
     *,
     trace: dict | None = None,
+    bounded: bool = True,
 ) -> list[tuple[uuid.UUID, float]]:
-    """The exact BM25 top ``limit`` visible nodes of the space for ``terms`` (``prefix[i]``: the
-    term is a lone CJK character), ``documents`` (ids as strings) restricting them. ``trace``
-    (optional) receives the work done: rounds, postings read, candidates resolved."""
+    """The BM25 top ``limit`` visible nodes of the space for ``terms`` (``prefix[i]``: the term is
+    a lone CJK character), ``documents`` (ids as strings) restricting them: exact when proved
+    within the postings budget (``bounded=False``: always). ``trace`` (optional) receives the
+    work done: rounds, postings read, candidates resolved, budget, whether proved exact."""
     stats = space_statistics(cursor, space_id)
     if stats is None or stats[0] <= 0 or limit <= 0:
         return []
@@ -441,97 +436,37 @@ def search(
             if trace is not None:
                 trace["path"] = "direct"
             return top(scorer.score_rows(cursor.fetchall()), limit)
-    return threshold_top_k(cursor, space_id, scorer, limit, a0, documents, trace)
+    return threshold_top_k(cursor, space_id, scorer, limit, a0, documents, trace, bounded)
 
 
-def threshold_top_k(cursor, space_id, scorer: Scorer, limit: int, a0: float, documents, trace):
-    """Fagin's Threshold Algorithm over the impact lists (module docstring); exact."""
+def threshold_top_k(
+    cursor, space_id, scorer: Scorer, limit: int, a0: float, documents, trace, bounded=True
+):
+    """:func:`retrieval.backends.threshold.top_k` over the space's impact lists: sorted access
+    by :data:`SORTED_SQL` (each list resumed after its last row read), random access by
+    :func:`random_access`; a list's weight is idf × the avgdl drift × the float4 margin."""
     m = len(scorer.terms)
-    # Upper bound of a list's contribution per unit of impact: idf × the avgdl drift × margin.
     drift = max(1.0, scorer.avgdl / a0) if a0 > 0 else 1.0
     weight = [MARGIN * drift * w for w in scorer.idfs]
-    last = [1e9] * m  # last impact read (resume key), 0 once a list is exhausted
-    last_node = [MAX_UUID] * m
-    live = [True] * m
-    block = [max(FIRST_BLOCK, limit)] * m
-    best: list[tuple[float, int, str]] = []  # min-heap: worst (score, -id) on top
-    done: set[str] = set()  # resolved or ruled out
-    pending: dict[str, dict[int, float]] = {}
-    rounds = read = resolved = 0
-    while True:
-        # Round 1 reads every list; later rounds the lists holding the threshold up (their
-        # idf × last impact at least half the largest), which lowers it fastest.
-        lists = [i for i in range(m) if live[i]]
-        if rounds and lists:
-            top_share = max(weight[i] * last[i] for i in lists)
-            lists = [i for i in lists if weight[i] * last[i] >= READ_SHARE * top_share]
-        if lists:
-            rounds += 1
-            cursor.execute(
-                SORTED_SQL,
-                [
-                    [scorer.terms[i] for i in lists],
-                    [last[i] for i in lists],
-                    [last_node[i] for i in lists],
-                    [block[i] for i in lists],
-                    space_id,
-                ],
-            )
-            got = [0] * m
-            for j, node, impact in cursor.fetchall():
-                i = lists[j - 1]
-                got[i] += 1
-                last[i], last_node[i] = impact, node
-                if node not in done:
-                    pending.setdefault(node, {})[i] = impact
-            read += sum(got)
-            for i in lists:
-                if got[i] < block[i]:
-                    live[i], last[i] = False, 0.0
-                block[i] = min(2 * block[i], MAX_BLOCK)
-        unseen = sum(weight[i] * last[i] for i in range(m) if live[i])
-        # A candidate's bound: its seen impacts, plus the last impact of each live list it was
-        # not seen in (never below ``unseen``). Computed once per round; it only falls later.
-        floor = [weight[i] * last[i] if live[i] else 0.0 for i in range(m)]
-        bounds = []
-        for node, seen in pending.items():
-            bound = unseen
-            for i, impact in seen.items():
-                bound += weight[i] * impact - floor[i]
-            bounds.append((bound, node))
-        bounds.sort(reverse=True)
-        # Random access is some hundred times dearer than a sorted read (primary-key probes
-        # against postings packed in index leaves), so while lists are live each round resolves
-        # at most ``limit`` candidates, best bound first; deeper rounds tighten the others.
-        budget = max(limit, RESOLVE_MIN) if any(live) else len(bounds)
-        position = 0
-        while position < len(bounds) and budget > 0:
-            kth = best[0][0] if len(best) >= limit else -1.0
-            if bounds[position][0] < kth:
-                break  # neither it nor any later one can reach the k-th score
-            take = [node for _, node in bounds[position : position + min(budget, 4 * limit)]]
-            position += len(take)
-            budget -= len(take)
-            scores = random_access(cursor, space_id, scorer, take, documents)
-            resolved += len(take)
-            for node in take:
-                done.add(node)
-                del pending[node]
-                score = scores.get(node)
-                if score is None:
-                    continue
-                entry = (score, -int(node.replace("-", ""), 16), node)
-                if len(best) < limit:
-                    heapq.heappush(best, entry)
-                elif entry > best[0]:
-                    heapq.heapreplace(best, entry)
-        kth = best[0][0] if len(best) >= limit else -1.0
-        for bound, node in bounds[position:]:
-            if bound < kth:  # ruled out for good: bounds only fall, the k-th score only rises
-                done.add(node)
-                del pending[node]
-        if not pending and (not any(live) or kth > unseen):
-            break
-    if trace is not None:
-        trace.update(path="threshold", rounds=rounds, postings=read, resolved=resolved)
-    return [(node, score) for score, _, node in sorted(best, key=lambda e: (-e[0], e[2]))]
+    resume = [(1e9, MAX_UUID)] * m
+
+    def read(lists: list[int], blocks: list[int]) -> list[tuple[int, str, float]]:
+        cursor.execute(
+            SORTED_SQL,
+            [
+                [scorer.terms[i] for i in lists],
+                [resume[i][0] for i in lists],
+                [resume[i][1] for i in lists],
+                blocks,
+                space_id,
+            ],
+        )
+        rows = [(j - 1, node, impact) for j, node, impact in cursor.fetchall()]
+        for j, node, impact in rows:
+            resume[lists[j]] = (impact, node)
+        return rows
+
+    def resolve(nodes: list[str]) -> dict[str, float]:
+        return random_access(cursor, space_id, scorer, nodes, documents)
+
+    return threshold.top_k(read, resolve, weight, limit, bounded=bounded, trace=trace)

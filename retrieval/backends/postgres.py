@@ -2,8 +2,9 @@
 
 Keyword leg: :mod:`retrieval.backends.pgkeyword` (tables of migration ``retrieval.0010``):
 postings and statistics are written and deleted with their nodes in the caller's transaction;
-queries are OR-ed terms (like the FTS5 query) ranked by exact BM25 and answered by the Threshold
-Algorithm, whose reads are bounded by ``limit`` and the query's terms, not by the matching rows.
+queries are OR-ed terms (like the FTS5 query) ranked by BM25 and answered by the Threshold
+Algorithm under a postings budget (:mod:`retrieval.backends.threshold`): its reads are bounded by
+``limit`` and the query's terms, not by the matching rows; exact whenever proved within it.
 
 Dense leg: the ``embedding`` column and the per-model HNSW indexes of migration
 ``retrieval.0008`` (:mod:`retrieval.backends.pgvector`). One SQL statement applies the space,
@@ -90,9 +91,10 @@ class PostgresSearchBackend(SearchBackend):
         head_revision: int | None = None,
         trace: dict | None = None,
     ) -> list[ScoredNode]:
-        """The exact BM25 top ``limit`` visible nodes (:func:`pgkeyword.search`: the Threshold
-        Algorithm over impact lists); ``documents`` (filters) applies before the limit. Reads one
-        snapshot (``REPEATABLE READ``, read-only) unless the caller is inside a transaction."""
+        """The BM25 top ``limit`` visible nodes (:func:`pgkeyword.search`: the Threshold Algorithm
+        over impact lists under a postings budget); ``documents`` (filters) applies before the
+        limit. Reads one snapshot (``REPEATABLE READ``, read-only) unless the caller is inside a
+        transaction."""
         terms = keyword_terms(query, language)
         if not terms or limit <= 0 or (documents is not None and not documents):
             return []

@@ -21,7 +21,7 @@ from django.db import connection, connections, transaction
 
 from ingestion.models import Document, DocumentState, KnowledgeNode
 from knowledgefs.testing.rows import published_document
-from retrieval.backends import IndexedNode, get_search_backend
+from retrieval.backends import IndexedNode, get_search_backend, threshold
 from retrieval.backends import pgkeyword as pk
 from retrieval.text import keyword_terms, keyword_text
 
@@ -163,6 +163,7 @@ def test_threshold_top_k_equals_brute_force_bm25_over_visible_nodes(space, monke
             same(search(space, query, k, trace=trace), reference.top(query, k, visible))
             traces.append(trace)
     assert {t["path"] for t in traces} == {"threshold"}
+    assert all(t["exact"] for t in traces)  # these lists are short: proved within the budget
     # The bound prunes: on average far fewer postings read than the lists hold.
     assert sum(t["resolved"] for t in traces) < 0.5 * len(traces) * len(visible)
     # A documents filter, answered directly (few nodes) and by the threshold algorithm.
@@ -177,6 +178,35 @@ def test_threshold_top_k_equals_brute_force_bm25_over_visible_nodes(space, monke
         trace = {}
         same(search(space, query, 10, allowed_docs, trace), reference.top(query, 10, allowed))
         assert trace["path"] == "threshold"
+
+
+def test_a_flat_query_reads_at_most_its_postings_budget(space, monkeypatch):
+    """Common terms of a Zipf corpus make long, flat lists: past the (here shrunk) budget the
+    leg stops reading and answers with its best resolved candidates — ``k`` visible nodes, each
+    with its exact BM25 score, best first, the documents filter applied before the limit."""
+    corpus = fill(space, documents=300, per_document=10, seed=11)
+    reference = BruteForce(space)
+    visible = set(corpus["visible"])
+    exact = {n: s for n, s in reference.top("w0000 w0001 w0002 cells running", 10**6, visible)}
+    trace: dict = {}
+    unbounded = search(space, "w0000 w0001 w0002 cells running", 10, trace=trace)
+    assert trace["exact"] and trace["postings"] > 256
+    monkeypatch.setattr(threshold, "POSTINGS_BUDGET_MIN", 256)
+    monkeypatch.setattr(threshold, "POSTINGS_PER_RESULT", 1)
+    trace = {}
+    hits = search(space, "w0000 w0001 w0002 cells running", 10, trace=trace)
+    assert trace["budget"] == 256 and trace["postings"] <= 256 and trace["exact"] is False
+    assert len(hits) == 10 and {n for n, _ in hits} <= visible
+    for node, score in hits:
+        assert score == pytest.approx(exact[node], rel=1e-9)
+    assert hits == sorted(hits, key=lambda h: (-h[1], h[0]))
+    assert len({n for n, _ in hits} & {n for n, _ in unbounded}) >= 1
+    monkeypatch.setattr(pk, "DIRECT_FILTER_NODES", 0)
+    allowed_docs = frozenset(corpus["docs"][::3])
+    trace = {}
+    hits = search(space, "w0000 w0001 w0002 cells running", 10, allowed_docs, trace)
+    assert trace["path"] == "threshold" and len(hits) == 10
+    assert all(corpus["visible"][n] in allowed_docs for n, _ in hits)
 
 
 def test_stemming_stop_words_and_ties_follow_the_english_configuration(space):
