@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from django.conf import settings
-from django.db.models import OuterRef, Subquery
 
 from ingestion.models import KnowledgeNode
 from knowledgefs.dify.errors import DifyError
@@ -336,20 +335,22 @@ def recall(
 
 
 def _snapshot(space_id: uuid.UUID) -> tuple[int, tuple[int, str, int] | None]:
-    """``(head revision, (version number, model_id, dimension) | None)`` in one statement."""
-    head = PublicationHead.objects.filter(space_id=OuterRef("space_id")).values("revision")[:1]
-    row = (
-        IndexVersion.objects.filter(space_id=space_id, state=IndexState.ACTIVE)
-        .annotate(head=Subquery(head))
-        .values_list("head", "number", "model_id", "dimension")
-        .first()
+    """``(head revision, (version number, model_id, dimension) | None)`` in one plain SQL
+    statement (the ORM's query building was most of its time)."""
+    from django.db import connection
+
+    q = connection.ops.quote_name
+    sql = (
+        "SELECT h.revision, v.number, v.model_id, v.dimension FROM (SELECT %s AS space_id) s "
+        f"LEFT JOIN {q(PublicationHead._meta.db_table)} h ON h.space_id = s.space_id "
+        f"LEFT JOIN {q(IndexVersion._meta.db_table)} v "
+        "ON v.space_id = s.space_id AND v.state = %s"
     )
-    if row is not None:
-        return row[0] or 0, (row[1], row[2], row[3])
-    revision = (
-        PublicationHead.objects.filter(space_id=space_id).values_list("revision", flat=True)
-    ).first()
-    return revision or 0, None
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [db_uuid(space_id), IndexState.ACTIVE.value])
+        revision, number, model_id, dimension = cursor.fetchone()
+    version = (number, model_id, dimension) if number is not None else None
+    return revision or 0, version
 
 
 def rerank_selection(profile):
