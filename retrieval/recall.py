@@ -28,6 +28,7 @@ from knowledgefs.runtime import UnknownEmbeddingModel, get_embedding_model
 from spaces.models import KnowledgeSpace, PublicationHead, RetrievalMode
 
 from .backends import ScoredNode, get_search_backend
+from .backends.base import uuid_of_hex
 from .models import IndexState, IndexVersion
 from .planner import LEG_FLOOR
 
@@ -157,7 +158,8 @@ def fuse(legs: dict[str, list[ScoredNode]]) -> list[tuple[uuid.UUID, float, dict
     ranked = [
         (node_id, sum(per_leg.values()) * weight, per_leg) for node_id, per_leg in fused.items()
     ]
-    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    # Ties by node id: a UUID's integer orders as its text does (fixed-width hex).
+    ranked.sort(key=lambda r: (-r[1], r[0].int))
     return _with_dense_raw(ranked, legs)
 
 
@@ -194,7 +196,7 @@ def reciprocal_rank_fusion(
     ranked = [
         (node_id, sum(per_leg.values()) / count, per_leg) for node_id, per_leg in fused.items()
     ]
-    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    ranked.sort(key=lambda r: (-r[1], r[0].int))
     return _with_dense_raw(ranked, legs)
 
 
@@ -464,7 +466,7 @@ def db_uuid(value) -> object:
 
 
 def _as_uuid(value) -> uuid.UUID:
-    return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+    return value if isinstance(value, uuid.UUID) else uuid_of_hex(value)
 
 
 def load_nodes(ids: list[uuid.UUID]) -> dict[uuid.UUID, NodeRecord]:

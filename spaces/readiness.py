@@ -120,13 +120,19 @@ def serving_profile(space: KnowledgeSpace | uuid.UUID) -> SpaceProfile:
     return profile
 
 
+_row_sql: dict[str, str] = {}  # per database vendor
+
+
 def _profile_row(space_id: uuid.UUID) -> tuple | None:
     """Every column of the space's profile row as the database gives it (``None``: no row)."""
     meta = SpaceProfile._meta
-    q = connection.ops.quote_name
-    columns = ", ".join(q(f.column) for f in meta.concrete_fields)
+    sql = _row_sql.get(connection.vendor)
+    if sql is None:
+        q = connection.ops.quote_name
+        columns = ", ".join(q(f.column) for f in meta.concrete_fields)
+        sql = f"SELECT {columns} FROM {q(meta.db_table)} WHERE {q(meta.pk.column)} = %s"
+        _row_sql[connection.vendor] = sql
     key = meta.pk.get_db_prep_value(space_id, connection)
-    sql = f"SELECT {columns} FROM {q(meta.db_table)} WHERE {q(meta.pk.column)} = %s"
     with connection.cursor() as cursor:
         cursor.execute(sql, [key])
         return cursor.fetchone()

@@ -18,7 +18,7 @@ from retrieval.keyword_index import analysis, maintenance, store
 from retrieval.text import keyword_text
 from spaces.models import PublicationHead
 
-from .base import IndexedNode, ScoredNode, SearchBackend
+from .base import IndexedNode, ScoredNode, SearchBackend, uuid_of_hex
 from .dense_sql import visible_hex
 
 DELETE_LOOKUP_BATCH = 500
@@ -106,5 +106,5 @@ class SQLiteSearchBackend(SearchBackend):
             visible = visible_hex([node for node, _ in hits])
             found = [(node, score) for node, score in hits if node in visible]
             if len(found) >= limit or len(rows) < window:
-                return [ScoredNode(uuid.UUID(node), score) for node, score in found[:limit]]
+                return [ScoredNode(uuid_of_hex(node), score) for node, score in found[:limit]]
             window *= 4
