@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from ingestion.availability import patch_document_metadata, set_document_availability
 from ingestion.documents import admit_document
-from ingestion.models import Document
+from ingestion.models import Document, KnowledgeNode
 from knowledgefs.testing.fixtures import compile_all
 from retrieval import filters
 from retrieval.backends import get_search_backend
@@ -129,3 +129,33 @@ def test_the_keyword_window_grows_past_hidden_hits_and_stays_exact(space):
     assert names(retrieve(space, "zephyr", top_k=10, legs=("keyword",))) == [
         f"z{k:02d}.txt" for k in range(1, 6)
     ]
+
+
+@pytest.mark.django_db
+def test_keyword_verdicts_kept_for_a_revision_follow_every_move_of_the_head(space):
+    docs = {n: admit(space, f"k{n}.txt", f"Quokka survey number {n}.") for n in range(3)}
+    compile_all()
+
+    def found() -> list[str]:
+        return names(retrieve(space, "quokka survey", top_k=10, legs=("keyword",)))
+
+    assert found() == ["k0.txt", "k1.txt", "k2.txt"]
+    with CaptureQueriesContext(connection) as again:
+        assert found() == ["k0.txt", "k1.txt", "k2.txt"]
+    if connection.vendor == "sqlite":  # verdicts kept: no visibility statement the second time
+        assert not [q for q in again.captured_queries if q["sql"].startswith("SELECT n.id FROM")]
+    set_document_availability(docs[1].id, False, row_version(docs[1]))
+    assert found() == ["k0.txt", "k2.txt"]
+    set_document_availability(docs[1].id, True, row_version(docs[1]))
+    assert found() == ["k0.txt", "k1.txt", "k2.txt"]
+    # A new generation of k0 (the same bytes, replaced): only one of its generations is found.
+    admit_document(
+        space, filename="k0.txt", data=b"Quokka survey number 0.", on_duplicate="replace",
+        enqueue=False,
+    )  # fmt: skip
+    compile_all()
+    result = retrieve(space, "quokka survey", top_k=10, legs=("keyword",))
+    assert names(result) == ["k0.txt", "k1.txt", "k2.txt"]
+    generation = Document.objects.get(id=docs[0].id).active_generation
+    k0 = [i for i in result.items if i.citation["filename"] == "k0.txt"]
+    assert KnowledgeNode.objects.get(id=k0[0].node_id).generation == generation
