@@ -10,7 +10,6 @@ exact search of :class:`~.base.SearchBackend`.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections import defaultdict
 
@@ -25,40 +24,6 @@ from .dense_sql import visible_hex
 DELETE_LOOKUP_BATCH = 500
 #: Hits the keyword leg takes past its limit in its first window (invisible ones are dropped).
 WINDOW_SLACK = 10
-#: Node verdicts the keyword leg keeps per space for one publication head revision (cleared
-#: when it would pass this many), for at most this many spaces (the oldest dropped).
-VISIBILITY_CACHE_NODES = 200_000
-VISIBILITY_CACHE_SPACES = 64
-
-# space id → (head revision, {node hex: visible}); every change of a node's visibility (publish,
-# replace, delete, enable/disable) moves the head, so verdicts read at a revision hold for it.
-_verdicts: dict[uuid.UUID, tuple[int, dict[str, bool]]] = {}
-_verdicts_lock = threading.Lock()
-
-
-def visible_at(space_id: uuid.UUID, head_revision: int, node_hex: list[str]) -> set[str]:
-    """The visible nodes of ``node_hex`` (32-hex ids) for a query at ``head_revision``: the
-    verdicts kept for the space at that revision, and one statement
-    (:func:`~.dense_sql.visible_hex`) for the nodes not seen there yet (as the dense matrix
-    keeps its documents' states per revision)."""
-    with _verdicts_lock:
-        held = _verdicts.get(space_id)
-        if held is None or held[0] != head_revision:
-            held = (head_revision, {})
-            _verdicts.pop(space_id, None)
-            _verdicts[space_id] = held
-            while len(_verdicts) > VISIBILITY_CACHE_SPACES:
-                del _verdicts[next(iter(_verdicts))]
-        known = held[1]
-        missing = [h for h in node_hex if h not in known]
-    visible = visible_hex(missing) if missing else set()
-    with _verdicts_lock:
-        out = {h for h in node_hex if h in visible or known.get(h)}
-        if missing:
-            if len(known) + len(missing) > VISIBILITY_CACHE_NODES:
-                known.clear()
-            known.update((h, h in visible) for h in missing)
-    return out
 
 
 class SQLiteSearchBackend(SearchBackend):
@@ -106,9 +71,8 @@ class SQLiteSearchBackend(SearchBackend):
 
         Tantivy takes the top ``window`` of the space's index (``documents`` is a clause of the
         query, so the window counts allowed documents only); nodes of unpublished or superseded
-        generations and of disabled documents are then removed (:func:`visible_at`: verdicts
-        kept per head revision, one statement on the 32-hex node ids for the others; no UUID
-        built for a hit that is dropped), and the window grows (×4)
+        generations and of disabled documents are then removed in SQL (one statement on the
+        32-hex node ids, no UUID built for a hit that is dropped), and the window grows (×4)
         until ``limit`` visible hits are found or the matches run out: the result is exactly
         the top ``limit`` of the visible nodes. The first window is ``limit`` plus
         :data:`WINDOW_SLACK` (most hits are visible: each hit fetched costs its stored id and a
@@ -139,7 +103,7 @@ class SQLiteSearchBackend(SearchBackend):
         while True:
             rows = searcher.search(q, window, count=False).hits
             hits = [(searcher.doc(address)["node_id"][0], score) for score, address in rows]
-            visible = visible_at(space_id, head_revision, [node for node, _ in hits])
+            visible = visible_hex([node for node, _ in hits])
             found = [(node, score) for node, score in hits if node in visible]
             if len(found) >= limit or len(rows) < window:
                 return [ScoredNode(uuid_of_hex(node), score) for node, score in found[:limit]]
