@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis nginx ocr office mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale bench-floor bench-peers schemathesis loadtest clean unstructured
+.PHONY: install chromium redis nginx ocr office mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale bench-floor bench-peers bench-fast-cost schemathesis loadtest clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -218,6 +218,13 @@ bench-floor: install
 
 bench-peers: install
 	$(BIN)/python bench/peers.py --sizes $(FLOOR_SIZES)
+
+# Fast in process on the scale curve's SQLite data, wall clock and CPU time per query, query
+# embedding excluded (docs/benchmarks.md, "Fast's fixed cost"); FAST_COST_CODE=<checkout> measures
+# another release's code on the same data. Results in bench/results/fast-cost-<date>.json.
+FAST_COST_CODE ?= $(CURDIR)
+bench-fast-cost: install
+	$(BIN)/python bench/fast_cost.py --sizes $(FLOOR_SIZES) --code $(FAST_COST_CODE)
 
 clean:
 	rm -rf var/test-* var/pg-test* var/mariadb-test-* var/eval-gate var/load-*

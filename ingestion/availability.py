@@ -129,13 +129,16 @@ def patch_document_metadata(document_id, patch: dict, expected_row_version: int)
     the new ``row_version``.
 
     Rules of :func:`validate_metadata_patch`; the merged result is at most 64 KiB of JSON.
-    Fenced on ``expected_row_version``. A patch that changes nothing keeps the version.
+    Fenced on ``expected_row_version``. A patch that changes nothing keeps the version. A change
+    advances the space's publication head in the same transaction (retrieval keeps the
+    documents a filter allows per head revision).
     """
     patch = validate_metadata_patch(patch)
     expected = _check_version(expected_row_version)
     doc_id = _doc_uuid(document_id)
     with transaction.atomic():
-        row = Document.objects.filter(id=doc_id).values("metadata", "row_version").first()
+        row = Document.objects.filter(id=doc_id).values("metadata", "row_version", "space_id")
+        row = row.first()
         if row is None:
             raise NotFound("document not found", code="document_not_found")
         if row["row_version"] != expected:
@@ -150,7 +153,9 @@ def patch_document_metadata(document_id, patch: dict, expected_row_version: int)
                 f"metadata would be {size} bytes of JSON; the limit is {MAX_METADATA_BYTES}",
                 code="invalid_metadata",
             )
-        return _write(doc_id, expected, metadata=merged)
+        version = _write(doc_id, expected, metadata=merged)
+        PublicationHead.objects.advance(row["space_id"])
+        return version
 
 
 def update_document(

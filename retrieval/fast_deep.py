@@ -79,7 +79,7 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
     plan = make_plan(request.mode, request.top_k, request.query)
     stages = [stage("route", route_ms is not None, 0, 0, route_ms or 0.0)]
     snapshot = resolve_snapshot(space)
-    allowed = filtering.resolve(space, request.filters)
+    allowed = filtering.resolve(space, request.filters, head_revision=snapshot.head_revision)
     stages.append(
         stage("filter", True, allowed.considered, allowed.filtered, allowed.duration_ms)
         if allowed is not None

@@ -38,15 +38,20 @@ message names ``filters.<member>`` or ``filters.conditions[<i>].<field>`` (codes
 :func:`resolve` turns filters into the set of allowed documents with one ORM query (the
 space's enabled, published documents; ids, types and dates in SQL, metadata conditions
 evaluated over the rows' metadata); both legs are then restricted to that set before their
-limit (:mod:`retrieval.backends`).
+limit (:mod:`retrieval.backends`). Given the snapshot's publication head revision, the set is
+kept in this process under ``(space, revision, filters)``: every change a filter reads
+(publish, replace, delete, enable/disable, a metadata patch) moves the head, so a query at a
+newer revision resolves again.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
@@ -188,22 +193,53 @@ def parse(raw) -> Filters | None:
     )
 
 
-def resolve(space, filters) -> Allowed | None:
+#: Resolved filters kept by :func:`resolve` (least recently used dropped first).
+ALLOWED_CACHE_SIZE = 256
+_allowed: OrderedDict[tuple, Allowed] = OrderedDict()
+_allowed_lock = threading.Lock()
+
+
+def resolve(space, filters, *, head_revision: int | None = None) -> Allowed | None:
     """The documents of ``space`` that ``filters`` allow, with one ORM query (plus one count of
     the documents considered when ids, types or dates narrowed the rows in SQL).
 
     ``filters`` is raw (checked here), :class:`Filters`, an :class:`Allowed` (returned as is)
     or ``None`` (returns ``None``: no restriction). Only enabled documents with a published
-    generation are considered.
+    generation are considered. ``head_revision`` (the snapshot's publication head, read before
+    this call): the set resolved for the same space, revision and filters in this process is
+    returned without a query (module docstring); ``None`` always queries.
     """
     if filters is None or isinstance(filters, Allowed):
         return filters
     filters = parse(filters)
     if filters is None:
         return None
+    started = time.perf_counter()
+    key = None if head_revision is None else (space.id, head_revision, filters)
+    if key is not None:
+        with _allowed_lock:
+            held = _allowed.get(key)
+            if held is not None:
+                _allowed.move_to_end(key)
+        if held is not None:
+            return Allowed(held.document_ids, held.considered, _since(started))
+    allowed = _query(space, filters, started)
+    if key is not None:
+        with _allowed_lock:
+            _allowed[key] = allowed
+            while len(_allowed) > ALLOWED_CACHE_SIZE:
+                _allowed.popitem(last=False)
+    return allowed
+
+
+def _since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
+
+
+def _query(space, filters: Filters, started: float) -> Allowed:
+    """:func:`resolve`'s query."""
     from ingestion.models import Document
 
-    started = time.perf_counter()
     rows = Document.objects.filter(space_id=space.id, enabled=True, active_generation__isnull=False)
     if filters.document_ids is not None:
         rows = rows.filter(id__in=filters.document_ids)
@@ -220,7 +256,7 @@ def resolve(space, filters) -> Allowed | None:
         pairs = list(rows.values_list("id", flat=True))
         allowed = frozenset(pairs)
     considered = _considered(space, filters, len(pairs))
-    return Allowed(allowed, considered, (time.perf_counter() - started) * 1000)
+    return Allowed(allowed, considered, _since(started))
 
 
 def _considered(space, filters: Filters, matched_in_sql: int) -> int:

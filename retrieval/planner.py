@@ -97,7 +97,9 @@ def detect_language(text: str) -> str:
     for char in text:
         if not char.isalpha():
             continue
-        if is_cjk(char):
+        if char.isascii():  # A–Z, a–z: Latin, without the name lookup
+            latin += 1
+        elif is_cjk(char):
             cjk += 1
         elif unicodedata.name(char, "").startswith("LATIN"):
             latin += 1

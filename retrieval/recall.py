@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from django.conf import settings
-from django.db.models import OuterRef, Subquery
 
 from ingestion.models import KnowledgeNode
 from knowledgefs.dify.errors import DifyError
@@ -29,6 +28,7 @@ from knowledgefs.runtime import UnknownEmbeddingModel, get_embedding_model
 from spaces.models import KnowledgeSpace, PublicationHead, RetrievalMode
 
 from .backends import ScoredNode, get_search_backend
+from .backends.base import uuid_of_hex
 from .models import IndexState, IndexVersion
 from .planner import LEG_FLOOR
 
@@ -158,7 +158,8 @@ def fuse(legs: dict[str, list[ScoredNode]]) -> list[tuple[uuid.UUID, float, dict
     ranked = [
         (node_id, sum(per_leg.values()) * weight, per_leg) for node_id, per_leg in fused.items()
     ]
-    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    # Ties by node id: a UUID's integer orders as its text does (fixed-width hex).
+    ranked.sort(key=lambda r: (-r[1], r[0].int))
     return _with_dense_raw(ranked, legs)
 
 
@@ -195,7 +196,7 @@ def reciprocal_rank_fusion(
     ranked = [
         (node_id, sum(per_leg.values()) / count, per_leg) for node_id, per_leg in fused.items()
     ]
-    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    ranked.sort(key=lambda r: (-r[1], r[0].int))
     return _with_dense_raw(ranked, legs)
 
 
@@ -336,20 +337,22 @@ def recall(
 
 
 def _snapshot(space_id: uuid.UUID) -> tuple[int, tuple[int, str, int] | None]:
-    """``(head revision, (version number, model_id, dimension) | None)`` in one statement."""
-    head = PublicationHead.objects.filter(space_id=OuterRef("space_id")).values("revision")[:1]
-    row = (
-        IndexVersion.objects.filter(space_id=space_id, state=IndexState.ACTIVE)
-        .annotate(head=Subquery(head))
-        .values_list("head", "number", "model_id", "dimension")
-        .first()
+    """``(head revision, (version number, model_id, dimension) | None)`` in one plain SQL
+    statement (the ORM's query building was most of its time)."""
+    from django.db import connection
+
+    q = connection.ops.quote_name
+    sql = (
+        "SELECT h.revision, v.number, v.model_id, v.dimension FROM (SELECT %s AS space_id) s "
+        f"LEFT JOIN {q(PublicationHead._meta.db_table)} h ON h.space_id = s.space_id "
+        f"LEFT JOIN {q(IndexVersion._meta.db_table)} v "
+        "ON v.space_id = s.space_id AND v.state = %s"
     )
-    if row is not None:
-        return row[0] or 0, (row[1], row[2], row[3])
-    revision = (
-        PublicationHead.objects.filter(space_id=space_id).values_list("revision", flat=True)
-    ).first()
-    return revision or 0, None
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [db_uuid(space_id), IndexState.ACTIVE.value])
+        revision, number, model_id, dimension = cursor.fetchone()
+    version = (number, model_id, dimension) if number is not None else None
+    return revision or 0, version
 
 
 def rerank_selection(profile):
@@ -463,7 +466,7 @@ def db_uuid(value) -> object:
 
 
 def _as_uuid(value) -> uuid.UUID:
-    return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+    return value if isinstance(value, uuid.UUID) else uuid_of_hex(value)
 
 
 def load_nodes(ids: list[uuid.UUID]) -> dict[uuid.UUID, NodeRecord]:

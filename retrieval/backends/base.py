@@ -60,6 +60,12 @@ class SearchBackendError(ServiceError, ProjectionError):
             self.headers = {"Retry-After": str(retry_after)}
 
 
+def uuid_of_hex(value: str | bytes) -> uuid.UUID:
+    """The UUID of 32 hex characters (as SQLite stores it): through its integer, which skips
+    the text normalisation of ``UUID(hex)`` (the legs build one per hit)."""
+    return uuid.UUID(int=int(value, 16))
+
+
 @dataclass(frozen=True)
 class ScoredNode:
     """A leg's hit: node id and the leg's raw score (higher is better)."""
@@ -245,7 +251,7 @@ class SearchBackend:
         hits = dense_matrix.search(
             matrix, query_vector, limit=limit, revision=head_revision, documents=documents
         )
-        return [ScoredNode(uuid.UUID(node.decode()), score) for node, score in hits]
+        return [ScoredNode(uuid_of_hex(node), score) for node, score in hits]
 
     def dense_stats(self, space_id: uuid.UUID | None = None, index_version: int | None = None):
         """Counters of the matrix of ``(space_id, index_version)`` (default: the last one used),

@@ -62,6 +62,8 @@ HIDDEN = np.uint8(2)
 HEADROOM = 0.25
 #: The fewest spare rows allocated ahead.
 MIN_SPARE_ROWS = 1024
+#: Rows a search checks past its limit in its first window (invisible ones are dropped).
+WINDOW_SLACK = 10
 #: Bytes per row besides the vector: row id (int64), node id (32 hex bytes), document code
 #: (int32), generation code (int32), node key (uint64: the node id's first 64 bits), mask.
 ROW_OVERHEAD_BYTES = 8 + 32 + 4 + 4 + 8 + 1
@@ -471,7 +473,8 @@ def search(
     (ties by node id).
 
     ``documents`` (``None``: all) restricts the rows before the top-k. The best unmasked rows
-    are checked (:meth:`DenseMatrix.verdicts`) in a window of ``2 × limit`` that grows fourfold
+    are checked (:meth:`DenseMatrix.verdicts`) in a window of ``limit`` + :data:`WINDOW_SLACK`
+    (rows already seen invisible are masked out of the scores) that grows fourfold
     until ``limit`` visible rows are found or every row was looked at; the verdicts go back to
     the matrix as masks (:meth:`DenseMatrix.mark`, ``revision`` the snapshot's).
     """
@@ -500,7 +503,7 @@ def search(
     if live == 0:
         return []
     verdicts: dict[int, bool | None] = {}  # matrix row → visible (None: the row is gone)
-    window = min(2 * limit, live)
+    window = min(limit + WINDOW_SLACK, live)
     while True:
         order = _best(scores, window, view, positions)  # score positions
         rows = _rows(order, positions).tolist()

@@ -111,3 +111,20 @@ def document_states(ids: list) -> dict:
             f"SELECT id, active_generation, enabled FROM {documents} WHERE {condition}", params
         )
         return {d: (generation, enabled) for d, generation, enabled in cursor.fetchall()}
+
+
+def visible_hex(node_hex: list[str]) -> set[str]:
+    """The node ids of ``node_hex`` (32 lowercase hex characters each, as SQLite stores them)
+    whose generation is their document's active one and whose document is enabled, as given:
+    one statement on the nodes' primary key, no UUID built (SQLite only)."""
+    if not node_hex:
+        return set()
+    _, nodes, documents = _tables()
+    sql = (
+        f"SELECT n.id FROM {nodes} n JOIN {documents} d ON d.id = n.document_id "
+        "WHERE n.id IN (SELECT value FROM json_each(%s)) "
+        "AND n.generation = d.active_generation AND d.enabled"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, ["[" + ",".join(f'"{h}"' for h in node_hex) + "]"])
+        return {row[0] for row in cursor.fetchall()}

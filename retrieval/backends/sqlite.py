@@ -18,9 +18,12 @@ from retrieval.keyword_index import analysis, maintenance, store
 from retrieval.text import keyword_text
 from spaces.models import PublicationHead
 
-from .base import IndexedNode, ScoredNode, SearchBackend
+from .base import IndexedNode, ScoredNode, SearchBackend, uuid_of_hex
+from .dense_sql import visible_hex
 
 DELETE_LOOKUP_BATCH = 500
+#: Hits the keyword leg takes past its limit in its first window (invisible ones are dropped).
+WINDOW_SLACK = 10
 
 
 class SQLiteSearchBackend(SearchBackend):
@@ -68,9 +71,12 @@ class SQLiteSearchBackend(SearchBackend):
 
         Tantivy takes the top ``window`` of the space's index (``documents`` is a clause of the
         query, so the window counts allowed documents only); nodes of unpublished or superseded
-        generations and of disabled documents are then removed in SQL, and the window grows
-        (×4) until ``limit`` visible hits are found or the matches run out: the result is
-        exactly the top ``limit`` of the visible nodes. ``head_revision`` (the snapshot's
+        generations and of disabled documents are then removed in SQL (one statement on the
+        32-hex node ids, no UUID built for a hit that is dropped), and the window grows (×4)
+        until ``limit`` visible hits are found or the matches run out: the result is exactly
+        the top ``limit`` of the visible nodes. The first window is ``limit`` plus
+        :data:`WINDOW_SLACK` (most hits are visible: each hit fetched costs its stored id and a
+        row of the visibility statement). ``head_revision`` (the snapshot's
         publication head; read here when ``None``) reloads this process's searcher when the
         head moved. A space whose index is missing while it has published nodes, or cannot be
         opened, raises 503 ``search_backend_unavailable``
@@ -93,15 +99,12 @@ class SQLiteSearchBackend(SearchBackend):
         q = analysis.build_query(query, language=language, documents=documents, searcher=searcher)
         if q is None:
             return []
-        window = limit * 2
+        window = limit + WINDOW_SLACK
         while True:
             rows = searcher.search(q, window, count=False).hits
-            hits = [
-                ScoredNode(uuid.UUID(searcher.doc(address)["node_id"][0]), score)
-                for score, address in rows
-            ]
-            visible = self.visible_node_ids([h.node_id for h in hits])
-            found = [h for h in hits if h.node_id in visible]
+            hits = [(searcher.doc(address)["node_id"][0], score) for score, address in rows]
+            visible = visible_hex([node for node, _ in hits])
+            found = [(node, score) for node, score in hits if node in visible]
             if len(found) >= limit or len(rows) < window:
-                return found[:limit]
+                return [ScoredNode(uuid_of_hex(node), score) for node, score in found[:limit]]
             window *= 4

@@ -89,6 +89,9 @@ def idf_boost(total: int, matching: int) -> float:
     rather than all alike: in a space of a few documents every term is in half of them."""
     if matching <= 0 or total <= 0:
         return 1.0
+    # Tantivy's doc_freq still counts deleted documents until their segment is merged, while
+    # num_docs does not: after a replace the term can "match" more documents than are live.
+    matching = min(matching, total)
     ratio = (total - matching + 0.5) / (matching + 0.5)
     return max(math.log(ratio) / math.log1p(ratio), MIN_BOOST)
 

@@ -8,6 +8,8 @@ and after it until every owed document is applied (:func:`require_reconciled`).
 
 from __future__ import annotations
 
+from django.db import connection
+
 from knowledgefs.errors import Conflict
 from upgrades.models import JobStatus, UpgradeJob
 from upgrades.services.reconciliation_ledger import dead_lettered_documents, owed_documents
@@ -31,13 +33,10 @@ def require_reconciled(space_id) -> None:
     """Refuse retrieval on a space whose upgrade is not reconciled: 409
     ``space_reconciliation_pending`` naming the job, its status and how many documents are owed
     or dead-lettered. One indexed query (``upgrade_job.space_id``) when the space is not an
-    unfinished upgrade target, which is every space but a few.
+    unfinished upgrade target, which is every space but a few; plain SQL, for every retrieval
+    runs it.
     """
-    row = (
-        UpgradeJob.objects.filter(space_id=space_id, reconcile_completed_at__isnull=True)
-        .values_list("id", "status")
-        .first()
-    )
+    row = _unreconciled_job(space_id)
     if row is None:
         return
     job_id, status = row
@@ -65,3 +64,23 @@ def require_reconciled(space_id) -> None:
             "dead_lettered_documents": dead,
         },
     )
+
+
+def _unreconciled_job(space_id) -> tuple | None:
+    """``(job id, status)`` of an upgrade job of the space without ``reconcile_completed_at``
+    (the first by id), else ``None``."""
+    meta = UpgradeJob._meta
+    q = connection.ops.quote_name
+    column = q(meta.get_field("space").column)
+    key = meta.get_field("space").get_db_prep_value(space_id, connection)
+    sql = (
+        f"SELECT {q(meta.pk.column)}, {q(meta.get_field('status').column)} FROM {q(meta.db_table)} "
+        f"WHERE {column} = %s AND {q(meta.get_field('reconcile_completed_at').column)} IS NULL "
+        f"ORDER BY {q(meta.pk.column)} LIMIT 1"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return meta.pk.to_python(row[0]), row[1]
