@@ -12,6 +12,7 @@ import hashlib
 import logging
 import unicodedata
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -42,6 +43,14 @@ logger = logging.getLogger("knowledgefs.documents")
 
 MAX_FILENAME_CHARS = 512
 DUPLICATE_POLICIES = ("reject", "replace")
+
+
+@dataclass(frozen=True)
+class StoredSource:
+    """Source bytes already in object storage under ``key``, to become document ``document_id``."""
+
+    document_id: uuid.UUID
+    key: str
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,8 @@ def admit_document(
     on_duplicate: str = "reject",
     metadata: dict | None = None,
     enqueue: bool = True,
+    stored: StoredSource | None = None,
+    bind: Callable[[Document, CompilationJob], None] | None = None,
 ) -> Admission:
     """Store a file in ``space`` and queue its compilation; returns an :class:`Admission`.
 
@@ -102,6 +113,11 @@ def admit_document(
 
     A failing object storage raises its :class:`~knowledgefs.dify.errors.ObjectStorageError`;
     the object is deleted again first (best effort), so no object is left without its document.
+
+    ``stored`` admits bytes already written (an upload session's object): the document takes
+    that id and key, nothing is written, and the object is left to the caller on failure.
+    ``bind(document, job)`` runs inside the transaction that writes them, before the job is
+    dispatched (an upload session records its result there, so both commit or neither).
     """
     validate_filename(filename)
     if on_duplicate not in DUPLICATE_POLICIES:
@@ -132,17 +148,18 @@ def admit_document(
     if existing is not None:
         if on_duplicate == "reject":
             raise _duplicate(existing)
-        replaced = _replace(existing, filename=filename, enqueue=enqueue)
+        replaced = _replace(existing, filename=filename, enqueue=enqueue, bind=bind)
         if replaced is not None:
             return replaced
         # The document was deleted since we found it: admit the bytes as a new document.
 
-    document_id = uuid.uuid4()
-    key = storage_key_for(space, document_id)
+    document_id = stored.document_id if stored else uuid.uuid4()
+    key = stored.key if stored else storage_key_for(space, document_id)
     try:
         # Inside the try: a PUT that fails after Dify stored the bytes (the answer dropped or
         # late, a timeout) must not leave an object no document row points at.
-        storage.put_object(key, data)
+        if stored is None:
+            storage.put_object(key, data)
         with transaction.atomic():
             document = Document.objects.create(
                 id=document_id,
@@ -156,7 +173,11 @@ def admit_document(
                 metadata=metadata or {},
             )
             job = _new_job(document, enqueue=enqueue)
+            if bind is not None:
+                bind(document, job)
     except IntegrityError:
+        if stored is not None:
+            raise  # the caller owns the object (and the same id may have been admitted)
         _discard_object(key, document_id)
         # A concurrent upload of the same bytes won the unique (space, sha256) race.
         winner = Document.objects.filter(space=space, sha256=sha256).first()
@@ -164,7 +185,7 @@ def admit_document(
             raise
         if on_duplicate == "reject":
             raise _duplicate(winner) from None
-        replaced = _replace(winner, filename=filename, enqueue=enqueue)
+        replaced = _replace(winner, filename=filename, enqueue=enqueue, bind=bind)
         if replaced is None:
             raise Conflict(
                 "a concurrent upload and deletion of the same content raced; send it again",
@@ -172,7 +193,8 @@ def admit_document(
             ) from None
         return replaced
     except BaseException:
-        _discard_object(key, document_id)
+        if stored is None:
+            _discard_object(key, document_id)
         raise
     return Admission(document=document, job=job, created=True)
 
@@ -207,7 +229,9 @@ def _duplicate(existing: Document) -> Conflict:
     )
 
 
-def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission | None:
+def _replace(
+    existing: Document, *, filename: str, enqueue: bool, bind: Callable | None = None
+) -> Admission | None:
     """Recompile ``existing`` under ``filename``; ``None`` if it was deleted meanwhile."""
     from ingestion.compilation.operations import supersede_live_jobs
 
@@ -225,6 +249,8 @@ def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission |
             update_fields=["filename", "state", "error_code", "error_message", "updated_at"]
         )
         job = _new_job(document, enqueue=enqueue)
+        if bind is not None:
+            bind(document, job)
     return Admission(document=document, job=job, created=False)
 
 

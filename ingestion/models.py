@@ -231,3 +231,76 @@ class KnowledgeNode(models.Model):
             ),
         ]
         indexes = [models.Index(fields=["space", "generation"], name="node_space_generation")]
+
+
+class UploadStatus(models.TextChoices):
+    """States of an upload session (reference spec §4.3): ``creating → ready → completing →
+    completed``; ``ready → aborting → aborted``; ``ready → (sweep) expired``; ``failed``."""
+
+    CREATING = "creating", "Creating"
+    READY = "ready", "Ready"
+    COMPLETING = "completing", "Completing"
+    COMPLETED = "completed", "Completed"
+    ABORTING = "aborting", "Aborting"
+    ABORTED = "aborted", "Aborted"
+    EXPIRED = "expired", "Expired"
+    FAILED = "failed", "Failed"
+
+
+UPLOAD_TERMINAL = [
+    UploadStatus.COMPLETED,
+    UploadStatus.ABORTED,
+    UploadStatus.EXPIRED,
+    UploadStatus.FAILED,
+]
+
+
+class UploadSession(models.Model):
+    """One upload session (ingestion.upload_sessions): a declared file whose bytes arrive later.
+
+    ``object_key`` is where the bytes are written (the key the document will keep, built from
+    the session id, which becomes the document id). ``reserved_bytes`` is the space's quota
+    reservation (the declared size), zeroed at every terminal state. ``idempotency_key`` makes a
+    create replayable per space. ``target_document_id`` names the document a replacement
+    session replaces. Status changes are compare-and-set on ``row_version``.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant_id = models.CharField(max_length=64)
+    space = models.ForeignKey(
+        KnowledgeSpace, on_delete=models.CASCADE, related_name="upload_sessions"
+    )
+    status = models.CharField(
+        max_length=16, choices=UploadStatus.choices, default=UploadStatus.CREATING
+    )
+    mode = models.CharField(max_length=20, default="small_fallback")
+    file_name = models.CharField(max_length=512)
+    content_type = models.CharField(max_length=255, blank=True, default="")
+    expected_size_bytes = models.PositiveBigIntegerField()
+    checksum_sha256 = models.CharField(max_length=44)
+    idempotency_key = models.CharField(max_length=255, blank=True, default="")
+    on_duplicate = models.CharField(max_length=10, default="reject")
+    target_document_id = models.UUIDField(null=True, blank=True)
+    object_key = models.CharField(max_length=300, unique=True)
+    reserved_bytes = models.PositiveBigIntegerField(default=0)
+    document_id = models.UUIDField(null=True, blank=True)
+    job_id = models.UUIDField(null=True, blank=True)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    row_version = models.PositiveIntegerField(default=1)
+    expires_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = SpaceScopedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["space", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="upload_session_idempotency_per_space",
+            )
+        ]
+        indexes = [models.Index(fields=["status", "expires_at"], name="upload_status_expires")]

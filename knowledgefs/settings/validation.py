@@ -18,10 +18,12 @@ from knowledgefs.boundary import require_dify_settings
 from knowledgefs.settings.ingestion import (
     KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS,
     KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS,
+    KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES,
     KNOWLEDGE_OCR_LANGUAGES,
     KNOWLEDGE_PARSER_TIMEOUT_SECONDS,
     KNOWLEDGE_PDF_RASTERIZER,
     KNOWLEDGE_PDF_RASTERIZER_COMMAND,
+    KNOWLEDGE_UPLOAD_MAX_BYTES,
     UNSTRUCTURED_API_KEY,
     UNSTRUCTURED_HEAVY_MAX_CONCURRENCY,
     UNSTRUCTURED_MAX_CONCURRENCY,
@@ -99,6 +101,13 @@ def validate() -> None:
             f"{KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS} must be at least "
             f"KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS={idle_ms}; "
             f"accepted range {idle_ms}..3600000"
+        )
+    if KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES < KNOWLEDGE_UPLOAD_MAX_BYTES:
+        raise ImproperlyConfigured(
+            "KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES="
+            f"{KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES} must be at least the "
+            f"per-file limit KNOWLEDGE_UPLOAD_MAX_BYTES={KNOWLEDGE_UPLOAD_MAX_BYTES}; accepted "
+            f"range {KNOWLEDGE_UPLOAD_MAX_BYTES}..{100 * 1024**2}"
         )
     if _unstructured_url_given:
         parsed = urlsplit(_unstructured_url_given)
