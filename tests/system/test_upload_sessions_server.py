@@ -21,14 +21,7 @@ import pytest
 
 from ingestion.models import CompilationJob, Document, UploadSession
 from knowledgefs.testing.dify_server import OBJECT, TEST_INNER_KEY, DifyTestServer
-from tests.system.test_upload_admission import (  # noqa: F401 - fixtures used by name
-    IDLE,
-    SMALL,
-    Gunicorn,
-    _stored_files,
-    same_model_as_the_server,
-    servers,
-)
+from tests.system.test_upload_admission import IDLE, SMALL, Gunicorn, _stored_files
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -40,6 +33,34 @@ FALLBACK = {
     "KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_CONCURRENCY": "2",
     "KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES": str(MiB),
 }
+
+
+@pytest.fixture(autouse=True)
+def same_model_as_the_server(settings):
+    """The server embeds with the test embedder (knowledgefs.testing.cluster_settings)."""
+    from knowledgefs.runtime import DEFAULT_MODEL_ID
+
+    settings.KNOWLEDGE_EMBEDDING_MODELS = {
+        DEFAULT_MODEL_ID: "knowledgefs.testing.cluster_support.SlowEmbedder"
+    }
+
+
+@pytest.fixture
+def servers(object_storage, tmp_path):
+    """Start gunicorn servers on the test database; all stopped at the end."""
+    started: list[Gunicorn] = []
+
+    def start(**env: str) -> Gunicorn:
+        name = f"gunicorn-{len(started)}"
+        server = Gunicorn(
+            object_storage, tmp_path / f"{name}-spool", tmp_path / f"{name}.log", **env
+        )
+        started.append(server.start())
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 def fallback_state(server: Gunicorn) -> dict:
