@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from ingestion import parsing
+from ingestion import parsing, revisions
 from ingestion.models import (
     LIVE_RUN_STATES,
     CompilationJob,
@@ -86,6 +86,107 @@ def validate_filename(filename: str) -> str:
     return filename
 
 
+def check_file(filename: str, data: bytes) -> tuple[str, str]:
+    """Check a file before anything is stored; returns ``(mime_type, sha256 hex)``.
+
+    400 ``invalid_filename`` / ``empty_file``, 413 ``file_too_large``, 415
+    ``unsupported_media_type`` / ``content_mismatch`` (codes: docs/api.md).
+    """
+    validate_filename(filename)
+    if not data:
+        raise InvalidInput("the file is empty (0 bytes)", code="empty_file")
+    limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
+    if len(data) > limit:
+        raise PayloadTooLarge(upload_limit_message(limit))
+    try:
+        mime_type = parsing.sniff_mime_type(data, filename)
+    except parsing.UnsupportedType as exc:
+        # unsupported_media_type, or content_mismatch (a .pdf/.docx/... name on other content)
+        raise UnsupportedMediaTypeError(
+            exc.message,
+            code=exc.code,
+            details={"supported": supported_types(), "detected": exc.mime_type},
+        ) from exc
+    except parsing.ParseError as exc:
+        raise InvalidInput(exc.message, code=exc.code) from exc
+    return mime_type, hashlib.sha256(data).hexdigest()
+
+
+def replace_document(
+    document: Document,
+    *,
+    filename: str,
+    data: bytes,
+    enqueue: bool = True,
+    stored: StoredSource | None = None,
+    bind: Callable[[Document, CompilationJob], None] | None = None,
+) -> Admission:
+    """New content for an existing document: a candidate revision and its job.
+
+    The published revision keeps answering until the candidate's job publishes; then one
+    transaction swaps them (ingestion.revisions). The same bytes as the document's are a
+    recompilation (:func:`_replace`); bytes another document of the space holds are 409
+    ``duplicate_document``. A live candidate is superseded by this one. ``stored`` names bytes
+    already written (an upload session's object), else they are written under a revision key;
+    ``bind`` runs in the transaction, as for :func:`admit_document`.
+    """
+    mime_type, sha256 = check_file(filename, data)
+    space = document.space
+    _freeze_embedding_model(space)
+    if sha256 == document.sha256:
+        replaced = _replace(document, filename=filename, enqueue=enqueue, bind=bind)
+        if replaced is None:
+            raise NotFound("document not found", code="document_not_found")
+        return replaced
+    other = Document.objects.filter(space=space, sha256=sha256).exclude(id=document.id).first()
+    if other is not None:
+        raise _duplicate(other)
+    revision_id = uuid.uuid4()
+    key = stored.key if stored else revisions.revision_key(document, revision_id)
+    if stored is None:
+        storage.put_object(key, data)
+    try:
+        from ingestion.compilation.operations import supersede_live_jobs
+
+        with transaction.atomic():
+            locked = lock_for_update(Document.objects.filter(id=document.id)).first()
+            if locked is None:
+                raise NotFound("document not found", code="document_not_found")
+            superseded = list(
+                CompilationJob.objects.filter(
+                    document=locked, run_state__in=LIVE_RUN_STATES, revision__isnull=False
+                )
+                .exclude(revision__storage_key=locked.storage_key)
+                .values_list("revision__storage_key", flat=True)
+            )
+            supersede_live_jobs(locked)
+            if locked.active_generation is None:
+                locked.state = DocumentState.QUEUED
+                locked.save(update_fields=["state", "updated_at"])
+            job = _new_job(locked, enqueue=enqueue)
+            revisions.bind_job(
+                revisions.create_revision(
+                    locked,
+                    filename=filename,
+                    mime_type=mime_type,
+                    size_bytes=len(data),
+                    sha256=sha256,
+                    storage_key=key,
+                    revision_id=revision_id,
+                ),
+                job,
+            )
+            if bind is not None:
+                bind(locked, job)
+            # a candidate replaced before it published: its source is no longer needed
+            revisions.delete_sources_after_commit(superseded)
+    except BaseException:
+        if stored is None:
+            _discard_object(key, document.id)
+        raise
+    return Admission(document=locked, job=job, created=False)
+
+
 def storage_key_for(space: KnowledgeSpace, document_id: uuid.UUID) -> str:
     """Object key of a document's source bytes: ids only, never the filename."""
     return f"tenants/{space.tenant_id}/spaces/{space.id}/documents/{document_id}/source"
@@ -119,29 +220,12 @@ def admit_document(
     ``bind(document, job)`` runs inside the transaction that writes them, before the job is
     dispatched (an upload session records its result there, so both commit or neither).
     """
-    validate_filename(filename)
     if on_duplicate not in DUPLICATE_POLICIES:
         raise InvalidInput(
             f"on_duplicate must be one of {', '.join(DUPLICATE_POLICIES)}",
             code="invalid_on_duplicate",
         )
-    if not data:
-        raise InvalidInput("the file is empty (0 bytes)", code="empty_file")
-    limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
-    if len(data) > limit:
-        raise PayloadTooLarge(upload_limit_message(limit))
-    try:
-        mime_type = parsing.sniff_mime_type(data, filename)
-    except parsing.UnsupportedType as exc:
-        # unsupported_media_type, or content_mismatch (a .pdf/.docx/... name on other content)
-        raise UnsupportedMediaTypeError(
-            exc.message,
-            code=exc.code,
-            details={"supported": supported_types(), "detected": exc.mime_type},
-        ) from exc
-    except parsing.ParseError as exc:
-        raise InvalidInput(exc.message, code=exc.code) from exc
-    sha256 = hashlib.sha256(data).hexdigest()
+    mime_type, sha256 = check_file(filename, data)
     _freeze_embedding_model(space)
 
     existing = Document.objects.filter(space=space, sha256=sha256).first()
@@ -173,6 +257,17 @@ def admit_document(
                 metadata=metadata or {},
             )
             job = _new_job(document, enqueue=enqueue)
+            revisions.bind_job(
+                revisions.create_revision(
+                    document,
+                    filename=filename,
+                    mime_type=mime_type,
+                    size_bytes=len(data),
+                    sha256=sha256,
+                    storage_key=key,
+                ),
+                job,
+            )
             if bind is not None:
                 bind(document, job)
     except IntegrityError:
@@ -249,6 +344,18 @@ def _replace(
             update_fields=["filename", "state", "error_code", "error_message", "updated_at"]
         )
         job = _new_job(document, enqueue=enqueue)
+        # The same bytes: a candidate revision over the document's own source object.
+        revisions.bind_job(
+            revisions.create_revision(
+                document,
+                filename=filename,
+                mime_type=document.mime_type,
+                size_bytes=document.size_bytes,
+                sha256=document.sha256,
+                storage_key=document.storage_key,
+            ),
+            job,
+        )
         if bind is not None:
             bind(document, job)
     return Admission(document=document, job=job, created=False)
@@ -383,6 +490,8 @@ def purge_documents(documents: QuerySet[Document]) -> int:
         ):
             for asset in assets or []:
                 storage.delete_object(asset["key"])
+        for key in set(document.revisions.values_list("storage_key", flat=True)):
+            storage.delete_object(key)  # replaced, failed and candidate revisions' sources
         storage.delete_object(document.storage_key)
         with transaction.atomic():
             # Lock order everywhere: the document row first, then its jobs.

@@ -51,6 +51,10 @@ class Document(models.Model):
     metadata = models.JSONField(default=dict, blank=True)
     enabled = models.BooleanField(default=True)
     row_version = models.PositiveIntegerField(default=1)
+    # The published revision (ingestion.revisions): swapped with active_generation at publish.
+    active_revision = models.ForeignKey(
+        "DocumentRevision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -136,6 +140,10 @@ class CompilationJob(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     retry_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
+    # The revision this attempt compiles (its source bytes); every attempt has one once admitted.
+    revision = models.ForeignKey(
+        "DocumentRevision", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
     )
     attempt_number = models.PositiveIntegerField(default=1)
     progress_percent = models.PositiveSmallIntegerField(default=0)
@@ -304,3 +312,33 @@ class UploadSession(models.Model):
             )
         ]
         indexes = [models.Index(fields=["status", "expires_at"], name="upload_status_expires")]
+
+
+class DocumentRevision(models.Model):
+    """One version of a document's source (ingestion.revisions): its bytes, name and type.
+
+    Every admission creates one (number 1 for a new document, then 2, 3, … for replacements).
+    A replacement's revision is a *candidate* while its job compiles; publishing its job swaps
+    it in (the document's ``active_revision`` and ``active_generation`` in one transaction) and
+    the previous one becomes *superseded*. Its public state is derived
+    (:func:`ingestion.revisions.state_of`), never stored, so no failure path has to keep it.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    job = models.ForeignKey(
+        CompilationJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    filename = models.CharField(max_length=512)
+    mime_type = models.CharField(max_length=120)
+    size_bytes = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    storage_key = models.CharField(max_length=300)
+    created_at = models.DateTimeField(auto_now_add=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["document", "number"], name="revision_number_unique")
+        ]

@@ -39,6 +39,7 @@ from ingestion.models import (
     UPLOAD_TERMINAL,
     CompilationJob,
     Document,
+    DocumentRevision,
     UploadSession,
     UploadStatus,
 )
@@ -321,15 +322,29 @@ def complete(session: UploadSession, *, enqueue: bool = True) -> UploadSession:
 
     stored = documents.StoredSource(document_id=session.id, key=session.object_key)
     try:
-        admission = documents.admit_document(
-            session.space,
-            filename=session.file_name,
-            data=data,
-            on_duplicate=session.on_duplicate,
-            enqueue=enqueue,
-            stored=stored,
-            bind=bind,
-        )
+        if session.target_document_id is not None:
+            # new content for an existing document: a candidate revision (ingestion.revisions)
+            target = Document.objects.get_in_space(
+                session.space, session.target_document_id, what="document"
+            )
+            documents.replace_document(
+                target,
+                filename=session.file_name,
+                data=data,
+                enqueue=enqueue,
+                stored=stored,
+                bind=bind,
+            )
+        else:
+            documents.admit_document(
+                session.space,
+                filename=session.file_name,
+                data=data,
+                on_duplicate=session.on_duplicate,
+                enqueue=enqueue,
+                stored=stored,
+                bind=bind,
+            )
     except ServiceError as exc:
         session.refresh_from_db()
         if session.status == UploadStatus.COMPLETED:
@@ -340,8 +355,8 @@ def complete(session: UploadSession, *, enqueue: bool = True) -> UploadSession:
         if session.status == UploadStatus.COMPLETED:
             return session
         raise  # a database or storage error: left completing, a retry resumes
-    if admission.document.id != session.id:
-        # The bytes replaced an existing document: it keeps its own source object.
+    if not DocumentRevision.objects.filter(storage_key=session.object_key).exists():
+        # The same bytes as an existing document: it compiles its own source object again.
         _discard(session.object_key, session.id)
     session.refresh_from_db()
     return session

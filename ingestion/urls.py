@@ -13,6 +13,7 @@ from .api.upload_sessions import (
 from .api.views import (
     DocumentDetailView,
     DocumentListView,
+    DocumentRevisionListView,
     DocumentTextView,
     JobDetailView,
     JobListView,
@@ -59,6 +60,11 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/upload-sessions/<str:session_id>/abort",
         UploadSessionAbortView.as_view(),
         name="upload-session-abort",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/documents/<str:document_id>/revisions",
+        DocumentRevisionListView.as_view(),
+        name="document-revisions",
     ),
     path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),
