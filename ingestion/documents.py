@@ -367,7 +367,12 @@ def _new_job(document: Document, *, enqueue: bool) -> CompilationJob:
     job = CompilationJob.objects.create(
         tenant_id=document.tenant_id, space_id=document.space_id, document=document
     )
-    if enqueue:
+    if enqueue and settings.KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME == "inline":
+        from ingestion.compilation.recovery import compile_inline
+
+        # single-process development: this process compiles it once the admission committed
+        transaction.on_commit(lambda: compile_inline(job.id), robust=True)
+    elif enqueue:
         enqueue_on_commit(job.id)
     return job
 

@@ -395,7 +395,8 @@ def diagnostics() -> dict[str, Any]:
     """``/health``'s body, without waiting: ``{"status": "ok", "runtime", "components": {name:
     last result (with its age) or {"ok": false, "state": "unchecked"}}, "uploads": the upload
     limits and this process's upload admission (ingestion.upload_admission.diagnostics)},
-    "small_fallback_uploads": the upload-session body gate (ingestion.fallback_admission)}``.
+    "small_fallback_uploads": the upload-session body gate (ingestion.fallback_admission),
+    "rollout": the two Workspace rollout switches}``.
     Stale components are checked in the background."""
     now = time.monotonic()
     components: dict[str, dict[str, Any]] = {}
@@ -413,6 +414,10 @@ def diagnostics() -> dict[str, Any]:
         "components": components,
         "uploads": upload_admission.diagnostics(),
         "small_fallback_uploads": fallback_admission.diagnostics(),
+        "rollout": {
+            "integrated_mode_enabled": settings.KNOWLEDGE_INTEGRATED_MODE_ENABLED,
+            "document_compilation_runtime": settings.KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME,
+        },
     }
 
 
