@@ -273,20 +273,24 @@ def store_bytes(session: UploadSession, data: bytes | bytearray) -> None:
     storage.put_object(session.object_key, data)
 
 
-def complete(session: UploadSession, *, enqueue: bool = True) -> UploadSession:
+def complete(
+    session: UploadSession, *, enqueue: bool = True, data: bytes | None = None
+) -> UploadSession:
     """Admit the stored bytes as a document and bind its job; returns the completed session.
 
     Replays a completed session; resumes a ``completing`` one (after a crash); otherwise the
     session must be ready and unexpired (409). No object yet: 409 ``upload_not_received``. The
     object not matching size or checksum: ``failed``, object deleted, 422. A refused admission
     (duplicate, unsupported type...): ``failed``, object deleted, the admission's error.
+    ``data``: the bytes the caller just wrote under the session's key (not read back).
     """
     if session.status == UploadStatus.COMPLETED:
         return session
     if session.status != UploadStatus.COMPLETING:
         _require_open(session)
     try:
-        data = storage.read_object(session.object_key, max_bytes=session.expected_size_bytes)
+        if data is None:  # else: the bytes just written (small-file), still in memory
+            data = storage.read_object(session.object_key, max_bytes=session.expected_size_bytes)
     except FileNotFoundError:
         raise Conflict(
             "the upload session has no bytes yet; send them to its small-file route first",
@@ -296,7 +300,7 @@ def complete(session: UploadSession, *, enqueue: bool = True) -> UploadSession:
         data = None
     if session.status == UploadStatus.READY and not _move(session, UploadStatus.COMPLETING):
         session.refresh_from_db()
-        return complete(session, enqueue=enqueue)
+        return complete(session, enqueue=enqueue, data=data)
     if (
         data is None
         or len(data) != session.expected_size_bytes

@@ -95,12 +95,17 @@ class UploadSessionSmallFileView(APIView):
         session completes in the same request: 200 ``{session}``."""
         session = _session_of(request, space_id, session_id)
         require_supported_engine()
-        if upload_sessions.wants_bytes(session):
-            with fallback_admission.admitted_body(
-                request._request, session.expected_size_bytes
-            ) as data:
-                upload_sessions.store_bytes(session, data)
-        session = upload_sessions.complete(session)
+        if not upload_sessions.wants_bytes(session):  # completing or completed: replay
+            return Response({"session": session_body(upload_sessions.complete(session))})
+        # The gate's place is held through the write and the inline completion, so the buffers
+        # of admitted bodies are all this path holds at once.
+        with fallback_admission.admitted_body(
+            request._request, session.expected_size_bytes
+        ) as buffer:
+            upload_sessions.store_bytes(session, buffer)
+            data = bytes(buffer)
+            del buffer[:]  # the copy is what the admission reads
+            session = upload_sessions.complete(session, data=data)
         return Response({"session": session_body(session)})
 
 
