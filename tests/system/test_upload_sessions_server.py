@@ -318,3 +318,26 @@ def test_kill_9_between_the_object_write_and_complete_gives_one_document_one_job
         assert not (tmp_path / "objects").exists() or not _stored_files(tmp_path / "objects")
     finally:
         dify.stop()
+
+
+@pytest.mark.parametrize(
+    ("environment", "pinned"), [({}, "True"), ({"MALLOC_MMAP_THRESHOLD_": "4096"}, "False")]
+)
+def test_the_api_process_returns_large_buffers_to_the_system(environment, pinned):
+    """knowledgefs.wsgi pins glibc's mmap threshold (upload buffers are unmapped when freed),
+    unless the operator set ``MALLOC_MMAP_THRESHOLD_``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    run = subprocess.run(
+        [sys.executable, "-c", "import knowledgefs.wsgi as w; print(w.MMAP_THRESHOLD_PINNED)"],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**env, **environment, "DJANGO_SETTINGS_MODULE": "knowledgefs.settings"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == pinned
