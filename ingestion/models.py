@@ -286,7 +286,8 @@ class UploadSession(models.Model):
     content_type = models.CharField(max_length=255, blank=True, default="")
     expected_size_bytes = models.PositiveBigIntegerField()
     checksum_sha256 = models.CharField(max_length=44)
-    idempotency_key = models.CharField(max_length=255, blank=True, default="")
+    # NULL without a key: a plain unique constraint then holds on every engine (NULLs differ).
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     on_duplicate = models.CharField(max_length=10, default="reject")
     target_document_id = models.UUIDField(null=True, blank=True)
     object_key = models.CharField(max_length=300, unique=True)
@@ -306,9 +307,7 @@ class UploadSession(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["space", "idempotency_key"],
-                condition=~Q(idempotency_key=""),
-                name="upload_session_idempotency_per_space",
+                fields=["space", "idempotency_key"], name="upload_session_idempotency_per_space"
             )
         ]
         indexes = [models.Index(fields=["status", "expires_at"], name="upload_status_expires")]

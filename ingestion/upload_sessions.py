@@ -173,7 +173,7 @@ def create_session(
                 content_type=declared.content_type,
                 expected_size_bytes=declared.expected_size_bytes,
                 checksum_sha256=declared.checksum_sha256,
-                idempotency_key=idempotency_key,
+                idempotency_key=idempotency_key or None,
                 on_duplicate=declared.on_duplicate,
                 target_document_id=declared.target_document_id,
                 object_key=object_key_for(space, session_id),

@@ -24,7 +24,7 @@ class Migration(migrations.Migration):
                 ('content_type', models.CharField(blank=True, default='', max_length=255)),
                 ('expected_size_bytes', models.PositiveBigIntegerField()),
                 ('checksum_sha256', models.CharField(max_length=44)),
-                ('idempotency_key', models.CharField(blank=True, default='', max_length=255)),
+                ('idempotency_key', models.CharField(blank=True, max_length=255, null=True)),
                 ('on_duplicate', models.CharField(default='reject', max_length=10)),
                 ('target_document_id', models.UUIDField(blank=True, null=True)),
                 ('object_key', models.CharField(max_length=300, unique=True)),
@@ -42,7 +42,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'indexes': [models.Index(fields=['status', 'expires_at'], name='upload_status_expires')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('idempotency_key', ''), _negated=True), fields=('space', 'idempotency_key'), name='upload_session_idempotency_per_space')],
+                'constraints': [models.UniqueConstraint(fields=('space', 'idempotency_key'), name='upload_session_idempotency_per_space')],
             },
         ),
     ]
