@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('ingestion', '0010_document_space_filename'),
-        ('spaces', '0006_space_chunking'),
+        ('spaces', '0005_space_profiles'),
     ]
 
     operations = [
