@@ -12,6 +12,7 @@ import hashlib
 import logging
 import unicodedata
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -19,7 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ingestion import parsing
+from ingestion import parsing, revisions
 from ingestion.models import (
     LIVE_RUN_STATES,
     CompilationJob,
@@ -43,6 +44,14 @@ logger = logging.getLogger("knowledgefs.documents")
 
 MAX_FILENAME_CHARS = 512
 DUPLICATE_POLICIES = ("reject", "replace")
+
+
+@dataclass(frozen=True)
+class StoredSource:
+    """Source bytes already in object storage under ``key``, to become document ``document_id``."""
+
+    document_id: uuid.UUID
+    key: str
 
 
 @dataclass(frozen=True)
@@ -78,38 +87,13 @@ def validate_filename(filename: str) -> str:
     return filename
 
 
-def storage_key_for(space: KnowledgeSpace, document_id: uuid.UUID) -> str:
-    """Object key of a document's source bytes: ids only, never the filename."""
-    return f"tenants/{space.tenant_id}/spaces/{space.id}/documents/{document_id}/source"
+def check_file(filename: str, data: bytes) -> tuple[str, str]:
+    """Check a file before anything is stored; returns ``(mime_type, sha256 hex)``.
 
-
-def admit_document(
-    space: KnowledgeSpace,
-    *,
-    filename: str,
-    data: bytes,
-    on_duplicate: str = "reject",
-    metadata: dict | None = None,
-    enqueue: bool = True,
-) -> Admission:
-    """Store a file in ``space`` and queue its compilation; returns an :class:`Admission`.
-
-    Nothing is stored when it raises (codes: docs/api.md). The same bytes already in the space
-    are refused with ``on_duplicate="reject"``; with ``"replace"`` the existing document takes
-    the new filename and is compiled again (it stays one document). A space
-    ``pending-validation`` is admitted: its compilation validates it.
-    ``enqueue=False`` leaves the job queued in the database without a queue message, for callers
-    that compile in-process (:func:`ingestion.compilation.recovery.drain_queued`).
-
-    A failing object storage raises its :class:`~knowledgefs.dify.errors.ObjectStorageError`;
-    the object is deleted again first (best effort), so no object is left without its document.
+    400 ``invalid_filename`` / ``empty_file``, 413 ``file_too_large``, 415
+    ``unsupported_media_type`` / ``content_mismatch`` (codes: docs/api.md).
     """
     validate_filename(filename)
-    if on_duplicate not in DUPLICATE_POLICIES:
-        raise InvalidInput(
-            f"on_duplicate must be one of {', '.join(DUPLICATE_POLICIES)}",
-            code="invalid_on_duplicate",
-        )
     if not data:
         raise InvalidInput("the file is empty (0 bytes)", code="empty_file")
     limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
@@ -126,24 +110,141 @@ def admit_document(
         ) from exc
     except parsing.ParseError as exc:
         raise InvalidInput(exc.message, code=exc.code) from exc
-    sha256 = hashlib.sha256(data).hexdigest()
+    return mime_type, hashlib.sha256(data).hexdigest()
+
+
+def replace_document(
+    document: Document,
+    *,
+    filename: str,
+    data: bytes,
+    enqueue: bool = True,
+    stored: StoredSource | None = None,
+    bind: Callable[[Document, CompilationJob], None] | None = None,
+) -> Admission:
+    """New content for an existing document: a candidate revision and its job.
+
+    The published revision keeps answering until the candidate's job publishes; then one
+    transaction swaps them (ingestion.revisions). The same bytes as the document's are a
+    recompilation (:func:`_replace`); bytes another document of the space holds are 409
+    ``duplicate_document``. A live candidate is superseded by this one. ``stored`` names bytes
+    already written (an upload session's object), else they are written under a revision key;
+    ``bind`` runs in the transaction, as for :func:`admit_document`.
+    """
+    mime_type, sha256 = check_file(filename, data)
+    space = document.space
+    _freeze_embedding_model(space)
+    if sha256 == document.sha256:
+        replaced = _replace(document, filename=filename, enqueue=enqueue, bind=bind)
+        if replaced is None:
+            raise NotFound("document not found", code="document_not_found")
+        return replaced
+    other = Document.objects.filter(space=space, sha256=sha256).exclude(id=document.id).first()
+    if other is not None:
+        raise _duplicate(other)
+    revision_id = uuid.uuid4()
+    key = stored.key if stored else revisions.revision_key(document, revision_id)
+    if stored is None:
+        storage.put_object(key, data)
+    try:
+        from ingestion.compilation.operations import supersede_live_jobs
+
+        with transaction.atomic():
+            locked = lock_for_update(Document.objects.filter(id=document.id)).first()
+            if locked is None:
+                raise NotFound("document not found", code="document_not_found")
+            superseded = list(
+                CompilationJob.objects.filter(
+                    document=locked, run_state__in=LIVE_RUN_STATES, revision__isnull=False
+                )
+                .exclude(revision__storage_key=locked.storage_key)
+                .values_list("revision__storage_key", flat=True)
+            )
+            supersede_live_jobs(locked)
+            if locked.active_generation is None:
+                locked.state = DocumentState.QUEUED
+                locked.save(update_fields=["state", "updated_at"])
+            job = _new_job(locked, enqueue=enqueue)
+            revisions.bind_job(
+                revisions.create_revision(
+                    locked,
+                    filename=filename,
+                    mime_type=mime_type,
+                    size_bytes=len(data),
+                    sha256=sha256,
+                    storage_key=key,
+                    revision_id=revision_id,
+                ),
+                job,
+            )
+            if bind is not None:
+                bind(locked, job)
+            # a candidate replaced before it published: its source is no longer needed
+            revisions.delete_sources_after_commit(superseded)
+    except BaseException:
+        if stored is None:
+            _discard_object(key, document.id)
+        raise
+    return Admission(document=locked, job=job, created=False)
+
+
+def storage_key_for(space: KnowledgeSpace, document_id: uuid.UUID) -> str:
+    """Object key of a document's source bytes: ids only, never the filename."""
+    return f"tenants/{space.tenant_id}/spaces/{space.id}/documents/{document_id}/source"
+
+
+def admit_document(
+    space: KnowledgeSpace,
+    *,
+    filename: str,
+    data: bytes,
+    on_duplicate: str = "reject",
+    metadata: dict | None = None,
+    enqueue: bool = True,
+    stored: StoredSource | None = None,
+    bind: Callable[[Document, CompilationJob], None] | None = None,
+) -> Admission:
+    """Store a file in ``space`` and queue its compilation; returns an :class:`Admission`.
+
+    Nothing is stored when it raises (codes: docs/api.md). The same bytes already in the space
+    are refused with ``on_duplicate="reject"``; with ``"replace"`` the existing document takes
+    the new filename and is compiled again (it stays one document). A space
+    ``pending-validation`` is admitted: its compilation validates it.
+    ``enqueue=False`` leaves the job queued in the database without a queue message, for callers
+    that compile in-process (:func:`ingestion.compilation.recovery.drain_queued`).
+
+    A failing object storage raises its :class:`~knowledgefs.dify.errors.ObjectStorageError`;
+    the object is deleted again first (best effort), so no object is left without its document.
+
+    ``stored`` admits bytes already written (an upload session's object): the document takes
+    that id and key, nothing is written, and the object is left to the caller on failure.
+    ``bind(document, job)`` runs inside the transaction that writes them, before the job is
+    dispatched (an upload session records its result there, so both commit or neither).
+    """
+    if on_duplicate not in DUPLICATE_POLICIES:
+        raise InvalidInput(
+            f"on_duplicate must be one of {', '.join(DUPLICATE_POLICIES)}",
+            code="invalid_on_duplicate",
+        )
+    mime_type, sha256 = check_file(filename, data)
     _freeze_embedding_model(space)
 
     existing = Document.objects.filter(space=space, sha256=sha256).first()
     if existing is not None:
         if on_duplicate == "reject":
             raise _duplicate(existing)
-        replaced = _replace(existing, filename=filename, enqueue=enqueue)
+        replaced = _replace(existing, filename=filename, enqueue=enqueue, bind=bind)
         if replaced is not None:
             return replaced
         # The document was deleted since we found it: admit the bytes as a new document.
 
-    document_id = uuid.uuid4()
-    key = storage_key_for(space, document_id)
+    document_id = stored.document_id if stored else uuid.uuid4()
+    key = stored.key if stored else storage_key_for(space, document_id)
     try:
         # Inside the try: a PUT that fails after Dify stored the bytes (the answer dropped or
         # late, a timeout) must not leave an object no document row points at.
-        storage.put_object(key, data)
+        if stored is None:
+            storage.put_object(key, data)
         with transaction.atomic():
             document = Document.objects.create(
                 id=document_id,
@@ -157,7 +258,22 @@ def admit_document(
                 metadata=metadata or {},
             )
             job = _new_job(document, enqueue=enqueue)
+            revisions.bind_job(
+                revisions.create_revision(
+                    document,
+                    filename=filename,
+                    mime_type=mime_type,
+                    size_bytes=len(data),
+                    sha256=sha256,
+                    storage_key=key,
+                ),
+                job,
+            )
+            if bind is not None:
+                bind(document, job)
     except IntegrityError:
+        if stored is not None:
+            raise  # the caller owns the object (and the same id may have been admitted)
         _discard_object(key, document_id)
         # A concurrent upload of the same bytes won the unique (space, sha256) race.
         winner = Document.objects.filter(space=space, sha256=sha256).first()
@@ -165,7 +281,7 @@ def admit_document(
             raise
         if on_duplicate == "reject":
             raise _duplicate(winner) from None
-        replaced = _replace(winner, filename=filename, enqueue=enqueue)
+        replaced = _replace(winner, filename=filename, enqueue=enqueue, bind=bind)
         if replaced is None:
             raise Conflict(
                 "a concurrent upload and deletion of the same content raced; send it again",
@@ -173,7 +289,8 @@ def admit_document(
             ) from None
         return replaced
     except BaseException:
-        _discard_object(key, document_id)
+        if stored is None:
+            _discard_object(key, document_id)
         raise
     return Admission(document=document, job=job, created=True)
 
@@ -208,7 +325,9 @@ def _duplicate(existing: Document) -> Conflict:
     )
 
 
-def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission | None:
+def _replace(
+    existing: Document, *, filename: str, enqueue: bool, bind: Callable | None = None
+) -> Admission | None:
     """Recompile ``existing`` under ``filename``; ``None`` if it was deleted meanwhile."""
     from ingestion.compilation.operations import supersede_live_jobs
 
@@ -226,6 +345,20 @@ def _replace(existing: Document, *, filename: str, enqueue: bool) -> Admission |
             update_fields=["filename", "state", "error_code", "error_message", "updated_at"]
         )
         job = _new_job(document, enqueue=enqueue)
+        # The same bytes: a candidate revision over the document's own source object.
+        revisions.bind_job(
+            revisions.create_revision(
+                document,
+                filename=filename,
+                mime_type=document.mime_type,
+                size_bytes=document.size_bytes,
+                sha256=document.sha256,
+                storage_key=document.storage_key,
+            ),
+            job,
+        )
+        if bind is not None:
+            bind(document, job)
     return Admission(document=document, job=job, created=False)
 
 
@@ -235,7 +368,12 @@ def _new_job(document: Document, *, enqueue: bool) -> CompilationJob:
     job = CompilationJob.objects.create(
         tenant_id=document.tenant_id, space_id=document.space_id, document=document
     )
-    if enqueue:
+    if enqueue and settings.KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME == "inline":
+        from ingestion.compilation.recovery import compile_inline
+
+        # single-process development: this process compiles it once the admission committed
+        transaction.on_commit(lambda: compile_inline(job.id), robust=True)
+    elif enqueue:
         enqueue_on_commit(job.id)
     return job
 
@@ -360,6 +498,8 @@ def purge_documents(documents: QuerySet[Document]) -> int:
         ):
             for asset in assets or []:
                 storage.delete_object(asset["key"])
+        for key in set(document.revisions.values_list("storage_key", flat=True)):
+            storage.delete_object(key)  # replaced, failed and candidate revisions' sources
         storage.delete_object(document.storage_key)
         with transaction.atomic():
             # Lock order everywhere: the document row first, then its jobs.

@@ -51,6 +51,10 @@ class Document(models.Model):
     metadata = models.JSONField(default=dict, blank=True)
     enabled = models.BooleanField(default=True)
     row_version = models.PositiveIntegerField(default=1)
+    # The published revision (ingestion.revisions): swapped with active_generation at publish.
+    active_revision = models.ForeignKey(
+        "DocumentRevision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -140,6 +144,10 @@ class CompilationJob(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     retry_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
+    # The revision this attempt compiles (its source bytes); every attempt has one once admitted.
+    revision = models.ForeignKey(
+        "DocumentRevision", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
     )
     attempt_number = models.PositiveIntegerField(default=1)
     progress_percent = models.PositiveSmallIntegerField(default=0)
@@ -235,3 +243,105 @@ class KnowledgeNode(models.Model):
             ),
         ]
         indexes = [models.Index(fields=["space", "generation"], name="node_space_generation")]
+
+
+class UploadStatus(models.TextChoices):
+    """States of an upload session (reference spec §4.3): ``creating → ready → completing →
+    completed``; ``ready → aborting → aborted``; ``ready → (sweep) expired``; ``failed``."""
+
+    CREATING = "creating", "Creating"
+    READY = "ready", "Ready"
+    COMPLETING = "completing", "Completing"
+    COMPLETED = "completed", "Completed"
+    ABORTING = "aborting", "Aborting"
+    ABORTED = "aborted", "Aborted"
+    EXPIRED = "expired", "Expired"
+    FAILED = "failed", "Failed"
+
+
+UPLOAD_TERMINAL = [
+    UploadStatus.COMPLETED,
+    UploadStatus.ABORTED,
+    UploadStatus.EXPIRED,
+    UploadStatus.FAILED,
+]
+
+
+class UploadSession(models.Model):
+    """One upload session (ingestion.upload_sessions): a declared file whose bytes arrive later.
+
+    ``object_key`` is where the bytes are written (the key the document will keep, built from
+    the session id, which becomes the document id). ``reserved_bytes`` is the space's quota
+    reservation (the declared size), zeroed at every terminal state. ``idempotency_key`` makes a
+    create replayable per space. ``target_document_id`` names the document a replacement
+    session replaces. Status changes are compare-and-set on ``row_version``.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant_id = models.CharField(max_length=64)
+    space = models.ForeignKey(
+        KnowledgeSpace, on_delete=models.CASCADE, related_name="upload_sessions"
+    )
+    status = models.CharField(
+        max_length=16, choices=UploadStatus.choices, default=UploadStatus.CREATING
+    )
+    mode = models.CharField(max_length=20, default="small_fallback")
+    file_name = models.CharField(max_length=512)
+    content_type = models.CharField(max_length=255, blank=True, default="")
+    expected_size_bytes = models.PositiveBigIntegerField()
+    checksum_sha256 = models.CharField(max_length=44)
+    # NULL without a key: a plain unique constraint then holds on every engine (NULLs differ).
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    on_duplicate = models.CharField(max_length=10, default="reject")
+    target_document_id = models.UUIDField(null=True, blank=True)
+    object_key = models.CharField(max_length=300, unique=True)
+    reserved_bytes = models.PositiveBigIntegerField(default=0)
+    document_id = models.UUIDField(null=True, blank=True)
+    job_id = models.UUIDField(null=True, blank=True)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    row_version = models.PositiveIntegerField(default=1)
+    expires_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = SpaceScopedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["space", "idempotency_key"], name="upload_session_idempotency_per_space"
+            )
+        ]
+        indexes = [models.Index(fields=["status", "expires_at"], name="upload_status_expires")]
+
+
+class DocumentRevision(models.Model):
+    """One version of a document's source (ingestion.revisions): its bytes, name and type.
+
+    Every admission creates one (number 1 for a new document, then 2, 3, … for replacements).
+    A replacement's revision is a *candidate* while its job compiles; publishing its job swaps
+    it in (the document's ``active_revision`` and ``active_generation`` in one transaction) and
+    the previous one becomes *superseded*. Its public state is derived
+    (:func:`ingestion.revisions.state_of`), never stored, so no failure path has to keep it.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    job = models.ForeignKey(
+        CompilationJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    filename = models.CharField(max_length=512)
+    mime_type = models.CharField(max_length=120)
+    size_bytes = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    storage_key = models.CharField(max_length=300)
+    created_at = models.DateTimeField(auto_now_add=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["document", "number"], name="revision_number_unique")
+        ]

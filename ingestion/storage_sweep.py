@@ -33,7 +33,16 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from ingestion.models import LIVE_RUN_STATES, CompilationJob, Document, ParseArtifact
+from ingestion.models import (
+    LIVE_RUN_STATES,
+    UPLOAD_TERMINAL,
+    CompilationJob,
+    Document,
+    DocumentRevision,
+    ParseArtifact,
+    RunState,
+    UploadSession,
+)
 from knowledgefs import storage
 
 #: Key namespaces this service writes (documents.storage_key_for, compilation.assets, the probe).
@@ -110,8 +119,21 @@ def iter_stored(now: float | None = None) -> Iterator[StoredObject]:
 
 
 def _referenced(keys: set[str]) -> set[str]:
-    """Which of ``keys`` a document or parse artifact points at."""
+    """Which of ``keys`` a document, a revision, an open upload session or a parse artifact
+    points at."""
     found = set(Document.objects.filter(storage_key__in=keys).values_list("storage_key", flat=True))
+    # A revision's source (a candidate, or a failed one kept for a retry) and the object of an
+    # upload session that has not ended (its own sweep deletes it when it expires).
+    found |= set(
+        DocumentRevision.objects.filter(storage_key__in=keys, job__isnull=False)
+        .exclude(job__run_state__in=[RunState.SUCCEEDED, RunState.SUPERSEDED])
+        .values_list("storage_key", flat=True)
+    )
+    found |= set(
+        UploadSession.objects.filter(object_key__in=keys)
+        .exclude(status__in=UPLOAD_TERMINAL)
+        .values_list("object_key", flat=True)
+    )
     # An asset key names its job (``assets/<space>/<document>/<job>/<n>.<ext>``): only that
     # job's artifacts can list it. A key of another shape is kept (counted as referenced).
     jobs: dict[str, uuid.UUID] = {}

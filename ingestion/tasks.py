@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ingestion import storage_sweep
+from ingestion import storage_sweep, upload_sessions
 from ingestion.compilation import pipeline, recovery
 
 
@@ -12,8 +12,12 @@ def compile_document(job_id: str, delivery_id: str | None = None) -> str:
 
 
 def recover_jobs() -> dict[str, int]:
-    """The recovery sweep (scheduled every minute by migration ``ingestion.0003``)."""
-    return recovery.recover_jobs().as_dict()
+    """The recovery sweep (scheduled every minute by migration ``ingestion.0003``), then the
+    expiry of upload sessions (a bounded batch: ingestion.upload_sessions.sweep_expired)."""
+    report = recovery.recover_jobs().as_dict()
+    sessions = upload_sessions.sweep_expired()
+    report.update({f"upload_sessions_{name}": count for name, count in sessions.items()})
+    return report
 
 
 def report_unreferenced_objects() -> dict[str, int]:

@@ -74,9 +74,15 @@ class Lease:
 class AdmissionGate:
     """FIFO gate over active requests and reserved bytes (thread-safe, one per process).
 
-    The limits are read from settings at each :meth:`acquire`, so they are the ones in force.
+    The limits are read from settings at each :meth:`acquire`, so they are the ones in force:
+    ``concurrency_setting`` and ``reserved_setting`` name them (the multipart gate's by default;
+    the small-file fallback has its own gate, ingestion.fallback_admission), ``factor`` is how
+    many times its body a request reserves.
     """
 
+    concurrency_setting: str = "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_CONCURRENCY"
+    reserved_setting: str = "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES"
+    factor: int = RESERVATION_FACTOR
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _queue: deque = field(default_factory=deque)
     active: int = 0
@@ -90,15 +96,15 @@ class AdmissionGate:
         alone exceeds the total, :class:`TooManyRequests` (``upload_admission_busy``) when the
         wait ran out; a request that gives up leaves the queue and lets the next one in.
         """
-        max_active = settings.KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_CONCURRENCY
-        max_reserved = settings.KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES
+        max_active = getattr(settings, self.concurrency_setting)
+        max_reserved = getattr(settings, self.reserved_setting)
         if reservation > max_reserved:
             self.count("refused_reservation_too_large")
             raise PayloadTooLarge(
-                f"this upload would reserve {reservation} bytes ({RESERVATION_FACTOR} times its "
-                f"{reservation // RESERVATION_FACTOR}-byte body) but at most {max_reserved} bytes "
-                "may be reserved for buffered uploads "
-                "(KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_MAX_RESERVED_BYTES); nothing is stored",
+                f"this upload would reserve {reservation} bytes ({self.factor} times its "
+                f"{reservation // self.factor}-byte body) but at most {max_reserved} bytes "
+                f"may be reserved for buffered uploads ({self.reserved_setting}); nothing is "
+                "stored",
                 code="upload_reservation_too_large",
                 details={"reservation_bytes": reservation, "max_reserved_bytes": max_reserved},
             )
@@ -186,8 +192,15 @@ class DeadlineStream:
     """
 
     def __init__(
-        self, stream: Any, expected: int, *, sock: Any = None, wsgi_input: Any = None
+        self,
+        stream: Any,
+        expected: int,
+        *,
+        sock: Any = None,
+        wsgi_input: Any = None,
+        gate: AdmissionGate | None = None,
     ) -> None:
+        self._gate = gate or GATE  # whose counters the timeouts and short bodies go to
         self._stream = stream
         self.expected = expected
         self.received = 0
@@ -270,7 +283,7 @@ class DeadlineStream:
             raise self._timeout("idle")  # no socket to bound the read: checked once it returned
         self.received += len(data)
         if not data and self.received < self.expected and (not args or args[0] != 0):
-            GATE.count("incomplete")
+            self._gate.count("incomplete")
             received = self.received_bytes()
             raise InvalidInput(
                 f"the request body ended after {received} of its {self.expected} declared "
@@ -283,7 +296,7 @@ class DeadlineStream:
         return data
 
     def _timeout(self, which: str) -> RequestTimeout:
-        GATE.count(f"timeout_{which}")
+        self._gate.count(f"timeout_{which}")
         limit, name = (
             (self.idle_ms, "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS")
             if which == "idle"

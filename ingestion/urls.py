@@ -3,9 +3,17 @@
 
 from django.urls import path
 
+from .api.upload_sessions import (
+    UploadSessionAbortView,
+    UploadSessionCompleteView,
+    UploadSessionDetailView,
+    UploadSessionListView,
+    UploadSessionSmallFileView,
+)
 from .api.views import (
     DocumentDetailView,
     DocumentListView,
+    DocumentRevisionListView,
     DocumentTextView,
     JobDetailView,
     JobListView,
@@ -27,6 +35,36 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/documents/<str:document_id>/text",
         DocumentTextView.as_view(),
         name="document-text",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/upload-sessions",
+        UploadSessionListView.as_view(),
+        name="upload-session-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/upload-sessions/<str:session_id>",
+        UploadSessionDetailView.as_view(),
+        name="upload-session-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/upload-sessions/<str:session_id>/small-file",
+        UploadSessionSmallFileView.as_view(),
+        name="upload-session-small-file",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/upload-sessions/<str:session_id>/complete",
+        UploadSessionCompleteView.as_view(),
+        name="upload-session-complete",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/upload-sessions/<str:session_id>/abort",
+        UploadSessionAbortView.as_view(),
+        name="upload-session-abort",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/documents/<str:document_id>/revisions",
+        DocumentRevisionListView.as_view(),
+        name="document-revisions",
     ),
     path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),

@@ -8,10 +8,12 @@ the inner API key is never accepted on product routes. The apps' internal views 
 
 from __future__ import annotations
 
+from django.conf import settings
 from rest_framework.views import APIView
 
 from .auth.authentication import InnerApiKeyAuthentication
 from .auth.operations import Binding, Operation
+from .errors import Conflict
 
 NO_CALLERS: frozenset[str] = frozenset()
 
@@ -22,4 +24,18 @@ def internal(action: str, binding: Binding | None = None) -> Operation:
 
 
 class InternalView(APIView):
+    """``integrated_mode`` views (Workspace provisioning and cutover) answer 409
+    ``integrated_mode_disabled`` while ``KNOWLEDGE_INTEGRATED_MODE_ENABLED`` is off, after the
+    inner key was checked."""
+
     authentication_classes = [InnerApiKeyAuthentication]
+    integrated_mode = False
+
+    def initial(self, request, *args, **kwargs):  # noqa: ANN001, ANN201 - DRF signature
+        super().initial(request, *args, **kwargs)
+        if self.integrated_mode and not settings.KNOWLEDGE_INTEGRATED_MODE_ENABLED:
+            raise Conflict(
+                "Workspace provisioning and cutover are off: set "
+                "KNOWLEDGE_INTEGRATED_MODE_ENABLED=true to use this route",
+                code="integrated_mode_disabled",
+            )

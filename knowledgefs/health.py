@@ -52,7 +52,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from ingestion import upload_admission
+from ingestion import fallback_admission, upload_admission
 
 from . import storage
 from .auth.capability import parse_public_jwks
@@ -394,8 +394,10 @@ def _log_transition(failing: list[str], checks: dict[str, dict[str, Any]]) -> No
 def diagnostics() -> dict[str, Any]:
     """``/health``'s body, without waiting: ``{"status": "ok", "runtime", "components": {name:
     last result (with its age) or {"ok": false, "state": "unchecked"}}, "uploads": the upload
-    limits and this process's upload admission (ingestion.upload_admission.diagnostics)}``. Stale
-    components are checked in the background."""
+    limits and this process's upload admission (ingestion.upload_admission.diagnostics)},
+    "small_fallback_uploads": the upload-session body gate (ingestion.fallback_admission),
+    "rollout": the two Workspace rollout switches}``.
+    Stale components are checked in the background."""
     now = time.monotonic()
     components: dict[str, dict[str, Any]] = {}
     for name, component in _components.items():
@@ -411,6 +413,11 @@ def diagnostics() -> dict[str, Any]:
         "runtime": selection.runtime_name(),
         "components": components,
         "uploads": upload_admission.diagnostics(),
+        "small_fallback_uploads": fallback_admission.diagnostics(),
+        "rollout": {
+            "integrated_mode_enabled": settings.KNOWLEDGE_INTEGRATED_MODE_ENABLED,
+            "document_compilation_runtime": settings.KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME,
+        },
     }
 
 

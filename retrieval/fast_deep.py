@@ -65,6 +65,10 @@ class FastDeepRequest:
     filters: object
 
 
+#: Reads of the legs and their nodes when a publication removed nodes in between.
+SNAPSHOT_ATTEMPTS = 3
+
+
 def _ms(since: float) -> float:
     return round((time.perf_counter() - since) * 1000, 2)
 
@@ -85,22 +89,32 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
         if allowed is not None
         else stage("filter", False)
     )
-    results, timings = recall(
-        space,
-        snapshot,
-        request.query,
-        depth=plan.dense_top_k,
-        legs=request.legs,
-        filters=allowed,
-        language=plan.query_language,
-    )
+    for _attempt in range(SNAPSHOT_ATTEMPTS):
+        snapshot = resolve_snapshot(space)
+        results, timings = recall(
+            space,
+            snapshot,
+            request.query,
+            depth=plan.dense_top_k,
+            legs=request.legs,
+            filters=allowed,
+            language=plan.query_language,
+        )
+        t0 = time.perf_counter()
+        candidates = FUSIONS[request.fusion](results) if results else []
+        base = candidates[: plan.fusion_limit]
+        fusion_ms = (time.perf_counter() - t0) * 1000
+        nodes = load_nodes([r[0] for r in base]) if base else {}
+        # A publication committed between the legs and this read removed the nodes they found
+        # (a document's previous generation): read again from the new snapshot, so a query
+        # during a swap answers from the old or the new version, never from neither.
+        if len(nodes) == len(base) or resolve_snapshot(space).head_revision == (
+            snapshot.head_revision
+        ):
+            break
     stages.extend(_leg_stages(results, timings))
-    t0 = time.perf_counter()
-    candidates = FUSIONS[request.fusion](results) if results else []
-    base = candidates[: plan.fusion_limit]
     stages.append(stage("fusion", bool(results), len(candidates), len(candidates) - len(base),
-                         (time.perf_counter() - t0) * 1000))  # fmt: skip
-    nodes = load_nodes([r[0] for r in base]) if base else {}
+                         fusion_ms))  # fmt: skip
     t0 = time.perf_counter()
     expanded, contexts = [], {}
     if request.mode == "deep" and base:

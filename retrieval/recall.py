@@ -417,6 +417,7 @@ class NodeRecord:
     end_offset: int
     filename: str
     enabled: bool
+    revision: int | None = None
 
 
 def select_nodes(where: str, params: list) -> list[NodeRecord]:
@@ -425,13 +426,16 @@ def select_nodes(where: str, params: list) -> list[NodeRecord]:
     Django's per-row conversion and query compilation were a visible share of it at 10k)."""
     from django.db import connection
 
-    from ingestion.models import Document
+    from ingestion.models import Document, DocumentRevision
 
     nodes = connection.ops.quote_name(KnowledgeNode._meta.db_table)
     documents = connection.ops.quote_name(Document._meta.db_table)
+    revisions = connection.ops.quote_name(DocumentRevision._meta.db_table)
     sql = (
         "SELECT n.id, n.document_id, n.generation, n.chunk_index, n.text, n.page_number, "
-        "n.section_path, n.start_offset, n.end_offset, d.filename, d.enabled "
+        "n.section_path, n.start_offset, n.end_offset, d.filename, d.enabled, "
+        # the revision a node was built from (ingestion.revisions): its job is the generation
+        f"(SELECT r.number FROM {revisions} r WHERE r.job_id = n.generation) "
         f"FROM {nodes} n JOIN {documents} d ON d.id = n.document_id WHERE {where}"
     )
     with connection.cursor() as cursor:
@@ -450,6 +454,7 @@ def select_nodes(where: str, params: list) -> list[NodeRecord]:
             r[8],
             r[9],
             bool(r[10]),
+            r[11],
         )  # fmt: skip
         for r in rows
     ]
@@ -509,6 +514,7 @@ def hydrate(
                 citation={
                     "document_id": str(node.document_id),
                     "filename": node.filename,
+                    "revision": node.revision,
                     "page_number": node.page_number,
                     "section_path": list(node.section_path),
                     "start_offset": node.start_offset,

@@ -8,7 +8,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ingestion import availability, documents, reports
+from ingestion import availability, documents, reports, revisions
 from ingestion.compilation import operations
 from ingestion.upload_admission import BufferedUploadAdmissionMixin
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
@@ -141,6 +141,26 @@ class DocumentTextView(APIView):
             raise InvalidInput("start and end must be integers", code="invalid_range") from None
         return Response(
             documents.published_text(request.user, space_id, document_id, start=start, end=end)
+        )
+
+
+class DocumentRevisionListView(APIView):
+    operations = {
+        "GET": Operation("document_revisions.list", child("document", "document_id")),
+    }
+
+    def get(self, request, space_id, document_id):
+        """The document's revisions, newest first, with their derived state (``active``,
+        ``candidate``, ``superseded``, ``failed``, ``canceled``) and a failed one's error."""
+        document = documents.get_document(request.user, space_id, document_id)
+        return Response(
+            {
+                "document_id": str(document.id),
+                "active_revision_id": str(document.active_revision_id)
+                if document.active_revision_id
+                else None,
+                "results": revisions.revisions_of(document),
+            }
         )
 
 

@@ -18,6 +18,7 @@ from ingestion.models import (
     LIVE_RUN_STATES,
     CompilationJob,
     Document,
+    DocumentRevision,
     DocumentState,
     KnowledgeNode,
     ParseArtifact,
@@ -156,7 +157,10 @@ def retry_job(job_id, *, from_checkpoint: bool = True) -> CompilationJob:
             document_id=job.document_id,
             retry_of=job,
             attempt_number=job.attempt_number + 1,
+            revision_id=job.revision_id,  # the same source bytes
         )
+        if job.revision_id:
+            DocumentRevision.objects.filter(id=job.revision_id).update(job=attempt)
         if from_checkpoint and ParseArtifact.objects.filter(job_id=job.id).update(job=attempt):
             CompilationJob.objects.filter(id=attempt.id).update(
                 stage=Stage.PARSED,

@@ -34,7 +34,9 @@ def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
     ``queued`` has no artifact yet: the artifact is only ever written in the same transaction
     as the ``parsed`` checkpoint.
     """
-    document = job.document
+    from ingestion.revisions import Source
+
+    document = Source(job)  # the revision's source (name, type, size, key)
     try:
         data = storage.read_object(
             document.storage_key,
@@ -69,7 +71,7 @@ def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
     # reverse cache) and keep it alive as long as the batch holds the job.
     return ParseArtifact(
         job_id=job.id,
-        document_id=document.id,
+        document_id=job.document_id,
         parser=report.parser,
         artifact_hash=artifact_hash,
         page_count=report.page_count,

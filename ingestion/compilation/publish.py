@@ -11,6 +11,7 @@ import uuid
 from django.db import transaction
 from django.utils import timezone
 
+from ingestion import revisions
 from ingestion.compilation.errors import LeaseLost
 from ingestion.compilation.generations import _drop_other_generations
 from ingestion.compilation.leases import _checkpoint_many, _per_row
@@ -86,6 +87,9 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
                 error_message="",
                 updated_at=now,
             )
+            # Each published revision becomes its document's active one, in the same commit
+            # (ingestion.revisions); replaced source objects are deleted after it.
+            revisions.delete_sources_after_commit(revisions.swap_published(published))
             # The previous published generation and anything a superseded or abandoned attempt
             # left behind go in the same commit.
             _drop_other_generations(keep)

@@ -261,3 +261,11 @@ def drain_queued(
         scope.filter(run_state=RunState.RETRY_WAIT, next_attempt_at__lte=timezone.now()).update(
             run_state=RunState.QUEUED, task_id="", next_attempt_at=None, updated_at=timezone.now()
         )
+
+
+def compile_inline(job_id: uuid.UUID) -> int:
+    """Compile the job's document in this process (``KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME=
+    inline``: single-process development); returns the deliveries made. A job another process
+    took already is skipped."""
+    document_id = CompilationJob.objects.filter(id=job_id).values_list("document_id", flat=True)
+    return drain_queued(document_ids=list(document_id), wait_for_retries=False)

@@ -184,3 +184,97 @@ def register() -> None:
             },
         ),
     )
+    _upload_sessions()
+
+
+def _upload_sessions() -> None:
+    """Upload sessions (``ingestion.api.upload_sessions``) and document revisions."""
+    session = shape(
+        '`{"session": {id, space_id, mode, status, file_name, content_type, '
+        "expected_size_bytes, on_duplicate, target_document_id, expires_at, completed_at, "
+        "document_id, compilation_job_id, error_code, error_message, created_at}}`.",
+        {"session": {"type": "object", "additionalProperties": True}},
+    )
+    states = "`upload_session_state`, `upload_session_expired`"
+    annotate(
+        "ingestion.api.upload_sessions.UploadSessionListView",
+        post=extend_schema(
+            summary="Open an upload session",
+            parameters=[IDEMPOTENCY_KEY, REPLAYED],
+            request=body(
+                "The file the session will receive.",
+                {
+                    "file_name": {"type": "string", "maxLength": 512},
+                    "content_type": {"type": "string", "maxLength": 255},
+                    "expected_size_bytes": {"type": "integer", "minimum": 1},
+                    "checksum_sha256": {"type": "string", "minLength": 44, "maxLength": 44},
+                    "on_duplicate": {"type": "string", "enum": ["reject", "replace"]},
+                    "document_id": {"type": "string", "format": "uuid"},
+                },
+                ("file_name", "expected_size_bytes", "checksum_sha256"),
+            ),
+            responses={
+                200: session,
+                201: session,
+                409: error("`idempotency_key_conflict`, `upload_session_state`."),
+                413: error("`file_too_large`: over `KNOWLEDGE_UPLOAD_MAX_BYTES`."),
+            },
+        ),
+    )
+    annotate(
+        "ingestion.api.upload_sessions.UploadSessionDetailView",
+        get=extend_schema(summary="Read an upload session", responses={200: session}),
+    )
+    annotate(
+        "ingestion.api.upload_sessions.UploadSessionSmallFileView",
+        post=extend_schema(
+            summary="Send the session's bytes (small-file fallback) and complete it",
+            request={"application/octet-stream": {"type": "string", "format": "binary"}},
+            responses={
+                200: session,
+                400: error("`upload_incomplete`, `invalid_content_length`."),
+                408: error("`upload_timeout`: the body stopped arriving."),
+                409: error(f"{states}, `duplicate_document`."),
+                411: error("`length_required`: no `Content-Length`."),
+                413: error("`upload_size_mismatch`, `upload_reservation_too_large`."),
+                415: error("`unsupported_media_type`, `content_mismatch`."),
+                422: error("`upload_integrity_mismatch`: size or SHA-256; nothing stored."),
+                429: error("`upload_admission_busy` (`Retry-After`), `rate_limited`."),
+            },
+        ),
+    )
+    annotate(
+        "ingestion.api.upload_sessions.UploadSessionCompleteView",
+        post=extend_schema(
+            summary="Complete an upload session (replayable)",
+            request=None,
+            responses={
+                200: session,
+                409: error(f"`upload_not_received`, {states}, `duplicate_document`."),
+                422: error("`upload_integrity_mismatch`: the stored object does not match."),
+            },
+        ),
+    )
+    annotate(
+        "ingestion.api.upload_sessions.UploadSessionAbortView",
+        post=extend_schema(
+            summary="Abort an upload session",
+            request=None,
+            responses={200: session, 409: error(states)},
+        ),
+    )
+    annotate(
+        "ingestion.api.views.DocumentRevisionListView",
+        get=extend_schema(
+            summary="The document's revisions, newest first",
+            responses={
+                200: shape(
+                    "`{document_id, active_revision_id, results: [{id, number, state "
+                    "(active|candidate|superseded|failed|canceled), filename, mime_type, "
+                    "size_bytes, sha256, job_id, error_code, error_message, created_at, "
+                    "published_at}]}`.",
+                    {"results": {"type": "array", "items": {"type": "object"}}},
+                )
+            },
+        ),
+    )

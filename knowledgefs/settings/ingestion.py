@@ -39,6 +39,26 @@ KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS = bounded_int(
 KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS = bounded_int(
     "KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS", 600000, 100, 3600000
 )
+# Upload sessions (ingestion.upload_sessions): under the Dify storage bridge and the embedded
+# default every session is small_fallback (the client POSTs the bytes to this API, which buffers
+# them and writes them through the object storage). Its own process-wide gate, separate from the
+# multipart one: active requests and the source bytes reserved (each request its declared size),
+# acquired before the buffer is allocated and held until the object write finished. The reserved
+# total must be at least the per-file limit (checked in knowledgefs.settings.validation).
+KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_CONCURRENCY = bounded_int(
+    "KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_CONCURRENCY", 2, 1, 8
+)
+KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES = bounded_int(
+    "KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES", 30 * 1024**2, 1, 100 * 1024**2
+)
+# How long a session stays open for its bytes before the sweep expires it (1 hour), and how
+# many sessions one sweep run expires at most.
+KNOWLEDGE_UPLOAD_SESSION_TTL_SECONDS = bounded_int(
+    "KNOWLEDGE_UPLOAD_SESSION_TTL_SECONDS", 3600, 60, 86400
+)
+KNOWLEDGE_UPLOAD_SESSION_SWEEP_BATCH = bounded_int(
+    "KNOWLEDGE_UPLOAD_SESSION_SWEEP_BATCH", 100, 1, 1000
+)
 # Django's own limits do not contradict the file limit: DATA_UPLOAD_MAX_MEMORY_SIZE counts only
 # non-file form fields (2 MiB), and a file over FILE_UPLOAD_MAX_MEMORY_SIZE is spooled to a
 # temporary file instead of memory; neither refuses a file under KNOWLEDGE_UPLOAD_MAX_BYTES.

@@ -288,3 +288,15 @@ KNOWLEDGE_RATE_LIMITS = {
     "queries.answer": "600/minute",
     **rates_from_env(env.str("KNOWLEDGE_RATE_LIMITS", default="")),
 }
+
+# --- Workspace rollout switches (seed deployment guide) -----------------------------------------
+# KNOWLEDGE_INTEGRATED_MODE_ENABLED gates the internal Workspace provisioning and cutover routes
+# only (off: 409 integrated_mode_disabled); model, datasource and object-storage calls go through
+# Dify (KNOWLEDGE_MODEL_RUNTIME) whatever its value. KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME:
+# "durable" (the worker cluster compiles queued jobs) or "inline" (the API process compiles a
+# document right after its upload commits: single-process development on SQLite only, refused at
+# start-up with a server database by knowledgefs.settings.validation).
+KNOWLEDGE_INTEGRATED_MODE_ENABLED = env.bool("KNOWLEDGE_INTEGRATED_MODE_ENABLED", default=False)
+KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME = env.str(
+    "KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME", default="durable"
+).strip()

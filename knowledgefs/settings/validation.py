@@ -18,10 +18,12 @@ from knowledgefs.boundary import require_dify_settings
 from knowledgefs.settings.ingestion import (
     KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS,
     KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS,
+    KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES,
     KNOWLEDGE_OCR_LANGUAGES,
     KNOWLEDGE_PARSER_TIMEOUT_SECONDS,
     KNOWLEDGE_PDF_RASTERIZER,
     KNOWLEDGE_PDF_RASTERIZER_COMMAND,
+    KNOWLEDGE_UPLOAD_MAX_BYTES,
     UNSTRUCTURED_API_KEY,
     UNSTRUCTURED_HEAVY_MAX_CONCURRENCY,
     UNSTRUCTURED_MAX_CONCURRENCY,
@@ -34,10 +36,12 @@ from knowledgefs.settings.ingestion import (
     _unstructured_url_given,
 )
 from knowledgefs.settings.platform import (
+    DATABASES,
     DIFY_INNER_API_KEY,
     KNOWLEDGE_AUTH_CACHE_SECONDS,
     KNOWLEDGE_AUTH_CACHE_SHARED,
     KNOWLEDGE_AUTH_EPOCH_FILE,
+    KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME,
     KNOWLEDGE_FS_CAPABILITY_V2_ENABLED,
     KNOWLEDGE_FS_CAPABILITY_V2_PUBLIC_JWKS,
     KNOWLEDGE_RATE_LIMITS,
@@ -99,6 +103,28 @@ def validate() -> None:
             f"{KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_TOTAL_TIMEOUT_MS} must be at least "
             f"KNOWLEDGE_BUFFERED_DOCUMENT_UPLOAD_IDLE_TIMEOUT_MS={idle_ms}; "
             f"accepted range {idle_ms}..3600000"
+        )
+    if KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME not in ("durable", "inline"):
+        raise ImproperlyConfigured(
+            f"KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME={KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME!r} "
+            "must be 'durable' (the worker cluster) or 'inline' (single-process development)"
+        )
+    engine = DATABASES["default"]["ENGINE"]
+    if (
+        KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME == "inline"
+        and engine != "django.db.backends.sqlite3"
+    ):
+        raise ImproperlyConfigured(
+            "KNOWLEDGE_DOCUMENT_COMPILATION_RUNTIME=inline is for single-process development on "
+            f"the embedded SQLite database only; with a server database ({engine}) compilation "
+            "must be 'durable' (run the worker cluster)"
+        )
+    if KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES < KNOWLEDGE_UPLOAD_MAX_BYTES:
+        raise ImproperlyConfigured(
+            "KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES="
+            f"{KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES} must be at least the "
+            f"per-file limit KNOWLEDGE_UPLOAD_MAX_BYTES={KNOWLEDGE_UPLOAD_MAX_BYTES}; accepted "
+            f"range {KNOWLEDGE_UPLOAD_MAX_BYTES}..{100 * 1024**2}"
         )
     if _unstructured_url_given:
         parsed = urlsplit(_unstructured_url_given)

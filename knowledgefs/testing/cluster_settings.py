@@ -15,14 +15,22 @@ DATABASES["default"]["NAME"] = os.environ["KFS_TEST_DB_NAME"]
 if os.environ.get("KFS_TEST_VAR_DIR"):  # the parent test's derived files (keyword indexes)
     VAR_DIR = Path(os.environ["KFS_TEST_VAR_DIR"])
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+if os.environ.get("KFS_TEST_DIFY_OBJECTS"):  # objects through Dify's storage (the product's)
+    _objects_dir = None
+else:
+    _objects_dir = os.environ["KFS_TEST_OBJECTS"]
 STORAGES = {  # noqa: F405
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "objects": {
         "BACKEND": "knowledgefs.testing.cluster_support.SlowFileSystemStorage",
-        "OPTIONS": {"location": os.environ["KFS_TEST_OBJECTS"]},
+        "OPTIONS": {"location": _objects_dir},
     },
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+if _objects_dir is None:
+    from knowledgefs.boundary import objects_storage
+
+    STORAGES["objects"] = objects_storage("dify", "")
 KNOWLEDGE_EMBEDDING_MODELS = {DEFAULT_MODEL_ID: "knowledgefs.testing.cluster_support.SlowEmbedder"}
 Q_CLUSTER = {
     **Q_CLUSTER,

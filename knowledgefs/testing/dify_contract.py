@@ -96,8 +96,9 @@ class Fault:
     ``body`` as JSON with ``status``), ``echo`` (an error naming the credential headers the request
     carried: the error envelope when ``status`` is 200, else ``status`` with that message),
     ``trickle`` (send the first ``after_bytes`` of the body one byte every ``interval`` seconds,
-    then stall ``seconds``). ``skip`` matching requests pass first; it then applies ``times``
-    times (``None``: always).
+    then stall ``seconds``), ``late_ack`` (store a PUT's object, then sleep ``seconds`` before
+    answering: the caller may die in between). ``skip`` matching requests pass first; it then
+    applies ``times`` times (``None``: always).
     """
 
     kind: str

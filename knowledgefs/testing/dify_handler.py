@@ -515,6 +515,9 @@ class _Handler(BaseHTTPRequestHandler):
         )
         with self.dify.lock:
             self.dify.objects[key] = obj
+        late = self._fault("late_ack")
+        if late is not None:
+            self.dify.stopping.wait(late.seconds)
         self._json(200, self._info(key, obj))
 
     def _object_metadata(self, query: dict, raw: bytes) -> None:

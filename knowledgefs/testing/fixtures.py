@@ -19,6 +19,13 @@ def shared_path(*parts: str) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def integrated_mode(settings):
+    """The Workspace provisioning and cutover routes are on in tests (the deployment default is
+    off: ``KNOWLEDGE_INTEGRATED_MODE_ENABLED``); a test of the switch turns it off."""
+    settings.KNOWLEDGE_INTEGRATED_MODE_ENABLED = True
+
+
+@pytest.fixture(autouse=True)
 def object_storage(settings, tmp_path):
     """Each test writes objects into its own temporary folder."""
     root = tmp_path / "objects"

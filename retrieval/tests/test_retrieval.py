@@ -96,7 +96,9 @@ def test_hybrid_ranks_the_matching_document_first_with_a_citation(corpus):
         "section_path",
         "start_offset",
         "end_offset",
+        "revision",
     }
+    assert top.citation["revision"] == 1  # the document's first revision
 
 
 @pytest.mark.django_db

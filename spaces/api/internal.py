@@ -31,6 +31,7 @@ class NamespaceSerializer(serializers.Serializer):
 
 
 class ProvisionSpaceView(InternalView):
+    integrated_mode = True
     operations = {"POST": internal("internal.knowledge_spaces.provision")}
 
     def post(self, request):

@@ -330,6 +330,18 @@ SEED_NUMBERS = {
         None,
         "Defaults to `600000`",
     ),
+    "KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_CONCURRENCY": (
+        2,
+        1,
+        8,
+        "Defaults to `2` and accepts `1..8`",
+    ),
+    "KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES": (
+        30 * 1024**2,
+        None,
+        100 * 1024**2,
+        "Defaults to `31457280` (30 MiB)",
+    ),
     "UNSTRUCTURED_MAX_CONCURRENCY": (
         2,
         None,

@@ -91,6 +91,12 @@ def foreign(db, settings):
     question = create_question(
         b_space, {"question": "tenant b?", "expected_evidence": [{"text": "tenant b"}]}
     )
+    from ingestion.upload_sessions import Declared, create_session
+
+    session, _ = create_session(
+        b_space,
+        Declared("b.md", "text/markdown", 14, "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="),
+    )
     own = create_space(Principal(tenant_id="tenant-a"), name="A own")
     other_own = create_space(Principal(tenant_id="tenant-a"), name="A other")
     return {
@@ -98,6 +104,7 @@ def foreign(db, settings):
         "document_id": admitted["document"]["id"],
         "job_id": admitted["job"]["id"],
         "question_id": str(question.id),
+        "session_id": str(session.id),
         "own": own,
         "other_own": other_own,
     }
@@ -150,7 +157,7 @@ def test_foreign_ids_are_404_on_every_route_for_every_kind_of_caller(foreign):
     for _name, template, view in routes():
         params = [
             p
-            for p in ("space_id", "document_id", "job_id", "question_id", "grant_id")
+            for p in ("space_id", "document_id", "job_id", "question_id", "grant_id", "session_id")
             if f"<str:{p}>" in template
         ]
         if not params or any(p in NOT_TENANT_OWNED for p in params):

@@ -40,6 +40,7 @@ def _body(serializer_class, request) -> dict:
 
 
 class LedgerView(InternalView):
+    integrated_mode = True
     operations = {
         "GET": internal("internal.workspace_cutover.read"),
         "POST": internal("internal.workspace_cutover.create"),
@@ -59,6 +60,7 @@ class LedgerView(InternalView):
 
 
 class AdvanceView(InternalView):
+    integrated_mode = True
     operations = {"POST": internal("internal.workspace_cutover.advance")}
 
     def post(self, request, namespace_id):
@@ -70,6 +72,7 @@ class AdvanceView(InternalView):
 
 
 class RollbackView(InternalView):
+    integrated_mode = True
     operations = {"POST": internal("internal.workspace_cutover.rollback")}
 
     def post(self, request, namespace_id):
@@ -79,6 +82,7 @@ class RollbackView(InternalView):
 
 
 class RecutoverView(InternalView):
+    integrated_mode = True
     operations = {"POST": internal("internal.workspace_cutover.recutover")}
 
     def post(self, request, namespace_id):
