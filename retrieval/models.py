@@ -220,4 +220,5 @@ class GoldenQuestion(models.Model):
         return self.question[:80]
 
 
+from retrieval.quality.models import BadCase, BadCaseEvent, FailedQuery  # noqa: E402, F401
 from retrieval.research_tasks.models import ResearchTask, ResearchTaskPartial  # noqa: E402, F401

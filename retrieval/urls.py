@@ -3,7 +3,7 @@ golden questions, cited answers, research tasks and the knowledge filesystem."""
 
 from django.urls import path
 
-from .api import fs, research_tasks
+from .api import fs, quality, research_tasks
 from .api.answers import QueryTraceView, QueryView
 from .api.views import GoldenQuestionDetailView, GoldenQuestionListView, RetrievalTestView
 
@@ -16,6 +16,37 @@ urlpatterns = [
     # Answers: cited answers over SSE and their traces (docs/retrieval.md, "Answers").
     path("queries", QueryView.as_view(), name="query-create"),
     path("queries/<str:trace_id>", QueryTraceView.as_view(), name="query-trace"),
+    # The quality loop (docs/quality.md).
+    path(
+        "queries/<str:trace_id>/feedback",
+        quality.QueryFeedbackView.as_view(),
+        name="query-feedback",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/failed-queries",
+        quality.FailedQueryListView.as_view(),
+        name="failed-query-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/failed-queries/<str:failed_query_id>",
+        quality.FailedQueryDetailView.as_view(),
+        name="failed-query-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/bad-cases",
+        quality.BadCaseListView.as_view(),
+        name="bad-case-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/bad-cases/<str:bad_case_id>",
+        quality.BadCaseDetailView.as_view(),
+        name="bad-case-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/bad-cases/<str:bad_case_id>/history",
+        quality.BadCaseHistoryView.as_view(),
+        name="bad-case-history",
+    ),
     path(
         "knowledge-spaces/<str:space_id>/golden-questions",
         GoldenQuestionListView.as_view(),

@@ -207,3 +207,13 @@ KNOWLEDGE_CUTOVER_MAX_TASK_TTL_SECONDS = bounded_int(
 KNOWLEDGE_CLEANUP_APPROVAL_SECONDS = bounded_int(
     "KNOWLEDGE_CLEANUP_APPROVAL_SECONDS", 86400, 300, 7 * 86400
 )
+
+
+# --- Quality loop: failed-query capture, bad cases (docs/quality.md) ----------------------------
+# An answer whose best absolute relevance signal (reranker score, else raw dense cosine) is under
+# this percentage is captured as a low-confidence failed query; 0 turns the rule off. The default
+# sits above the answerability floor (KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY_PERCENT, 35): answered,
+# but on weak evidence.
+KNOWLEDGE_QUALITY_LOW_CONFIDENCE_PERCENT = bounded_int(
+    "KNOWLEDGE_QUALITY_LOW_CONFIDENCE_PERCENT", 45, 0, 100
+)

@@ -40,6 +40,8 @@ BODIES = {
     "jobs.retry": {"from": "checkpoint"},
     "golden_questions.create": {"question": "q", "expected_evidence": [{"text": "q"}]},
     "golden_questions.update": {"tags": ["x"]},
+    "queries.feedback": {"helpful": False, "reason": "wrong"},
+    "bad_cases.update": {"expected_revision": 1, "status": "dismissed"},
     "internal.knowledge_spaces.delete": {"namespace_id": "tenant-a"},
     "internal.knowledge_spaces.provision": {
         "namespace_id": "tenant-a",
@@ -91,6 +93,7 @@ def foreign(db, settings):
     question = create_question(
         b_space, {"question": "tenant b?", "expected_evidence": [{"text": "tenant b"}]}
     )
+    trace, failed, bad = _quality_rows(b_space)
     own = create_space(Principal(tenant_id="tenant-a"), name="A own")
     other_own = create_space(Principal(tenant_id="tenant-a"), name="A other")
     return {
@@ -98,9 +101,33 @@ def foreign(db, settings):
         "document_id": admitted["document"]["id"],
         "job_id": admitted["job"]["id"],
         "question_id": str(question.id),
+        "trace_id": str(trace.id),
+        "failed_query_id": str(failed.id),
+        "bad_case_id": str(bad.id),
         "own": own,
         "other_own": other_own,
     }
+
+
+def _quality_rows(b_space):
+    """Tenant B's answer trace, the failed query it captured and a bad case of it."""
+    from retrieval.models import AnswerTrace
+    from retrieval.quality import bad_cases
+    from retrieval.quality.capture import store
+
+    tenant_b = Principal(tenant_id="tenant-b")
+    trace = AnswerTrace.objects.create(
+        tenant_id="tenant-b", space=b_space, requester_kind="operator",
+        requester="operator:tenant-b", source="cli", mode="fast", query_sha256="0" * 64,
+        query_chars=1, completed=True,
+    )  # fmt: skip
+    failed = store(
+        {"tenant_id": "tenant-b", "space_id": b_space.id, "trace_id": trace.id,
+         "trigger": "not-enough-evidence", "requester_kind": "operator",
+         "requester": "operator:tenant-b", "query": "tenant b only", "query_sha256": "0" * 64}
+    )  # fmt: skip
+    bad = bad_cases.create_bad_case(tenant_b, b_space, {"trace_id": str(trace.id), "reason": "b"})
+    return trace, failed, bad
 
 
 def fill(template: str, ids: dict) -> str:
@@ -150,7 +177,16 @@ def test_foreign_ids_are_404_on_every_route_for_every_kind_of_caller(foreign):
     for _name, template, view in routes():
         params = [
             p
-            for p in ("space_id", "document_id", "job_id", "question_id", "grant_id")
+            for p in (
+                "space_id",
+                "document_id",
+                "job_id",
+                "question_id",
+                "grant_id",
+                "trace_id",
+                "failed_query_id",
+                "bad_case_id",
+            )
             if f"<str:{p}>" in template
         ]
         if not params or any(p in NOT_TENANT_OWNED for p in params):

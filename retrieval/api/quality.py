@@ -1,0 +1,105 @@
+"""REST views of the quality loop (docs/quality.md): answer feedback, failed queries and bad
+cases. Thin wrappers over :mod:`retrieval.quality`."""
+
+from __future__ import annotations
+
+from rest_framework import status as http
+from rest_framework.response import Response
+
+from knowledgefs.auth.operations import ADMIN_CALLERS, READ_CALLERS, Operation, child, space_from
+from knowledgefs.pagination import NewestFirstPagination
+from spaces.services import get_space
+
+from ..quality import bad_cases, feedback
+from ..quality.scope import covers
+from .views import RouteView
+
+
+def _page(view, request, queryset) -> Response:
+    """A newest-first page (``?limit=`` 1..200, default 50) of the rows the caller may read
+    (a caller bound to several spaces may get fewer than ``limit`` per page)."""
+    paginator = NewestFirstPagination(page_size=50)
+    paginator.max_page_size = 200
+    rows = paginator.paginate_queryset(queryset, request, view=view)
+    return paginator.get_paginated_response(
+        [row.as_dict() for row in rows if covers(request.user, row)]
+    )
+
+
+class QueryFeedbackView(RouteView):
+    """``POST /v1/queries/{trace_id}/feedback`` ``{helpful, reason?, query?}``."""
+
+    operations = {
+        "POST": Operation(
+            "queries.feedback", child("query", "trace_id", parent_field=None), READ_CALLERS
+        )
+    }
+
+    def post(self, request, trace_id):
+        """201 with the failed query recorded (200 when it already was); ``helpful: true``
+        records nothing (200, ``failed_query`` null)."""
+        row, created = feedback.record_feedback(request.user, trace_id, request.data)
+        body = {"trace_id": str(trace_id), "failed_query": row.as_dict() if row else None}
+        return Response(body, status=http.HTTP_201_CREATED if created else http.HTTP_200_OK)
+
+
+class FailedQueryListView(RouteView):
+    operations = {"GET": Operation("failed_queries.list", space_from(), ADMIN_CALLERS)}
+
+    def get(self, request, space_id):
+        """``?status=&limit=&cursor=``: the space's failed queries the caller may read."""
+        space = get_space(request.user, space_id)
+        rows = feedback.failed_queries(request.user, space, request.query_params.get("status"))
+        return _page(self, request, rows)
+
+
+class FailedQueryDetailView(RouteView):
+    operations = {"GET": Operation("failed_queries.read", space_from(), ADMIN_CALLERS)}
+
+    def get(self, request, space_id, failed_query_id):
+        space = get_space(request.user, space_id)
+        return Response(feedback.get_failed_query(request.user, space, failed_query_id).as_dict())
+
+
+class BadCaseListView(RouteView):
+    operations = {
+        "GET": Operation("bad_cases.list", space_from(), ADMIN_CALLERS),
+        "POST": Operation("bad_cases.create", space_from(), ADMIN_CALLERS),
+    }
+
+    def get(self, request, space_id):
+        space = get_space(request.user, space_id)
+        rows = bad_cases.bad_cases(request.user, space, request.query_params.get("status"))
+        return _page(self, request, rows)
+
+    def post(self, request, space_id):
+        """``{trace_id, reason (1–4000), tags? (≤ 50)}`` → 201 with the bad case."""
+        space = get_space(request.user, space_id)
+        case = bad_cases.create_bad_case(request.user, space, request.data)
+        return Response(case.as_dict(), status=http.HTTP_201_CREATED)
+
+
+class BadCaseDetailView(RouteView):
+    operations = {
+        "GET": Operation("bad_cases.read", space_from(), ADMIN_CALLERS),
+        "PATCH": Operation("bad_cases.update", space_from(), ADMIN_CALLERS),
+    }
+
+    def get(self, request, space_id, bad_case_id):
+        space = get_space(request.user, space_id)
+        return Response(bad_cases.get_bad_case(request.user, space, bad_case_id).as_dict())
+
+    def patch(self, request, space_id, bad_case_id):
+        """``{expected_revision, status?, reason?, replay_run_id?, tags?}``; stale → 409."""
+        space = get_space(request.user, space_id)
+        case = bad_cases.get_bad_case(request.user, space, bad_case_id)
+        return Response(bad_cases.update_bad_case(request.user, case, request.data).as_dict())
+
+
+class BadCaseHistoryView(RouteView):
+    operations = {"GET": Operation("bad_cases.history.list", space_from(), ADMIN_CALLERS)}
+
+    def get(self, request, space_id, bad_case_id):
+        space = get_space(request.user, space_id)
+        case = bad_cases.get_bad_case(request.user, space, bad_case_id)
+        return Response({"results": bad_cases.history(case)})
