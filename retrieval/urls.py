@@ -53,6 +53,16 @@ urlpatterns = [
         name="golden-question-list",
     ),
     path(
+        "knowledge-spaces/<str:space_id>/golden-questions/evidence-matches",
+        quality.EvidenceMatchView.as_view(),
+        name="golden-question-evidence-matches",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/golden-questions/bulk-import",
+        quality.GoldenBulkImportView.as_view(),
+        name="golden-question-bulk-import",
+    ),
+    path(
         "knowledge-spaces/<str:space_id>/golden-questions/<str:question_id>",
         GoldenQuestionDetailView.as_view(),
         name="golden-question-detail",

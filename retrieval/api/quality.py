@@ -10,7 +10,7 @@ from knowledgefs.auth.operations import ADMIN_CALLERS, READ_CALLERS, Operation, 
 from knowledgefs.pagination import NewestFirstPagination
 from spaces.services import get_space
 
-from ..quality import bad_cases, feedback
+from ..quality import bad_cases, evidence_match, feedback
 from ..quality.scope import covers
 from .views import RouteView
 
@@ -103,3 +103,27 @@ class BadCaseHistoryView(RouteView):
         space = get_space(request.user, space_id)
         case = bad_cases.get_bad_case(request.user, space, bad_case_id)
         return Response({"results": bad_cases.history(case)})
+
+
+class EvidenceMatchView(RouteView):
+    operations = {
+        "POST": Operation("golden_questions.evidence_matches.create", space_from(), ADMIN_CALLERS)
+    }
+
+    def post(self, request, space_id):
+        """``{evidence_texts[1..500] | node_ids[1..50], minimum_similarity?, top_k?}``."""
+        space = get_space(request.user, space_id)
+        return Response(evidence_match.evidence_matches(space, request.data))
+
+
+class GoldenBulkImportView(RouteView):
+    operations = {
+        "POST": Operation("golden_questions.bulk_import.create", space_from(), ADMIN_CALLERS)
+    }
+
+    def post(self, request, space_id):
+        """``{rows[1..500]{question, evidence, tags?, metadata?}, match_policy?,
+        minimum_similarity?}`` → 201 ``{active_count, draft_count, items}``."""
+        space = get_space(request.user, space_id)
+        result = evidence_match.bulk_import(space, request.data)
+        return Response(result, status=http.HTTP_201_CREATED)

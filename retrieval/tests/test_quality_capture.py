@@ -103,9 +103,7 @@ def test_the_low_confidence_setting_names_its_range(monkeypatch):
         bounded_int("KNOWLEDGE_QUALITY_LOW_CONFIDENCE_PERCENT", 45, 0, 100)
 
 
-def test_feedback_records_a_failed_query_once(
-    corpus, client, django_capture_on_commit_callbacks
-):
+def test_feedback_records_a_failed_query_once(corpus, client, django_capture_on_commit_callbacks):
     trace_id = ask(client, corpus, QUESTION, django_capture_on_commit_callbacks)
     url = f"/v1/queries/{trace_id}/feedback"
     helpful = client.post(url, {"helpful": True}, format="json")
@@ -182,9 +180,9 @@ def test_failed_queries_are_read_only_by_callers_whose_scope_covers_them(
     assert response.status_code == 200, response.content
     assert {r["id"] for r in response.json()["results"]} == {str(bound_row.id)}
     # another space and another tenant see none of it
-    assert client.get(f"/v1/knowledge-spaces/{other_space.id}/failed-queries").json()[
-        "results"
-    ] == []
+    assert (
+        client.get(f"/v1/knowledge-spaces/{other_space.id}/failed-queries").json()["results"] == []
+    )
     foreign = APIClient()
     foreign.credentials(HTTP_AUTHORIZATION=f"Bearer {create_api_key('tenant-b')[1]}")
     assert foreign.get(url).status_code == 404
