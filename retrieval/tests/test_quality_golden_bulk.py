@@ -158,3 +158,30 @@ def test_kfs_golden_import_reads_csv_and_jsonl(corpus, tmp_path):
     with pytest.raises(CommandError, match="invalid_file: golden.txt: give a .csv or .jsonl"):
         call_command("kfs", "golden", "import", str(bad), "--space", corpus.slug,
                      "--tenant", "tenant-a")  # fmt: skip
+
+
+def test_the_admin_upload_form_imports_a_file(corpus, admin_client):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    listing = admin_client.get("/admin/retrieval/goldenquestion/")
+    assert b"/admin/retrieval/goldenquestion/import/" in listing.content
+    rows = json.dumps({"question": "How many leave days?", "evidence": GOOD}) + "\n"
+    response = admin_client.post(
+        "/admin/retrieval/goldenquestion/import/",
+        {
+            "space": str(corpus.id),
+            "file": SimpleUploadedFile("golden.jsonl", rows.encode()),
+            "match_policy": "all",
+            "minimum_similarity": "0.7",
+        },
+        follow=True,
+    )
+    assert b"Imported 1 golden questions: 1 active, 0 draft." in response.content
+    assert GoldenQuestion.objects.get().status == "active"
+    bad = admin_client.post(
+        "/admin/retrieval/goldenquestion/import/",
+        {"space": str(corpus.id), "file": SimpleUploadedFile("g.jsonl", b"[1]\n"),
+         "match_policy": "all", "minimum_similarity": "0.7"},
+    )  # fmt: skip
+    assert b"invalid_file: line 1: each line must be a JSON object" in bad.content
+    assert GoldenQuestion.objects.count() == 1
