@@ -225,5 +225,11 @@ class GoldenQuestion(models.Model):
         return self.question[:80]
 
 
-from retrieval.quality.models import BadCase, BadCaseEvent, FailedQuery  # noqa: E402, F401
+from retrieval.quality.models import (  # noqa: E402, F401
+    BadCase,
+    BadCaseEvent,
+    FailedQuery,
+    ReplayItem,
+    ReplayRun,
+)
 from retrieval.research_tasks.models import ResearchTask, ResearchTaskPartial  # noqa: E402, F401

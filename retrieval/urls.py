@@ -43,6 +43,26 @@ urlpatterns = [
         name="bad-case-detail",
     ),
     path(
+        "knowledge-spaces/<str:space_id>/quality/replay-runs",
+        quality.ReplayRunListView.as_view(),
+        name="replay-run-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/replay-runs/<str:run_id>",
+        quality.ReplayRunDetailView.as_view(),
+        name="replay-run-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/replay-runs/<str:run_id>/cancel",
+        quality.ReplayRunCancelView.as_view(),
+        name="replay-run-cancel",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/replay-runs/<str:run_id>/retry",
+        quality.ReplayRunRetryView.as_view(),
+        name="replay-run-retry",
+    ),
+    path(
         "knowledge-spaces/<str:space_id>/quality/bad-cases/<str:bad_case_id>/history",
         quality.BadCaseHistoryView.as_view(),
         name="bad-case-history",

@@ -217,3 +217,15 @@ KNOWLEDGE_CLEANUP_APPROVAL_SECONDS = bounded_int(
 KNOWLEDGE_QUALITY_LOW_CONFIDENCE_PERCENT = bounded_int(
     "KNOWLEDGE_QUALITY_LOW_CONFIDENCE_PERCENT", 45, 0, 100
 )
+# Replay runs (the jobs kernel's claims): an undelivered claim is taken back after the grace; a
+# running replay that wrote nothing for the stale time (its worker died) is requeued, and failed
+# attempts_exhausted after this many deliveries.
+KNOWLEDGE_QUALITY_REPLAY_DISPATCH_GRACE_SECONDS = bounded_int(
+    "KNOWLEDGE_QUALITY_REPLAY_DISPATCH_GRACE_SECONDS", 120, 5, 3600
+)
+KNOWLEDGE_QUALITY_REPLAY_STALE_SECONDS = bounded_int(
+    "KNOWLEDGE_QUALITY_REPLAY_STALE_SECONDS", 300, 5, 86400
+)
+KNOWLEDGE_QUALITY_REPLAY_MAX_ATTEMPTS = bounded_int(
+    "KNOWLEDGE_QUALITY_REPLAY_MAX_ATTEMPTS", 5, 1, 50
+)

@@ -10,7 +10,7 @@ from knowledgefs.auth.operations import ADMIN_CALLERS, READ_CALLERS, Operation, 
 from knowledgefs.pagination import NewestFirstPagination
 from spaces.services import get_space
 
-from ..quality import bad_cases, evidence_match, feedback
+from ..quality import bad_cases, evidence_match, feedback, replay
 from ..quality.scope import covers
 from .views import RouteView
 
@@ -127,3 +127,71 @@ class GoldenBulkImportView(RouteView):
         space = get_space(request.user, space_id)
         result = evidence_match.bulk_import(space, request.data)
         return Response(result, status=http.HTTP_201_CREATED)
+
+
+#: The largest replay-run response (4 MiB): beyond it the items are left out (``items_omitted``).
+MAX_RUN_BYTES = 4 * 1024 * 1024
+
+
+class ReplayRunListView(RouteView):
+    operations = {
+        "GET": Operation("replay_runs.list", space_from(), ADMIN_CALLERS),
+        "POST": Operation("replay_runs.create", space_from(), ADMIN_CALLERS),
+    }
+
+    def get(self, request, space_id):
+        """``?mode=&state=&from=&to=&limit=(1..100)&cursor=``, newest first, without items."""
+        space = get_space(request.user, space_id)
+        rows = replay.runs(request.user, space, request.query_params)
+        paginator = NewestFirstPagination()
+        page = paginator.paginate_queryset(rows, request, view=self)
+        return paginator.get_paginated_response(
+            [replay.as_dict(r, items=False) for r in page if covers(request.user, r)]
+        )
+
+    def post(self, request, space_id):
+        """``{golden_question_ids[1..1000] | selection: "all-active", mode?}``, header
+        ``Idempotency-Key`` (8–255) → 202 with the queued run."""
+        space = get_space(request.user, space_id)
+        run, _created = replay.create_run(
+            request.user, space, request.data,
+            idempotency_key=request.headers.get("Idempotency-Key"),
+        )  # fmt: skip
+        return Response(_bounded(replay.as_dict(run)), status=http.HTTP_202_ACCEPTED)
+
+
+def _bounded(body: dict) -> dict:
+    import json
+
+    if len(json.dumps(body, ensure_ascii=False).encode()) > MAX_RUN_BYTES:
+        body["items_omitted"] = len(body.pop("items", []))
+    return body
+
+
+class ReplayRunDetailView(RouteView):
+    operations = {"GET": Operation("replay_runs.read", space_from(), ADMIN_CALLERS)}
+
+    def get(self, request, space_id, run_id):
+        space = get_space(request.user, space_id)
+        return Response(_bounded(replay.as_dict(replay.get_run(request.user, space, run_id))))
+
+
+class ReplayRunCancelView(RouteView):
+    operations = {"POST": Operation("replay_runs.cancel", space_from(), ADMIN_CALLERS)}
+
+    def post(self, request, space_id, run_id):
+        """``{expected_revision}`` → the canceled run (409 stale or finished)."""
+        space = get_space(request.user, space_id)
+        run = replay.cancel_run(replay.get_run(request.user, space, run_id), request.data)
+        return Response(replay.as_dict(run, items=False))
+
+
+class ReplayRunRetryView(RouteView):
+    operations = {"POST": Operation("replay_runs.retry", space_from(), ADMIN_CALLERS)}
+
+    def post(self, request, space_id, run_id):
+        """``{expected_revision}`` → 202, the run queued again on a fresh snapshot."""
+        space = get_space(request.user, space_id)
+        run = replay.get_run(request.user, space, run_id)
+        run = replay.retry_run(request.user, run, request.data)
+        return Response(replay.as_dict(run, items=False), status=http.HTTP_202_ACCEPTED)

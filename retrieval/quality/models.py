@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
+from django.utils import timezone
 
 from spaces.models import KnowledgeSpace
 
@@ -219,4 +220,102 @@ class BadCaseEvent(models.Model):
             "reason": self.reason or None,
             "revision": self.revision,
             "created_at": self.created_at.isoformat(),
+        }
+
+
+class ReplayRun(Provenance):
+    """One durable replay of golden questions on a frozen snapshot (docs/quality.md).
+
+    ``state``: ``queued`` → ``running`` → ``passed`` (every item passed) | ``failed`` (an item
+    failed, or the run could not go on: ``error_code``) | ``canceled``; ``failed`` and
+    ``canceled`` (and ``passed``) → ``queued`` by a retry, which takes a fresh snapshot and
+    counts ``attempt``. The delivery claim is the jobs kernel's (``task_id``, ``claimed_at``,
+    ``step_started_at``, ``attempt_count``: :mod:`retrieval.quality.replay_dispatch`).
+    ``frozen_snapshot`` is ``{publication_revision, index_version{number, model_id, dimension},
+    embedding_model, retrieval_profile{revision, top_k, mode, reasoning_model,
+    rerank_model}}``; ``revision`` guards cancel and retry (compare-and-set).
+    """
+
+    STATES = ("queued", "running", "passed", "failed", "canceled")
+    TERMINAL = ("passed", "failed", "canceled")
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    space = models.ForeignKey(KnowledgeSpace, on_delete=models.CASCADE, related_name="+")
+    mode = models.CharField(max_length=16)
+    selection = models.CharField(max_length=16)  # "ids" or "all-active"
+    state = models.CharField(max_length=16, default="queued")
+    attempt = models.PositiveIntegerField(default=1)
+    revision = models.PositiveIntegerField(default=1)
+    frozen_snapshot = models.JSONField(default=dict)
+    summary = models.JSONField(default=dict, blank=True)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    request_fingerprint = models.CharField(max_length=80)
+    task_id = models.CharField(max_length=64, null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    step_started_at = models.DateTimeField(null=True, blank=True)
+    attempt_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "quality_replay_run"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant_id", "requester", "idempotency_key"],
+                name="quality_replay_run_idempotency",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["space", "-created_at"], name="quality_rr_space_created"),
+            models.Index(fields=["state", "updated_at"], name="quality_rr_state_updated"),
+        ]
+
+    def __str__(self) -> str:
+        return f"replay run {self.id} ({self.state})"
+
+
+class ReplayItem(models.Model):
+    """One golden question of a run: ``state`` ``pending`` → ``passed`` | ``failed``; unique
+    per run and question and per run and ordinal. ``question``, ``expected_evidence`` and
+    ``match_policy`` are copied at creation (frozen); ``result`` is ``{passed, evidence_diff
+    {expected_count, retrieved_count, matched_count, missing_count, evidence_items}}``,
+    ``metrics`` ``{candidates{leg: n}, total_ms, publication_revision}``."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(ReplayRun, on_delete=models.CASCADE, related_name="items")
+    golden_question_id = models.UUIDField()
+    ordinal = models.PositiveIntegerField()
+    question = models.TextField()
+    expected_evidence = models.JSONField(default=list)
+    match_policy = models.CharField(max_length=8, default="all")
+    state = models.CharField(max_length=16, default="pending")
+    result = models.JSONField(default=dict, blank=True)
+    metrics = models.JSONField(default=dict, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "quality_replay_item"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "golden_question_id"], name="quality_replay_item_question"
+            ),
+            models.UniqueConstraint(fields=["run", "ordinal"], name="quality_replay_item_ordinal"),
+        ]
+
+    def __str__(self) -> str:
+        return f"item {self.ordinal} ({self.state})"
+
+    def as_dict(self) -> dict:
+        return {
+            "golden_question_id": str(self.golden_question_id),
+            "ordinal": self.ordinal,
+            "question": self.question,
+            "match_policy": self.match_policy,
+            "state": self.state,
+            "result": self.result or None,
+            "metrics": self.metrics or None,
         }

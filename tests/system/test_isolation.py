@@ -42,6 +42,11 @@ BODIES = {
     "golden_questions.update": {"tags": ["x"]},
     "queries.feedback": {"helpful": False, "reason": "wrong"},
     "bad_cases.update": {"expected_revision": 1, "status": "dismissed"},
+    "replay_runs.create": {"selection": "all-active"},
+    "replay_runs.cancel": {"expected_revision": 1},
+    "replay_runs.retry": {"expected_revision": 1},
+    "golden_questions.evidence_matches.create": {"evidence_texts": ["tenant b"]},
+    "golden_questions.bulk_import.create": {"rows": [{"question": "q", "evidence": "e"}]},
     "internal.knowledge_spaces.delete": {"namespace_id": "tenant-a"},
     "internal.knowledge_spaces.provision": {
         "namespace_id": "tenant-a",
@@ -93,7 +98,7 @@ def foreign(db, settings):
     question = create_question(
         b_space, {"question": "tenant b?", "expected_evidence": [{"text": "tenant b"}]}
     )
-    trace, failed, bad = _quality_rows(b_space)
+    trace, failed, bad, run = _quality_rows(b_space)
     own = create_space(Principal(tenant_id="tenant-a"), name="A own")
     other_own = create_space(Principal(tenant_id="tenant-a"), name="A other")
     return {
@@ -104,6 +109,7 @@ def foreign(db, settings):
         "trace_id": str(trace.id),
         "failed_query_id": str(failed.id),
         "bad_case_id": str(bad.id),
+        "run_id": str(run.id),
         "own": own,
         "other_own": other_own,
     }
@@ -127,7 +133,14 @@ def _quality_rows(b_space):
          "requester": "operator:tenant-b", "query": "tenant b only", "query_sha256": "0" * 64}
     )  # fmt: skip
     bad = bad_cases.create_bad_case(tenant_b, b_space, {"trace_id": str(trace.id), "reason": "b"})
-    return trace, failed, bad
+    from retrieval.models import ReplayRun
+
+    run = ReplayRun.objects.create(
+        tenant_id="tenant-b", space=b_space, requester_kind="operator",
+        requester="operator:tenant-b", mode="fast", selection="all-active",
+        request_fingerprint="sha256:" + "0" * 64,
+    )  # fmt: skip
+    return trace, failed, bad, run
 
 
 def fill(template: str, ids: dict) -> str:
@@ -186,6 +199,7 @@ def test_foreign_ids_are_404_on_every_route_for_every_kind_of_caller(foreign):
                 "trace_id",
                 "failed_query_id",
                 "bad_case_id",
+                "run_id",
             )
             if f"<str:{p}>" in template
         ]

@@ -45,6 +45,7 @@ COMMANDS = (
     ("fs", fs_cli),
     ("mcp", fs_cli),
     ("golden", quality_cli),
+    ("quality", quality_cli),
 )
 
 
@@ -52,7 +53,7 @@ class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, research tasks, "
         "documents, jobs, stats, retry, cancel, schedules, sweep, storage, downgrade-check, "
-        "cutover, upgrade, answer, eval, reindex, fs, mcp, golden."
+        "cutover, upgrade, answer, eval, reindex, fs, mcp, golden, quality."
     )
 
     def add_arguments(self, parser) -> None:
