@@ -27,6 +27,18 @@ urlpatterns = [
         quality.FailedQueryListView.as_view(),
         name="failed-query-list",
     ),
+    *[
+        path(
+            f"knowledge-spaces/<str:space_id>/failed-queries/{name}",
+            view.as_view(),
+            name=f"failed-query-{name}",
+        )
+        for name, view in (
+            ("triage", quality.FailedQueryTriageView),
+            ("clusters", quality.FailedQueryClustersView),
+            ("metrics", quality.FailedQueryMetricsView),
+        )
+    ],  # fmt: skip
     path(
         "knowledge-spaces/<str:space_id>/failed-queries/<str:failed_query_id>",
         quality.FailedQueryDetailView.as_view(),

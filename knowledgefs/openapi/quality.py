@@ -73,6 +73,39 @@ def register() -> None:
     annotate(
         p + "FailedQueryDetailView",
         get=extend_schema(summary="Read a failed query", responses={200: FAILED_QUERY}),
+        patch=extend_schema(
+            summary="Annotate a failed query (compare-and-set); a retrieval miss is promoted",
+            request=body("The verdict and, for a retrieval miss, the chunks that answer.",
+                         {"expected_revision": INTEGER, "verdict": STRING,
+                          "expected_evidence_ids": STRINGS, "note": STRING},
+                         ("expected_revision", "verdict")),
+            responses={200: FAILED_QUERY,
+                       409: error("`revision_conflict`, `failed_query_closed`.")},
+        ),
+    )  # fmt: skip
+    annotate(
+        p + "FailedQueryTriageView",
+        post=extend_schema(
+            summary="Triage pending failed queries with independent signals",
+            request=body("How many, 1-200 (default 50).", {"limit": INTEGER}),
+            responses={200: shape("`triaged`, `verdicts`.")},
+        ),
+    )
+    annotate(
+        p + "FailedQueryClustersView",
+        get=extend_schema(
+            summary="Paraphrase clusters of failed queries, largest first",
+            parameters=[STATUS, OpenApiParameter("limit", int, OpenApiParameter.QUERY)],
+            responses={200: shape("`clusters[{cluster_key, count, failed_query_ids, "
+                                  "representative}]`.")},
+        ),
+    )  # fmt: skip
+    annotate(
+        p + "FailedQueryMetricsView",
+        get=extend_schema(
+            summary="Failed-query metrics",
+            responses={200: shape("`total`, `promotion_rate`, `by_status`, `by_trigger`.")},
+        ),
     )
     annotate(
         p + "BadCaseListView",

@@ -10,7 +10,7 @@ from knowledgefs.auth.operations import ADMIN_CALLERS, READ_CALLERS, Operation, 
 from knowledgefs.pagination import NewestFirstPagination
 from spaces.services import get_space
 
-from ..quality import bad_cases, evidence_match, feedback, replay
+from ..quality import bad_cases, evidence_match, feedback, replay, triage
 from ..quality.scope import covers
 from .views import RouteView
 
@@ -54,11 +54,49 @@ class FailedQueryListView(RouteView):
 
 
 class FailedQueryDetailView(RouteView):
-    operations = {"GET": Operation("failed_queries.read", space_from(), ADMIN_CALLERS)}
+    operations = {
+        "GET": Operation("failed_queries.read", space_from(), ADMIN_CALLERS),
+        "PATCH": Operation("failed_queries.update", space_from(), ADMIN_CALLERS),
+    }
 
     def get(self, request, space_id, failed_query_id):
         space = get_space(request.user, space_id)
         return Response(feedback.get_failed_query(request.user, space, failed_query_id).as_dict())
+
+    def patch(self, request, space_id, failed_query_id):
+        """Annotation ``{expected_revision, verdict, expected_evidence_ids?, note?}``."""
+        space = get_space(request.user, space_id)
+        row = feedback.get_failed_query(request.user, space, failed_query_id)
+        return Response(triage.annotate(row, request.data).as_dict())
+
+
+class FailedQueryTriageView(RouteView):
+    operations = {"POST": Operation("failed_queries.triage", space_from(), ADMIN_CALLERS)}
+
+    def post(self, request, space_id):
+        """``{limit? 1–200}`` → ``{triaged, verdicts}``."""
+        space = get_space(request.user, space_id)
+        rows = feedback.failed_queries(request.user, space)
+        limit = request.data.get("limit") if isinstance(request.data, dict) else None
+        return Response(triage.triage(rows, space, limit))
+
+
+class FailedQueryClustersView(RouteView):
+    operations = {"GET": Operation("failed_queries.clusters.list", space_from(), ADMIN_CALLERS)}
+
+    def get(self, request, space_id):
+        """``?limit= (1–1000, default 200)&status=``: paraphrase clusters, largest first."""
+        space = get_space(request.user, space_id)
+        rows = feedback.failed_queries(request.user, space, request.query_params.get("status"))
+        return Response(triage.clusters(rows, request.query_params.get("limit")))
+
+
+class FailedQueryMetricsView(RouteView):
+    operations = {"GET": Operation("failed_queries.metrics.read", space_from(), ADMIN_CALLERS)}
+
+    def get(self, request, space_id):
+        space = get_space(request.user, space_id)
+        return Response(triage.metrics(feedback.failed_queries(request.user, space)))
 
 
 class BadCaseListView(RouteView):

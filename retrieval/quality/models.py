@@ -84,6 +84,7 @@ class FailedQuery(Provenance):
     note = models.TextField(blank=True, default="")
     expected_evidence_ids = models.JSONField(default=list, blank=True)
     golden_question_id = models.UUIDField(null=True, blank=True)
+    triage_signals = models.JSONField(default=dict, blank=True)
     revision = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -121,6 +122,7 @@ class FailedQuery(Provenance):
             "note": self.note or None,
             "expected_evidence_ids": self.expected_evidence_ids,
             "golden_question_id": str(self.golden_question_id) if self.golden_question_id else None,
+            "triage_signals": self.triage_signals or None,
             "revision": self.revision,
             "provenance": self.provenance(),
             "created_at": self.created_at.isoformat(),
