@@ -55,6 +55,11 @@ urlpatterns = [
         name="bad-case-detail",
     ),
     path(
+        "knowledge-spaces/<str:space_id>/quality/trends",
+        quality.QualityTrendsView.as_view(),
+        name="quality-trends",
+    ),
+    path(
         "knowledge-spaces/<str:space_id>/quality/replay-runs",
         quality.ReplayRunListView.as_view(),
         name="replay-run-list",

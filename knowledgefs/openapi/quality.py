@@ -220,3 +220,13 @@ def register() -> None:
                            responses={202: RUN, 409: error("`revision_conflict`, "
                                                            "`replay_run_active`.")}),
     )  # fmt: skip
+    annotate(
+        p + "QualityTrendsView",
+        get=extend_schema(
+            summary="Quality trends: pass rate against a baseline window, failed queries, bad cases",
+            parameters=[OpenApiParameter("window", str, OpenApiParameter.QUERY,
+                                         enum=["24h", "7d", "30d"]),
+                        OpenApiParameter("to", str, OpenApiParameter.QUERY)],
+            responses={200: shape("`baseline`, `current`, `slices`, `top_unanswered`, `daily`.")},
+        ),
+    )  # fmt: skip

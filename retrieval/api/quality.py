@@ -10,7 +10,7 @@ from knowledgefs.auth.operations import ADMIN_CALLERS, READ_CALLERS, Operation, 
 from knowledgefs.pagination import NewestFirstPagination
 from spaces.services import get_space
 
-from ..quality import bad_cases, evidence_match, feedback, replay, triage
+from ..quality import bad_cases, evidence_match, feedback, replay, trends, triage
 from ..quality.scope import covers
 from .views import RouteView
 
@@ -233,3 +233,12 @@ class ReplayRunRetryView(RouteView):
         run = replay.get_run(request.user, space, run_id)
         run = replay.retry_run(request.user, run, request.data)
         return Response(replay.as_dict(run, items=False), status=http.HTTP_202_ACCEPTED)
+
+
+class QualityTrendsView(RouteView):
+    operations = {"GET": Operation("quality.trends.read", space_from(), ADMIN_CALLERS)}
+
+    def get(self, request, space_id):
+        """``?window=24h|7d|30d (default 7d)&to=``: the current window against the one before."""
+        space = get_space(request.user, space_id)
+        return Response(trends.trends(request.user, space, request.query_params))
