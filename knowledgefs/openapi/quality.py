@@ -223,7 +223,7 @@ def register() -> None:
     annotate(
         p + "QualityTrendsView",
         get=extend_schema(
-            summary="Quality trends: pass rate against a baseline window, failed queries, bad cases",
+            summary="Quality trends: pass rate against a baseline, failed queries, bad cases",
             parameters=[OpenApiParameter("window", str, OpenApiParameter.QUERY,
                                          enum=["24h", "7d", "30d"]),
                         OpenApiParameter("to", str, OpenApiParameter.QUERY)],
