@@ -209,7 +209,7 @@ KNOWLEDGE_CLEANUP_APPROVAL_SECONDS = bounded_int(
 )
 
 
-# --- Quality loop: failed-query capture, bad cases (docs/quality.md) ----------------------------
+# --- Quality loop: failed-query capture, replay runs (docs/quality.md) ---------------------------
 # An answer whose best absolute relevance signal (reranker score, else raw dense cosine) is under
 # this percentage is captured as a low-confidence failed query; 0 turns the rule off. The default
 # sits above the answerability floor (KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY_PERCENT, 35): answered,
