@@ -59,6 +59,14 @@ class AnswerTraceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 class GoldenQuestionForm(forms.ModelForm):
     """Validates each member with the API's rules (limits and codes of :mod:`retrieval.golden`)."""
 
+    # Left out (as through the API): active, all.
+    status = forms.ChoiceField(
+        choices=[(s, s) for s in golden.STATUSES], initial="active", required=False
+    )
+    match_policy = forms.ChoiceField(
+        choices=[(p, p) for p in golden.MATCH_POLICIES], initial="all", required=False
+    )
+
     class Meta:
         model = GoldenQuestion
         fields = ("space", "question", "expected_evidence", "tags", "metadata", "status",
@@ -78,6 +86,8 @@ class GoldenQuestionForm(forms.ModelForm):
         for name, check in checks.items():
             if name not in data or (name == "expected_evidence" and space is None):
                 continue
+            if name in ("status", "match_policy") and not data[name]:
+                data[name] = None  # the default
             try:
                 data[name] = check(data[name])
             except InvalidInput as exc:
