@@ -12,6 +12,7 @@ from knowledgefs.errors import InvalidInput
 
 from . import golden
 from .models import AnswerTrace, GoldenQuestion, IndexVersion
+from .quality.admin import GoldenImportMixin
 
 
 @admin.register(IndexVersion)
@@ -58,9 +59,18 @@ class AnswerTraceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 class GoldenQuestionForm(forms.ModelForm):
     """Validates each member with the API's rules (limits and codes of :mod:`retrieval.golden`)."""
 
+    # Left out (as through the API): active, all.
+    status = forms.ChoiceField(
+        choices=[(s, s) for s in golden.STATUSES], initial="active", required=False
+    )
+    match_policy = forms.ChoiceField(
+        choices=[(p, p) for p in golden.MATCH_POLICIES], initial="all", required=False
+    )
+
     class Meta:
         model = GoldenQuestion
-        fields = ("space", "question", "expected_evidence", "tags", "metadata")
+        fields = ("space", "question", "expected_evidence", "tags", "metadata", "status",
+                  "match_policy")  # fmt: skip
 
     def clean(self):
         data = super().clean()
@@ -70,10 +80,14 @@ class GoldenQuestionForm(forms.ModelForm):
             "expected_evidence": lambda v: golden.validate_evidence(space, v),
             "tags": golden.validate_tags,
             "metadata": golden.validate_metadata,
+            "status": golden.validate_status,
+            "match_policy": golden.validate_match_policy,
         }
         for name, check in checks.items():
             if name not in data or (name == "expected_evidence" and space is None):
                 continue
+            if name in ("status", "match_policy") and not data[name]:
+                data[name] = None  # the default
             try:
                 data[name] = check(data[name])
             except InvalidInput as exc:
@@ -82,14 +96,22 @@ class GoldenQuestionForm(forms.ModelForm):
 
 
 @admin.register(GoldenQuestion)
-class GoldenQuestionAdmin(admin.ModelAdmin):
+class GoldenQuestionAdmin(GoldenImportMixin, admin.ModelAdmin):
     """Golden questions per space; ``tenant_id`` follows the space and ``revision`` moves on by
     one per save, as through the API."""
 
     form = GoldenQuestionForm
-    list_display = ("short_question", "space", "tenant_id", "tags", "revision", "updated_at")
+    list_display = (
+        "short_question",
+        "space",
+        "tenant_id",
+        "status",
+        "tags",
+        "revision",
+        "updated_at",
+    )
     list_select_related = ("space",)
-    list_filter = ("tenant_id",)
+    list_filter = ("status", "tenant_id")
     search_fields = ("=id", "question", "space__slug")
     readonly_fields = ("id", "tenant_id", "revision", "created_at", "updated_at")
     raw_id_fields = ("space",)

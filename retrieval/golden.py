@@ -51,7 +51,9 @@ MAX_EVIDENCE_ITEMS = 50
 MAX_SNIPPET_CHARS = 2000
 MAX_METADATA_BYTES = 64 * 1024
 EVIDENCE_KEYS = ("document_id", "node_id", "text")
-FIELDS = ("question", "expected_evidence", "tags", "metadata")
+FIELDS = ("question", "expected_evidence", "tags", "metadata", "status", "match_policy")
+STATUSES = ("active", "draft")  # only active questions are run (evaluation, replay)
+MATCH_POLICIES = ("all", "any")
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -92,6 +94,22 @@ def validate_tags(value) -> list[str]:
             f"tags has {len(tags)} distinct entries; the limit is {MAX_TAGS}", code="invalid_tags"
         )
     return tags
+
+
+def _choice(name: str, choices: tuple[str, ...], default: str):
+    def check(value) -> str:
+        value = default if value is None else value
+        if value not in choices:
+            raise InvalidInput(
+                f"{name} must be one of: {', '.join(choices)}", code=f"invalid_{name}"
+            )
+        return value
+
+    return check
+
+
+validate_status = _choice("status", STATUSES, "active")
+validate_match_policy = _choice("match_policy", MATCH_POLICIES, "all")
 
 
 def validate_metadata(value) -> dict:
@@ -187,6 +205,8 @@ def create_question(space: KnowledgeSpace, body) -> GoldenQuestion:
         "expected_evidence": validate_evidence(space, body.get("expected_evidence")),
         "tags": validate_tags(body.get("tags")),
         "metadata": validate_metadata(body.get("metadata")),
+        "status": validate_status(body.get("status")),
+        "match_policy": validate_match_policy(body.get("match_policy")),
     }
     limit = settings.KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE
     with transaction.atomic():
@@ -231,6 +251,8 @@ def update_question(
         "expected_evidence": lambda v: validate_evidence(question.space, v),
         "tags": validate_tags,
         "metadata": validate_metadata,
+        "status": validate_status,
+        "match_policy": validate_match_policy,
     }
     changes = {k: validators[k](body[k]) for k in FIELDS if k in body}
     target = GoldenQuestion.objects.filter(id=question.id)
@@ -267,6 +289,8 @@ def as_dict(question: GoldenQuestion) -> dict:
         "expected_evidence": question.expected_evidence,
         "tags": question.tags,
         "metadata": question.metadata,
+        "status": question.status,
+        "match_policy": question.match_policy,
         "revision": question.revision,
         "created_at": question.created_at.isoformat().replace("+00:00", "Z"),
         "updated_at": question.updated_at.isoformat().replace("+00:00", "Z"),
@@ -372,7 +396,7 @@ def run_golden(
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 100:
         raise InvalidInput(f"top_k must be an integer from 1 to 100, not {top_k!r}",
                            code="invalid_top_k")  # fmt: skip
-    selected = list(questions_in(space).order_by("created_at", "id"))
+    selected = list(questions_in(space).filter(status="active").order_by("created_at", "id"))
     if tags:
         selected = [q for q in selected if set(tags) <= set(q.tags)]
     if not selected:

@@ -206,6 +206,11 @@ class GoldenQuestion(models.Model):
     tags = models.JSONField(default=list, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     revision = models.PositiveIntegerField(default=1)
+    # ``active`` questions are run (evaluation, replay); ``draft`` ones wait for review (a bulk
+    # import row whose evidence matched no chunk well enough). ``match_policy``: a replay passes
+    # when ``all`` expected items are found, or ``any`` one (docs/quality.md).
+    status = models.CharField(max_length=8, default="active")
+    match_policy = models.CharField(max_length=8, default="all")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -220,4 +225,11 @@ class GoldenQuestion(models.Model):
         return self.question[:80]
 
 
+from retrieval.quality.models import (  # noqa: E402, F401
+    BadCase,
+    BadCaseEvent,
+    FailedQuery,
+    ReplayItem,
+    ReplayRun,
+)
 from retrieval.research_tasks.models import ResearchTask, ResearchTaskPartial  # noqa: E402, F401

@@ -3,7 +3,7 @@ golden questions, cited answers, research tasks and the knowledge filesystem."""
 
 from django.urls import path
 
-from .api import fs, research_tasks
+from .api import fs, quality, research_tasks
 from .api.answers import QueryTraceView, QueryView
 from .api.views import GoldenQuestionDetailView, GoldenQuestionListView, RetrievalTestView
 
@@ -16,10 +16,88 @@ urlpatterns = [
     # Answers: cited answers over SSE and their traces (docs/retrieval.md, "Answers").
     path("queries", QueryView.as_view(), name="query-create"),
     path("queries/<str:trace_id>", QueryTraceView.as_view(), name="query-trace"),
+    # The quality loop (docs/quality.md).
+    path(
+        "queries/<str:trace_id>/feedback",
+        quality.QueryFeedbackView.as_view(),
+        name="query-feedback",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/failed-queries",
+        quality.FailedQueryListView.as_view(),
+        name="failed-query-list",
+    ),
+    *[
+        path(
+            f"knowledge-spaces/<str:space_id>/failed-queries/{name}",
+            view.as_view(),
+            name=f"failed-query-{name}",
+        )
+        for name, view in (
+            ("triage", quality.FailedQueryTriageView),
+            ("clusters", quality.FailedQueryClustersView),
+            ("metrics", quality.FailedQueryMetricsView),
+        )
+    ],  # fmt: skip
+    path(
+        "knowledge-spaces/<str:space_id>/failed-queries/<str:failed_query_id>",
+        quality.FailedQueryDetailView.as_view(),
+        name="failed-query-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/bad-cases",
+        quality.BadCaseListView.as_view(),
+        name="bad-case-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/bad-cases/<str:bad_case_id>",
+        quality.BadCaseDetailView.as_view(),
+        name="bad-case-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/trends",
+        quality.QualityTrendsView.as_view(),
+        name="quality-trends",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/replay-runs",
+        quality.ReplayRunListView.as_view(),
+        name="replay-run-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/replay-runs/<str:run_id>",
+        quality.ReplayRunDetailView.as_view(),
+        name="replay-run-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/replay-runs/<str:run_id>/cancel",
+        quality.ReplayRunCancelView.as_view(),
+        name="replay-run-cancel",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/replay-runs/<str:run_id>/retry",
+        quality.ReplayRunRetryView.as_view(),
+        name="replay-run-retry",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/quality/bad-cases/<str:bad_case_id>/history",
+        quality.BadCaseHistoryView.as_view(),
+        name="bad-case-history",
+    ),
     path(
         "knowledge-spaces/<str:space_id>/golden-questions",
         GoldenQuestionListView.as_view(),
         name="golden-question-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/golden-questions/evidence-matches",
+        quality.EvidenceMatchView.as_view(),
+        name="golden-question-evidence-matches",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/golden-questions/bulk-import",
+        quality.GoldenBulkImportView.as_view(),
+        name="golden-question-bulk-import",
     ),
     path(
         "knowledge-spaces/<str:space_id>/golden-questions/<str:question_id>",

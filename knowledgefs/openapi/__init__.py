@@ -12,8 +12,8 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from . import documents, fs, internal, research_tasks, retrieval, spaces, upgrades
+    from . import documents, fs, internal, quality, research_tasks, retrieval, spaces, upgrades
 
-    for family in (spaces, documents, retrieval, fs, research_tasks, internal, upgrades):
+    for family in (spaces, documents, retrieval, fs, research_tasks, quality, internal, upgrades):
         family.register()
     _registered = True

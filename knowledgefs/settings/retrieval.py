@@ -207,3 +207,25 @@ KNOWLEDGE_CUTOVER_MAX_TASK_TTL_SECONDS = bounded_int(
 KNOWLEDGE_CLEANUP_APPROVAL_SECONDS = bounded_int(
     "KNOWLEDGE_CLEANUP_APPROVAL_SECONDS", 86400, 300, 7 * 86400
 )
+
+
+# --- Quality loop: failed-query capture, replay runs (docs/quality.md) ---------------------------
+# An answer whose best absolute relevance signal (reranker score, else raw dense cosine) is under
+# this percentage is captured as a low-confidence failed query; 0 turns the rule off. The default
+# sits above the answerability floor (KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY_PERCENT, 35): answered,
+# but on weak evidence.
+KNOWLEDGE_QUALITY_LOW_CONFIDENCE_PERCENT = bounded_int(
+    "KNOWLEDGE_QUALITY_LOW_CONFIDENCE_PERCENT", 45, 0, 100
+)
+# Replay runs (the jobs kernel's claims): an undelivered claim is taken back after the grace; a
+# running replay that wrote nothing for the stale time (its worker died) is requeued, and failed
+# attempts_exhausted after this many deliveries.
+KNOWLEDGE_QUALITY_REPLAY_DISPATCH_GRACE_SECONDS = bounded_int(
+    "KNOWLEDGE_QUALITY_REPLAY_DISPATCH_GRACE_SECONDS", 120, 5, 3600
+)
+KNOWLEDGE_QUALITY_REPLAY_STALE_SECONDS = bounded_int(
+    "KNOWLEDGE_QUALITY_REPLAY_STALE_SECONDS", 300, 5, 86400
+)
+KNOWLEDGE_QUALITY_REPLAY_MAX_ATTEMPTS = bounded_int(
+    "KNOWLEDGE_QUALITY_REPLAY_MAX_ATTEMPTS", 5, 1, 50
+)

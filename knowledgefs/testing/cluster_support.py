@@ -2,7 +2,8 @@
 
 ``SlowEmbedder`` replaces the default embedding model id with a deterministic hashing embedder
 that sleeps ``KFS_TEST_EMBED_DELAY`` seconds per text and appends one line per call to
-``KFS_TEST_EMBED_LOG`` (``<unix time> <texts>``), so a test can see when embedding stopped.
+``KFS_TEST_EMBED_LOG`` (``<unix time> <texts>``), so a test can see when embedding stopped; a
+query waits ``KFS_TEST_QUERY_DELAY`` seconds (a replay item then takes that long).
 ``SlowFileSystemStorage`` sleeps ``KFS_TEST_READ_DELAY`` seconds before each read, so a kill can
 land while a document is being materialized.
 """
@@ -43,6 +44,7 @@ class SlowEmbedder:
         return np.stack([self._vector(t) for t in texts]) if texts else np.zeros((0, 16))
 
     def embed_query(self, text: str) -> np.ndarray:
+        time.sleep(float(os.environ.get("KFS_TEST_QUERY_DELAY", "0")))
         return self._vector(text)
 
 

@@ -15,6 +15,7 @@ from knowledgefs.errors import InvalidInput, ServiceError
 from retrieval import evidence as ev
 from retrieval.models import AnswerTrace
 from retrieval.modes import PROFILE, retrieve
+from retrieval.quality import capture
 
 from .citations import CitationNormaliser
 from .extractive import _extractive_deltas
@@ -103,7 +104,9 @@ def start(
         evidence_node_ids=[item.node_id for item in bundle.items],
         answerability=bundle.answerability,
     )
-    return AnswerRun(space, query, result, bundle, generator, trace, steps, removed)
+    return AnswerRun(
+        space, query, result, bundle, generator, trace, steps, removed, requester=requester
+    )
 
 
 # --- events ------------------------------------------------------------------------------------
@@ -140,6 +143,7 @@ def events(run: AnswerRun) -> Iterator[tuple[str, dict]]:
         if not run.bundle.items or run.bundle.answerability == ev.NOT_ENOUGH:
             yield from _no_evidence(run)
             finished = True
+            capture.after_answer(run, "no-retrieval-evidence")  # after the last event
             return
         normaliser = CitationNormaliser(
             {item.label for item in run.bundle.items}, settings.KNOWLEDGE_ANSWER_MAX_BYTES
@@ -175,6 +179,7 @@ def events(run: AnswerRun) -> Iterator[tuple[str, dict]]:
         )
         finished = True
         yield "answer.done", done
+        capture.after_answer(run, "retrieval-evidence")  # after the last event
     except GeneratorExit:
         if not finished:
             _complete(

@@ -12,14 +12,18 @@ from retrieval.models import AnswerTrace
 
 @dataclass
 class Requester:
-    """Who asks: ``kind`` (``api_key``, ``capability``, ``operator``), ``owner`` label, and the
-    API key or capability grant behind it."""
+    """Who asks: ``kind`` (``api_key``, ``capability``, ``operator``), ``owner`` label, the
+    API key or capability grant behind it, Dify's ``caller_kind`` of a token and the spaces the
+    caller reaches (``space_ids``, ``None``: the whole tenant): the provenance the quality loop
+    keeps (:mod:`retrieval.quality`)."""
 
     tenant_id: str
     kind: str
     owner: str
     api_key_id: uuid.UUID | None = None
     grant_id: str = ""
+    caller_kind: str = ""
+    space_ids: frozenset | None = None
 
     @classmethod
     def of(cls, principal) -> Requester:
@@ -29,6 +33,8 @@ class Requester:
             owner=principal.owner,
             api_key_id=principal.api_key_id,
             grant_id=principal.grant_id or "",
+            caller_kind=principal.caller_kind or "",
+            space_ids=principal.space_ids,
         )
 
 
@@ -57,6 +63,7 @@ class AnswerRun:
     trace: AnswerTrace
     steps: list[dict] = field(default_factory=list)
     removed: ev.Removals = field(default_factory=ev.Removals)
+    requester: Requester | None = None
 
     @property
     def trace_id(self) -> str:

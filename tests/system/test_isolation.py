@@ -40,6 +40,13 @@ BODIES = {
     "jobs.retry": {"from": "checkpoint"},
     "golden_questions.create": {"question": "q", "expected_evidence": [{"text": "q"}]},
     "golden_questions.update": {"tags": ["x"]},
+    "queries.feedback": {"helpful": False, "reason": "wrong"},
+    "bad_cases.update": {"expected_revision": 1, "status": "dismissed"},
+    "replay_runs.create": {"selection": "all-active"},
+    "replay_runs.cancel": {"expected_revision": 1},
+    "replay_runs.retry": {"expected_revision": 1},
+    "golden_questions.evidence_matches.create": {"evidence_texts": ["tenant b"]},
+    "golden_questions.bulk_import.create": {"rows": [{"question": "q", "evidence": "e"}]},
     "internal.knowledge_spaces.delete": {"namespace_id": "tenant-a"},
     "internal.knowledge_spaces.provision": {
         "namespace_id": "tenant-a",
@@ -97,6 +104,7 @@ def foreign(db, settings):
         b_space,
         Declared("b.md", "text/markdown", 14, "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="),
     )
+    trace, failed, bad, run = _quality_rows(b_space)
     own = create_space(Principal(tenant_id="tenant-a"), name="A own")
     other_own = create_space(Principal(tenant_id="tenant-a"), name="A other")
     return {
@@ -105,9 +113,41 @@ def foreign(db, settings):
         "job_id": admitted["job"]["id"],
         "question_id": str(question.id),
         "session_id": str(session.id),
+        "trace_id": str(trace.id),
+        "failed_query_id": str(failed.id),
+        "bad_case_id": str(bad.id),
+        "run_id": str(run.id),
         "own": own,
         "other_own": other_own,
     }
+
+
+def _quality_rows(b_space):
+    """Tenant B's answer trace, the failed query it captured and a bad case of it."""
+    from retrieval.models import AnswerTrace
+    from retrieval.quality import bad_cases
+    from retrieval.quality.capture import store
+
+    tenant_b = Principal(tenant_id="tenant-b")
+    trace = AnswerTrace.objects.create(
+        tenant_id="tenant-b", space=b_space, requester_kind="operator",
+        requester="operator:tenant-b", source="cli", mode="fast", query_sha256="0" * 64,
+        query_chars=1, completed=True,
+    )  # fmt: skip
+    failed = store(
+        {"tenant_id": "tenant-b", "space_id": b_space.id, "trace_id": trace.id,
+         "trigger": "not-enough-evidence", "requester_kind": "operator",
+         "requester": "operator:tenant-b", "query": "tenant b only", "query_sha256": "0" * 64}
+    )  # fmt: skip
+    bad = bad_cases.create_bad_case(tenant_b, b_space, {"trace_id": str(trace.id), "reason": "b"})
+    from retrieval.models import ReplayRun
+
+    run = ReplayRun.objects.create(
+        tenant_id="tenant-b", space=b_space, requester_kind="operator",
+        requester="operator:tenant-b", mode="fast", selection="all-active",
+        request_fingerprint="sha256:" + "0" * 64,
+    )  # fmt: skip
+    return trace, failed, bad, run
 
 
 def fill(template: str, ids: dict) -> str:
@@ -157,7 +197,18 @@ def test_foreign_ids_are_404_on_every_route_for_every_kind_of_caller(foreign):
     for _name, template, view in routes():
         params = [
             p
-            for p in ("space_id", "document_id", "job_id", "question_id", "grant_id", "session_id")
+            for p in (
+                "session_id",
+                "space_id",
+                "document_id",
+                "job_id",
+                "question_id",
+                "grant_id",
+                "trace_id",
+                "failed_query_id",
+                "bad_case_id",
+                "run_id",
+            )
             if f"<str:{p}>" in template
         ]
         if not params or any(p in NOT_TENANT_OWNED for p in params):

@@ -17,6 +17,7 @@ from knowledgefs import cli as core_cli
 from knowledgefs.errors import ServiceError
 from retrieval import cli as retrieval_cli
 from retrieval.fs import cli as fs_cli
+from retrieval.quality import cli as quality_cli
 from spaces import cli as spaces_cli
 from upgrades import cli as upgrades_cli
 
@@ -43,6 +44,8 @@ COMMANDS = (
     ("reindex", retrieval_cli),
     ("fs", fs_cli),
     ("mcp", fs_cli),
+    ("golden", quality_cli),
+    ("quality", quality_cli),
 )
 
 
@@ -50,7 +53,7 @@ class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, research tasks, "
         "documents, jobs, stats, retry, cancel, schedules, sweep, storage, downgrade-check, "
-        "cutover, upgrade, answer, eval, reindex, fs, mcp."
+        "cutover, upgrade, answer, eval, reindex, fs, mcp, golden, quality."
     )
 
     def add_arguments(self, parser) -> None:
