@@ -250,6 +250,38 @@ class DifyModelRuntime:
 
         return _stack(self._map(call, batches), expected_dimension, MULTIMODAL_EMBEDDING)
 
+    def embedding_probe(
+        self,
+        *,
+        tenant_id: str,
+        provider: str,
+        model: str,
+        text: str | None = None,
+        image: bytes | None = None,
+        input_type: str = "document",
+    ) -> tuple[str, int]:
+        """One probe embedding of ``text`` (the text route) or of ``image`` (the multimodal
+        route, ``content_type`` ``image``): returns ``(model identity as Dify answered it,
+        dimension)``. The preflight compares these across the text and image probes."""
+        if input_type not in INPUT_TYPES:
+            raise _input_error(f"input_type must be one of {INPUT_TYPES}")
+        if (text is None) == (image is None):
+            raise _input_error("an embedding probe takes a text or an image")
+        common = self._common(tenant_id, provider, model, "text-embedding")
+        if text is not None:
+            route = TEXT_EMBEDDING
+            payload = {**common, "texts": [text], "input_type": input_type}
+        else:
+            route = MULTIMODAL_EMBEDDING
+            encoded = {"content": base64.b64encode(image).decode(), "content_type": "image"}
+            payload = {**common, "documents": [encoded], "input_type": input_type}
+        data = self._unary(route, payload)
+        matrix = _embeddings(data, 1, route, None)
+        identity = data.get("model") if isinstance(data, dict) else None
+        if not isinstance(identity, str) or not identity.strip():
+            identity = ""
+        return identity.strip()[:256], int(matrix.shape[1])
+
     # -- rerank --------------------------------------------------------------------------------
 
     def rerank(
