@@ -299,3 +299,19 @@ def test_backfill_builds_missing_projections_and_removes_other_profiles(dify, cl
     assert set(
         VisualProjection.objects.filter(space=space).values_list("vector_space_id", flat=True)
     ) == {SpaceProfile.objects.get(space_id=space.id).vector_space_id}
+
+
+def test_kfs_visual_backfill(dify, client, principal):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    space = make_space(client, principal)
+    assert upload(client, space, "pictures.docx", pictures_docx([61])).status_code in (201, 202)
+    compile_all()
+    VisualProjection.objects.filter(space=space).delete()
+    out = StringIO()
+    call_command("kfs", "visual", "backfill", "--space", space.slug, "--tenant",
+                 space.tenant_id, "--json", stdout=out)  # fmt: skip
+    assert '"embedded": 1' in out.getvalue()
+    assert VisualProjection.objects.filter(space=space).count() == 1

@@ -35,6 +35,7 @@ COMMANDS = (
     ("schedules", ingestion_cli),
     ("sweep", ingestion_cli),
     ("storage", ingestion_cli),
+    ("visual", ingestion_cli),
     ("downgrade-check", core_cli),
     ("cutover", upgrades_cli),
     ("upgrade", upgrades_cli),
@@ -49,7 +50,7 @@ COMMANDS = (
 class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, research tasks, "
-        "documents, jobs, stats, retry, cancel, schedules, sweep, storage, downgrade-check, "
+        "documents, jobs, stats, retry, cancel, schedules, sweep, storage, visual, downgrade-check, "
         "cutover, upgrade, answer, eval, reindex, fs, mcp."
     )
 
