@@ -1,6 +1,6 @@
-"""``kfs ingest|documents|jobs|stats|retry|cancel|schedules|sweep|storage|visual``: uploads, documents and
-compilation jobs on the command line (each calls a service; wired into
-``knowledgefs/management/commands/kfs.py``). The module contract (``COMMANDS``,
+"""``kfs ingest|documents|jobs|stats|retry|cancel|schedules|sweep|storage|visual``: uploads,
+documents, compilation jobs and visual projections on the command line (each calls a service;
+wired into ``knowledgefs/management/commands/kfs.py``). The module contract (``COMMANDS``,
 ``add_parser(sub, name)``, ``handle(command, options)``) is the one of :mod:`spaces.cli`."""
 
 from __future__ import annotations

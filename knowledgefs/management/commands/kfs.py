@@ -50,8 +50,8 @@ COMMANDS = (
 class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, research tasks, "
-        "documents, jobs, stats, retry, cancel, schedules, sweep, storage, visual, downgrade-check, "
-        "cutover, upgrade, answer, eval, reindex, fs, mcp."
+        "documents, jobs, stats, retry, cancel, schedules, sweep, storage, visual, "
+        "downgrade-check, cutover, upgrade, answer, eval, reindex, fs, mcp."
     )
 
     def add_arguments(self, parser) -> None:
