@@ -4,6 +4,7 @@
 from django.urls import path
 
 from .api.views import (
+    DocumentAssetView,
     DocumentDetailView,
     DocumentListView,
     DocumentTextView,
@@ -27,6 +28,11 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/documents/<str:document_id>/text",
         DocumentTextView.as_view(),
         name="document-text",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/documents/<str:document_id>/assets/<str:asset_id>",
+        DocumentAssetView.as_view(),
+        name="document-asset",
     ),
     path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),

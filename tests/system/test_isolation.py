@@ -98,6 +98,7 @@ def foreign(db, settings):
         "document_id": admitted["document"]["id"],
         "job_id": admitted["job"]["id"],
         "question_id": str(question.id),
+        "asset_id": "0",
         "own": own,
         "other_own": other_own,
     }
@@ -150,7 +151,7 @@ def test_foreign_ids_are_404_on_every_route_for_every_kind_of_caller(foreign):
     for _name, template, view in routes():
         params = [
             p
-            for p in ("space_id", "document_id", "job_id", "question_id", "grant_id")
+            for p in ("space_id", "document_id", "job_id", "question_id", "grant_id", "asset_id")
             if f"<str:{p}>" in template
         ]
         if not params or any(p in NOT_TENANT_OWNED for p in params):
