@@ -35,7 +35,7 @@ from .dify_contract import (
     envelope_frame,
     overlap_score,
 )
-from .dify_images import ImageRefusal
+from .dify_images import QUERY_IMAGE, ImageRefusal, serve_query_image
 
 if TYPE_CHECKING:
     from .dify_server import DifyTestServer
@@ -136,6 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
                 STORAGE_HEALTH: self._storage_health,
                 VECTORS: self._bridge,
                 TEXTS: self._bridge,
+                QUERY_IMAGE: lambda q, r: serve_query_image(self, q),
             }.get(route)
             if handler is None:
                 return self._json(404, {"code": "not_found", "message": route})

@@ -7,6 +7,11 @@ a very near vector, different pictures get far ones, so "the query image of a fi
 page of that figure" can be asserted. A text document on the route is embedded as the text
 route does (one model, one space). Bytes that are not an image are a 400, as Dify refuses them.
 
+``GET /inner/api/knowledge-fs/query-image`` (:func:`serve_query_image`) serves the
+server's ``query_images`` — ``{(tenant_id, upload_file_id): (bytes, stored MIME type,
+owner subject or None)}`` — with ``X-Query-Image-Sha256``; any other file, another tenant's or
+another subject's, is 404. Faults (stall, drop, delay, status) apply to it like every route.
+
 Limits, as Dify's route enforces them: at most :data:`MAX_DOCUMENTS` documents and
 :data:`MAX_BATCH_BYTES` raw bytes per request, :data:`MAX_DOCUMENT_BYTES` per document (413
 ``multimodal_request_too_large``).
@@ -24,6 +29,7 @@ MAX_DOCUMENTS = 8
 MAX_BATCH_BYTES = 32 * 1024 * 1024
 MAX_DOCUMENT_BYTES = 20 * 1024 * 1024
 THUMBNAIL = 8
+QUERY_IMAGE = "/inner/api/knowledge-fs/query-image"
 
 
 class ImageRefusal(Exception):
@@ -101,3 +107,21 @@ def decode_documents(documents: object) -> list[tuple[str, bytes]]:
             )
         decoded.append((str(document.get("content_type") or "image"), raw))
     return decoded
+
+
+def serve_query_image(handler, query: dict) -> None:
+    """The query-image route of the simulated Dify (see the module docstring)."""
+    key = (query.get("tenantId", ""), query.get("uploadFileId", ""))
+    found = handler.dify.query_images.get(key)
+    if found is None or (found[2] is not None and found[2] != query.get("subjectId")):
+        return handler._json(404, {"code": "query_image_not_found", "message": "not found"})
+    data, mime_type, _owner = found
+    handler._start(
+        200,
+        {
+            "Content-Type": mime_type,
+            "Content-Length": str(len(data)),
+            "X-Query-Image-Sha256": hashlib.sha256(data).hexdigest(),
+        },
+    )
+    handler._write(data)

@@ -126,6 +126,8 @@ class DifyTestServer(LoopbackServerMixin):
         self.multimodal_identity: str | None = None
         self.catalog_overrides: dict[str, dict] = {}
         self.images_embedded = 0
+        # Query images Dify holds: {(tenant_id, upload_file_id): (bytes, MIME, subject | None)}.
+        self.query_images: dict[tuple[str, str], tuple[bytes, str, str | None]] = {}
         self.peak_image_request_bytes = 0
         self._in_flight: dict[str, int] = defaultdict(int)
         self._connections: set[socket.socket] = set()
