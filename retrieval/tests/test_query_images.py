@@ -5,11 +5,9 @@ stalled Dify image stream (deadline, degradation, no 500)."""
 
 from __future__ import annotations
 
-import io
 import logging
 
 import pytest
-from PIL import Image
 
 from ingestion.models import Document
 from ingestion.tests.test_visual_projections import (
@@ -17,8 +15,8 @@ from ingestion.tests.test_visual_projections import (
     OPENAI,
     figures_pdf,
     make_space,
-    pictures_docx,
     picture,
+    pictures_docx,
     png,
 )
 from knowledgefs.testing import dify_fixtures
@@ -111,14 +109,15 @@ def test_text_and_an_image_together_keep_the_text_legs(dify, client, figures):
 
 
 def test_bad_query_images_are_refused_with_their_codes(dify, client, figures, caplog):
-    big = Image.frombytes("RGB", (2000, 2000), bytes(range(256)) * (2000 * 2000 * 3 // 256))
+    eleven_mib = b"\x89PNG\r\n\x1a\n" + bytes(11 * MIB)
+    renamed = png(picture(1))  # a PNG stored as a .gif upload
     cases = [
         ([offer(dify, figures, "svg", SVG, "image/svg+xml")], 400, "query_image_mime_unsupported"),
-        ([offer(dify, figures, "gif", png(picture(1)), "image/gif")], 400, "query_image_mime_mismatch"),
+        ([offer(dify, figures, "gif", renamed, "image/gif")], 400, "query_image_mime_mismatch"),
         ([{"upload_file_id": str(n)} for n in range(5)], 413, "query_image_count_exceeded"),
-        ([offer(dify, figures, "big", png(big, "BMP")[: 11 * MIB] + b"\0" * (11 * MIB))],
-         413, "query_image_too_large"),
-        ([{"upload_file_id": "x"}, {"upload_file_id": " x "}], 400, "query_image_reference_duplicate"),
+        ([offer(dify, figures, "big", eleven_mib, "image/png")], 413, "query_image_too_large"),
+        ([{"upload_file_id": "x"}, {"upload_file_id": " x "}], 400,
+         "query_image_reference_duplicate"),
         ([{"file": "x"}], 400, "query_image_reference_invalid"),
         ("x", 400, "query_image_reference_invalid"),
     ]  # fmt: skip
