@@ -178,3 +178,25 @@ def test_an_image_only_fast_query_on_a_text_only_space_is_the_clear_400(dify, cl
     assert response.status_code == 200
     assert response.json()["metrics"]["degradations"] == ["query-image-ignored-no-vision-model"]
     assert dify.count(QUERY_IMAGE) == 0
+
+
+def test_an_image_only_question_on_v1_queries_is_answered_from_the_figure_page(
+    dify, client, figures
+):
+    import json
+
+    reference = offer(dify, figures, "q-12", jpeg(12))
+    body = {"space_id": str(figures.id), "query_images": [reference], "top_k": 3}
+    response = client.post("/v1/queries", body, format="json")
+    assert response.status_code == 200, response.content
+    text = b"".join(response.streaming_content).decode()
+    assert "event: answer.done" in text
+    trace = client.get(f"/v1/queries/{response['X-Query-Run-Id']}").json()
+    step = next(s for s in trace["steps"] if s["name"] == "query.images")
+    assert step["status"] == "ok" and step["metadata"]["visual_leg"] is True
+    (image,) = step["metadata"]["images"]
+    assert set(image) == {"upload_file_id", "sha256", "byte_size", "mime_type"}
+    assert "q-12" in json.dumps(trace) and "base64" not in json.dumps(trace)
+    # neither a query nor an image is still refused before the stream
+    refused = client.post("/v1/queries", {"space_id": str(figures.id), "query": ""}, format="json")
+    assert (refused.status_code, refused.json()["code"]) == (400, "invalid_query")
