@@ -98,7 +98,8 @@ def retrieve(
             details={"field": "query_images", "supported": ["fast", "deep"]},
         )
     images = plan_images(space, profile, query, references, subject=subject)
-    request = FastDeepRequest(query, top_k, score_threshold, mode, legs, fusion, filters, images)
+    text = query or images.expanded_query  # an image-only query may search its description
+    request = FastDeepRequest(text, top_k, score_threshold, mode, legs, fusion, filters, images)
     result = fast_or_deep(space, profile, request, started, route_ms=route_ms)
     result.route = route
     return result

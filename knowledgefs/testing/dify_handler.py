@@ -318,6 +318,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if body.get("stream") is not True or body.get("mode") != "chat":
             return self._json(400, {"code": "invalid_request", "message": "stream/mode"})
+        if (refusal := self.dify.count_llm_images(body)) is not None:
+            return self._json(400, refusal)
         answer = LLM_ANSWER
         if self.dify.llm_responder is not None:
             try:

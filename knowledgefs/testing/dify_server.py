@@ -126,6 +126,9 @@ class DifyTestServer(LoopbackServerMixin):
         self.multimodal_identity: str | None = None
         self.catalog_overrides: dict[str, dict] = {}
         self.images_embedded = 0
+        # Image parts LLM requests carried (a vision answer's budget is counted here).
+        self.llm_images_received = 0
+        self.llm_image_bytes_received = 0
         # Query images Dify holds: {(tenant_id, upload_file_id): (bytes, MIME, subject | None)}.
         self.query_images: dict[tuple[str, str], tuple[bytes, str, str | None]] = {}
         self.peak_image_request_bytes = 0
@@ -272,3 +275,25 @@ class DifyTestServer(LoopbackServerMixin):
     def catalog_identity(self, item: dict) -> str:
         override = self.catalog_overrides.get(item["model"], {})
         return override.get("identity", f"{item['plugin_id']}:1.0.0@sha256:abc")
+
+    def count_llm_images(self, body: dict) -> dict | None:
+        """Count the image parts of an LLM request; a model the catalog does not mark vision
+        refuses them (the error body), as Dify does."""
+        parts = [
+            part
+            for message in body.get("prompt_messages") or []
+            if isinstance(message.get("content"), list)
+            for part in message["content"]
+            if isinstance(part, dict) and part.get("type") == "image"
+        ]
+        if not parts:
+            return None
+        item = next((c for c in CATALOG if c["model"] == body.get("model")), {})
+        if "vision" not in self.catalog_capabilities(item).get("features", []):
+            return {"code": "invalid_request", "message": f"{body.get('model')} takes no images"}
+        with self.lock:
+            self.llm_images_received += len(parts)
+            self.llm_image_bytes_received += sum(
+                len(p.get("base64_data", "")) * 3 // 4 for p in parts
+            )
+        return None

@@ -200,3 +200,63 @@ def test_an_image_only_question_on_v1_queries_is_answered_from_the_figure_page(
     # neither a query nor an image is still refused before the stream
     refused = client.post("/v1/queries", {"space_id": str(figures.id), "query": ""}, format="json")
     assert (refused.status_code, refused.json()["code"]) == (400, "invalid_query")
+
+
+VISION_LLM = {"plugin_id": "langgenius/openai", "provider": "openai", "model": "gpt-4.1"}
+
+
+@pytest.fixture
+def described(dify, client, principal):
+    """A text-only embedding profile with a vision reasoning model, one DOCX compiled."""
+    from ingestion.tests.test_visual_projections import SPACES
+
+    space = make_space(client, principal, OPENAI)
+    body = {"reasoning_model": VISION_LLM}
+    assert (
+        client.put(f"{SPACES}/{space.id}/retrieval-profile", body, format="json").status_code == 200
+    )
+    assert (
+        client.post(f"{SPACES}/{space.id}/profile-validation").json()["readiness"]["state"]
+        == "ready"
+    )
+    upload(client, space, "pictures.docx", pictures_docx([21]))
+    upload(client, space, "other.md", b"# Travel\n\nReceipts are due within thirty days.")
+    compile_all()
+    return space
+
+
+def test_an_image_only_fast_query_on_a_text_only_space_uses_one_vision_expansion(
+    dify, client, described
+):
+    import json
+
+    def vision(body):
+        content = body["prompt_messages"][-1]["content"]
+        if isinstance(content, list):
+            return json.dumps({"description": "Picture of series 21", "ocrText": "",
+                               "keywords": ["picture", "series"]})  # fmt: skip
+        return None
+
+    dify.llm_responder = vision
+    dify.reset_observations()
+    response = ask(client, described, query_images=[offer(dify, described, "e", jpeg(21))])
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["items"][0]["citation"]["filename"] == "pictures.docx"
+    images = body["metrics"]["query_images"]
+    assert images["expansion"] is True and images["visual_leg"] is False
+    assert body["metrics"]["degradations"] == []
+    assert dify.llm_images_received == 1 and dify.count(MULTIMODAL_EMBEDDING) == 0
+
+
+def test_a_slow_expansion_ends_at_its_timeout_with_the_degradation(
+    dify, client, described, settings
+):
+    settings.KNOWLEDGE_QUERY_IMAGE_EXPANSION_TIMEOUT_MS = 1000
+    dify.llm_responder = lambda body: ['{"description": ', '"Picture of series 21"}']
+    dify.llm_frame_gap = 4.0
+    response = ask(client, described, query_images=[offer(dify, described, "slow", jpeg(21))])
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["items"] == []
+    assert body["metrics"]["degradations"] == ["query-image-expansion-timeout"]
