@@ -34,6 +34,7 @@ a wrong stored checksum, a corrupted upload. Every request is recorded
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 from collections import defaultdict
@@ -125,6 +126,9 @@ class DifyTestServer(LoopbackServerMixin):
         # route received (images embedded, the largest raw bytes of one request).
         self.multimodal_identity: str | None = None
         self.catalog_overrides: dict[str, dict] = {}
+        # "pixels" (the image embedder) or "digest" (a vector from the bytes' SHA-256, for
+        # benchmarks that send large non-image payloads and measure the client, not the server).
+        self.image_vectors = "pixels"
         self.images_embedded = 0
         # Image parts LLM requests carried (a vision answer's budget is counted here).
         self.llm_images_received = 0
@@ -246,7 +250,10 @@ class DifyTestServer(LoopbackServerMixin):
             self.peak_image_request_bytes = max(self.peak_image_request_bytes, size)
         vectors = []
         for kind, raw in documents:
-            if kind == "image":
+            if kind == "image" and self.image_vectors == "digest":
+                digest = hashlib.sha256(raw).hexdigest()
+                vectors.append([v * self.scale for v in hashed_embedding(digest, dimension)])
+            elif kind == "image":
                 try:
                     vector = image_vector(raw, dimension)
                 except ImageRefusal:
