@@ -158,7 +158,12 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
         metrics["query_images"] = images.describe()
         metrics["degradations"] = list(images.degradations)
     return RetrievalResult(
-        mode=request.mode, items=items, metrics=metrics, plan=plan.as_dict(), stages=stages
+        mode=request.mode,
+        items=items,
+        metrics=metrics,
+        plan=plan.as_dict(),
+        stages=stages,
+        image_plan=images,
     )
 
 

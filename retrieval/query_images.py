@@ -48,7 +48,8 @@ EXPANSION_TIMEOUT = "query-image-expansion-timeout"
 
 @dataclass
 class QueryImage:
-    """One resolved image; ``data`` lives for this run only and is never serialised."""
+    """One resolved image; ``data`` lives for this run only (a vision answer attaches it) and
+    is never serialised or stored."""
 
     upload_file_id: str
     sha256: str
@@ -210,9 +211,7 @@ def plan_images(space, profile, query: str, references: list[str], *, subject: s
     except Exception as exc:  # noqa: BLE001 - a model failure degrades the visual leg
         logger.warning("space %s: query images not embedded: %s", space.pk, exc)
         plan.degradations.append(VISUAL_LEG_UNAVAILABLE)
-    for image in plan.images:
-        image.data = b""  # the bytes go as soon as the vectors exist
-    return plan
+    return plan  # the bytes live as long as this run (a vision answer attaches them)
 
 
 class _Unavailable(Exception):
@@ -332,8 +331,6 @@ def _expanded(space, profile, references, subject: str, plan: ImagePlan) -> Imag
     except Exception as exc:  # noqa: BLE001 - a slow or failing model degrades, never a 500
         logger.warning("space %s: query-image expansion failed: %s", space.pk, exc)
         plan.degradations.append(EXPANSION_TIMEOUT)
-    for image in plan.images:
-        image.data = b""
     return plan
 
 

@@ -220,6 +220,8 @@ class DifyTestServer(LoopbackServerMixin):
         with self.lock:
             self.requests.clear()
             self._peak.clear()
+            self.images_embedded = self.peak_image_request_bytes = 0
+            self.llm_images_received = self.llm_image_bytes_received = 0
 
     def _enter(self, route: str) -> None:
         with self.lock:
