@@ -315,3 +315,25 @@ def test_kfs_visual_backfill(dify, client, principal):
                  space.tenant_id, "--json", stdout=out)  # fmt: skip
     assert '"embedded": 1' in out.getvalue()
     assert VisualProjection.objects.filter(space=space).count() == 1
+
+
+def test_the_request_body_is_streamed_with_its_exact_length(dify):
+    """Base64 is encoded while the body is sent (knowledgefs/dify/multimodal_body.py): the
+    request still carries an exact Content-Length and decodes to the images."""
+    import base64
+
+    from knowledgefs.dify.model_runtime import MultimodalDocument
+    from knowledgefs.runtime import model_runtime
+
+    images = [png(picture(seed)) for seed in (1, 2, 3)]
+    dify.reset_observations()
+    vectors = model_runtime().embed_multimodal(
+        tenant_id="t", provider="langgenius/jina/jina", model="jina-clip-v2",
+        documents=[MultimodalDocument(data, file_id=f"f{n}") for n, data in enumerate(images)],
+    )  # fmt: skip
+    assert vectors.shape == (3, 64)
+    (call,) = dify.calls(MULTIMODAL_EMBEDDING)
+    assert "Transfer-Encoding" not in call.headers and int(call.headers["Content-Length"]) > 0
+    sent = [base64.b64decode(d["content"]) for d in call.body["documents"]]
+    assert sent == images and call.body["documents"][2]["file_id"] == "f2"
+    assert call.body["input_type"] == "document" and call.body["model"] == "jina-clip-v2"
