@@ -304,6 +304,12 @@ def _visual(held: Held, jobs, job_ids: list[uuid.UUID]) -> list[uuid.UUID]:
                 held.release(job_id)
                 continue
             logger.warning("job %s: images not embedded (%s); text published", job_id, exc)
+        except Exception as exc:  # noqa: BLE001 - this job fails or retries, the group goes on
+            if not isinstance(exc, CompilationFailure):
+                logger.exception("visual projections of job %s failed", job_id)
+            end_attempt(job_id, held.tokens[job_id], classify(exc))
+            held.release(job_id)
+            continue
         kept.append(job_id)
     return kept
 

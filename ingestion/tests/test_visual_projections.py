@@ -337,3 +337,21 @@ def test_the_request_body_is_streamed_with_its_exact_length(dify):
     sent = [base64.b64decode(d["content"]) for d in call.body["documents"]]
     assert sent == images and call.body["documents"][2]["file_id"] == "f2"
     assert call.body["input_type"] == "document" and call.body["model"] == "jina-clip-v2"
+
+
+def test_a_dify_outage_retries_the_job_and_a_refusal_publishes_the_text(dify, client, principal):
+    space = make_space(client, principal)
+    dify.add_fault("status", MULTIMODAL_EMBEDDING, status=503, times=None)
+    assert upload(client, space, "a.docx", pictures_docx([71])).status_code in (201, 202)
+    compile_all()
+    job = CompilationJob.objects.get(document__filename="a.docx")
+    # retried (the drain runs the due retries) until its attempts are spent, never published
+    assert job.error_code == "visual_embedding_unavailable"
+    assert job.run_state in ("retry_wait", "failed") and job.execution_attempts >= 2
+    assert Document.objects.get(id=job.document_id).state != "published"
+    dify.clear_faults()
+    dify.add_fault("status", MULTIMODAL_EMBEDDING, status=400, times=None)
+    assert upload(client, space, "b.docx", pictures_docx([72])).status_code in (201, 202)
+    compile_all()
+    document = published(space, "b.docx")
+    assert not VisualProjection.objects.filter(document=document).exists()
