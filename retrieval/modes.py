@@ -97,8 +97,9 @@ def retrieve(
             code="query_images_mode_unsupported",
             details={"field": "query_images", "supported": ["fast", "deep"]},
         )
-    images = plan_images(space, profile, query, references, subject=subject)
-    text = query or images.expanded_query  # an image-only query may search its description
+    images = plan_images(space, profile, query, references, subject=subject, mode=mode)
+    # the images' description is searched with the text (Deep) or as the query (image-only)
+    text = " ".join(p for p in (query, images.expanded_query) if p)
     request = FastDeepRequest(text, top_k, score_threshold, mode, legs, fusion, filters, images)
     result = fast_or_deep(space, profile, request, started, route_ms=route_ms)
     result.route = route

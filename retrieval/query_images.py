@@ -169,7 +169,9 @@ def sniff(data: bytes) -> str | None:
 SUPPORTED = ("image/png", "image/jpeg", "image/webp", "image/gif")
 
 
-def plan_images(space, profile, query: str, references: list[str], *, subject: str) -> ImagePlan:
+def plan_images(
+    space, profile, query: str, references: list[str], *, subject: str, mode: str = "fast"
+) -> ImagePlan:
     """Decide and prepare what the images do in this run (module docstring). Raises the 4xx of
     bad input; reports model or Dify failures as degradations."""
     from spaces.capabilities import space_modalities
@@ -179,7 +181,8 @@ def plan_images(space, profile, query: str, references: list[str], *, subject: s
         return plan
     modalities = space_modalities(profile)
     embedding, reasoning = modalities["embedding"], modalities["reasoning"]
-    if not embedding.image and not query and reasoning.image:
+    if not embedding.image and reasoning.image and (not query or mode == "deep"):
+        # image-only on a text-only embedding profile, or Deep: one bounded expansion
         return _expanded(space, profile, references, subject, plan)
     if not embedding.image:
         if not query:
@@ -211,6 +214,12 @@ def plan_images(space, profile, query: str, references: list[str], *, subject: s
     except Exception as exc:  # noqa: BLE001 - a model failure degrades the visual leg
         logger.warning("space %s: query images not embedded: %s", space.pk, exc)
         plan.degradations.append(VISUAL_LEG_UNAVAILABLE)
+    if mode == "deep" and reasoning.image:  # Deep adds the one expansion to the visual leg
+        try:
+            plan.expanded_query = expand(space, profile, plan.images)
+        except Exception as exc:  # noqa: BLE001 - fail open to the visual leg
+            logger.warning("space %s: query-image expansion failed: %s", space.pk, exc)
+            plan.degradations.append(EXPANSION_TIMEOUT)
     return plan  # the bytes live as long as this run (a vision answer attaches them)
 
 

@@ -260,3 +260,28 @@ def test_a_slow_expansion_ends_at_its_timeout_with_the_degradation(
     body = response.json()
     assert body["items"] == []
     assert body["metrics"]["degradations"] == ["query-image-expansion-timeout"]
+
+
+def test_deep_with_text_adds_one_expansion_of_the_image(dify, client, described):
+    import json
+
+    def vision(body):
+        if isinstance(body["prompt_messages"][-1]["content"], list):
+            return json.dumps({"description": "Picture of series 21", "ocrText": "",
+                               "keywords": []})  # fmt: skip
+        return None
+
+    dify.llm_responder = vision
+    dify.reset_observations()
+    reference = offer(dify, described, "d", jpeg(21))
+    body = ask(client, described, mode="deep", query="what is shown", query_images=[reference])
+    assert body.status_code == 200, body.content
+    body = body.json()
+    assert body["metrics"]["query_images"]["expansion"] is True
+    assert body["items"][0]["citation"]["filename"] == "pictures.docx"
+    assert dify.llm_images_received == 1
+    # Fast with text does not expand: the images are not used on this text-only space
+    dify.reset_observations()
+    fast = ask(client, described, query="what is shown", query_images=[reference]).json()
+    assert fast["metrics"]["degradations"] == ["query-image-visual-leg-unavailable"]
+    assert dify.llm_images_received == 0
