@@ -1,6 +1,6 @@
-"""``kfs ingest|documents|jobs|stats|retry|cancel|schedules|sweep|storage``: uploads, documents and
-compilation jobs on the command line (each calls a service; wired into
-``knowledgefs/management/commands/kfs.py``). The module contract (``COMMANDS``,
+"""``kfs ingest|documents|jobs|stats|retry|cancel|schedules|sweep|storage|visual``: uploads,
+documents, compilation jobs and visual projections on the command line (each calls a service;
+wired into ``knowledgefs/management/commands/kfs.py``). The module contract (``COMMANDS``,
 ``add_parser(sub, name)``, ``handle(command, options)``) is the one of :mod:`spaces.cli`."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ COMMANDS = (
     "schedules",
     "sweep",
     "storage",
+    "visual",
 )
 
 
@@ -341,6 +342,31 @@ def _storage(command, options: dict) -> None:
         raise CommandError(f"{len(report.failed)} object(s) could not be deleted")
 
 
+def _add_visual(sub) -> None:
+    visual = sub.add_parser("visual", help="visual projections of document images")
+    actions = visual.add_subparsers(dest="visual_command", required=True)
+    backfill = actions.add_parser(
+        "backfill",
+        help="embed the images of every published document with the space's image-capable "
+        "profile (and remove those of other profiles)",
+    )
+    backfill.add_argument("--space", required=True, metavar="SLUG")
+    backfill.add_argument("--tenant", required=True)
+    backfill.add_argument("--json", action="store_true")
+
+
+def _visual(command, options: dict) -> None:
+    from ingestion.visual import backfill_space
+
+    summary = backfill_space(space_of(options).id)
+    command.emit(
+        options,
+        summary,
+        f"{summary['documents']} document(s), {summary['embedded']} image(s) embedded, "
+        f"{summary['removed']} stale projection(s) removed",
+    )
+
+
 def _job_row(job) -> dict:
     data = JobSerializer(job).data
     return {
@@ -387,6 +413,7 @@ _PARSERS = {
     "schedules": _add_schedules,
     "sweep": _add_sweep,
     "storage": _add_storage,
+    "visual": _add_visual,
 }
 _HANDLERS = {
     "ingest": _ingest,
@@ -398,4 +425,5 @@ _HANDLERS = {
     "schedules": _schedules,
     "sweep": _sweep,
     "storage": _storage,
+    "visual": _visual,
 }

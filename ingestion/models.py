@@ -245,6 +245,45 @@ class KnowledgeNode(models.Model):
         indexes = [models.Index(fields=["space", "generation"], name="node_space_generation")]
 
 
+class VisualProjection(models.Model):
+    """One document image embedded by the space's image-capable embedding profile: the visual
+    vector space, kept apart from the text projections (a text vector is never scored against
+    it). ``generation`` is the job that built it (visible only while its document's
+    ``active_generation`` equals it); ``vector_space_id`` is the profile's that embedded it, so a
+    query vector of another profile never meets it; ``asset_index`` points into the generation's
+    ``ParseArtifact.assets`` (the image, its page, the asset route)."""
+
+    id = models.UUIDField(primary_key=True, editable=False)
+    space = models.ForeignKey(
+        KnowledgeSpace, on_delete=models.CASCADE, related_name="visual_projections"
+    )
+    document = models.ForeignKey(
+        Document, on_delete=models.CASCADE, related_name="visual_projections"
+    )
+    generation = models.UUIDField()
+    asset_index = models.PositiveIntegerField()
+    asset_key = models.CharField(max_length=512)
+    page_number = models.PositiveIntegerField(null=True, blank=True)
+    kind = models.CharField(max_length=32, default="")
+    mime_type = models.CharField(max_length=64)
+    sha256 = models.CharField(max_length=64)
+    vector_space_id = models.CharField(max_length=200)
+    dimension = models.PositiveIntegerField()
+    vector = models.BinaryField()  # float32, L2-normalised
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["document", "generation", "asset_index", "vector_space_id"],
+                name="visual_projection_unique",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["space", "vector_space_id"], name="visual_space_vectors"),
+        ]
+
+
 class UploadStatus(models.TextChoices):
     """States of an upload session (reference spec §4.3): ``creating → ready → completing →
     completed``; ``ready → aborting → aborted``; ``ready → (sweep) expired``; ``failed``."""

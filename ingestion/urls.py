@@ -11,6 +11,7 @@ from .api.upload_sessions import (
     UploadSessionSmallFileView,
 )
 from .api.views import (
+    DocumentAssetView,
     DocumentDetailView,
     DocumentListView,
     DocumentRevisionListView,
@@ -65,6 +66,11 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/documents/<str:document_id>/revisions",
         DocumentRevisionListView.as_view(),
         name="document-revisions",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/documents/<str:document_id>/assets/<str:asset_id>",
+        DocumentAssetView.as_view(),
+        name="document-asset",
     ),
     path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),

@@ -1,3 +1,5 @@
+import logging
+
 from django.apps import AppConfig
 from django.db.models.signals import pre_migrate
 
@@ -14,3 +16,6 @@ class KnowledgeFSConfig(AppConfig):
         from knowledgefs.downgrades import refuse_guarded_plan
 
         pre_migrate.connect(refuse_guarded_plan, dispatch_uid="knowledgefs.guarded_downgrades")
+        # Every process (gunicorn runs no system checks) names the retired selectors once.
+        for warning in checks.ignored_selector_warnings():
+            logging.getLogger("knowledgefs.settings").warning("%s (%s)", warning.msg, warning.id)

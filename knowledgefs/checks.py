@@ -193,3 +193,32 @@ def _missing_ocr_languages(languages: str) -> list[Warning]:
             id="knowledgefs.W103",
         )
     ]
+
+
+# --- Images as evidence ---------------------------------------------------------------------------
+
+
+def ignored_selector_warnings(names: list[str] | None = None) -> list[Warning]:
+    """``knowledgefs.W104`` naming the retired multimodal selectors set in the environment (they
+    are not read: the frozen profiles decide what a space does with images)."""
+    names = settings.KNOWLEDGE_IGNORED_MULTIMODAL_SELECTORS if names is None else names
+    if not names:
+        return []
+    return [
+        Warning(
+            f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} set but not read: image "
+            "embedding, query-image retrieval and image understanding follow each space's "
+            "frozen embedding and reasoning profiles.",
+            hint="Remove the variable(s); only the byte, count, concurrency and timeout limits "
+            "(KNOWLEDGE_VISUAL_EMBEDDING_MAX_*, KNOWLEDGE_MULTIMODAL_*_MAX_*, "
+            "KNOWLEDGE_QUERY_IMAGE_EXPANSION_TIMEOUT_MS) are operator settings.",
+            obj="settings.KNOWLEDGE_IGNORED_MULTIMODAL_SELECTORS",
+            id="knowledgefs.W104",
+        )
+    ]
+
+
+@register("models")
+def check_ignored_multimodal_selectors(app_configs=None, **kwargs) -> list[Warning]:
+    """``knowledgefs.W104`` (see :func:`ignored_selector_warnings`)."""
+    return ignored_selector_warnings()

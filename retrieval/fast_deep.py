@@ -63,6 +63,7 @@ class FastDeepRequest:
     legs: tuple[str, ...]
     fusion: str
     filters: object
+    images: object = None  # retrieval.query_images.ImagePlan
 
 
 #: Reads of the legs and their nodes when a publication removed nodes in between.
@@ -89,17 +90,42 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
         if allowed is not None
         else stage("filter", False)
     )
-    for _attempt in range(SNAPSHOT_ATTEMPTS):
-        snapshot = resolve_snapshot(space)
-        results, timings = recall(
-            space,
-            snapshot,
-            request.query,
-            depth=plan.dense_top_k,
-            legs=request.legs,
-            filters=allowed,
-            language=plan.query_language,
-        )
+    images = request.images
+    image_citations: dict = {}
+    visual_stage = None
+    for attempt in range(SNAPSHOT_ATTEMPTS):
+        if attempt:
+            snapshot = resolve_snapshot(space)
+        if request.query:
+            results, timings = recall(
+                space,
+                snapshot,
+                request.query,
+                depth=plan.dense_top_k,
+                legs=request.legs,
+                filters=allowed,
+                language=plan.query_language,
+            )
+        else:  # an image-only query: the visual leg is the whole query
+            results, timings = {}, {}
+        if (
+            images is not None
+            and images.visual
+            and not (allowed is not None and not allowed.document_ids)
+        ):
+            from .visual_leg import visual_search
+
+            t0 = time.perf_counter()
+            results["visual"], image_citations = visual_search(
+                space,
+                images.vector_space_id,
+                images.vectors,
+                depth=plan.dense_top_k,
+                documents=None if allowed is None else allowed.document_ids,
+            )
+            visual_stage = stage("visual", True, len(results["visual"]), 0, _ms(t0))
+        elif images is not None and (images.images or images.degradations):
+            visual_stage = stage("visual", False)  # only reported when the request held images
         t0 = time.perf_counter()
         candidates = FUSIONS[request.fusion](results) if results else []
         base = candidates[: plan.fusion_limit]
@@ -113,6 +139,8 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
         ):
             break
     stages.extend(_leg_stages(results, timings))
+    if visual_stage is not None:
+        stages.append(visual_stage)
     stages.append(stage("fusion", bool(results), len(candidates), len(candidates) - len(base),
                          fusion_ms))  # fmt: skip
     t0 = time.perf_counter()
@@ -122,7 +150,9 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
     stages.append(stage("expansion", request.mode == "deep" and bool(base), len(expanded), 0,
                          (time.perf_counter() - t0) * 1000))  # fmt: skip
     pool = base + expanded
-    ranked, rerank_stage = _final_order(space, profile, request.query, pool, nodes, contexts)
+    ranked, rerank_stage = _final_order(
+        space, profile if request.query else None, request.query, pool, nodes, contexts
+    )
     stages.append(rerank_stage)
     threshold = request.score_threshold
     kept = ranked if threshold is None else [r for r in ranked if r[1] >= threshold]
@@ -130,6 +160,8 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
     items = hydrate(kept[: request.top_k], nodes)
     for item in items:
         item.context = contexts.get(item.node_id)
+        if item.node_id in image_citations:
+            item.citation["image"] = image_citations[item.node_id]
     counts = {
         "dense_candidates": len(results.get("dense", [])),
         "keyword_candidates": len(results.get("keyword", [])),
@@ -137,9 +169,19 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
         "expansion_candidates": len(expanded),
         "threshold_filtered_candidates": len(ranked) - len(kept),
     }
+    if images is not None and (images.images or images.degradations):
+        counts["visual_candidates"] = len(results.get("visual", []))
     metrics = _metrics(counts, rerank_stage, allowed, snapshot, timings, started)
+    if images is not None and (images.images or images.degradations):
+        metrics["query_images"] = images.describe()
+        metrics["degradations"] = list(images.degradations)
     return RetrievalResult(
-        mode=request.mode, items=items, metrics=metrics, plan=plan.as_dict(), stages=stages
+        mode=request.mode,
+        items=items,
+        metrics=metrics,
+        plan=plan.as_dict(),
+        stages=stages,
+        image_plan=images,
     )
 
 
@@ -176,7 +218,7 @@ def _final_order(space, profile, query: str, pool, nodes, contexts):
     """Rank the pool (base hits + Deep's expansions): one rerank over all of it when the profile
     enables one, else the fused order with each expansion just below its source hit.
     Returns ``(ranked, rerank stage)``."""
-    selection = rerank_selection(profile)
+    selection = rerank_selection(profile) if profile is not None else None
     if selection is None or not pool:
         # Ties: base hits first (by id, like Fast), then expansions in the order they were made.
         order = {r[0]: n for n, r in enumerate(pool)}

@@ -216,7 +216,26 @@ def cutover(
                 f"; v{old.number} retired" if old is not None else "",
             )
             purge_retired_vectors(space_id)
+            _follow_visual(space_id)
             return IndexState.ACTIVE
         if not _fill(version, _missing(version, served_by=old), batch_size):
             return _state(version_id)
     return _state(version_id)  # pragma: no cover - the last attempt always flips
+
+
+def _follow_visual(space_id) -> None:
+    """After a cutover the visual projections follow the profile now active: rebuilt with an
+    image-capable model, removed for a text-only one (:func:`ingestion.visual.backfill_space`).
+    A failure leaves the old vectors unreachable (queries never mix profiles) and is logged with
+    the runbook's command."""
+    from ingestion.visual import backfill_space
+
+    try:
+        backfill_space(space_id)
+    except Exception:  # noqa: BLE001 - the cutover stands; the backfill can be run again
+        logger.warning(
+            "space %s: visual projections not rebuilt after the cutover; run "
+            "`kfs visual backfill --space <slug> --tenant <tenant>`",
+            space_id,
+            exc_info=True,
+        )

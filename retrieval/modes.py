@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from knowledgefs.errors import InvalidInput
 from spaces.models import KnowledgeSpace
 
 from .backends import get_search_backend
@@ -27,6 +28,8 @@ def retrieve(
     legs: tuple[str, ...] = LEGS,
     fusion: str = "minmax",
     filters=None,
+    query_images=None,
+    subject: str = "",
 ) -> RetrievalResult:
     """Run a retrieval over the space's published nodes; items carry citations.
 
@@ -36,11 +39,14 @@ def retrieve(
     work. ``legs`` and ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both;
     ``"minmax"`` or ``"rrf"``). The search backend is checked first (503 on MySQL/MariaDB),
     then the space's servability (:func:`spaces.readiness.require_servable`); a failing
-    reranker or embedding model is a 503, never a silent fallback.
+    reranker or embedding model is a 503, never a silent fallback. ``query_images`` is the
+    request's ``[{"upload_file_id"}]`` (:mod:`retrieval.query_images`; ``subject`` the acting
+    caller Dify checks ownership against): with images the query text may be empty.
     """
     from spaces.readiness import require_servable
 
     from . import filters as filtering
+    from .query_images import parse_references, plan_images
 
     get_search_backend()  # 503 search_backend_unavailable first (MySQL/MariaDB)
     profile = require_servable(space)
@@ -50,8 +56,24 @@ def retrieve(
         mode = profile.retrieval_default_mode
     if score_threshold is PROFILE:
         score_threshold = profile.retrieval_score_threshold
-    query, top_k, score_threshold, mode = validate_request(query, top_k, score_threshold, mode)
+    references = parse_references(query_images)  # 413 for too many images, before any work
+    image_only = bool(references) and (
+        query is None or (isinstance(query, str) and not query.strip())
+    )
+    query, top_k, score_threshold, mode = validate_request(
+        "image" if image_only else query, top_k, score_threshold, mode
+    )
+    if image_only:
+        query = ""
+        if mode == "auto":
+            mode = "fast"  # nothing to route on: the image is the whole query
     filters = filtering.parse(filters)
+    if references and mode == "research":
+        raise InvalidInput(
+            "query_images are taken by fast and deep queries; Research does not take images yet",
+            code="query_images_mode_unsupported",
+            details={"field": "query_images", "supported": ["fast", "deep"]},
+        )
     started = time.perf_counter()
     route = None
     if mode == "auto":
@@ -68,7 +90,17 @@ def retrieve(
         result.stages.insert(0, stage("route", route_ms is not None, 0, 0, route_ms or 0.0))
         result.route = route
         return result
-    request = FastDeepRequest(query, top_k, score_threshold, mode, legs, fusion, filters)
+    if references and mode == "research":
+        raise InvalidInput(
+            "query_images are taken by fast and deep queries; Auto chose Research for this "
+            "query, which does not take images yet: ask with mode fast or deep",
+            code="query_images_mode_unsupported",
+            details={"field": "query_images", "supported": ["fast", "deep"]},
+        )
+    images = plan_images(space, profile, query, references, subject=subject, mode=mode)
+    # the images' description is searched with the text (Deep) or as the query (image-only)
+    text = " ".join(p for p in (query, images.expanded_query) if p)
+    request = FastDeepRequest(text, top_k, score_threshold, mode, legs, fusion, filters, images)
     result = fast_or_deep(space, profile, request, started, route_ms=route_ms)
     result.route = route
     return result

@@ -67,6 +67,9 @@ class RetrievalResult:
     stages: list[dict] = field(default_factory=list)
     # Auto mode's routing record: {requested_mode, resolved_mode, resolver, degraded, error}.
     route: dict | None = None
+    # The query images of this run (retrieval.query_images.ImagePlan, bytes included): read by a
+    # vision answer, never serialised.
+    image_plan: object = field(default=None, repr=False)
 
     def as_dict(self) -> dict:
         return {

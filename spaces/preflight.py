@@ -27,6 +27,7 @@ from knowledgefs.runtime import (
 )
 
 from . import signals
+from .capabilities import PROBE_PNG, catalog_digest, declares_image_input
 from .models import KnowledgeSpace, Readiness, SpaceProfile
 from .profiles import locked_profile, not_ready, profile_of
 from .selection import (
@@ -384,6 +385,7 @@ def _check_dify_embedding(
             "not be comparable; re-index the space with another model",
             field="embedding",
         )
+    image = _check_image_input(runtime, tenant, item, selection, dimension, deadline)
     return {
         "embedding_identity": item.plugin_unique_identifier,
         "embedding_dimension": dimension,
@@ -394,8 +396,62 @@ def _check_dify_embedding(
                 "dimension": dimension,
                 "distance_metric": DISTANCE_METRIC,
                 "capabilities": dict(item.capabilities),
+                "catalog_digest": catalog_digest(
+                    item.plugin_unique_identifier, dict(item.capabilities)
+                ),
+                **image,
             }
         },
+    }
+
+
+def _check_image_input(
+    runtime, tenant: str, item, selection: Selection, dimension: int, deadline: _Deadline
+) -> dict:
+    """``{"input_modalities", "image_reason", "probe_model"}``: image input is recorded only when
+    the catalog entry declares it and a text probe plus 1×1 PNG document and query probes all
+    answer with one model identity and ``dimension``. Any other outcome (a probe refused, a
+    different identity or dimension, no time left) leaves the profile text-only with the reason;
+    the text profile itself stays valid."""
+    from knowledgefs.dify.errors import DifyError
+
+    if not declares_image_input(item.capabilities):
+        return {"input_modalities": ["text"], "image_reason": "embedding-model-text-only"}
+    probes = (
+        ("text", {"text": PROBE_DOCUMENT, "input_type": "document"}),
+        ("image document", {"image": PROBE_PNG, "input_type": "document"}),
+        ("image query", {"image": PROBE_PNG, "input_type": "query"}),
+    )
+    seen: list[tuple[str, int]] = []
+    try:
+        for name, probe in probes:
+            deadline.check("embedding", selection, f"the {name} probe")
+            seen.append(
+                runtime.embedding_probe(
+                    tenant_id=tenant,
+                    provider=selection.canonical_provider,
+                    model=selection.model,
+                    **probe,
+                )
+            )
+    except (DifyError, ProfileFailure) as exc:
+        reason = getattr(exc, "code", type(exc).__name__)
+        logger.warning("embedding model %s: image probe failed (%s): text only", selection, exc)
+        return {"input_modalities": ["text"], "image_reason": f"image-probe-failed:{reason}"}
+    identities = {identity for identity, _ in seen}
+    dimensions = {d for _, d in seen}
+    if len(identities) != 1 or dimensions != {dimension}:
+        logger.warning(
+            "embedding model %s: image probes disagree (identities %s, dimensions %s): text only",
+            selection,
+            sorted(identities),
+            sorted(dimensions),
+        )
+        return {"input_modalities": ["text"], "image_reason": "image-probe-mismatch"}
+    return {
+        "input_modalities": ["text", "image"],
+        "image_reason": None,
+        "probe_model": identities.pop(),
     }
 
 
@@ -460,4 +516,11 @@ def _check_reasoning(runtime, tenant: str, selection: Selection, deadline: _Dead
             f"reasoning model {selection} answered nothing",
             field="reasoning",
         )
-    return {"plugin_unique_identifier": item.plugin_unique_identifier}
+    vision = declares_image_input(item.capabilities)
+    return {
+        "plugin_unique_identifier": item.plugin_unique_identifier,
+        "capabilities": dict(item.capabilities),
+        "catalog_digest": catalog_digest(item.plugin_unique_identifier, dict(item.capabilities)),
+        "input_modalities": ["text", "image"] if vision else ["text"],
+        "image_reason": None if vision else "reasoning-model-text-only",
+    }

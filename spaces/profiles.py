@@ -126,8 +126,11 @@ def describe(profile: SpaceProfile) -> dict:
     - ``embedding_profile``: ``{plugin_id, provider, model, model_identity, dimension,
       vector_space_id, revision, frozen_at}`` (selection fields null while setup is required);
     - ``retrieval_profile``: ``{default_mode, reasoning_model, rerank: {enabled, model},
-      score_threshold, top_k, revision}``.
+      score_threshold, top_k, revision}``;
+    - ``capabilities``: what the frozen profiles allow with images
+      (:func:`spaces.capabilities.describe_capabilities`).
     """
+    from .capabilities import describe_capabilities
 
     def iso(value):
         return value.isoformat() if value else None
@@ -160,6 +163,7 @@ def describe(profile: SpaceProfile) -> dict:
             "top_k": profile.retrieval_top_k,
             "revision": profile.retrieval_revision,
         },
+        "capabilities": describe_capabilities(profile),
     }
 
 

@@ -128,6 +128,39 @@ def _expected_version(request, body):
     return body.get("row_version")
 
 
+class DocumentAssetView(APIView):
+    operations = {"GET": Operation("documents.read_asset", child("document", "document_id"))}
+
+    def get(self, request, space_id, document_id, asset_id):
+        """One stored image of the published document (``?variant=thumbnail``), served inline
+        only for PNG/JPEG/GIF/WebP, else as an attachment; 413 before reading when too large."""
+        from django.http import HttpResponse
+
+        from ingestion.assets_read import read_asset
+
+        body = read_asset(
+            request.user,
+            space_id,
+            document_id,
+            asset_id,
+            variant=request.query_params.get("variant"),
+        )
+        response = HttpResponse(body.data, content_type=body.content_type)
+        disposition = "inline" if body.inline else "attachment"
+        response["Content-Disposition"] = f'{disposition}; filename="{body.filename}"'
+        response["Content-Length"] = str(len(body.data))
+        response["Cache-Control"] = "private, max-age=300"
+        if body.sha256:
+            response["ETag"] = f'"{body.sha256}"'
+        return response
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+        return response
+
+
 class DocumentTextView(APIView):
     operations = {"GET": Operation("documents.read_text", child("document", "document_id"))}
 

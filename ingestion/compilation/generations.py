@@ -16,7 +16,7 @@ from ingestion import parsing
 from ingestion.chunking import Chunk, chunk_elements
 from ingestion.compilation.assets import _delete_assets_on_commit
 from ingestion.compilation.errors import CompilationFailure
-from ingestion.models import CompilationJob, KnowledgeNode, ParseArtifact
+from ingestion.models import CompilationJob, KnowledgeNode, ParseArtifact, VisualProjection
 from ingestion.projection import projector
 from spaces.models import KnowledgeSpace
 
@@ -98,6 +98,7 @@ def _drop_other_generations(keep: dict[uuid.UUID, uuid.UUID]) -> None:
         return
     kept = list(keep.values())
     _drop_nodes(KnowledgeNode.objects.filter(document_id__in=keep).exclude(generation__in=kept))
+    VisualProjection.objects.filter(document_id__in=keep).exclude(generation__in=kept).delete()
     artifacts = ParseArtifact.objects.filter(document_id__in=keep).exclude(job_id__in=kept)
     _delete_assets_on_commit(artifacts.values_list("assets", flat=True))
     artifacts.delete()

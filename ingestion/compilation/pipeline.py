@@ -272,10 +272,46 @@ def _embed_and_publish(
     to_publish = [
         j for j in held.live(order) if j in projected or jobs[j].stage == Stage.PROJECTION_BUILT
     ]
+    to_publish = _visual(held, jobs, to_publish)
     counts = {j: len(nodes[j]) for j in to_publish if j in nodes}
     counts.update(_node_counts(jobs, [j for j in to_publish if j not in counts]))
     for job_id in publish_many([(jobs[j], held.tokens[j], counts[j]) for j in to_publish]):
         held.release(job_id)
+
+
+def _visual(held: Held, jobs, job_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Build each generation's visual projections (:mod:`ingestion.visual`; nothing for a
+    text-only profile); returns the jobs to publish. A retryable model-runtime failure puts the
+    job in retry; a refusal of the images publishes the text and logs it; a cancel drops it."""
+    from ingestion.visual import VisualCanceled, build_visual_projections
+    from knowledgefs.dify.errors import DifyError
+
+    kept = []
+    for job_id in job_ids:
+        try:
+            build_visual_projections(jobs[job_id], cancelled=lambda j=job_id: held.is_lost(j))
+        except VisualCanceled:
+            held.release(job_id)
+            continue
+        except DifyError as exc:
+            if getattr(exc, "retryable", False):
+                failure = CompilationFailure(
+                    "visual_embedding_unavailable",
+                    f"the document's images could not be embedded ({exc.code}); retried",
+                    retryable=True,
+                )
+                end_attempt(job_id, held.tokens[job_id], failure)
+                held.release(job_id)
+                continue
+            logger.warning("job %s: images not embedded (%s); text published", job_id, exc)
+        except Exception as exc:  # noqa: BLE001 - this job fails or retries, the group goes on
+            if not isinstance(exc, CompilationFailure):
+                logger.exception("visual projections of job %s failed", job_id)
+            end_attempt(job_id, held.tokens[job_id], classify(exc))
+            held.release(job_id)
+            continue
+        kept.append(job_id)
+    return kept
 
 
 def _load_nodes(jobs, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[KnowledgeNode]]:

@@ -87,7 +87,7 @@ class Operation:
     @property
     def read(self) -> bool:
         verb = self.action.rsplit(".", 1)[-1]
-        return verb in {"list", "read", "read_text"} or self.action in (
+        return verb in {"list", "read", "read_text", "read_asset"} or self.action in (
             "queries.create",
             "queries.answer",
         )

@@ -28,6 +28,7 @@ from . import config
 from .envelope import parse_json, unwrap_envelope
 from .errors import DifyError, ModelRuntimeError
 from .frames import iter_frames
+from .multimodal_body import streamed_body
 from .transport import DifyTransport
 
 TEXT_EMBEDDING = "/inner/api/invoke/text-embedding"
@@ -234,21 +235,52 @@ class DifyModelRuntime:
             batch_bytes += size
 
         def call(batch: list[MultimodalDocument]) -> np.ndarray:
-            encoded = []
+            # The body is streamed: base64 is encoded while it is sent (no copy of the batch).
+            parts = []
             for document in batch:
-                item = {
-                    "content": base64.b64encode(document.content).decode(),
-                    "content_type": checked_identifier(document.content_type, "content_type", 64),
+                extra = {
+                    "content_type": checked_identifier(document.content_type, "content_type", 64)
                 }
                 if document.file_id:
-                    item["file_id"] = document.file_id
-                encoded.append(item)
-            data = self._unary(
-                MULTIMODAL_EMBEDDING, {**common, "documents": encoded, "input_type": input_type}
-            )
+                    extra["file_id"] = document.file_id
+                parts.append((document.content, extra))
+            body, size = streamed_body(common, parts, input_type)
+            data = self._unary(MULTIMODAL_EMBEDDING, None, body=body, body_size=size)
             return _embeddings(data, len(batch), MULTIMODAL_EMBEDDING, expected_dimension)
 
         return _stack(self._map(call, batches), expected_dimension, MULTIMODAL_EMBEDDING)
+
+    def embedding_probe(
+        self,
+        *,
+        tenant_id: str,
+        provider: str,
+        model: str,
+        text: str | None = None,
+        image: bytes | None = None,
+        input_type: str = "document",
+    ) -> tuple[str, int]:
+        """One probe embedding of ``text`` (the text route) or of ``image`` (the multimodal
+        route, ``content_type`` ``image``): returns ``(model identity as Dify answered it,
+        dimension)``. The preflight compares these across the text and image probes."""
+        if input_type not in INPUT_TYPES:
+            raise _input_error(f"input_type must be one of {INPUT_TYPES}")
+        if (text is None) == (image is None):
+            raise _input_error("an embedding probe takes a text or an image")
+        common = self._common(tenant_id, provider, model, "text-embedding")
+        if text is not None:
+            route = TEXT_EMBEDDING
+            payload = {**common, "texts": [text], "input_type": input_type}
+        else:
+            route = MULTIMODAL_EMBEDDING
+            encoded = {"content": base64.b64encode(image).decode(), "content_type": "image"}
+            payload = {**common, "documents": [encoded], "input_type": input_type}
+        data = self._unary(route, payload)
+        matrix = _embeddings(data, 1, route, None)
+        identity = data.get("model") if isinstance(data, dict) else None
+        if not isinstance(identity, str) or not identity.strip():
+            identity = ""
+        return identity.strip()[:256], int(matrix.shape[1])
 
     # -- rerank --------------------------------------------------------------------------------
 
@@ -432,7 +464,15 @@ class DifyModelRuntime:
             "model_type": model_type,
         }
 
-    def _unary(self, route: str, payload: dict[str, Any], inputs: Sequence[str] = ()) -> Any:
+    def _unary(
+        self,
+        route: str,
+        payload: dict[str, Any] | None,
+        inputs: Sequence[str] = (),
+        *,
+        body=None,  # noqa: ANN001 - a streamed JSON body factory (multimodal_body)
+        body_size: int | None = None,
+    ) -> Any:
         reply = self.transport.request(
             "POST",
             route,
@@ -441,6 +481,9 @@ class DifyModelRuntime:
             max_bytes=self.max_response_bytes,
             idempotent=True,
             json_body=payload,
+            body=body,
+            body_size=body_size,
+            headers={"Content-Type": "application/json"} if body is not None else None,
         )
         value = parse_json(reply.body, errors=ModelRuntimeError, route=route)
         return unwrap_envelope(

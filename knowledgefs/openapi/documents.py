@@ -145,6 +145,32 @@ def register() -> None:
         ),
     )
     annotate(
+        "ingestion.api.views.DocumentAssetView",
+        get=extend_schema(
+            summary="One stored image of the published document",
+            parameters=[
+                OpenApiParameter(
+                    "variant",
+                    str,
+                    OpenApiParameter.QUERY,
+                    description="`thumbnail` (a PDF page image's thumbnail); 400 `invalid_variant`"
+                    ", 404 `asset_variant_not_found`.",
+                ),
+            ],
+            responses={
+                (200, "application/octet-stream"): OpenApiResponse(
+                    OpenApiTypes.BINARY,
+                    description="The bytes: inline for PNG/JPEG/GIF/WebP, else an attachment; "
+                    "always `X-Content-Type-Options: nosniff` and "
+                    "`Content-Security-Policy: default-src 'none'; sandbox`.",
+                ),
+                404: error("`asset_not_found`, `asset_variant_not_found`, `document_not_found`."),
+                409: error("`document_disabled`, `document_not_published`."),
+                413: error("`asset_too_large`: over `KNOWLEDGE_MULTIMODAL_ASSET_MAX_READ_BYTES`."),
+            },
+        ),
+    )
+    annotate(
         "ingestion.api.views.JobListView",
         get=extend_schema(
             summary="The space's compilation attempts, newest first",

@@ -23,6 +23,7 @@ from knowledgefs.settings.platform import *  # noqa: F403
 from knowledgefs.settings.runtime import *  # noqa: F403
 from knowledgefs.settings.ingestion import *  # noqa: F403
 from knowledgefs.settings.retrieval import *  # noqa: F403
+from knowledgefs.settings.multimodal import *  # noqa: F403
 
 # isort: on
 from knowledgefs.settings.validation import validate

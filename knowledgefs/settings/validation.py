@@ -35,6 +35,12 @@ from knowledgefs.settings.ingestion import (
     _remote_too_long,
     _unstructured_url_given,
 )
+from knowledgefs.settings.multimodal import (
+    KNOWLEDGE_MULTIMODAL_ANSWER_MAX_IMAGE_BYTES,
+    KNOWLEDGE_MULTIMODAL_ANSWER_MAX_TOTAL_IMAGE_BYTES,
+    KNOWLEDGE_VISUAL_EMBEDDING_MAX_ASSET_BYTES,
+    KNOWLEDGE_VISUAL_EMBEDDING_MAX_BATCH_BYTES,
+)
 from knowledgefs.settings.platform import (
     DATABASES,
     DIFY_INNER_API_KEY,
@@ -205,6 +211,7 @@ def validate() -> None:
             "DIFY_INNER_API_URL and DIFY_INNER_API_KEY (Compose: http://api:5001 and Dify's "
             "INNER_API_KEY_FOR_PLUGIN)"
         )
+    _validate_multimodal()
     if KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS <= KNOWLEDGE_UPGRADE_STEP_TIMEOUT_SECONDS:
         raise ImproperlyConfigured(
             f"KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS={KNOWLEDGE_UPGRADE_STEP_STALE_SECONDS} must be "
@@ -221,4 +228,26 @@ def validate() -> None:
             "KNOWLEDGE_UPGRADE_RECONCILE_LEASE_SECONDS="
             f"{KNOWLEDGE_UPGRADE_RECONCILE_LEASE_SECONDS}: "
             "a delivery must end well before its lease can be re-issued"
+        )
+
+
+def _validate_multimodal() -> None:
+    """The image limits that must agree: one image fits a visual batch, one answer image fits
+    the answer's total."""
+    if KNOWLEDGE_VISUAL_EMBEDDING_MAX_ASSET_BYTES > KNOWLEDGE_VISUAL_EMBEDDING_MAX_BATCH_BYTES:
+        raise ImproperlyConfigured(
+            "KNOWLEDGE_VISUAL_EMBEDDING_MAX_ASSET_BYTES="
+            f"{KNOWLEDGE_VISUAL_EMBEDDING_MAX_ASSET_BYTES} must not exceed "
+            "KNOWLEDGE_VISUAL_EMBEDDING_MAX_BATCH_BYTES="
+            f"{KNOWLEDGE_VISUAL_EMBEDDING_MAX_BATCH_BYTES}: one image must fit one request"
+        )
+    if (
+        KNOWLEDGE_MULTIMODAL_ANSWER_MAX_TOTAL_IMAGE_BYTES
+        < KNOWLEDGE_MULTIMODAL_ANSWER_MAX_IMAGE_BYTES
+    ):
+        raise ImproperlyConfigured(
+            "KNOWLEDGE_MULTIMODAL_ANSWER_MAX_TOTAL_IMAGE_BYTES="
+            f"{KNOWLEDGE_MULTIMODAL_ANSWER_MAX_TOTAL_IMAGE_BYTES} must be at least "
+            "KNOWLEDGE_MULTIMODAL_ANSWER_MAX_IMAGE_BYTES="
+            f"{KNOWLEDGE_MULTIMODAL_ANSWER_MAX_IMAGE_BYTES}"
         )

@@ -32,8 +32,12 @@ LLM_ANSWER = ["The leave policy ", "grants 25 days ", "per year."]
 _WORD = re.compile(r"\w+")
 _PROVIDER = re.compile(r"^[a-z0-9_-]+/[a-z0-9_-]+/[a-z0-9_-]+$")
 
+# Declared capabilities beyond the context size: ``features`` with ``vision`` marks a vision LLM
+# (gpt-4.1) and a multimodal embedding model (jina-clip-v2) whose route takes images.
+VISION = {"features": ["vision"]}
 CATALOG = [
     {"model_type": "llm", "plugin_id": "langgenius/openai", "provider": "openai", "model": m}
+    | ({"capabilities": VISION} if m == "gpt-4.1" else {})
     for m in ("gpt-4.1", "gpt-4.1-mini", "o4-mini")
 ] + [
     {"model_type": "text-embedding", "plugin_id": "langgenius/openai", "provider": "openai",
@@ -42,6 +46,8 @@ CATALOG = [
      "model": "embed-v4.0"},
     {"model_type": "rerank", "plugin_id": "langgenius/cohere", "provider": "cohere",
      "model": "rerank-v3.5"},
+    {"model_type": "text-embedding", "plugin_id": "langgenius/jina", "provider": "jina",
+     "model": "jina-clip-v2", "capabilities": VISION},
 ]  # fmt: skip
 
 DRIVE_FILES = [f"report-{i:03d}.pdf" for i in range(25)]

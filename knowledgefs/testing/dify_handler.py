@@ -35,6 +35,7 @@ from .dify_contract import (
     envelope_frame,
     overlap_score,
 )
+from .dify_images import QUERY_IMAGE, ImageRefusal, serve_query_image
 
 if TYPE_CHECKING:
     from .dify_server import DifyTestServer
@@ -94,6 +95,8 @@ class _Handler(BaseHTTPRequestHandler):
                     record.body = json.loads(raw) if raw else None
                 except ValueError:
                     record.body = raw
+                if route == MULTIMODAL_EMBEDDING and len(raw) > 1024 * 1024:
+                    record.body = self.dify.summarise_images(record.body)
             for fault in self._faults:
                 if fault.kind == "delay":
                     self.dify.stopping.wait(fault.seconds)
@@ -133,6 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
                 STORAGE_HEALTH: self._storage_health,
                 VECTORS: self._bridge,
                 TEXTS: self._bridge,
+                QUERY_IMAGE: lambda q, r: serve_query_image(self, q),
             }.get(route)
             if handler is None:
                 return self._json(404, {"code": "not_found", "message": route})
@@ -278,9 +282,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._model_request(raw, "text-embedding")
         if body is None:
             return
-        documents = body.get("documents") or []
-        texts = [base64.b64decode(d["content"]).decode("latin-1") for d in documents]
-        data = {"model": body["model"], "embeddings": self._vectors(texts), "usage": {"tokens": 1}}
+        try:
+            vectors = self.dify.embed_documents(body, self._fault("dimension"))
+        except ImageRefusal as refusal:
+            return self._json(refusal.status, {"code": refusal.code, "message": refusal.message})
+        identity = self.dify.multimodal_identity or body["model"]
+        data = {"model": identity, "embeddings": vectors, "usage": {"tokens": 1}}
         self._json(200, {"data": data, "error": ""})
 
     def _rerank(self, query: dict, raw: bytes) -> None:
@@ -311,6 +318,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if body.get("stream") is not True or body.get("mode") != "chat":
             return self._json(400, {"code": "invalid_request", "message": "stream/mode"})
+        if (refusal := self.dify.count_llm_images(body)) is not None:
+            return self._json(400, refusal)
         answer = LLM_ANSWER
         if self.dify.llm_responder is not None:
             try:
@@ -371,8 +380,9 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         items = [
-            {**item, "capabilities": {"model_properties": {"context_size": 8192}},
-             "plugin_unique_identifier": f"{item['plugin_id']}:1.0.0@sha256:abc"}
+            {**item, "capabilities": {"model_properties": {"context_size": 8192},
+                                      **self.dify.catalog_capabilities(item)},
+             "plugin_unique_identifier": self.dify.catalog_identity(item)}
             for item in CATALOG
             if item["model_type"] == body.get("model_type")
             and (not body.get("provider")

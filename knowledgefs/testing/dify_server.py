@@ -34,6 +34,7 @@ a wrong stored checksum, a corrupted upload. Every request is recorded
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 from collections import defaultdict
@@ -74,6 +75,7 @@ from .dify_contract import (  # noqa: F401
     wait_until,
 )
 from .dify_handler import _Handler
+from .dify_images import ImageRefusal, decode_documents, image_vector
 
 
 class DifyTestServer(LoopbackServerMixin):
@@ -118,6 +120,22 @@ class DifyTestServer(LoopbackServerMixin):
         # ``(status, json_body)`` / ``(status, json_body, headers)`` to answer that instead
         # (a token limit, a rate limit with Retry-After, a refused key).
         self.embedding_responder: Any = None
+        # Images: the model identity the multimodal route answers with (None: the requested
+        # model; another name stands for a route served by another model), catalog entries a
+        # test changed (drift: ``{model: {"identity": …, "capabilities": {…}}}``), and what the
+        # route received (images embedded, the largest raw bytes of one request).
+        self.multimodal_identity: str | None = None
+        self.catalog_overrides: dict[str, dict] = {}
+        # "pixels" (the image embedder) or "digest" (a vector from the bytes' SHA-256, for
+        # benchmarks that send large non-image payloads and measure the client, not the server).
+        self.image_vectors = "pixels"
+        self.images_embedded = 0
+        # Image parts LLM requests carried (a vision answer's budget is counted here).
+        self.llm_images_received = 0
+        self.llm_image_bytes_received = 0
+        # Query images Dify holds: {(tenant_id, upload_file_id): (bytes, MIME, subject | None)}.
+        self.query_images: dict[tuple[str, str], tuple[bytes, str, str | None]] = {}
+        self.peak_image_request_bytes = 0
         self._in_flight: dict[str, int] = defaultdict(int)
         self._connections: set[socket.socket] = set()
         self._peak: dict[str, int] = defaultdict(int)
@@ -202,6 +220,8 @@ class DifyTestServer(LoopbackServerMixin):
         with self.lock:
             self.requests.clear()
             self._peak.clear()
+            self.images_embedded = self.peak_image_request_bytes = 0
+            self.llm_images_received = self.llm_image_bytes_received = 0
 
     def _enter(self, route: str) -> None:
         with self.lock:
@@ -219,3 +239,70 @@ class DifyTestServer(LoopbackServerMixin):
             vectors = _local_onnx().embed_documents(list(texts))
             return [[float(v) * self.scale for v in row] for row in vectors]
         return [[v * self.scale for v in hashed_embedding(t, dimension)] for t in texts]
+
+    def embed_documents(self, body: dict, wrong: Fault | None = None) -> list[list[float]]:
+        """The multimodal route: images by :func:`dify_images.image_vector` (bytes that are no
+        image, as before, by the bag-of-words of their Latin-1 text), ``text`` documents as the
+        text route; within the route's limits (ImageRefusal)."""
+        documents = decode_documents(body.get("documents"))
+        dimension = wrong.dimension if wrong else self.dimension
+        with self.lock:
+            self.images_embedded += sum(1 for kind, _ in documents if kind == "image")
+            size = sum(len(raw) for _, raw in documents)
+            self.peak_image_request_bytes = max(self.peak_image_request_bytes, size)
+        vectors = []
+        for kind, raw in documents:
+            if kind == "image" and self.image_vectors == "digest":
+                digest = hashlib.sha256(raw).hexdigest()
+                vectors.append([v * self.scale for v in hashed_embedding(digest, dimension)])
+            elif kind == "image":
+                try:
+                    vector = image_vector(raw, dimension)
+                except ImageRefusal:
+                    vector = hashed_embedding(raw.decode("latin-1"), dimension)
+                vectors.append([v * self.scale for v in vector])
+            else:
+                vectors.extend(self.embed([raw.decode("utf-8", "replace")], dimension))
+        return vectors
+
+    @staticmethod
+    def summarise_images(body: dict) -> dict:
+        """A large request's body as recorded: each document's content replaced by its size."""
+        if not isinstance(body, dict) or not isinstance(body.get("documents"), list):
+            return body
+        documents = [
+            {**d, "content": f"<{len(d.get('content', ''))} base64 characters>"}
+            if isinstance(d, dict) else d
+            for d in body["documents"]
+        ]  # fmt: skip
+        return {**body, "documents": documents}
+
+    def catalog_capabilities(self, item: dict) -> dict:
+        override = self.catalog_overrides.get(item["model"], {})
+        return dict(override.get("capabilities", item.get("capabilities", {})))
+
+    def catalog_identity(self, item: dict) -> str:
+        override = self.catalog_overrides.get(item["model"], {})
+        return override.get("identity", f"{item['plugin_id']}:1.0.0@sha256:abc")
+
+    def count_llm_images(self, body: dict) -> dict | None:
+        """Count the image parts of an LLM request; a model the catalog does not mark vision
+        refuses them (the error body), as Dify does."""
+        parts = [
+            part
+            for message in body.get("prompt_messages") or []
+            if isinstance(message.get("content"), list)
+            for part in message["content"]
+            if isinstance(part, dict) and part.get("type") == "image"
+        ]
+        if not parts:
+            return None
+        item = next((c for c in CATALOG if c["model"] == body.get("model")), {})
+        if "vision" not in self.catalog_capabilities(item).get("features", []):
+            return {"code": "invalid_request", "message": f"{body.get('model')} takes no images"}
+        with self.lock:
+            self.llm_images_received += len(parts)
+            self.llm_image_bytes_received += sum(
+                len(p.get("base64_data", "")) * 3 // 4 for p in parts
+            )
+        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 
 from retrieval import evidence as ev
@@ -31,11 +32,18 @@ def _generator(space) -> Generator:
     return Generator("llm", selection)
 
 
-def prompt_messages(run: AnswerRun) -> list[dict]:
-    """The LLM's messages: the system prompt, then the question and the packed evidence."""
+def prompt_messages(run: AnswerRun, image_parts: list[dict] | None = None) -> list[dict]:
+    """The LLM's messages: the system prompt, then the question and the packed evidence; with
+    ``image_parts`` (a vision model: :mod:`.images`) the user message also carries them, the
+    query's images first."""
     entries = "\n".join(ev.entry_text(item) for item in run.bundle.items)
     user = f"Question:\n{run.query}\n\nEvidence:\n{entries}"
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    if image_parts:
+        note = "\n\nImages: the question's images come first, then images cited by the evidence."
+        content: object = [{"type": "text", "data": user + note}, *image_parts]
+    else:
+        content = user
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
 
 
 def _llm_deltas(run: AnswerRun) -> Iterator[str]:
@@ -44,19 +52,40 @@ def _llm_deltas(run: AnswerRun) -> Iterator[str]:
     from a helper thread)."""
     from knowledgefs.runtime import model_runtime
 
+    from .images import GATE, choose
+    from .traces import _now, step
+
     selection = run.generator.selection
-    stream = model_runtime().invoke_llm(
-        tenant_id=run.space.tenant_id,
-        provider=selection.canonical_provider,
-        model=selection.model,
-        prompt_messages=prompt_messages(run),
-        completion_params={"max_tokens": run.bundle.window.output_tokens, "temperature": 0},
-        tools=[],
-    )
-    return _contents(stream)
+    began = _now()
+    GATE.acquire()  # image loading and the call: one answer-image lifecycle
+    try:
+        images = choose(run.space, run.result, run.bundle.items)
+        if images.parts or images.skipped or images.dropped:
+            run.steps.append(step("answer.images", "ok", began, _now(), **images.summary()))
+        stream = model_runtime().invoke_llm(
+            tenant_id=run.space.tenant_id,
+            provider=selection.canonical_provider,
+            model=selection.model,
+            prompt_messages=prompt_messages(run, images.parts),
+            completion_params={"max_tokens": run.bundle.window.output_tokens, "temperature": 0},
+            tools=[],
+        )
+    except BaseException:
+        GATE.release()
+        raise
+    released = []
+
+    def release_once() -> None:  # by the stream's end, or when an unread stream is collected
+        if not released:
+            released.append(True)
+            GATE.release()
+
+    deltas = _contents(stream, release_once)
+    weakref.finalize(deltas, release_once)
+    return deltas
 
 
-def _contents(stream) -> Iterator[str]:
+def _contents(stream, release=None) -> Iterator[str]:
     try:
         for frame in stream:
             delta = frame.get("delta") if isinstance(frame, dict) else None
@@ -66,6 +95,8 @@ def _contents(stream) -> Iterator[str]:
                 yield content
     finally:
         stream.close()
+        if release is not None:
+            release()
 
 
 def paced(source: Iterator[str], interval: float) -> Iterator[str | None]:

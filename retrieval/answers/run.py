@@ -66,6 +66,8 @@ def start(
     score_threshold=PROFILE,
     filters=None,
     source: str = "service_api",
+    query_images=None,
+    subject: str = "",
 ) -> AnswerRun:
     """Retrieve and pack the evidence of one answer and write its trace (``completed=False``).
 
@@ -80,8 +82,16 @@ def start(
     t0 = time.perf_counter()
     try:
         result = retrieve(
-            space, query, mode=mode, top_k=top_k, score_threshold=score_threshold, filters=filters
+            space,
+            query,
+            mode=mode,
+            top_k=top_k,
+            score_threshold=score_threshold,
+            filters=filters,
+            query_images=query_images,
+            subject=subject,
         )
+        query = query or ""
     except InvalidInput:
         raise  # a bad request: no run, no trace
     except ServiceError as exc:
@@ -90,6 +100,10 @@ def start(
         raise
     retrieved = _now()
     steps = [_route_step(mode, result, began), *_retrieve_steps(result, began, retrieved, t0)]
+    if "query_images" in result.metrics:  # ids, digests, sizes, types and degradations only
+        images = result.metrics["query_images"]
+        status = "error" if images["degradations"] else "ok"
+        steps.append(step("query.images", status, began, retrieved, **images))
     generator = _generator(space)
     answered = _now()
     win = _window(space, generator, query)

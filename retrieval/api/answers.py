@@ -26,9 +26,17 @@ from spaces.services import get_space
 from .. import answers
 from ..modes import PROFILE
 from ..recall import MODES
-from .views import RouteView, refuse_unknown_members
+from .views import RouteView, caller_subject, refuse_unknown_members
 
-QUERY_MEMBERS = ("space_id", "query", "mode", "top_k", "filters", "score_threshold")
+QUERY_MEMBERS = (
+    "space_id",
+    "query",
+    "mode",
+    "top_k",
+    "filters",
+    "score_threshold",
+    "query_images",
+)
 # What the route produces: the stream on success, JSON for every refusal before it.
 PRODUCES = ("text/event-stream", "application/json")
 
@@ -48,8 +56,14 @@ def parse_body(body) -> dict:
     if not isinstance(space_id, str) or not space_id.strip():
         raise InvalidInput("space_id is required (a knowledge space id)", code="invalid_space_id")
     query = body.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise InvalidInput("query must be a non-empty string", code="invalid_query")
+    images = body.get("query_images")
+    if images and query is None:
+        query = ""  # an image-only query
+    if not isinstance(query, str) or (not query.strip() and not images):
+        raise InvalidInput(
+            "query must be a non-empty string (or send at least one of query_images)",
+            code="invalid_query",
+        )
     if len(query) > settings.RETRIEVAL_MAX_QUERY_CHARS:
         raise InvalidInput(
             f"query is {len(query)} characters; the limit is {settings.RETRIEVAL_MAX_QUERY_CHARS}",
@@ -65,6 +79,7 @@ def parse_body(body) -> dict:
         "top_k": body.get("top_k"),
         "score_threshold": body.get("score_threshold", PROFILE),
         "filters": body.get("filters"),
+        "query_images": images,
     }
 
 
@@ -121,6 +136,8 @@ class QueryView(RouteView):
                 score_threshold=params["score_threshold"],
                 filters=params["filters"],
                 source="service_api",
+                query_images=params["query_images"],
+                subject=caller_subject(request.user),
             )
         except ServiceError as exc:
             trace_id = getattr(exc, "trace_id", None)

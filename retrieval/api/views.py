@@ -18,7 +18,15 @@ from .. import golden
 from ..modes import PROFILE, retrieve
 from ..recall import CONCRETE_MODES
 
-BODY_MEMBERS = ("query", "mode", "top_k", "score_threshold", "filters", "include_text")
+BODY_MEMBERS = (
+    "query",
+    "mode",
+    "top_k",
+    "score_threshold",
+    "filters",
+    "include_text",
+    "query_images",
+)
 
 
 class RouteView(APIView):
@@ -93,12 +101,23 @@ class RetrievalTestView(RouteView):
             score_threshold=body.get("score_threshold", PROFILE),
             mode=mode,
             filters=body.get("filters"),
+            query_images=body.get("query_images"),
+            subject=caller_subject(request.user),
         )
         payload = result.as_dict()
         if not include_text:
             for item in payload["items"]:
                 item.pop("text", None)
         return Response(bounded(payload))
+
+
+def caller_subject(principal) -> str:
+    """Who Dify checks a query image's ownership against: the acting subject of a capability
+    token, else the API key."""
+    if getattr(principal, "subject", ""):
+        return principal.subject
+    key = getattr(principal, "api_key_id", None)
+    return f"api-key:{key}" if key else ""
 
 
 def bounded(payload: dict, limit: int = MAX_RESPONSE_BYTES) -> dict:

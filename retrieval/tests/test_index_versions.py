@@ -489,3 +489,24 @@ def test_patching_the_embedding_model_starts_a_build(client, fake_models):
     query = client.post(f"{url}/retrieval-tests", {"query": "rocket thrust"}, format="json")
     assert query.status_code == 200
     assert query.json()["metrics"]["index_version"] == 2
+
+
+def test_a_cutover_to_a_text_only_model_removes_the_visual_projections(space_a):
+    import uuid
+
+    import numpy as np
+
+    from ingestion.models import VisualProjection
+
+    _admit(space_a, SEED, "seed.txt")
+    compile_all()
+    document = Document.objects.get(space=space_a)
+    VisualProjection.objects.create(
+        id=uuid.uuid4(), space=space_a, document=document, generation=document.active_generation,
+        asset_index=0, asset_key="assets/x.png", mime_type="image/png", sha256="0" * 64,
+        vector_space_id="embedding-space-sha256:old", dimension=4,
+        vector=np.ones(4, dtype=np.float32).tobytes(),
+    )  # fmt: skip
+    building = index_versions.change_embedding_model(space_a, MODEL_B)
+    assert index_builds.rebuild_index_version(building.id, batch_size=8) == "active"
+    assert not VisualProjection.objects.filter(space=space_a).exists()

@@ -112,6 +112,7 @@ def foreign(db, settings):
         "document_id": admitted["document"]["id"],
         "job_id": admitted["job"]["id"],
         "question_id": str(question.id),
+        "asset_id": "0",
         "session_id": str(session.id),
         "trace_id": str(trace.id),
         "failed_query_id": str(failed.id),
@@ -198,6 +199,7 @@ def test_foreign_ids_are_404_on_every_route_for_every_kind_of_caller(foreign):
         params = [
             p
             for p in (
+                "asset_id",
                 "session_id",
                 "space_id",
                 "document_id",

@@ -36,6 +36,7 @@ COMMANDS = (
     ("schedules", ingestion_cli),
     ("sweep", ingestion_cli),
     ("storage", ingestion_cli),
+    ("visual", ingestion_cli),
     ("downgrade-check", core_cli),
     ("cutover", upgrades_cli),
     ("upgrade", upgrades_cli),
@@ -52,8 +53,8 @@ COMMANDS = (
 class Command(BaseCommand):
     help = (
         "KnowledgeFS operator commands: spaces, API keys, ingest, query, research tasks, "
-        "documents, jobs, stats, retry, cancel, schedules, sweep, storage, downgrade-check, "
-        "cutover, upgrade, answer, eval, reindex, fs, mcp, golden, quality."
+        "documents, jobs, stats, retry, cancel, schedules, sweep, storage, visual, "
+        "downgrade-check, cutover, upgrade, answer, eval, reindex, fs, mcp, golden, quality."
     )
 
     def add_arguments(self, parser) -> None:
