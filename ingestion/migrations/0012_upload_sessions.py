@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ingestion', '0010_document_space_filename'),
+        ('ingestion', '0011_job_outlives_document'),
         ('spaces', '0005_space_profiles'),
     ]
 

@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ingestion', '0010_document_space_filename'),
+        ('ingestion', '0013_document_revisions'),
         ('spaces', '0006_space_chunking'),
     ]
 

@@ -41,7 +41,7 @@ def no_revisions(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ingestion', '0011_upload_sessions'),
+        ('ingestion', '0012_upload_sessions'),
     ]
 
     operations = [
