@@ -204,13 +204,26 @@ def check_local_model_files(app_configs=None, **kwargs) -> list[Error]:
     files are missing, or its ``model.onnx`` does not have the SHA-256 recorded for it
     (``knowledgefs.runtime.local_embedding``): every management command (``qcluster``,
     ``migrate``, ``runserver``, ``kfs``) refuses to start, naming the file; the API's ``/ready``
-    fails ``model_runtime`` with the same reason. Each file is hashed once per process."""
-    from knowledgefs.runtime import runtime_name
+    fails ``model_runtime`` with the same reason. Each file is hashed once per process.
+
+    ``knowledgefs.E202``: ``KNOWLEDGE_DEFAULT_EMBEDDING_MODEL`` names no registered model."""
+    from knowledgefs.runtime import UnknownEmbeddingModel, default_model_id, runtime_name
     from knowledgefs.runtime.local_embedding import LOCAL_MODELS, ModelFilesMissing
 
     if runtime_name() != "local":
         return []
     problems = []
+    try:
+        default_model_id()
+    except UnknownEmbeddingModel as exc:
+        problems.append(
+            Error(
+                f"KNOWLEDGE_DEFAULT_EMBEDDING_MODEL: {exc}",
+                hint="Leave it empty (bge-small-en-v1.5) or name a registered model id.",
+                obj="settings.KNOWLEDGE_DEFAULT_EMBEDDING_MODEL",
+                id="knowledgefs.E202",
+            )
+        )
     for model in LOCAL_MODELS.values():
         try:
             model.files.verified()

@@ -75,6 +75,10 @@ class LocalModel:
     max_tokens: int
     query_prefix: str = ""
     dimension: int = DIMENSION
+    # The raw query-passage cosine from which answerability counts a passage as related by
+    # meaning, calibrated per model by scripts/calibrate_answerability.py (docs/retrieval.md,
+    # "Answerability"): the two models' cosines are not on one scale.
+    relevance_floor: float = 0.35
 
 
 MINILM = LocalModel(
@@ -99,6 +103,7 @@ BGE_SMALL = LocalModel(
     pooling="cls",
     max_tokens=512,
     query_prefix=BGE_QUERY_PREFIX,
+    relevance_floor=0.35,  # CALIBRATE
 )
 LOCAL_MODELS: dict[str, LocalModel] = {m.model_id: m for m in (BGE_SMALL, MINILM)}
 
@@ -129,6 +134,7 @@ class LocalOnnxEmbedding:
         self.model_id = model.model_id
         self.dimension = model.dimension
         self.max_input_tokens = model.max_tokens
+        self.relevance_floor = model.relevance_floor
         options = onnxruntime.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads

@@ -25,7 +25,8 @@ from spaces.services import get_space
 
 from .. import answers
 from ..modes import PROFILE
-from ..recall import MODES
+from ..recall import BLANK_QUERY, MODES
+from ..text import is_blank
 from .views import RouteView, refuse_unknown_members
 
 QUERY_MEMBERS = ("space_id", "query", "mode", "top_k", "filters", "score_threshold")
@@ -48,8 +49,8 @@ def parse_body(body) -> dict:
     if not isinstance(space_id, str) or not space_id.strip():
         raise InvalidInput("space_id is required (a knowledge space id)", code="invalid_space_id")
     query = body.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise InvalidInput("query must be a non-empty string", code="invalid_query")
+    if not isinstance(query, str) or is_blank(query):
+        raise InvalidInput(BLANK_QUERY, code="invalid_query", details={"field": "query"})
     if len(query) > settings.RETRIEVAL_MAX_QUERY_CHARS:
         raise InvalidInput(
             f"query is {len(query)} characters; the limit is {settings.RETRIEVAL_MAX_QUERY_CHARS}",

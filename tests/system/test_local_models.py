@@ -183,3 +183,10 @@ def test_existing_spaces_keep_minilm_new_spaces_get_bge_and_a_change_builds_a_ne
     described = client.get(f"{SPACES}/{old.id}").json()
     assert described["embedding_profile"]["model"] == DEFAULT_MODEL_ID
     assert KnowledgeNode.objects.filter(space=old).count() >= 2
+
+
+def test_an_unregistered_default_model_stops_start_up(db, settings):
+    settings.KNOWLEDGE_DEFAULT_EMBEDDING_MODEL = "local/no-such-model"
+    with pytest.raises(SystemCheckError) as check:
+        call_command("check")
+    assert "knowledgefs.E202" in str(check.value) and "local/no-such-model" in str(check.value)
