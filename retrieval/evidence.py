@@ -312,9 +312,9 @@ def relevance(item: EvidenceItem) -> tuple[str, float] | None:
     return None
 
 
-def _strong(item: EvidenceItem, fallback: bool) -> bool:
+def _strong(item: EvidenceItem, fallback: bool, min_similarity: float) -> bool:
     """Related by meaning: the reranker's score ≥ ``KNOWLEDGE_ANSWER_MIN_FINAL_SCORE``, else
-    the raw dense cosine ≥ ``KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY``. An item with neither
+    the raw dense cosine ≥ ``min_similarity`` (:func:`dense_floor`). An item with neither
     signal is strong only with ``fallback`` (no packed item has one: a keyword-only space) and
     a final score ≥ ``KNOWLEDGE_ANSWER_MIN_FINAL_SCORE``; a Deep expansion beside hits that have
     a signal is never strong by its relative score."""
@@ -324,10 +324,27 @@ def _strong(item: EvidenceItem, fallback: bool) -> bool:
     if signal is None or signal[0] == "rerank":
         value = item.score if signal is None else signal[1]
         return value >= settings.KNOWLEDGE_ANSWER_MIN_FINAL_SCORE
-    return signal[1] >= settings.KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY
+    return signal[1] >= min_similarity
 
 
-def assess(bundle: Bundle, *, query: str | None = None, removed: Removals | None = None) -> Bundle:
+def dense_floor(model: object | None = None) -> float:
+    """The raw cosine from which an item counts as related by meaning: the embedding model's
+    own calibrated ``relevance_floor`` (the local models carry one: cosines of two models are
+    not on one scale), else ``KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY`` (models served through
+    Dify)."""
+    floor = getattr(model, "relevance_floor", None)
+    if isinstance(floor, int | float):
+        return float(floor)
+    return settings.KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY
+
+
+def assess(
+    bundle: Bundle,
+    *,
+    query: str | None = None,
+    removed: Removals | None = None,
+    min_similarity: float | None = None,
+) -> Bundle:
     """Set ``bundle.answerability`` (and ``reasons``) by these rules, first match wins
     (docs/retrieval.md, "Answerability"; the figures behind the defaults are there):
 
@@ -346,13 +363,15 @@ def assess(bundle: Bundle, *, query: str | None = None, removed: Removals | None
     6. otherwise → ``partial``: related by meaning or by words, not both (or too few strong
        items).
 
-    Without ``query`` every item counts as covered (the lexical condition is off).
+    Without ``query`` every item counts as covered (the lexical condition is off). The dense
+    cosine's floor is ``min_similarity`` (the model's, :func:`dense_floor`), else the setting.
     """
     removed = removed or Removals()
+    floor = dense_floor() if min_similarity is None else min_similarity
     minimum_cover = settings.KNOWLEDGE_ANSWER_MIN_TERM_COVERAGE
     words = query_terms(query) if query is not None else set()
     fallback = not any(relevance(i) for i in bundle.items)
-    strong = [i for i in bundle.items if _strong(i, fallback)]
+    strong = [i for i in bundle.items if _strong(i, fallback, floor)]
     covers = {i.node_id: coverage(words, i.text) if words else 1.0 for i in bundle.items}
     covered = [i for i in bundle.items if covers[i.node_id] >= minimum_cover]
     packed = {i.node_id for i in bundle.items}
@@ -375,11 +394,12 @@ def assess(bundle: Bundle, *, query: str | None = None, removed: Removals | None
         bundle.reasons = conflicts
     elif len(strong) >= settings.KNOWLEDGE_ANSWER_MIN_ITEMS and _both(strong, covered):
         bundle.answerability = ANSWERABLE
-        bundle.reasons = [_signal_reason(bundle.items, strong, covers, words)]
+        bundle.reasons = [_signal_reason(bundle.items, strong, covers, words, floor)]
     elif not strong and not covered:
         bundle.answerability = NOT_ENOUGH
         bundle.reasons = [
-            "no evidence is about the question: " + _signal_reason(bundle.items, [], covers, words)
+            "no evidence is about the question: "
+            + _signal_reason(bundle.items, [], covers, words, floor)
         ]
     else:
         bundle.answerability = PARTIAL
@@ -387,7 +407,7 @@ def assess(bundle: Bundle, *, query: str | None = None, removed: Removals | None
     return bundle
 
 
-def _signal_reason(items, strong, covers: dict, words: set[str]) -> str:
+def _signal_reason(items, strong, covers: dict, words: set[str], floor: float) -> str:
     """``best dense_raw 0.61 (at least 0.33 needed), 4 of 6 question words in one item``."""
     pool = strong or items
     best = max(pool, key=lambda i: relevance(i)[1] if relevance(i) else i.score)
@@ -397,7 +417,7 @@ def _signal_reason(items, strong, covers: dict, words: set[str]) -> str:
     elif signal[0] == "rerank":
         name, value, needed = "rerank", signal[1], settings.KNOWLEDGE_ANSWER_MIN_FINAL_SCORE
     else:
-        name, value, needed = "dense_raw", signal[1], settings.KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY
+        name, value, needed = "dense_raw", signal[1], floor
     share = max(covers.values(), default=0.0)
     held = round(share * len(words))
     return (

@@ -31,6 +31,7 @@ from .backends import ScoredNode, get_search_backend
 from .backends.base import uuid_of_hex
 from .models import IndexState, IndexVersion
 from .planner import LEG_FLOOR
+from .text import is_blank
 
 MODES = RetrievalMode.all()  # ("fast", "deep", "research", "auto")
 CONCRETE_MODES = RetrievalMode.concrete()  # ("fast", "deep", "research")
@@ -107,10 +108,13 @@ def validate_top_k(top_k) -> int:
     return top_k
 
 
+BLANK_QUERY = "query must be a string with visible text (it is empty or only whitespace)"
+
+
 def validate_request(query, top_k, score_threshold, mode) -> tuple[str, int, float | None, str]:
     """Check a retrieval request; raises :class:`InvalidInput` naming the field and the limit."""
-    if not isinstance(query, str) or not query.strip():
-        raise InvalidInput("query must be a non-empty string", code="invalid_query")
+    if not isinstance(query, str) or is_blank(query):
+        raise InvalidInput(BLANK_QUERY, code="invalid_query", details={"field": "query"})
     try:
         query.encode("utf-8")
     except UnicodeEncodeError:

@@ -9,6 +9,17 @@ stays a unigram), the approach of n-gram full-text parsers such as MySQL's ``ngr
 from __future__ import annotations
 
 import re
+import unicodedata
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` shows nothing: only whitespace (``str.isspace``: spaces, tabs,
+    newlines, no-break and ideographic spaces), control characters and invisible format
+    characters (Unicode ``Cf``: zero-width space and joiners, word joiner, byte-order mark), which
+    ``str.strip`` keeps. A query made of them has no term and no meaning: 400 ``invalid_query``.
+    """
+    return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf") for c in text)
+
 
 _CJK = (
     "\u3040-\u30ff"  # Hiragana, Katakana

@@ -1,9 +1,10 @@
 """Calibrate answerability's absolute signals (docs/retrieval.md, "Answerability").
 
-Usage: ``.venv/bin/python scripts/calibrate_answerability.py [SCIFACT_DIR]`` (default
-``../shared/data/scifact``). In process, no server, one thread: 100 SciFact test claims (seed 7)
-over their relevant abstracts plus 1,200 other abstracts, and 40 off-topic questions over the
-same abstracts, embedded with the embedded default (all-MiniLM-L6-v2 int8); the top 5 abstracts
+Usage: ``.venv/bin/python scripts/calibrate_answerability.py [SCIFACT_DIR] [MODEL_ID]`` (default
+``../shared/data/scifact`` and the embedded default, bge-small-en-v1.5 int8; the thresholds are
+per model, ``knowledgefs.runtime.local_embedding``). In process, no server, one thread: 100
+SciFact test claims (seed 7) over their relevant abstracts plus 1,200 other abstracts, and 40
+off-topic questions over the same abstracts, embedded with that model; the top 5 abstracts
 by cosine are the evidence. Prints the best cosine and the best share of the question's words
 (:func:`retrieval.evidence.coverage`) per group, and the states each pair of thresholds gives.
 A few minutes on one core; not a benchmark.
@@ -24,7 +25,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "knowledgefs.settings")
 import django  # noqa: E402
 
 django.setup()
-from knowledgefs.runtime.local_embedding import LocalOnnxEmbedding  # noqa: E402
+from knowledgefs.runtime import DEFAULT_MODEL_ID  # noqa: E402
+from knowledgefs.runtime.local_embedding import LOCAL_MODELS, LocalOnnxEmbedding  # noqa: E402
 from retrieval import evidence as ev  # noqa: E402
 
 D = sys.argv[1] if len(sys.argv) > 1 else str(ROOT.parent / "shared" / "data" / "scifact")
@@ -44,7 +46,8 @@ qids = random.sample(sorted(qrels), 100)
 rel = sorted({c for q in qids for c in qrels[q]})
 others = random.sample(sorted(set(corpus) - set(rel)), 1200)
 docs = rel + others
-m = LocalOnnxEmbedding(threads=1)
+MODEL = sys.argv[2] if len(sys.argv) > 2 else DEFAULT_MODEL_ID
+m = LocalOnnxEmbedding(model=LOCAL_MODELS[MODEL], threads=1)
 X = m.embed_documents([corpus[d] for d in docs])
 OFF = [
     "What is the capital gains tax rate in Germany for 2024?",
@@ -123,7 +126,7 @@ for name, rows in (("scifact", on), ("offtopic", off)):
     )
 rel_cos = [r[3] for r in on]
 print("scifact relevant-abstract cosine p5/p10/p50", [pct(rel_cos, p) for p in (5, 10, 50)])
-for t in (0.30, 0.35, 0.40, 0.45, 0.50):
+for t in (0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.75):
     for c in (0.34, 0.5):
         ans_on = sum(1 for r in on if r[0] >= t and r[1] >= c)
         ans_off = sum(1 for r in off if r[0] >= t and r[1] >= c)

@@ -14,7 +14,8 @@ Every space has one :class:`~spaces.models.SpaceProfile` row (created with the s
 
 Under ``KNOWLEDGE_MODEL_RUNTIME=local`` (the embedded default) a new space gets the local profile
 (``plugin_id`` and ``provider`` ``"local"``, ``model`` a registered model id, by default
-:data:`~knowledgefs.runtime.DEFAULT_MODEL_ID`) and is ``ready`` at once; under ``dify`` it is
+:func:`~knowledgefs.runtime.default_model_id`: bge-small-en-v1.5 unless
+``KNOWLEDGE_DEFAULT_EMBEDDING_MODEL`` names another) and is ``ready`` at once; under ``dify`` it is
 ``setup-required`` until an embedding selection is set, then ``pending-validation``. Index
 bookkeeping calls in from retrieval (:func:`index_model_for`, :func:`adopt_registered_model`,
 :func:`follow_cutover`); where the index must follow the profile, spaces sends

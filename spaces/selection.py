@@ -18,10 +18,10 @@ from typing import Any
 
 from knowledgefs.errors import Conflict, InvalidInput
 from knowledgefs.runtime import (
-    DEFAULT_MODEL_ID,
     LOCAL_PLUGIN_ID,
     LOCAL_PROVIDER,
     VECTOR_SPACE_PREFIX,
+    default_model_id,
     is_registered,
     registered_model_ids,
     runtime_name,
@@ -74,8 +74,9 @@ class Selection:
         return f"{self.canonical_provider}/{self.model}"
 
 
-def local_selection(model_id: str = DEFAULT_MODEL_ID) -> Selection:
-    return Selection(LOCAL_PLUGIN_ID, LOCAL_PROVIDER, model_id)
+def local_selection(model_id: str | None = None) -> Selection:
+    """The local selection of ``model_id`` (the model new spaces get without one)."""
+    return Selection(LOCAL_PLUGIN_ID, LOCAL_PROVIDER, model_id or default_model_id())
 
 
 def vector_space_id(selection: Selection, identity: dict) -> str:
@@ -191,7 +192,7 @@ def parse_selection(value: Any, field: str) -> Selection:
             f"this server runs KNOWLEDGE_MODEL_RUNTIME=local, which serves no {what} of Dify "
             f"plugins"
             + (
-                f" (use plugin_id 'local', provider 'local', model {DEFAULT_MODEL_ID!r})"
+                f" (use plugin_id 'local', provider 'local', model {default_model_id()!r})"
                 if field == "embedding"
                 else f"; leave {field} unset"
             ),

@@ -8,7 +8,9 @@ artifact, whose assets are deleted after the commit.
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Callable
 
 from django.conf import settings
 
@@ -18,7 +20,10 @@ from ingestion.compilation.assets import _delete_assets_on_commit
 from ingestion.compilation.errors import CompilationFailure
 from ingestion.models import CompilationJob, KnowledgeNode, ParseArtifact, VisualProjection
 from ingestion.projection import projector
+from ingestion.tokens import approx_tokens, within_all
 from spaces.models import KnowledgeSpace
+
+logger = logging.getLogger("knowledgefs.compilation")
 
 _NODE_NAMESPACE = uuid.UUID("8f6d2a44-5c1e-4f7a-9f0e-3b9d6c2a7e10")
 
@@ -33,15 +38,10 @@ def _elements_from(artifact: ParseArtifact) -> list[parsing.Element]:
 def _generate_nodes(job: CompilationJob, artifact: ParseArtifact) -> list[KnowledgeNode]:
     """Chunk the artifact; returns unsaved nodes (a job at ``parsed`` has none stored yet).
 
-    Chunks are at most ``KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS`` tokens, or the space's own
-    ``chunk_size_tokens`` when it set a smaller one (with its ``chunk_overlap_tokens``)."""
-    max_tokens = settings.KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS
-    overlap_tokens = max_tokens // 10
-    chunking = KnowledgeSpace.objects.filter(id=job.space_id).values_list("chunking", flat=True)
-    chosen = chunking.first()
-    if chosen and chosen["chunk_size_tokens"] < max_tokens:
-        max_tokens = chosen["chunk_size_tokens"]
-        overlap_tokens = chosen["chunk_overlap_tokens"]
+    Chunks are bounded by :func:`chunk_bounds`: the deployment's or the space's size in
+    KnowledgeFS's token approximation, and the window of each model the nodes will be embedded
+    with, counted by that model's own tokenizer."""
+    count, max_tokens, overlap_tokens = chunk_bounds(job.space_id)
     try:
         chunks = chunk_elements(
             _elements_from(artifact),
@@ -49,6 +49,7 @@ def _generate_nodes(job: CompilationJob, artifact: ParseArtifact) -> list[Knowle
             overlap_chars=settings.KNOWLEDGE_CHUNK_OVERLAP_CHARS,
             max_tokens=max_tokens,
             overlap_tokens=overlap_tokens,
+            count_tokens=count,
         )
     except parsing.ParseError as exc:
         raise CompilationFailure(exc.code, exc.message) from exc
@@ -59,6 +60,46 @@ def _generate_nodes(job: CompilationJob, artifact: ParseArtifact) -> list[Knowle
             message += f"; pages without a text layer: {pages}"
         raise CompilationFailure("no_extractable_text", message)
     return [_node(job, chunk) for chunk in chunks]
+
+
+def chunk_bounds(space_id: uuid.UUID) -> tuple[Callable[[str], int], int, int]:
+    """``(count, max_tokens, overlap_tokens)`` for :func:`chunk_elements` on this space.
+
+    Every chunk must fit each of these at once (:func:`ingestion.tokens.within_all`):
+
+    - ``KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS`` in KnowledgeFS's approximation, or the space's own
+      ``chunk_size_tokens`` when it set a smaller one (its overlap then applies; else a tenth);
+    - the window of every model the space's new nodes are embedded with (the active index
+      version's and a building one's, :meth:`ingestion.projection.Projector.targets`) that
+      reports one (``max_input_tokens``, counted by its ``count_tokens``: the local models'
+      word pieces with their special tokens), so no chunk is truncated by the model.
+
+    Models served through Dify report no window; the approximation alone bounds their chunks.
+    When the models cannot be resolved here the embed step reports why; the approximation
+    bounds the chunks meanwhile.
+    """
+    size = settings.KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS
+    overlap = size // 10
+    chunking = KnowledgeSpace.objects.filter(id=space_id).values_list("chunking", flat=True)
+    chosen = chunking.first()
+    if chosen and chosen["chunk_size_tokens"] < size:
+        size = chosen["chunk_size_tokens"]
+        overlap = chosen["chunk_overlap_tokens"]
+    bounds: list[tuple[Callable[[str], int], int]] = [(approx_tokens, size)]
+    try:
+        targets = projector().targets(space_id)
+    except Exception as exc:  # noqa: BLE001 - the embed step fails the job with the reason
+        logger.warning("space %s: no embedding model to size chunks by (%s)", space_id, exc)
+        targets = []
+    seen = set()
+    for target in targets:
+        window = getattr(target.model, "max_input_tokens", None)
+        counter = getattr(target.model, "count_tokens", None)
+        if window and counter and target.model.model_id not in seen:
+            seen.add(target.model.model_id)
+            bounds.append((counter, int(window)))
+    count, budget = within_all(bounds)
+    return count, budget, overlap * budget // size
 
 
 def _node(job: CompilationJob, chunk: Chunk) -> KnowledgeNode:

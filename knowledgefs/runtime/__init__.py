@@ -1,12 +1,15 @@
 """The model-runtime boundary: every embedding call in KnowledgeFS goes through here.
 
-``KNOWLEDGE_MODEL_RUNTIME=local`` (the embedded default) serves a local all-MiniLM-L6-v2 int8 ONNX
-model; ``dify`` serves each space's embedding profile through Dify's inner model API
+``KNOWLEDGE_MODEL_RUNTIME=local`` (the embedded default) serves local int8 ONNX models
+(:mod:`knowledgefs.runtime.local_embedding`: bge-small-en-v1.5, the default of new spaces, and
+all-MiniLM-L6-v2); ``dify`` serves each space's embedding profile through Dify's inner model API
 (:class:`knowledgefs.dify.embedding_model.DifyEmbeddingModel`).
 
 Models are found by id, in two ways:
 
-- **Registered ids.** The default local model is always registered;
+- **Registered ids.** The built-in local models are always registered (:data:`DEFAULT_MODEL_ID`,
+  new spaces' model unless ``KNOWLEDGE_DEFAULT_EMBEDDING_MODEL`` names another, and
+  :data:`MINILM_MODEL_ID`);
   ``settings.KNOWLEDGE_EMBEDDING_MODELS`` (``{model_id: "dotted.path.to.ClassOrFactory"}``) adds
   more. A registered class or factory is called without arguments and must return an object
   whose ``model_id`` is the id it is registered under. Each is built once per process (per id
@@ -30,7 +33,8 @@ import numpy as np
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-DEFAULT_MODEL_ID = "local/all-MiniLM-L6-v2-int8-onnx"
+DEFAULT_MODEL_ID = "local/bge-small-en-v1.5-int8-onnx"
+MINILM_MODEL_ID = "local/all-MiniLM-L6-v2-int8-onnx"
 VECTOR_SPACE_PREFIX = "embedding-space-sha256:"
 LOCAL_PLUGIN_ID = "local"
 LOCAL_PROVIDER = "local"
@@ -68,16 +72,34 @@ def is_vector_space_id(model_id: object) -> bool:
     return isinstance(model_id, str) and model_id.startswith(VECTOR_SPACE_PREFIX)
 
 
-def _local_model() -> EmbeddingModel:
-    from .local_embedding import LocalOnnxEmbedding
+def _local_model(model_id: str) -> Callable[[], EmbeddingModel]:
+    def build() -> EmbeddingModel:
+        from .local_embedding import LOCAL_MODELS, LocalOnnxEmbedding
 
-    return LocalOnnxEmbedding(
-        batch_size=settings.KNOWLEDGE_EMBEDDING_BATCH_SIZE,
-        threads=settings.KNOWLEDGE_EMBEDDING_THREADS,
-    )
+        return LocalOnnxEmbedding(
+            model=LOCAL_MODELS[model_id],
+            batch_size=settings.KNOWLEDGE_EMBEDDING_BATCH_SIZE,
+            threads=settings.KNOWLEDGE_EMBEDDING_THREADS,
+        )
+
+    return build
 
 
-_BUILTIN: dict[str, Callable[[], EmbeddingModel]] = {DEFAULT_MODEL_ID: _local_model}
+_BUILTIN: dict[str, Callable[[], EmbeddingModel]] = {
+    DEFAULT_MODEL_ID: _local_model(DEFAULT_MODEL_ID),
+    MINILM_MODEL_ID: _local_model(MINILM_MODEL_ID),
+}
+
+
+def default_model_id() -> str:
+    """The local model a new space gets: ``KNOWLEDGE_DEFAULT_EMBEDDING_MODEL`` when set (a
+    registered id), else :data:`DEFAULT_MODEL_ID`. Existing spaces keep the model of their
+    embedding profile."""
+    chosen = getattr(settings, "KNOWLEDGE_DEFAULT_EMBEDDING_MODEL", "") or DEFAULT_MODEL_ID
+    if not is_registered(chosen):
+        raise UnknownEmbeddingModel(chosen)
+    return chosen
+
 
 _lock = threading.Lock()
 _models: dict[tuple[str, object], EmbeddingModel] = {}
@@ -99,7 +121,7 @@ def is_registered(model_id: str) -> bool:
 
 
 def get_embedding_model(model_id: str | None = None, *, space: Any = None) -> EmbeddingModel:
-    """Return the embedding model ``model_id`` (the default model without one).
+    """Return the embedding model ``model_id`` (:func:`default_model_id` without one).
 
     A registered id is served by its factory, built once per process and shared. A vector space
     id (``embedding-space-sha256:…``) is served from ``space``'s embedding profile (a
@@ -107,7 +129,7 @@ def get_embedding_model(model_id: str | None = None, *, space: Any = None) -> Em
     Raises :class:`UnknownEmbeddingModel` for an id nobody registered, a vector space id without
     its space, or one that is not the space's profile.
     """
-    model_id = model_id or DEFAULT_MODEL_ID
+    model_id = model_id or default_model_id()
     if is_vector_space_id(model_id):
         return _profile_model(model_id, space)
     factory = _factories().get(model_id)

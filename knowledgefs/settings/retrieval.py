@@ -110,6 +110,8 @@ KNOWLEDGE_ANSWER_MIN_FINAL_SCORE = KNOWLEDGE_ANSWER_MIN_FINAL_SCORE_PERCENT / 10
 # Answerability's absolute signals (fused scores are relative): the raw query–evidence cosine
 # of the dense leg, and the share of the question's content words one item holds. Defaults
 # calibrated on SciFact claims vs off-topic questions (docs/retrieval.md, "Answerability").
+# The cosine floor applies to models served through Dify; each local model carries its own
+# (knowledgefs/runtime/local_embedding.py: bge-small-en-v1.5 0.62, all-MiniLM-L6-v2 0.35).
 KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY_PERCENT = bounded_int(
     "KNOWLEDGE_ANSWER_MIN_DENSE_SIMILARITY_PERCENT", 35, 0, 100
 )

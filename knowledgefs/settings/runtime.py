@@ -53,6 +53,9 @@ KNOWLEDGE_EMBEDDING_THREADS = bounded_int(
     0,
     64,
 )
+# The local model new spaces get (a registered id; empty = bge-small-en-v1.5 int8, docs/models.md).
+# Existing spaces keep the model of their embedding profile.
+KNOWLEDGE_DEFAULT_EMBEDDING_MODEL = env.str("KNOWLEDGE_DEFAULT_EMBEDDING_MODEL", default="").strip()
 # Extra embedding models by id: {"model-id": "dotted.path.to.ClassOrFactory"} (called without
 # arguments; the object's model_id must be its id). The local default model is always registered.
 KNOWLEDGE_EMBEDDING_MODELS: dict[str, str] = {}

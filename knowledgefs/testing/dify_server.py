@@ -9,8 +9,9 @@ request must carry ``X-Inner-Api-Key`` (401 otherwise).
   then multiplied by ``scale``, so texts that share words are near and retrieval on real text
   works (or the answer a test's :attr:`DifyTestServer.embedding_responder` scripts: a token
   limit, a rate limit, a refused key); or, with ``embedder="local"``, the local
-  all-MiniLM-L6-v2 ONNX model KnowledgeFS embeds with under ``KNOWLEDGE_MODEL_RUNTIME=local``
-  (384 dimensions), so a run through this server can be compared with a local run;
+  all-MiniLM-L6-v2 ONNX model (384 dimensions), one of the local models KnowledgeFS embeds with
+  under ``KNOWLEDGE_MODEL_RUNTIME=local``, so a run through this server can be compared with a
+  local run on that model;
 - ``…/rerank``: the share of the query's words found in each document, or the scores a test's
   :attr:`DifyTestServer.rerank_responder` returns for the request body (a scripted reranker);
 - ``…/llm``: a fixed answer in three length-prefixed frames, or the text a test's

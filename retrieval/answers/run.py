@@ -12,6 +12,7 @@ from django.conf import settings
 
 from knowledgefs.dify.errors import DifyError
 from knowledgefs.errors import InvalidInput, ServiceError
+from knowledgefs.runtime import UnknownEmbeddingModel, get_embedding_model
 from retrieval import evidence as ev
 from retrieval.models import AnswerTrace
 from retrieval.modes import PROFILE, retrieve
@@ -109,7 +110,12 @@ def start(
     win = _window(space, generator, query)
     items = ev.from_retrieval(result.items, query)
     removed = ev.removals(result)
-    bundle = ev.assess(ev.pack(items, win), query=query, removed=removed)
+    bundle = ev.assess(
+        ev.pack(items, win),
+        query=query,
+        removed=removed,
+        min_similarity=_dense_floor(space, result),
+    )
     steps.append(step("query.answer", "ok", answered, _now(), **bundle.summary()))
     trace = AnswerTrace.objects.create(
         **_trace_fields(run_id, requester, space, query, mode, source),
@@ -121,6 +127,23 @@ def start(
     return AnswerRun(
         space, query, result, bundle, generator, trace, steps, removed, requester=requester
     )
+
+
+def _dense_floor(space, result) -> float:
+    """The cosine floor (:func:`retrieval.evidence.dense_floor`) of the model whose index this
+    retrieval read: cosines of two models are not on one scale."""
+    number = result.metrics.get("index_version")
+    model_id = (
+        space.index_versions.filter(number=number).values_list("model_id", flat=True).first()
+        if number
+        else None
+    )
+    if model_id is None:
+        return ev.dense_floor()
+    try:
+        return ev.dense_floor(get_embedding_model(model_id, space=space))
+    except UnknownEmbeddingModel:
+        return ev.dense_floor()
 
 
 # --- events ------------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from spaces.services import get_space
 
 from .. import answers
 from ..modes import PROFILE
-from ..recall import MODES
+from ..recall import BLANK_QUERY, MODES
+from ..text import is_blank
 from .views import RouteView, caller_subject, refuse_unknown_members
 
 QUERY_MEMBERS = (
@@ -59,10 +60,11 @@ def parse_body(body) -> dict:
     images = body.get("query_images")
     if images and query is None:
         query = ""  # an image-only query
-    if not isinstance(query, str) or (not query.strip() and not images):
+    if not isinstance(query, str) or (is_blank(query) and not images):
         raise InvalidInput(
-            "query must be a non-empty string (or send at least one of query_images)",
+            BLANK_QUERY + " (or send at least one of query_images)",
             code="invalid_query",
+            details={"field": "query"},
         )
     if len(query) > settings.RETRIEVAL_MAX_QUERY_CHARS:
         raise InvalidInput(

@@ -21,6 +21,7 @@ from django.db.models import F, Q
 from ingestion.models import DocumentState, KnowledgeNode
 from knowledgefs.errors import InvalidInput, Unavailable
 
+from ..text import is_blank
 from . import listing, paths, tree
 from .tree import DOCS, DocumentView
 
@@ -37,8 +38,12 @@ _COLUMNS = (
 
 
 def check_query(q) -> str:
-    if not isinstance(q, str) or not q.strip():
-        raise InvalidInput("q is required", code="invalid_query", details={"field": "q"})
+    if not isinstance(q, str) or is_blank(q):
+        raise InvalidInput(
+            "q is required (a string with visible text, not only whitespace)",
+            code="invalid_query",
+            details={"field": "q"},
+        )
     if "\x00" in q:
         raise InvalidInput("q contains NUL", code="invalid_query", details={"field": "q"})
     try:

@@ -20,7 +20,12 @@ from ingestion.compilation.recovery import drain_queued
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, DocumentState, RunState
 from knowledgefs.errors import InvalidInput
-from knowledgefs.runtime import DEFAULT_MODEL_ID, UnknownEmbeddingModel, get_embedding_model
+from knowledgefs.runtime import (
+    DEFAULT_MODEL_ID,
+    MINILM_MODEL_ID,
+    UnknownEmbeddingModel,
+    get_embedding_model,
+)
 from knowledgefs.testing import dify_fixtures
 from knowledgefs.testing.dify_server import (
     LLM,
@@ -884,7 +889,7 @@ def test_the_migration_gives_existing_spaces_their_local_profile_and_goes_back()
         )
         used = Space.objects.create(tenant_id="t", name="Used", slug="used")
         Version.objects.create(
-            space=used, number=1, model_id=DEFAULT_MODEL_ID, dimension=384, state="retired"
+            space=used, number=1, model_id=MINILM_MODEL_ID, dimension=384, state="retired"
         )
         Version.objects.create(space=used, number=2, model_id=MODEL_B, dimension=4, state="active")
         document = OldDocument.objects.create(
@@ -897,8 +902,10 @@ def test_the_migration_gives_existing_spaces_their_local_profile_and_goes_back()
         new = executor.loader.project_state(WITH_PROFILES).apps
         rows = {p.space_id: p for p in new.get_model("spaces", "SpaceProfile").objects.all()}
         assert set(rows) == {empty.id, chosen.id, used.id}
+        # Spaces that existed before profiles were made on MiniLM, the default then: they keep
+        # it (new spaces get bge-small-en-v1.5).
         expected = {
-            empty.id: (DEFAULT_MODEL_ID, None, None),
+            empty.id: (MINILM_MODEL_ID, None, None),
             chosen.id: (MODEL_A, 8, None),
             used.id: (MODEL_B, 4, document.created_at),
         }
