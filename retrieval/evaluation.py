@@ -39,6 +39,7 @@ from knowledgefs.runtime import get_embedding_model
 from spaces.models import KnowledgeSpace
 from spaces.services import Principal, create_space, delete_space
 
+from .calibration import DEFAULT_FUSION
 from .modes import retrieve
 from .recall import LEGS
 
@@ -188,7 +189,7 @@ def evaluate(
     split: str = "test",
     mode: str = "fast",
     legs: tuple[str, ...] = LEGS,
-    fusion: str = "minmax",
+    fusion: str = DEFAULT_FUSION,
     fresh: bool = False,
     top_k: int = 100,
     on_progress: Callable[[str, int, int], None] | None = None,

@@ -11,6 +11,7 @@ import time
 from spaces.models import KnowledgeSpace
 
 from .backends import get_search_backend
+from .calibration import DEFAULT_FUSION
 from .fast_deep import FastDeepRequest, fast_or_deep
 from .recall import LEGS, RetrievalResult, stage, validate_request
 
@@ -25,7 +26,7 @@ def retrieve(
     score_threshold: float | None | object = PROFILE,
     mode: str | None = None,
     legs: tuple[str, ...] = LEGS,
-    fusion: str = "minmax",
+    fusion: str = DEFAULT_FUSION,
     filters=None,
 ) -> RetrievalResult:
     """Run a retrieval over the space's published nodes; items carry citations.
@@ -34,9 +35,10 @@ def retrieve(
     space's retrieval profile; ``score_threshold=None`` turns the threshold off. ``filters`` is
     the request's filter object (:mod:`retrieval.filters`; ``None``: none), checked before any
     work. ``legs`` and ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both;
-    ``"minmax"`` or ``"rrf"``). The search backend is checked first (503 on MySQL/MariaDB),
-    then the space's servability (:func:`spaces.readiness.require_servable`); a failing
-    reranker or embedding model is a 503, never a silent fallback.
+    ``"calibrated"``, the default, ``"minmax"`` or ``"rrf"``). The search backend is checked
+    first (503 on MySQL/MariaDB), then the space's servability
+    (:func:`spaces.readiness.require_servable`); a failing reranker or embedding model is a 503,
+    never a silent fallback.
     """
     from spaces.readiness import require_servable
 

@@ -1,0 +1,257 @@
+"""Learn the calibrated fusion and the local reranker's mix on SciFact train; report on test.
+
+Steps (each cached under ``var/bench/``, so a rerun only redoes what changed):
+
+1. ``legs``: for every judged query of ``--split`` (train, then test), the raw dense cosines and
+   BM25 scores of the evaluation space's legs (``kfs eval``'s space, :func:`retrieval.recall.
+   recall` at depth 100, the product's own backends and embedding model).
+2. ``fit``: the calibrated fusion's ``alpha`` by a grid over train nDCG@10 (the order depends on
+   ``alpha`` only), then ``scale`` and ``bias`` by a logistic regression of "the node's document
+   is relevant" on the ranking feature over every train candidate (so the fused score is a
+   probability of relevance, the same scale on every query).
+3. ``rerank``: the cross-encoder's logits for the first ``--rerank-depth`` fused candidates of
+   the first ``--rerank-queries`` train queries; the mix ``w · σ(logit/T) + (1 − w) · p`` and
+   the depth N by a grid over their nDCG@10.
+4. ``report``: the chosen parameters applied once to test (fused, and reranked for the first
+   ``--rerank-queries`` test queries), printed as JSON (``--out`` writes it too).
+
+The evaluation space must exist (``kfs eval ../shared/data/scifact`` once). Usage:
+``nice python bench/calibrate_fusion.py [--dataset DIR] [--rerank-queries 150]
+[--rerank-depth 30] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "knowledgefs.settings")
+CACHE = ROOT / "var" / "bench"
+
+
+def ndcg10(ranked: list[str], rel: dict[str, int]) -> float:
+    from retrieval.evaluation import ndcg_at_k
+
+    return ndcg_at_k(ranked, rel, 10)
+
+
+def dedupe(node_order: list[str], node_doc: dict[str, list[str]]) -> list[str]:
+    out, seen = [], set()
+    for node in node_order:
+        for doc in node_doc.get(node, []):
+            if doc not in seen:
+                seen.add(doc)
+                out.append(doc)
+    return out
+
+
+def collect_legs(space, queries, qrels, split: str, model_id: str) -> dict:
+    """``{query_id: {"dense": [[node, cos]...], "keyword": [[node, bm25]...]}}`` (cached)."""
+    from retrieval.recall import recall, resolve_snapshot
+
+    path = CACHE / f"legs-{split}-{model_id.replace('/', '_')}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    snapshot = resolve_snapshot(space)
+    out = {}
+    for qid in [q for q in qrels if q in queries]:
+        legs, _ = recall(space, snapshot, queries[qid], depth=100)
+        out[qid] = {
+            name: [[str(h.node_id), float(h.score)] for h in hits] for name, hits in legs.items()
+        }
+    CACHE.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+    return out
+
+
+def features(legs: dict, depth: int = 100) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Nodes, cosine and keyword features with the imputation of retrieval.calibration."""
+    from retrieval.calibration import KEYWORD_REFERENCE
+
+    dense = dict(legs.get("dense", []))
+    keyword = dict(legs.get("keyword", []))
+    d_miss = min(dense.values()) if len(dense) >= depth else 0.0
+    k_miss = min(keyword.values()) if len(keyword) >= depth else 0.0
+    nodes = list(dict.fromkeys([*dense, *keyword]))
+    cos = np.array([dense.get(n, d_miss) for n in nodes])
+    kw = np.array([math.log1p(max(keyword.get(n, k_miss), 0.0)) for n in nodes]) / KEYWORD_REFERENCE
+    return nodes, cos, kw
+
+
+def fused_order(legs, alpha):
+    nodes, cos, kw = features(legs)
+    f = alpha * cos + (1 - alpha) * kw
+    order = np.argsort(-f, kind="stable")
+    return [nodes[i] for i in order], f[order]
+
+
+def logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """1-D logistic regression by Newton's method; returns ``(scale, bias)``."""
+    w, b = 1.0, 0.0
+    for _ in range(50):
+        z = w * x + b
+        p = 1 / (1 + np.exp(-z))
+        g = np.array([np.sum((p - y) * x), np.sum(p - y)])
+        s = p * (1 - p)
+        h = np.array([[np.sum(s * x * x), np.sum(s * x)], [np.sum(s * x), np.sum(s)]])
+        h += np.eye(2) * 1e-6
+        step = np.linalg.solve(h, g)
+        w, b = w - step[0], b - step[1]
+        if np.abs(step).max() < 1e-8:
+            break
+    return float(w), float(b)
+
+
+def main() -> int:
+    import django
+
+    django.setup()
+    from ingestion.models import Document
+    from knowledgefs.runtime.local_rerank import get_local_reranker
+    from retrieval.evaluation import load_dataset, mrr_at_k, recall_at_k, space_slug
+    from retrieval.recall import load_nodes, resolve_snapshot
+    from spaces.models import KnowledgeSpace
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "data" / "scifact"))
+    parser.add_argument("--rerank-queries", type=int, default=150)
+    parser.add_argument("--test-rerank-queries", type=int, default=300)
+    parser.add_argument("--rerank-depth", type=int, default=30)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    dataset = Path(args.dataset)
+    splits = {}
+    for split in ("train", "test"):
+        corpus_path, _, queries, qrels = load_dataset(dataset, split)
+        splits[split] = (queries, qrels)
+    space = KnowledgeSpace.objects.get(tenant_id="kfs-eval", slug=space_slug(corpus_path))
+    model_id = resolve_snapshot(space).version[1]
+    node_doc: dict[str, list[str]] = {}
+    doc_ids = dict(Document.objects.filter(space=space).values_list("id", "metadata"))
+    for node_id, doc_id in space.nodes.values_list("id", "document_id"):
+        node_doc[str(node_id)] = doc_ids[doc_id].get("corpus_ids", [])
+    legs = {s: collect_legs(space, *splits[s], s, model_id) for s in splits}
+
+    def metrics(split, orders):
+        qrels = splits[split][1]
+        rows = [(dedupe(orders[q], node_doc), qrels[q]) for q in orders]
+        return {
+            "ndcg@10": round(float(np.mean([ndcg10(r, rel) for r, rel in rows])), 4),
+            "recall@100": round(float(np.mean([recall_at_k(r, rel, 100) for r, rel in rows])), 4),
+            "mrr@10": round(float(np.mean([mrr_at_k(r, rel, 10) for r, rel in rows])), 4),
+            "queries": len(rows),
+        }
+
+    # -- fit the fusion on train ---------------------------------------------------------------
+    grid = {}
+    for alpha in np.round(np.arange(0.0, 1.0001, 0.05), 2):
+        orders = {q: fused_order(legs["train"][q], alpha)[0] for q in legs["train"]}
+        grid[float(alpha)] = metrics("train", orders)["ndcg@10"]
+    alpha = max(grid, key=lambda a: (grid[a], -abs(a - 0.5)))
+    xs, ys = [], []
+    for q, lg in legs["train"].items():
+        nodes, cos, kw = features(lg)
+        rel = splits["train"][1][q]
+        for n, c, k in zip(nodes, cos, kw, strict=True):
+            xs.append(alpha * c + (1 - alpha) * k)
+            ys.append(1.0 if any(rel.get(d, 0) > 0 for d in node_doc.get(n, [])) else 0.0)
+    scale, bias = logistic(np.array(xs), np.array(ys))
+    report = {
+        "model_id": model_id,
+        "fusion": {"alpha": alpha, "scale": round(scale, 4), "bias": round(bias, 4)},
+        "alpha_grid_train_ndcg@10": grid,
+    }
+    for split in ("train", "test"):
+        orders = {q: fused_order(legs[split][q], alpha)[0] for q in legs[split]}
+        report[f"fused_{split}"] = metrics(split, orders)
+
+    # -- the reranker's mix on train, reported on test -----------------------------------------
+    reranker = get_local_reranker()
+    path = CACHE / f"ce-{model_id.replace('/', '_')}-{alpha}.json"
+    ce = json.loads(path.read_text()) if path.exists() else {}
+
+    def logits(split, q, nodes):
+        key = f"{split}:{q}"
+        have = ce.get(key, {})
+        need = [n for n in nodes if n not in have]
+        if need:
+            texts = {str(k): v.text for k, v in load_nodes([uuid.UUID(n) for n in need]).items()}
+            scores = reranker.score(splits[split][0][q], [texts[n] for n in need])
+            have.update({n: float(s) for n, s in zip(need, scores, strict=True)})
+            ce[key] = have
+        return have
+
+    timings = []
+    prepared = {}
+    for split, limit in (("train", args.rerank_queries), ("test", args.test_rerank_queries)):
+        chosen = list(legs[split])[:limit]
+        for q in chosen:
+            order, f = fused_order(legs[split][q], alpha)
+            p = 1 / (1 + np.exp(-(scale * f + bias)))
+            t0 = time.perf_counter()
+            lg = logits(split, q, order[: args.rerank_depth])
+            timings.append((time.perf_counter() - t0) * 1000)
+            prepared[(split, q)] = (order, p, lg)
+        path.write_text(json.dumps(ce))
+
+    def reranked(split, w, temp, depth):
+        orders = {}
+        for (s, q), (order, p, lg) in prepared.items():
+            if s != split:
+                continue
+            head = order[:depth]
+            mixed = [w / (1 + math.exp(-lg[n] / temp)) + (1 - w) * p[i] for i, n in enumerate(head)]
+            ranked = [head[i] for i in np.argsort(-np.array(mixed), kind="stable")]
+            orders[q] = ranked + order[depth:]
+        return orders
+
+    best, mix_grid = None, {}
+    for depth in (10, 15, 20, 25, 30):
+        if depth > args.rerank_depth:
+            continue
+        for w in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0):
+            for temp in (1.0, 2.0, 4.0):
+                value = metrics("train", reranked("train", w, temp, depth))["ndcg@10"]
+                mix_grid[f"N={depth} w={w} T={temp}"] = value
+                if best is None or value > best[0]:
+                    best = (value, depth, w, temp)
+    _, depth, w, temp = best
+    train_q = [q for s, q in prepared if s == "train"]
+    test_q = [q for s, q in prepared if s == "test"]
+    fused_train_sub = {q: prepared[("train", q)][0] for q in train_q}
+    fused_test_sub = {q: prepared[("test", q)][0] for q in test_q}
+    report["rerank"] = {
+        "chosen": {"N": depth, "w": w, "T": temp},
+        "train_queries": len(train_q),
+        "test_queries": len(test_q),
+        "fused_train_subset": metrics("train", fused_train_sub),
+        "reranked_train_subset": metrics("train", reranked("train", w, temp, depth)),
+        "fused_test_subset": metrics("test", fused_test_sub),
+        "reranked_test_subset": metrics("test", reranked("test", w, temp, depth)),
+        "per_depth_best_train": {
+            d: max(v for k, v in mix_grid.items() if k.startswith(f"N={d} "))
+            for d in (10, 15, 20, 25, 30)
+            if d <= args.rerank_depth
+        },
+        "ce_ms_per_query_uncached_p50": round(float(np.median(timings)), 1) if timings else None,
+    }
+    report["rerank_grid_train"] = mix_grid
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
