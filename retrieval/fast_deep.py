@@ -177,7 +177,6 @@ def _final_order(space, profile, query: str, pool, nodes, contexts, *, mode: str
         texts = {node_id: nodes[node_id].text for node_id, _, _ in pool if node_id in nodes}
         ranked, info = rerank_locally(query, fused_order, texts)
         entry = stage("rerank", True, info["candidates"], 0, info["duration_ms"])
-        entry["reranker"] = "local"
         if info["degraded"]:
             entry["degraded"] = info["degraded"]
         return ranked, entry

@@ -199,7 +199,6 @@ class _Retrieval:
         self.rerank_calls += 1
         if record:
             entry = stage("rerank", True, info["candidates"], 0, info["duration_ms"])
-            entry["reranker"] = "local"
             if info["degraded"]:
                 entry["degraded"] = info["degraded"]
             self.run_.stages.append(entry)

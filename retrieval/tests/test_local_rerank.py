@@ -142,7 +142,7 @@ def test_deep_reranks_locally_and_mixes_with_the_first_stage(facts):
     result = retrieve(facts, QUERY, top_k=3, mode="deep", score_threshold=None)
     stages = {s["name"]: s for s in result.stages}
     assert stages["rerank"]["status"] == "executed"
-    assert stages["rerank"]["reranker"] == "local" and "degraded" not in stages["rerank"]
+    assert "degraded" not in stages["rerank"] and stages["rerank"]["candidate_count"] > 0
     assert names(result)[0] == "paris.txt"
     top = result.items[0]
     assert 0 < top.scores["rerank"] <= 1 and "rerank_logit" in top.scores
@@ -157,7 +157,8 @@ def test_deep_reranks_locally_and_mixes_with_the_first_stage(facts):
 def test_research_reranks_its_shared_pool_locally(facts):
     result = retrieve(facts, QUERY, top_k=3, mode="research", score_threshold=None)
     rerank = [s for s in result.stages if s["name"] == "rerank"]
-    assert rerank and rerank[0]["status"] == "executed" and rerank[0]["reranker"] == "local"
+    assert rerank and rerank[0]["status"] == "executed" and rerank[0]["candidate_count"] > 0
+    assert "rerank_logit" in result.items[0].scores
     assert names(result)[0] == "paris.txt"
 
 
