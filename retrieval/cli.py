@@ -188,6 +188,7 @@ def _add_eval(sub) -> None:
         help="known-item benchmark: sentences and identifiers sampled from DATASET_DIR (a BEIR "
         "folder or a folder of documents); the document holding each must rank first",
     )
+    ev.add_argument("--sample", type=int, default=300, help="known-item: targets drawn (300)")
     ev.add_argument("--golden", action="store_true", help="run --space's golden questions")
     ev.add_argument("--space", help="golden: the space's slug")
     ev.add_argument("--tenant", help="golden: the space's tenant")
@@ -378,6 +379,7 @@ def _eval(command, options: dict) -> None:
                     mode=mode,
                     fusion=options["fusion"],
                     fresh=options["fresh"] and not runs,
+                    sample=options["sample"],
                     on_progress=progress,
                 )
             )

@@ -29,7 +29,9 @@ from django.conf import settings
 
 from knowledgefs.errors import Unavailable
 
-#: The cross-encoder's share of the final score, and the temperature of its logit.
+#: The cross-encoder's share of the final score, and the temperature of its logit. PROVISIONAL:
+#: from the reference measurement (a 0.4/0.6 first-stage/cross-encoder mix was best and flat over
+#: 0.3-0.5 on SciFact), not yet fitted on train by bench/calibrate_fusion.py (docs/benchmarks.md).
 MIX_WEIGHT = 0.5
 MIX_TEMPERATURE = 2.0
 

@@ -139,7 +139,7 @@ class LocalCrossEncoder:
 
     model_id = MODEL_ID
 
-    def __init__(self, *, batch_size: int = 16, threads: int = 0, concurrency: int = 1) -> None:
+    def __init__(self, *, batch_size: int = 1, threads: int = 0, concurrency: int = 1) -> None:
         import onnxruntime
         from tokenizers import Tokenizer
 

@@ -76,9 +76,11 @@ KNOWLEDGE_LOCAL_RERANK_TIMEOUT_MS = bounded_int(
     "KNOWLEDGE_LOCAL_RERANK_TIMEOUT_MS", 4000, 100, 60000
 )
 # Queries reranking at once in one process (the others wait for a place within their deadline),
-# pairs per model call, and onnxruntime threads per call (0 = every core).
+# pairs per model call (1: the int8 model quantises activations per call, so in a batch a pair's
+# score would depend on its neighbours; batches were no faster on 2 cores, docs/models.md), and
+# onnxruntime threads per call (0 = every core).
 KNOWLEDGE_LOCAL_RERANK_CONCURRENCY = bounded_int("KNOWLEDGE_LOCAL_RERANK_CONCURRENCY", 1, 1, 16)
-KNOWLEDGE_LOCAL_RERANK_BATCH_SIZE = bounded_int("KNOWLEDGE_LOCAL_RERANK_BATCH_SIZE", 8, 1, 64)
+KNOWLEDGE_LOCAL_RERANK_BATCH_SIZE = bounded_int("KNOWLEDGE_LOCAL_RERANK_BATCH_SIZE", 1, 1, 64)
 KNOWLEDGE_LOCAL_RERANK_THREADS = bounded_int("KNOWLEDGE_LOCAL_RERANK_THREADS", 0, 0, 64)
 
 
