@@ -219,6 +219,7 @@ def evaluate(
     }
     ndcg, recall, mrr, latencies = [], [], [], []
     resolved: set[str] = set()
+    degraded = 0  # queries whose local rerank passed its deadline (the fused order was served)
     judged = [q for q in qrels if q in queries]
     for n, query_id in enumerate(judged, 1):
         t0 = time.perf_counter()
@@ -232,6 +233,7 @@ def evaluate(
             score_threshold=None,
         )
         latencies.append((time.perf_counter() - t0) * 1000)
+        degraded += any(stage.get("degraded") for stage in result.stages)
         resolved.add(result.mode)
         ranked: list[str] = []
         seen: set[str] = set()
@@ -268,6 +270,7 @@ def evaluate(
         "ingest_seconds": round(ingest_seconds, 2),
         "query_p50_ms": round(percentile(latencies, 50), 2),
         "query_p95_ms": round(percentile(latencies, 95), 2),
+        "rerank_degraded": degraded,
     }
 
 

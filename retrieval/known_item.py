@@ -162,12 +162,14 @@ def evaluate_known_item(
     targets = build_targets(space, sample)
     hits, reciprocal, latencies = [], [], []
     kinds: dict[str, list[int]] = {}
+    degraded = 0  # queries whose local rerank passed its deadline (the fused order was served)
     for n, target in enumerate(targets, 1):
         t0 = time.perf_counter()
         result = retrieve(
             space, target["query"], top_k=10, mode=mode, fusion=fusion, score_threshold=None
         )
         latencies.append((time.perf_counter() - t0) * 1000)
+        degraded += any(stage.get("degraded") for stage in result.stages)
         cited = [uuid.UUID(i.citation["document_id"]) for i in result.items]
         first = cited.index(target["document_id"]) + 1 if target["document_id"] in cited else 0
         hit = int(first == 1)
@@ -187,6 +189,7 @@ def evaluate_known_item(
         "success@1": round(statistics.fmean(hits), 4) if hits else 0.0,
         "mrr@10": round(statistics.fmean(reciprocal), 4) if reciprocal else 0.0,
         "success@1_by_kind": {k: round(statistics.fmean(v), 4) for k, v in sorted(kinds.items())},
+        "rerank_degraded": degraded,
         "query_p50_ms": round(percentile(latencies, 50), 2),
         "query_p95_ms": round(percentile(latencies, 95), 2),
         "space": space.slug,
