@@ -3,8 +3,8 @@
 Min-max normalisation (:func:`retrieval.recall.fuse`) makes every leg's best candidate 1.0, so
 the best hit of an off-topic query scores like a perfect match and a lone exact keyword hit ties
 with a weak semantic one. The ``calibrated`` fusion maps each node's *raw* leg scores through a
-fixed function learned per embedding model on SciFact's train split (``bench/calibrate_fusion.py``,
-docs/benchmarks.md, "Calibrated fusion"):
+fixed function per embedding model, to be learned on SciFact's train split by
+``bench/calibrate_fusion.py`` (the shipped values are provisional, :data:`CALIBRATIONS`):
 
 ``p = σ(bias + scale · (α · cos + (1 − α) · log1p(bm25) / KEYWORD_REFERENCE) + boost · exact)``
 

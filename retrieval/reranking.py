@@ -9,10 +9,11 @@ their order below them.
 
 The final score of a reranked candidate is a convex mix of the cross-encoder's probability and
 the first-stage score, both absolute (the calibrated fusion, :mod:`retrieval.calibration`):
-``final = w · σ(logit / T) + (1 − w) · first``, ``w`` and ``T`` chosen on SciFact train
-(:data:`MIX_WEIGHT`, :data:`MIX_TEMPERATURE`; docs/benchmarks.md). The cross-encoder alone is
-weaker than BM25 on SciFact; mixed, it adds. A candidate below the top N keeps
-``min(first-stage score, lowest reranked score)`` so it never rises above a reranked one.
+``final = w · σ(logit / T) + (1 − w) · first`` (:data:`MIX_WEIGHT`, :data:`MIX_TEMPERATURE`:
+provisional until ``bench/calibrate_fusion.py`` fits them on SciFact train; docs/benchmarks.md).
+The cross-encoder alone is weaker than BM25 on SciFact; mixed, it adds. A candidate below the
+top N keeps ``min(first-stage score, lowest reranked score)`` so it never rises above a reranked
+one.
 
 The call is bounded by ``KNOWLEDGE_LOCAL_RERANK_TIMEOUT_MS`` (the wait for a place in the
 reranker's concurrency gate included). On timeout the first-stage order is served and the
