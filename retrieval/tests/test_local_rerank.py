@@ -158,7 +158,9 @@ def test_research_reranks_its_shared_pool_locally(facts):
     result = retrieve(facts, QUERY, top_k=3, mode="research", score_threshold=None)
     rerank = [s for s in result.stages if s["name"] == "rerank"]
     assert rerank and rerank[0]["status"] == "executed" and rerank[0]["candidate_count"] > 0
-    assert "rerank_logit" in result.items[0].scores
+    top = result.items[0]
+    assert top.score == top.scores["rerank"] and 0 < top.score <= 1  # the mixed score
+    assert result.metrics["rerank_candidates"] >= 3 and result.metrics["rerank_calls"] == 1
     assert names(result)[0] == "paris.txt"
 
 
