@@ -54,6 +54,6 @@ def test_kfs_eval_known_item_ranks_the_source_document_first(folder, settings):
     out = StringIO()
     call_command("kfs", "eval", str(folder), "--known-item", "--mode", "fast", "--json", stdout=out)
     run = json.loads(out.getvalue())
-    assert run["kind"] == "known-item" and run["fusion"] == "calibrated"
+    assert run["kind"] == "known-item" and run["fusion"] == "minmax"
     assert run["targets"] >= 6 and run["documents"] == 3
     assert run["success@1"] == 1.0, run
