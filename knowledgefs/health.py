@@ -9,7 +9,7 @@ components (docs/operations.md, "Readiness"):
 |---|---|---|
 | ``auth`` | capability v2 on: the public JWKS parses; off: API keys only (always ready) | same |
 | ``database`` | ``SELECT 1`` and no unapplied migrations | same |
-| ``model_runtime`` | local ONNX model files installed, SHA-256 checked | one model-catalog page |
+| ``model_runtime`` | local ONNX model files installed, SHA-256 checked (embedders, reranker) | one model-catalog page |
 | ``datasource_runtime`` | ``disabled`` (ready) | the client is configured; ``not_probed`` |
 | ``object_storage`` | write, read back and delete a 2-byte object | Dify's storage health |
 | ``search`` | a search backend: SQLite, PostgreSQL with pgvector ≥ 0.8 (not MySQL) | same |
@@ -61,6 +61,7 @@ from .dify.model_runtime import DifyModelRuntime
 from .dify.object_storage import DifyObjectStorage
 from .runtime import selection
 from .runtime.local_embedding import LOCAL_MODELS, ModelFilesMissing, locate_model_files
+from .runtime.local_rerank import RerankModelError, verify_files
 
 #: One call to Dify from a probe (model catalog, storage health), inline retries included.
 PROBE_TIMEOUT_MS = 2000
@@ -167,7 +168,13 @@ def check_model_runtime() -> Check:
                 locate_model_files(model)
         except ModelFilesMissing as exc:
             return False, "failing", _short(str(exc))
-        return True, "ok", "local ONNX embedding model files installed"
+        if not settings.KNOWLEDGE_LOCAL_RERANK_ENABLED:
+            return True, "ok", "local ONNX embedding model files installed"
+        try:
+            verify_files()  # the reranker's model.onnx against its pinned sha256
+        except RerankModelError as exc:
+            return False, "failing", _short(str(exc))
+        return True, "ok", "local ONNX embedding and reranker model files installed and verified"
     probe = DifyModelRuntime(
         transport=selection.model_runtime().transport, timeout_ms=PROBE_TIMEOUT_MS
     )

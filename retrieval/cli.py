@@ -17,7 +17,8 @@ from tqdm import tqdm
 
 from knowledgefs.auth.principal import Principal
 from knowledgefs.pagination import add_page_arguments, cli_page
-from retrieval import answers, evaluation, golden
+from retrieval import answers, evaluation, golden, known_item
+from retrieval.calibration import DEFAULT_FUSION, FUSION_NAMES
 from retrieval.modes import PROFILE, retrieve
 from retrieval.recall import LEGS
 from spaces import services as spaces
@@ -179,8 +180,15 @@ def _add_eval(sub) -> None:
     ev.add_argument("--mode", default="fast", help="a mode, or several: fast,deep,research")
     ev.add_argument("--top-k", type=int, help="items per query (BEIR: 100, golden: 10)")
     ev.add_argument("--legs", choices=["hybrid", "keyword", "dense"], default="hybrid")
-    ev.add_argument("--fusion", choices=["minmax", "rrf"], default="minmax")
+    ev.add_argument("--fusion", choices=list(FUSION_NAMES), default=DEFAULT_FUSION)
     ev.add_argument("--fresh", action="store_true", help="rebuild the evaluation space")
+    ev.add_argument(
+        "--known-item",
+        action="store_true",
+        help="known-item benchmark: sentences and identifiers sampled from DATASET_DIR (a BEIR "
+        "folder or a folder of documents); the document holding each must rank first",
+    )
+    ev.add_argument("--sample", type=int, default=300, help="known-item: targets drawn (300)")
     ev.add_argument("--golden", action="store_true", help="run --space's golden questions")
     ev.add_argument("--space", help="golden: the space's slug")
     ev.add_argument("--tenant", help="golden: the space's tenant")
@@ -359,6 +367,19 @@ def _eval(command, options: dict) -> None:
                     mode=mode,
                     top_k=10 if options["top_k"] is None else options["top_k"],
                     tags=options["tag"],
+                    on_progress=progress,
+                )
+            )
+        elif options["known_item"]:
+            if not options["dataset_dir"]:
+                raise CommandError("--known-item needs a DATASET_DIR")
+            runs.append(
+                known_item.evaluate_known_item(
+                    Path(options["dataset_dir"]),
+                    mode=mode,
+                    fusion=options["fusion"],
+                    fresh=options["fresh"] and not runs,
+                    sample=options["sample"],
                     on_progress=progress,
                 )
             )

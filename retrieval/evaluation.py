@@ -39,6 +39,7 @@ from knowledgefs.runtime import get_embedding_model
 from spaces.models import KnowledgeSpace
 from spaces.services import Principal, create_space, delete_space
 
+from .calibration import DEFAULT_FUSION
 from .modes import retrieve
 from .recall import LEGS
 
@@ -188,7 +189,7 @@ def evaluate(
     split: str = "test",
     mode: str = "fast",
     legs: tuple[str, ...] = LEGS,
-    fusion: str = "minmax",
+    fusion: str = DEFAULT_FUSION,
     fresh: bool = False,
     top_k: int = 100,
     on_progress: Callable[[str, int, int], None] | None = None,
@@ -218,6 +219,7 @@ def evaluate(
     }
     ndcg, recall, mrr, latencies = [], [], [], []
     resolved: set[str] = set()
+    degraded = 0  # queries whose local rerank passed its deadline (the fused order was served)
     judged = [q for q in qrels if q in queries]
     for n, query_id in enumerate(judged, 1):
         t0 = time.perf_counter()
@@ -231,6 +233,7 @@ def evaluate(
             score_threshold=None,
         )
         latencies.append((time.perf_counter() - t0) * 1000)
+        degraded += any(stage.get("degraded") for stage in result.stages)
         resolved.add(result.mode)
         ranked: list[str] = []
         seen: set[str] = set()
@@ -267,6 +270,7 @@ def evaluate(
         "ingest_seconds": round(ingest_seconds, 2),
         "query_p50_ms": round(percentile(latencies, 50), 2),
         "query_p95_ms": round(percentile(latencies, 95), 2),
+        "rerank_degraded": degraded,
     }
 
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from .calibration import fuse_legs
 from .recall import (
-    FUSIONS,
     LEGS,
     NodeRecord,
     RetrievalResult,
@@ -44,6 +44,7 @@ from .recall import (
     select_nodes,
     stage,
 )
+from .reranking import local_rerank_applies, rerank_locally
 
 #: Deep without a reranker: an expanded chunk scores its source hit's score times this factor,
 #: so it ranks strictly below the hit it came from and never reorders the base hits.
@@ -127,7 +128,7 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
         elif images is not None and (images.images or images.degradations):
             visual_stage = stage("visual", False)  # only reported when the request held images
         t0 = time.perf_counter()
-        candidates = FUSIONS[request.fusion](results) if results else []
+        candidates = fuse_legs(request.fusion, results, request.query, snapshot, plan.dense_top_k)
         base = candidates[: plan.fusion_limit]
         fusion_ms = (time.perf_counter() - t0) * 1000
         nodes = load_nodes([r[0] for r in base]) if base else {}
@@ -151,7 +152,13 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
                          (time.perf_counter() - t0) * 1000))  # fmt: skip
     pool = base + expanded
     ranked, rerank_stage = _final_order(
-        space, profile if request.query else None, request.query, pool, nodes, contexts
+        space,
+        profile if request.query else None,
+        request.query,
+        pool,
+        nodes,
+        contexts,
+        mode=request.mode,
     )
     stages.append(rerank_stage)
     threshold = request.score_threshold
@@ -214,19 +221,28 @@ def _metrics(counts: dict, rerank_stage: dict, allowed, snapshot, timings: dict,
     return metrics
 
 
-def _final_order(space, profile, query: str, pool, nodes, contexts):
-    """Rank the pool (base hits + Deep's expansions): one rerank over all of it when the profile
-    enables one, else the fused order with each expansion just below its source hit.
+def _final_order(space, profile, query: str, pool, nodes, contexts, *, mode: str = "fast"):
+    """Rank the pool (base hits + Deep's expansions): the local reranker's mix over its first
+    candidates (:mod:`retrieval.reranking`: Deep always, Fast when the profile enables rerank,
+    under the local runtime), else one Dify rerank over all of it when the profile enables one,
+    else the fused order with each expansion just below its source hit.
     Returns ``(ranked, rerank stage)``."""
+    # Ties: base hits first (by id, like Fast), then expansions in the order they were made.
+    order = {r[0]: n for n, r in enumerate(pool)}
+    fused_order = sorted(
+        pool,
+        key=lambda r: (-r[1], r[0] in contexts, order[r[0]] if r[0] in contexts else str(r[0])),
+    )
+    if pool and query and local_rerank_applies(profile, mode):
+        texts = {node_id: nodes[node_id].text for node_id, _, _ in pool if node_id in nodes}
+        ranked, info = rerank_locally(query, fused_order, texts)
+        entry = stage("rerank", True, info["candidates"], 0, info["duration_ms"])
+        if info["degraded"]:
+            entry["degraded"] = info["degraded"]
+        return ranked, entry
     selection = rerank_selection(profile) if profile is not None else None
     if selection is None or not pool:
-        # Ties: base hits first (by id, like Fast), then expansions in the order they were made.
-        order = {r[0]: n for n, r in enumerate(pool)}
-        ranked = sorted(
-            pool,
-            key=lambda r: (-r[1], r[0] in contexts, order[r[0]] if r[0] in contexts else str(r[0])),
-        )
-        return ranked, stage("rerank", False)
+        return fused_order, stage("rerank", False)
     t0 = time.perf_counter()
     present = [r for r in pool if r[0] in nodes]
     ranked = rerank(space, selection, query, present, nodes)

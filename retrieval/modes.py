@@ -12,6 +12,7 @@ from knowledgefs.errors import InvalidInput
 from spaces.models import KnowledgeSpace
 
 from .backends import get_search_backend
+from .calibration import DEFAULT_FUSION
 from .fast_deep import FastDeepRequest, fast_or_deep
 from .recall import LEGS, RetrievalResult, stage, validate_request
 
@@ -26,7 +27,7 @@ def retrieve(
     score_threshold: float | None | object = PROFILE,
     mode: str | None = None,
     legs: tuple[str, ...] = LEGS,
-    fusion: str = "minmax",
+    fusion: str = DEFAULT_FUSION,
     filters=None,
     query_images=None,
     subject: str = "",
@@ -37,7 +38,7 @@ def retrieve(
     space's retrieval profile; ``score_threshold=None`` turns the threshold off. ``filters`` is
     the request's filter object (:mod:`retrieval.filters`; ``None``: none), checked before any
     work. ``legs`` and ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both;
-    ``"minmax"`` or ``"rrf"``). The search backend is checked first (503 on MySQL/MariaDB),
+    ``"minmax"``, the default, ``"calibrated"`` or ``"rrf"``). The search backend is checked first (503 on MySQL/MariaDB),
     then the space's servability (:func:`spaces.readiness.require_servable`); a failing
     reranker or embedding model is a 503, never a silent fallback. ``query_images`` is the
     request's ``[{"upload_file_id"}]`` (:mod:`retrieval.query_images`; ``subject`` the acting

@@ -63,6 +63,28 @@ KNOWLEDGE_RESEARCH_MAX_RERANK_CANDIDATES = bounded_int(
 )
 
 
+# --- Retrieval: the local reranker (KNOWLEDGE_MODEL_RUNTIME=local) --------------------------------
+# docs/retrieval.md, "Local reranker". ms-marco-MiniLM-L-12-v2 int8 (knowledgefs/runtime/
+# local_rerank.py) reranks Deep's and Research's first candidates, and Fast's when the space's
+# retrieval profile enables rerank. 0 turns it off (Deep and Research then keep the fused order).
+KNOWLEDGE_LOCAL_RERANK_ENABLED = bounded_int("KNOWLEDGE_LOCAL_RERANK_ENABLED", 1, 0, 1) == 1
+# Candidates reranked per query (the rest keep their first-stage order below them): 20 after the
+# reference measurement (top 20 about as good as top 30 at two thirds of the cost), to be
+# confirmed on SciFact train by bench/calibrate_fusion.py (docs/benchmarks.md).
+KNOWLEDGE_LOCAL_RERANK_TOP_N = bounded_int("KNOWLEDGE_LOCAL_RERANK_TOP_N", 20, 1, 100)
+# A query's rerank gives up after this long (the fused order is served, stage "rerank" degraded).
+KNOWLEDGE_LOCAL_RERANK_TIMEOUT_MS = bounded_int(
+    "KNOWLEDGE_LOCAL_RERANK_TIMEOUT_MS", 4000, 100, 60000
+)
+# Queries reranking at once in one process (the others wait for a place within their deadline),
+# pairs per model call (1: the int8 model quantises activations per call, so in a batch a pair's
+# score would depend on its neighbours; batches were no faster on 2 cores, docs/models.md), and
+# onnxruntime threads per call (0 = every core).
+KNOWLEDGE_LOCAL_RERANK_CONCURRENCY = bounded_int("KNOWLEDGE_LOCAL_RERANK_CONCURRENCY", 1, 1, 16)
+KNOWLEDGE_LOCAL_RERANK_BATCH_SIZE = bounded_int("KNOWLEDGE_LOCAL_RERANK_BATCH_SIZE", 1, 1, 64)
+KNOWLEDGE_LOCAL_RERANK_THREADS = bounded_int("KNOWLEDGE_LOCAL_RERANK_THREADS", 0, 0, 64)
+
+
 # --- Retrieval: durable research tasks ------------------------------------------------------------
 # docs/retrieval.md, "Research tasks".
 # Durable runs of Research mode on the worker queue (retrieval.research_tasks). The per-task

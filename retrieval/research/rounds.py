@@ -65,10 +65,14 @@ class _Retrieval:
     def run(self):
         from .. import filters as filtering
         from ..recall import rerank_selection, resolve_snapshot
+        from ..reranking import local_rerank_applies
 
         run = self.run_
         self.snapshot = resolve_snapshot(run.space)
         self.rerank = rerank_selection(run.profile)
+        self.local = local_rerank_applies(run.profile, "research")
+        if self.local:
+            self.rerank = None  # the local cross-encoder replaces the profile's (local runtime)
         self.allowed = filtering.resolve(run.space, self.filters)
         allowed = self.allowed
         t0 = time.perf_counter()
@@ -104,9 +108,11 @@ class _Retrieval:
 
     def _recall(self, queries: list[_Query], *, record: bool = True) -> None:
         """Embed ``queries`` in one batch, run both legs for each at Research depth within the
-        resolved filter, and fuse each query's legs (Fast's min-max fusion). ``record`` adds the
-        ``embed``, ``dense`` and ``keyword`` stages (counts and times summed over queries)."""
-        from ..recall import LEGS, embed_queries, fuse, recall
+        resolved filter, and fuse each query's legs (Fast's fusion, :mod:`retrieval.calibration`).
+        ``record`` adds the ``embed``, ``dense`` and ``keyword`` stages (counts and times summed
+        over queries)."""
+        from ..calibration import DEFAULT_FUSION, fuse_legs
+        from ..recall import LEGS, embed_queries, recall
 
         run = self.run_
         nothing_allowed = self.allowed is not None and not self.allowed.document_ids
@@ -134,7 +140,7 @@ class _Retrieval:
                 ran[name] = ran.get(name, 0.0) + ms
             q.dense = len(legs.get("dense", []))
             q.keyword = len(legs.get("keyword", []))
-            q.ranked = fuse(legs) if legs else []
+            q.ranked = fuse_legs(DEFAULT_FUSION, legs, q.text, self.snapshot, self.depth)
         if record:
             for leg in LEGS:
                 count = sum(q.dense if leg == "dense" else q.keyword for q in queries)
@@ -158,6 +164,10 @@ class _Retrieval:
 
         t0 = time.perf_counter()
         new = [i for i in ids if i not in self.reranked]
+        if self.local and new:
+            self._rerank_locally(new, record=record)
+            self._add_timing("rerank_ms", t0)
+            return
         if self.rerank is None or not new:
             if record:
                 self.run_.stage("rerank", "skipped", 0, t0)
@@ -172,6 +182,27 @@ class _Retrieval:
             self.run_.stage("rerank", "executed", len(pool), t0)
         self._add_timing("rerank_ms", t0)
 
+    def _rerank_locally(self, new: list[uuid.UUID], *, record: bool) -> None:
+        """The local cross-encoder over ``new`` in the combined first-stage order, its mixed
+        score (:mod:`retrieval.reranking`) joining :attr:`reranked` for every one of them."""
+        from ..recall import load_nodes, stage
+        from ..reranking import rerank_locally
+
+        self.nodes.update(load_nodes([i for i in new if i not in self.nodes]))
+        fused = weighted_max([q.ranked for q in self.queries], [q.weight for q in self.queries])
+        wanted = set(new)
+        first = [r for r in fused if r[0] in wanted and r[0] in self.nodes]
+        texts = {node_id: self.nodes[node_id].text for node_id, _, _ in first}
+        ranked, info = rerank_locally(self.query, first, texts)
+        for node_id, score, _ in ranked:
+            self.reranked[node_id] = score
+        self.rerank_calls += 1
+        if record:
+            entry = stage("rerank", True, info["candidates"], 0, info["duration_ms"])
+            if info["degraded"]:
+                entry["degraded"] = info["degraded"]
+            self.run_.stages.append(entry)
+
     def _rank(self) -> tuple[Ranked, int]:
         """Order the pool: the reranker's score (the combined order breaking ties), else the
         weighted-max score; apply the threshold and ``top_k``. Returns ``(final, removed by
@@ -181,7 +212,7 @@ class _Retrieval:
         self.fused_count = len(fused)
         in_pool = set(self.pool)
         ranked = [r for r in fused if r[0] in in_pool]
-        if self.rerank is not None:
+        if self.rerank is not None or self.local:
             ranked = [
                 (node_id, self.reranked[node_id], {**per_leg, "rerank": self.reranked[node_id]})
                 for node_id, _, per_leg in ranked
@@ -328,7 +359,7 @@ class _Retrieval:
             "threshold_filtered_candidates": filtered,
             **(
                 {"rerank_candidates": len(self.reranked), "rerank_calls": self.rerank_calls}
-                if self.rerank is not None
+                if self.rerank is not None or self.local
                 else {}
             ),
             **(

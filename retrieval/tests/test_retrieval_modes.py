@@ -245,10 +245,13 @@ def guide(space, settings):
 
 
 @pytest.mark.django_db
-def test_deep_returns_neighbours_and_section_chunks_with_citations(guide):
+def test_deep_returns_neighbours_and_section_chunks_with_citations(guide, settings):
+    settings.KNOWLEDGE_LOCAL_RERANK_ENABLED = False  # the order without a reranker
     space, chunks = guide
     zebra = chunks[1]
-    result = retrieve(space, "zebras stripes", top_k=5, mode="deep", legs=("keyword",))
+    result = retrieve(
+        space, "zebras stripes", top_k=5, mode="deep", legs=("keyword",), fusion="minmax"
+    )
     assert result.mode == "deep"
     assert [i.node_id for i in result.items] == [zebra.id, chunks[0].id, chunks[2].id, chunks[3].id]
     top, *expanded = result.items
@@ -276,7 +279,8 @@ def test_deep_returns_neighbours_and_section_chunks_with_citations(guide):
 
 
 @pytest.mark.django_db
-def test_deep_keeps_fasts_order_of_the_base_hits_without_a_reranker(guide):
+def test_deep_keeps_fasts_order_of_the_base_hits_without_a_reranker(guide, settings):
+    settings.KNOWLEDGE_LOCAL_RERANK_ENABLED = False
     space, _ = guide
     for query in ("zebras stripes", "elephants waterholes herds", "rain floods"):
         fast = retrieve(space, query, top_k=4, mode="fast")
@@ -349,7 +353,7 @@ def test_retrieval_test_response_shape_and_stages(client, guide):
         "keyword": "executed",
         "fusion": "executed",
         "expansion": "executed",
-        "rerank": "skipped",
+        "rerank": "executed",  # Deep's local reranker (KNOWLEDGE_MODEL_RUNTIME=local)
         "threshold": "skipped",
     }
     assert "Zebras" in body["items"][0]["text"]

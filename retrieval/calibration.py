@@ -1,0 +1,190 @@
+"""Calibrated fusion: scores that mean the same on every query, and exact matches first.
+
+Min-max normalisation (:func:`retrieval.recall.fuse`) makes every leg's best candidate 1.0, so
+the best hit of an off-topic query scores like a perfect match and a lone exact keyword hit ties
+with a weak semantic one. The ``calibrated`` fusion maps each node's *raw* leg scores through a
+fixed function per embedding model, to be learned on SciFact's train split by
+``bench/calibrate_fusion.py`` (the shipped values are provisional, :data:`CALIBRATIONS`):
+
+``p = σ(bias + scale · (α · cos + (1 − α) · log1p(bm25) / KEYWORD_REFERENCE) + boost · exact)``
+
+- ``cos`` is the dense leg's cosine (-1..1), ``bm25`` the keyword leg's BM25 score. A node one
+  leg did not return takes that leg's last score when the leg returned a full list (it ranked
+  below it, so its score is at most that), else the leg's floor (0: no keyword match, or the
+  dense leg saw every node).
+- ``exact`` (0..1) is the share of the query's exact targets the node's text holds: quoted
+  phrases (``"…"`` or ``“…”``) and identifier-like tokens holding a digit (``EX-1234``,
+  ``v2.3``, ``10.1038``), compared case-insensitively with word boundaries. A query without
+  targets reads no text.
+
+``p`` is in (0, 1) and does not depend on the other candidates, so a threshold on it means the
+same on every query (case BC-35: a lone hit keeps its score, tied hits tie, an off-topic query's
+best hit stays low). The parameters are keyed by the embedding model's id
+(:data:`CALIBRATIONS`); a model without its own (a Dify model) uses :data:`DEFAULT`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+KEYWORD_REFERENCE = math.log1p(40.0)
+#: The fusion of Fast, Deep and Research (``kfs eval --fusion`` compares the others). Min-max
+#: until the calibrated fusion's parameters are learned on SciFact train: with the provisional
+#: ones it measured 0.7219 nDCG@10 on the gate's eval-mini against min-max's 0.761.
+DEFAULT_FUSION = "minmax"
+FUSION_NAMES = ("calibrated", "minmax", "rrf")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One embedding model's fusion parameters (module docstring)."""
+
+    alpha: float  # the dense feature's share of the ranking score
+    scale: float
+    bias: float
+    boost: float  # added to the logit for a node holding every exact target
+    source: str = ""  # how it was learned (docs/benchmarks.md)
+
+
+MINILM_ID = "local/all-MiniLM-L6-v2-int8-onnx"
+BGE_SMALL_ID = "local/bge-small-en-v1.5-int8-onnx"
+
+#: Per embedding model. PROVISIONAL: set by hand (equal leg shares; σ = 0.5 at a cosine of 0.75
+#: alone or a strong keyword match with a moderate cosine; an off-topic cosine of 0.1 gives 0.07),
+#: not yet learned: the SciFact train fit (bench/calibrate_fusion.py) could not finish on the
+#: shared machine. Replace with the fit's output for MiniLM and bge-small (docs/benchmarks.md).
+CALIBRATIONS: dict[str, Calibration] = {
+    MINILM_ID: Calibration(0.5, 8.0, -3.0, 3.0, "provisional, hand-set"),
+}
+DEFAULT = CALIBRATIONS[MINILM_ID]
+
+
+def calibration_for(model_id: str | None) -> Calibration:
+    """The parameters of ``model_id``'s fusion (:data:`DEFAULT` for a model without its own)."""
+    return CALIBRATIONS.get(model_id or "", DEFAULT)
+
+
+# --- exact targets ------------------------------------------------------------------------------
+
+_QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
+_TOKEN_EDGE = "()[]{}<>,;:!?\"'\u201c\u201d\u2018\u2019."
+
+
+def exact_targets(query: str) -> list[str]:
+    """The query's exact targets, case-folded: quoted phrases (2+ characters), then tokens that
+    hold a digit and another character (``EX-1234``; not a lone ``7``)."""
+    targets: list[str] = []
+    for match in _QUOTED.finditer(query):
+        phrase = " ".join((match.group(1) or match.group(2) or "").split()).casefold()
+        if len(phrase) >= 2 and phrase not in targets:
+            targets.append(phrase)
+    unquoted = _QUOTED.sub(" ", query)
+    for raw in unquoted.split():
+        token = raw.strip(_TOKEN_EDGE).casefold()
+        if len(token) >= 2 and any(c.isdigit() for c in token) and token not in targets:
+            targets.append(token)
+    return targets
+
+
+def _pattern(target: str) -> re.Pattern:
+    words = [re.escape(w) for w in target.split()]
+    return re.compile(r"(?<!\w)" + r"\s+".join(words) + r"(?!\w)", re.IGNORECASE)
+
+
+def exact_share(targets: list[str], text: str) -> float:
+    """The share of ``targets`` found in ``text`` (0 without targets)."""
+    if not targets:
+        return 0.0
+    return sum(1 for t in targets if _pattern(t).search(text)) / len(targets)
+
+
+# --- the fusion ---------------------------------------------------------------------------------
+
+
+def _sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+def _imputed(hits, depth: int | None, floor: float) -> float:
+    """What a node absent from a leg scores: the leg's last score if the list was full."""
+    if hits and depth is not None and len(hits) >= depth:
+        return min(float(h.score) for h in hits)
+    return floor
+
+
+def calibrated_fusion(
+    legs: dict,
+    *,
+    query: str = "",
+    model_id: str | None = None,
+    depth: int | None = None,
+    texts: Callable[[list[uuid.UUID]], dict[uuid.UUID, str]] | None = None,
+) -> list[tuple[uuid.UUID, float, dict]]:
+    """Fuse ``legs`` (``{"dense"|"keyword": [ScoredNode]}``) into ``(node_id, p, per_leg)``,
+    best first (ties by id). ``per_leg`` holds ``dense``/``keyword`` (each leg's calibrated
+    feature, 0..1, for the nodes it found), ``dense_raw`` and ``keyword_raw`` (raw scores) and
+    ``exact`` when the query has exact targets. ``depth`` is the legs' requested length (for
+    the imputation); ``texts(ids)`` returns node texts (needed only for exact targets)."""
+    cal = calibration_for(model_id)
+    dense = {h.node_id: float(h.score) for h in legs.get("dense") or []}
+    keyword = {h.node_id: float(h.score) for h in legs.get("keyword") or []}
+    ids = list(dict.fromkeys([*dense, *keyword]))
+    if not ids:
+        return []
+    targets = exact_targets(query) if query else []
+    found = texts(ids) if targets and texts is not None else {}
+    dense_missing = _imputed(legs.get("dense"), depth, 0.0)
+    keyword_missing = _imputed(legs.get("keyword"), depth, 0.0)
+    one_leg = ("dense" in legs) != ("keyword" in legs)
+    ranked = []
+    for node_id in ids:
+        cos = dense.get(node_id, dense_missing)
+        bm25 = max(keyword.get(node_id, keyword_missing), 0.0)
+        kw = math.log1p(bm25) / KEYWORD_REFERENCE
+        if one_leg:
+            feature = cos if "dense" in legs else kw
+        else:
+            feature = cal.alpha * cos + (1.0 - cal.alpha) * kw
+        per_leg: dict = {}
+        if node_id in dense:
+            per_leg["dense"] = round(max(min(cos, 1.0), 0.0), 6)
+            per_leg["dense_raw"] = cos
+        if node_id in keyword:
+            per_leg["keyword"] = round(min(kw, 1.0), 6)
+            per_leg["keyword_raw"] = keyword[node_id]
+        share = 0.0
+        if targets:
+            share = exact_share(targets, found.get(node_id, ""))
+            per_leg["exact"] = share
+        score = _sigmoid(cal.bias + cal.scale * feature + cal.boost * share)
+        ranked.append((node_id, score, per_leg))
+    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    return ranked
+
+
+def fuse_legs(fusion: str, results: dict, query: str, snapshot, depth: int) -> list:
+    """The fused candidates of ``results`` by ``fusion`` (``calibrated``, ``minmax``, ``rrf``)."""
+    if not results:
+        return []
+    if fusion == "calibrated":
+        model_id = snapshot.version[1] if snapshot.version is not None else None
+        return calibrated_fusion(
+            results, query=query, model_id=model_id, depth=depth, texts=node_texts
+        )
+    from .recall import FUSIONS
+
+    return FUSIONS[fusion](results)
+
+
+def node_texts(ids) -> dict:
+    """``{node_id: text}`` of ``ids`` (one statement)."""
+    from .recall import load_nodes
+
+    return {node_id: node.text for node_id, node in load_nodes(list(ids)).items()}

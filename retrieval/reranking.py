@@ -1,0 +1,113 @@
+"""The local reranker in retrieval: which requests use it, and how its score joins the first stage.
+
+Under ``KNOWLEDGE_MODEL_RUNTIME=local`` (no Dify reranker) the cross-encoder of
+:mod:`knowledgefs.runtime.local_rerank` reranks Deep's pool and Research's shared pool always,
+and Fast's candidates when the space's retrieval profile enables rerank
+(``KNOWLEDGE_LOCAL_RERANK_ENABLED=0`` turns it off). Only the first
+``KNOWLEDGE_LOCAL_RERANK_TOP_N`` candidates of the first-stage order are scored; the rest keep
+their order below them.
+
+The final score of a reranked candidate is a convex mix of the cross-encoder's probability and
+the first-stage score, both absolute (the calibrated fusion, :mod:`retrieval.calibration`):
+``final = w · σ(logit / T) + (1 − w) · first`` (:data:`MIX_WEIGHT`, :data:`MIX_TEMPERATURE`:
+provisional until ``bench/calibrate_fusion.py`` fits them on SciFact train; docs/benchmarks.md).
+The cross-encoder alone is weaker than BM25 on SciFact; mixed, it adds. A candidate below the
+top N keeps ``min(first-stage score, lowest reranked score)`` so it never rises above a reranked
+one.
+
+The call is bounded by ``KNOWLEDGE_LOCAL_RERANK_TIMEOUT_MS`` (the wait for a place in the
+reranker's concurrency gate included). On timeout the first-stage order is served and the
+``rerank`` stage says ``"degraded": "timeout"``. A model file that fails its sha256 check, or
+missing files, is a 503 ``rerank_unavailable`` (never a silent fallback).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from django.conf import settings
+
+from knowledgefs.errors import Unavailable
+
+#: The cross-encoder's share of the final score, and the temperature of its logit. PROVISIONAL:
+#: from the reference measurement (a 0.4/0.6 first-stage/cross-encoder mix was best and flat over
+#: 0.3-0.5 on SciFact), not yet fitted on train by bench/calibrate_fusion.py (docs/benchmarks.md).
+MIX_WEIGHT = 0.5
+MIX_TEMPERATURE = 2.0
+
+Ranked = list[tuple[uuid.UUID, float, dict]]
+
+
+def local_rerank_applies(profile, mode: str) -> bool:
+    """Does this request rerank with the local cross-encoder? (module docstring)."""
+    from knowledgefs.runtime import uses_dify
+
+    if uses_dify() or not settings.KNOWLEDGE_LOCAL_RERANK_ENABLED:
+        return False
+    if mode in ("deep", "research"):
+        return True
+    return bool(getattr(profile, "retrieval_rerank_enabled", False))
+
+
+def mix(
+    logit: float, first: float, weight: float = MIX_WEIGHT, temperature: float = MIX_TEMPERATURE
+):
+    """The final score of a reranked candidate (module docstring), within 0..1."""
+    import math
+
+    z = logit / temperature
+    p = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+    return weight * p + (1.0 - weight) * max(min(first, 1.0), 0.0)
+
+
+def rerank_locally(
+    query: str,
+    pool: Ranked,
+    texts: dict[uuid.UUID, str],
+    *,
+    top_n: int | None = None,
+    timeout_ms: int | None = None,
+) -> tuple[Ranked, dict]:
+    """Rerank ``pool`` (first-stage ``(node_id, score, per_leg)``, best first) with the local
+    cross-encoder. Returns ``(ranked, info)``: ``info`` has ``candidates`` (pairs scored),
+    ``duration_ms`` and ``degraded`` (``None``, or ``"timeout"`` with the first-stage order).
+    Raises 503 ``rerank_unavailable`` when the model cannot be loaded."""
+    from knowledgefs.runtime.local_rerank import (
+        RerankModelError,
+        RerankTimeout,
+        get_local_reranker,
+    )
+
+    top_n = settings.KNOWLEDGE_LOCAL_RERANK_TOP_N if top_n is None else top_n
+    timeout_ms = settings.KNOWLEDGE_LOCAL_RERANK_TIMEOUT_MS if timeout_ms is None else timeout_ms
+    t0 = time.perf_counter()
+    head = [r for r in pool if r[0] in texts][:top_n]
+    info = {"candidates": len(head), "duration_ms": 0.0, "degraded": None}
+    if not head:
+        return list(pool), info
+    try:
+        model = get_local_reranker()
+    except RerankModelError as exc:
+        raise Unavailable(
+            f"the local reranker is not usable: {exc}", code="rerank_unavailable"
+        ) from None
+    deadline = time.monotonic() + timeout_ms / 1000
+    try:
+        logits = model.score(query, [texts[r[0]] for r in head], deadline=deadline)
+    except RerankTimeout:
+        info["degraded"] = "timeout"
+        info["duration_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+        return list(pool), info
+    reranked = []
+    for (node_id, first, per_leg), logit in zip(head, logits, strict=True):
+        final = mix(float(logit), first)
+        probability = mix(float(logit), 0.0, weight=1.0, temperature=1.0)
+        extra = {"rerank": probability, "rerank_logit": float(logit), "first_stage": first}
+        reranked.append((node_id, final, {**per_leg, **extra}))
+    reranked.sort(key=lambda r: (-r[1], str(r[0])))
+    floor = reranked[-1][1]
+    taken = {r[0] for r in head}
+    rest = [(n, min(s, floor), p) for n, s, p in pool if n not in taken]
+    info["duration_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+    return reranked + rest, info
