@@ -9,7 +9,7 @@ components (docs/operations.md, "Readiness"):
 |---|---|---|
 | ``auth`` | capability v2 on: the public JWKS parses; off: API keys only (always ready) | same |
 | ``database`` | ``SELECT 1`` and no unapplied migrations | same |
-| ``model_runtime`` | local ONNX model files installed, SHA-256 checked (embedders, reranker) | one model-catalog page |
+| ``model_runtime`` | local ONNX model files installed, SHA-256 checked | one model-catalog page |
 | ``datasource_runtime`` | ``disabled`` (ready) | the client is configured; ``not_probed`` |
 | ``object_storage`` | write, read back and delete a 2-byte object | Dify's storage health |
 | ``search`` | a search backend: SQLite, PostgreSQL with pgvector ≥ 0.8 (not MySQL) | same |

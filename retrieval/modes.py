@@ -38,9 +38,10 @@ def retrieve(
     space's retrieval profile; ``score_threshold=None`` turns the threshold off. ``filters`` is
     the request's filter object (:mod:`retrieval.filters`; ``None``: none), checked before any
     work. ``legs`` and ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both;
-    ``"minmax"``, the default, ``"calibrated"`` or ``"rrf"``). The search backend is checked first (503 on MySQL/MariaDB),
-    then the space's servability (:func:`spaces.readiness.require_servable`); a failing
-    reranker or embedding model is a 503, never a silent fallback. ``query_images`` is the
+    ``"minmax"``, the default, ``"calibrated"`` or ``"rrf"``). The search backend is checked
+    first (503 on MySQL/MariaDB), then the space's servability
+    (:func:`spaces.readiness.require_servable`); a failing reranker or embedding model is a 503,
+    never a silent fallback. ``query_images`` is the
     request's ``[{"upload_file_id"}]`` (:mod:`retrieval.query_images`; ``subject`` the acting
     caller Dify checks ownership against): with images the query text may be empty.
     """
