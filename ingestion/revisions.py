@@ -90,33 +90,44 @@ class Source:
         self.filename = origin.filename
 
 
-def swap_published(jobs: list[CompilationJob]) -> list[str]:
+#: The document columns a published revision sets (``Document`` field → revision attribute).
+SWAPPED_FIELDS = (
+    ("active_revision", "id"),
+    ("filename", "filename"),
+    ("mime_type", "mime_type"),
+    ("size_bytes", "size_bytes"),
+    ("sha256", "sha256"),
+    ("storage_key", "storage_key"),
+)
+
+
+def swap_published(
+    jobs: list[CompilationJob], current_keys: dict
+) -> tuple[dict[uuid.UUID, dict], list[str]]:
     """At publication, inside its transaction (documents locked): each published job's revision
-    becomes its document's active one, the document takes the revision's source fields. Returns
-    the source keys no longer referenced, to delete after the commit."""
-    now = timezone.now()
+    becomes its document's active one. ``current_keys`` maps each document id to its source key
+    as locked. Returns ``({document_id: {field: value}}, orphaned keys)``: the columns the
+    publication's one document UPDATE sets (:data:`SWAPPED_FIELDS`), and the source keys no
+    longer referenced, to delete after the commit. The revisions are marked published by one
+    UPDATE; jobs of before revisions carry none and change nothing."""
+    by_document = {job.document_id: job.revision_id for job in jobs if job.revision_id}
+    if not by_document:
+        return {}, []
+    found = {r.id: r for r in DocumentRevision.objects.filter(id__in=by_document.values())}
+    swapped: dict[uuid.UUID, dict] = {}
     orphaned: list[str] = []
-    revision_ids = [job.revision_id for job in jobs if job.revision_id]
-    revisions = {r.id: r for r in DocumentRevision.objects.filter(id__in=revision_ids)}
-    for job in jobs:
-        revision = revisions.get(job.revision_id)
-        if revision is None:
+    for document_id, revision_id in by_document.items():
+        revision = found.get(revision_id)
+        if revision is None or document_id not in current_keys:
             continue
-        document = Document.objects.filter(id=job.document_id).only("storage_key").first()
-        if document is None:
-            continue
-        if document.storage_key != revision.storage_key:
-            orphaned.append(document.storage_key)
-        Document.objects.filter(id=job.document_id).update(
-            active_revision=revision,
-            filename=revision.filename,
-            mime_type=revision.mime_type,
-            size_bytes=revision.size_bytes,
-            sha256=revision.sha256,
-            storage_key=revision.storage_key,
-        )
-        DocumentRevision.objects.filter(id=revision.id).update(published_at=now, job=job)
-    return orphaned
+        if current_keys[document_id] != revision.storage_key:
+            orphaned.append(current_keys[document_id])
+        swapped[document_id] = {name: getattr(revision, attr) for name, attr in SWAPPED_FIELDS}
+    if swapped:
+        DocumentRevision.objects.filter(
+            id__in=[fields["active_revision"] for fields in swapped.values()]
+        ).update(published_at=timezone.now())
+    return swapped, orphaned
 
 
 def delete_sources_after_commit(keys: list[str]) -> None:

@@ -48,12 +48,12 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
     with transaction.atomic():
         # Lock order everywhere: the document rows first (here in id order, so two publishers
         # cannot deadlock on each other), then their jobs. A deleted document is skipped.
-        present = set(
+        present = dict(
             lock_for_update(
                 Document.objects.filter(id__in={job.document_id for job, _, _ in items}).order_by(
                     "id"
                 )
-            ).values_list("id", flat=True)
+            ).values_list("id", "storage_key")
         )
         items = [item for item in items if item[0].document_id in present]
         # One locked read and one UPDATE for every job still held with its token.
@@ -77,7 +77,16 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
         published = [job for job, _, _ in items if job.id in done]
         if published:
             keep = {job.document_id: job.id for job in published}
+            # Each published revision becomes its document's active one, in the same UPDATE
+            # (ingestion.revisions); replaced source objects are deleted after the commit.
+            swapped, orphaned = revisions.swap_published(published, present)
+            columns = {
+                name: _per_row(Document, name, {d: f[name] for d, f in swapped.items()})
+                for name, _ in revisions.SWAPPED_FIELDS
+                if swapped
+            }
             Document.objects.filter(id__in=keep).update(
+                **columns,
                 active_generation=_per_row(Document, "active_generation", keep),
                 node_count=_per_row(
                     Document, "node_count", {job.document_id: counts[job.id] for job in published}
@@ -87,9 +96,7 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
                 error_message="",
                 updated_at=now,
             )
-            # Each published revision becomes its document's active one, in the same commit
-            # (ingestion.revisions); replaced source objects are deleted after it.
-            revisions.delete_sources_after_commit(revisions.swap_published(published))
+            revisions.delete_sources_after_commit(orphaned)
             # The previous published generation and anything a superseded or abandoned attempt
             # left behind go in the same commit.
             _drop_other_generations(keep)
