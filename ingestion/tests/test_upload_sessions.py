@@ -276,7 +276,7 @@ def test_small_fallback_gate_is_on_health(client, settings):
 
 
 def test_a_create_past_the_spaces_reservation_limit_is_409_and_a_release_frees_room(
-    client, space, principal, settings
+    client, space, principal, settings, object_storage
 ):
     settings.KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE = 2 * len(TEXT) + 10
     first = create(client, space).json()["session"]
@@ -297,10 +297,14 @@ def test_a_create_past_the_spaces_reservation_limit_is_409_and_a_release_frees_r
     assert create(client, space, data=b"0123456789").status_code == 201
     other = create_space(principal, name="Other space")
     assert create(client, other).status_code == 201
-    # an aborted session releases its reservation at once
+    # an aborted session releases its reservation at once, and so does a completed one
     assert client.post(f"{base(space)}/{first['id']}/abort").status_code == 200
-    assert create(client, space).status_code == 201
+    third = create(client, space, data=b"Another note on taxis.\n")
+    assert third.status_code == 201, third.content
     assert create(client, space).status_code == 409
+    sent = send(client, space, third.json()["session"]["id"], b"Another note on taxis.\n")
+    assert sent.json()["session"]["status"] == "completed", sent.content
+    assert create(client, space).status_code == 201
 
 
 def test_an_idempotent_replay_is_not_charged_twice(client, space, settings):
