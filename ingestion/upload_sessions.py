@@ -31,7 +31,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from ingestion import documents
@@ -44,6 +44,7 @@ from ingestion.models import (
     UploadStatus,
 )
 from knowledgefs import storage
+from knowledgefs.db import lock_for_update
 from knowledgefs.errors import Conflict, InvalidInput, PayloadTooLarge, ServiceError
 from knowledgefs.uploads import upload_limit_message
 from spaces.models import KnowledgeSpace
@@ -163,6 +164,7 @@ def create_session(
     now = timezone.now()
     try:
         with transaction.atomic():
+            _reserve(space, declared.expected_size_bytes)
             session = UploadSession.objects.create(
                 id=session_id,
                 tenant_id=space.tenant_id,
@@ -188,6 +190,27 @@ def create_session(
             return _replayed(replay, declared), False
         raise
     return session, True
+
+
+def _reserve(space: KnowledgeSpace, size: int) -> None:
+    """Inside the create's transaction: refuse ``size`` more reserved bytes past the space's limit.
+
+    The space row is locked first (``FOR NO KEY UPDATE`` on PostgreSQL; SQLite's IMMEDIATE
+    transactions serialise writers), so two concurrent creates in one space read the total one
+    after the other and cannot both pass it. A terminal session's zeroed reservation counts no
+    more from its commit on. 409 ``upload_session_quota_exceeded`` names the limit.
+    """
+    lock_for_update(KnowledgeSpace.objects.filter(id=space.id)).values_list("id").first()
+    limit = int(settings.KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE)
+    held = reserved_bytes(space)
+    if held + size > limit:
+        raise Conflict(
+            f"this space's open upload sessions reserve {held} bytes; {size} more would pass "
+            f"KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE={limit}. Complete or abort "
+            "open sessions, or wait for them to expire",
+            code="upload_session_quota_exceeded",
+            details={"limit_bytes": limit, "reserved_bytes": held, "requested_bytes": size},
+        )
 
 
 def _replayed(session: UploadSession, declared: Declared) -> UploadSession:
@@ -450,7 +473,7 @@ def sweep_expired(*, batch: int | None = None) -> dict[str, int]:
 
 def reserved_bytes(space: KnowledgeSpace) -> int:
     """Bytes the space's open sessions reserve (zero once every session ended)."""
-    from django.db.models import Sum
-
-    total = UploadSession.objects.filter(space=space).aggregate(total=Sum("reserved_bytes"))
+    total = UploadSession.objects.filter(space=space, reserved_bytes__gt=0).aggregate(
+        total=Sum("reserved_bytes")
+    )
     return int(total["total"] or 0)

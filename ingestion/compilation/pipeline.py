@@ -168,7 +168,7 @@ def _compile_claimed(held: Held, until: str | None) -> None:
     batch ends, and a group is embedded, indexed and published together, so embedding batches
     draw from many documents however small the waves are.
     """
-    jobs = CompilationJob.objects.select_related("document").in_bulk(list(held.tokens))
+    jobs = CompilationJob.objects.select_related("document", "revision").in_bulk(list(held.tokens))
     for job_id in [j for j in held.tokens if j not in jobs]:
         held.release(job_id)  # deleted with its document meanwhile
     pending = [j for j in held.tokens if j in jobs]

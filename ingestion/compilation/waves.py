@@ -25,6 +25,7 @@ from ingestion.compilation.progress import PROGRESS, _progress
 from ingestion.compilation.stage_commit import _commit
 from ingestion.models import CompilationJob, KnowledgeNode, ParseArtifact, Stage
 from ingestion.parsing.isolation import ParseCanceled
+from ingestion.revisions import Source
 
 logger = logging.getLogger("knowledgefs.compilation")
 
@@ -195,10 +196,10 @@ def _materialize(held: Held, job: CompilationJob, gate, light: _LightSlot, *, fi
     materialization lane is not free at once, else ``("parsed", artifact, lease)`` where
     ``lease`` is ``None`` if ``first`` is false and the retained gate had no room.
     """
-    document = job.document
+    source = Source(job)  # the candidate revision's type and size, not the published document's
     aborted = lambda: held.is_lost(job.id)  # noqa: E731
     try:
-        if gates.is_heavy(document.mime_type, document.size_bytes):
+        if gates.is_heavy(source.mime_type, source.size_bytes):
             light.release()
             with gates.materialization_slot(True, should_abort=aborted, block=first) as slot:
                 if slot is None:

@@ -28,7 +28,7 @@ from ingestion.compilation.pipeline import compile_jobs
 from ingestion.compilation.progress import _progress
 from ingestion.compilation.publish import publish_many
 from ingestion.documents import admit_document
-from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
+from ingestion.models import CompilationJob, Document, DocumentRevision, KnowledgeNode, Stage
 
 pytestmark = pytest.mark.django_db
 
@@ -242,9 +242,9 @@ def test_a_wave_still_waits_for_the_materialization_gate(space, settings, monkey
 
 def test_a_heavy_document_after_light_ones_takes_its_own_lanes(space, monkeypatch):
     ids = [_admit(space, i) for i in range(3)]
-    heavy = _job(ids[1]).document
+    heavy = _job(ids[1]).revision  # a job is routed by the revision it compiles
     heavy_size = heavy.size_bytes + 1  # the same bytes, told apart by their recorded size
-    Document.objects.filter(id=heavy.id).update(size_bytes=heavy_size)
+    DocumentRevision.objects.filter(id=heavy.id).update(size_bytes=heavy_size)
     monkeypatch.setattr(memory_gates, "is_heavy", lambda mime, size: size == heavy_size)
     seen = {}
     real = _parse

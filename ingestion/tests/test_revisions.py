@@ -167,3 +167,57 @@ def test_queries_during_the_swap_see_the_old_or_the_new_text_never_neither_or_bo
     assert seen and seen[-1] == (False, True)
     assert (True, False) in seen
     assert all(old != new for old, new in seen), [s for s in seen if s[0] == s[1]][:5]
+
+
+def _lanes_seen(monkeypatch) -> list[int]:
+    """Wrap the wave's parse to record how many heavy-lane holders each parse runs under."""
+    from ingestion import memory_gates
+    from ingestion.compilation import waves
+
+    seen: list[int] = []
+    real = waves._parse
+
+    def parse(job, *args):
+        _, heavy_width = memory_gates.materialization_capacities()
+        heavy = memory_gates.MachineSemaphore(memory_gates.MATERIALIZATION_HEAVY_GATE, heavy_width)
+        seen.append(len(heavy.snapshot()["holders"]))
+        return real(job, *args)
+
+    monkeypatch.setattr(waves, "_parse", parse)
+    return seen
+
+
+@pytest.mark.django_db
+def test_a_pdf_replacing_a_small_text_takes_the_heavy_lane(
+    client, space, object_storage, settings, tmp_path, monkeypatch
+):
+    settings.VAR_DIR = tmp_path / "var"  # this test's own gate ledgers
+    upload(client, space, "travel.md", OLD)
+    seen = _lanes_seen(monkeypatch)
+    compile_all()
+    assert seen == [0]  # a small Markdown file: the light lane
+    document = Document.objects.get()
+    broken = b"%PDF-1.7\n" + b"\x00garbage" * 20  # sniffed as a PDF (its parse may fail)
+    documents.replace_document(document, filename="travel.pdf", data=broken)
+    compile_all()
+    # routed by the candidate revision (a PDF), not by the published Markdown document
+    assert seen == [0, 1]
+
+
+@pytest.mark.django_db
+def test_a_large_replacement_of_a_small_document_takes_the_heavy_lane(
+    client, space, object_storage, settings, tmp_path, monkeypatch
+):
+    from ingestion import memory_gates
+
+    settings.VAR_DIR = tmp_path / "var"
+    monkeypatch.setattr(memory_gates, "HEAVY_SOURCE_BYTES", 4096)  # the 8 MiB line, scaled down
+    upload(client, space, "travel.md", OLD)
+    seen = _lanes_seen(monkeypatch)
+    compile_all()
+    document = Document.objects.get()
+    large = NEW + b"\nPrivate cars on official travel are reimbursed per kilometre.\n" * 100
+    assert len(large) > 4096 >= document.size_bytes
+    documents.replace_document(document, filename="travel.md", data=large)
+    compile_all()
+    assert seen == [0, 1]

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from ingestion import fallback_admission, upload_sessions
@@ -271,3 +273,89 @@ def test_small_fallback_gate_is_on_health(client, settings):
     from ingestion import upload_admission
 
     assert fallback_admission.GATE is not upload_admission.GATE  # its own gate
+
+
+def test_a_create_past_the_spaces_reservation_limit_is_409_and_a_release_frees_room(
+    client, space, principal, settings, object_storage
+):
+    settings.KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE = 2 * len(TEXT) + 10
+    first = create(client, space).json()["session"]
+    assert create(client, space).status_code == 201
+    refused = create(client, space)
+    assert refused.status_code == 409, refused.content
+    body = refused.json()
+    assert body["code"] == "upload_session_quota_exceeded"
+    assert "KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE" in body["message"]
+    assert body["details"] == {
+        "limit_bytes": 2 * len(TEXT) + 10,
+        "reserved_bytes": 2 * len(TEXT),
+        "requested_bytes": len(TEXT),
+    }
+    assert UploadSession.objects.count() == 2
+    assert upload_sessions.reserved_bytes(space) == 2 * len(TEXT)
+    # a smaller declaration that fits is admitted; the limit is per space
+    assert create(client, space, data=b"0123456789").status_code == 201
+    other = create_space(principal, name="Other space")
+    assert create(client, other).status_code == 201
+    # an aborted session releases its reservation at once, and so does a completed one
+    assert client.post(f"{base(space)}/{first['id']}/abort").status_code == 200
+    third = create(client, space, data=b"Another note on taxis.\n")
+    assert third.status_code == 201, third.content
+    assert create(client, space).status_code == 409
+    sent = send(client, space, third.json()["session"]["id"], b"Another note on taxis.\n")
+    assert sent.json()["session"]["status"] == "completed", sent.content
+    assert create(client, space).status_code == 201
+
+
+def test_an_idempotent_replay_is_not_charged_twice(client, space, settings):
+    settings.KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE = len(TEXT)
+    assert create(client, space, key="k-1").status_code == 201
+    assert create(client, space, key="k-1").status_code == 200  # the same session, no new room
+    assert create(client, space, key="k-2").json()["code"] == "upload_session_quota_exceeded"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_two_concurrent_creates_cannot_both_pass_the_limit(space, settings, monkeypatch):
+    """Each create reads the space's total and then waits for the other before inserting: with
+    the space locked, the second one reads only after the first committed, and is refused."""
+    settings.KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE = len(TEXT) + 1
+    barrier = threading.Barrier(2)
+    real = upload_sessions.reserved_bytes
+
+    def racing(space_):
+        total = real(space_)
+        try:
+            barrier.wait(timeout=3)  # both inside the window at once, unless serialised
+        except threading.BrokenBarrierError:
+            pass
+        return total
+
+    monkeypatch.setattr(upload_sessions, "reserved_bytes", racing)
+    declared = upload_sessions.parse_declaration(
+        {
+            "file_name": "expenses.md",
+            "content_type": "text/markdown",
+            "expected_size_bytes": len(TEXT),
+            "checksum_sha256": checksum(TEXT),
+        }
+    )
+    outcomes: list[str] = []
+
+    def one() -> None:
+        try:
+            upload_sessions.create_session(space, declared)
+            outcomes.append("created")
+        except Exception as exc:  # noqa: BLE001 - the refusal is the outcome under test
+            outcomes.append(getattr(exc, "code", repr(exc)))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(outcomes) == ["created", "upload_session_quota_exceeded"]
+    assert UploadSession.objects.count() == 1
+    assert real(space) == len(TEXT)

@@ -59,6 +59,12 @@ KNOWLEDGE_UPLOAD_SESSION_TTL_SECONDS = bounded_int(
 KNOWLEDGE_UPLOAD_SESSION_SWEEP_BATCH = bounded_int(
     "KNOWLEDGE_UPLOAD_SESSION_SWEEP_BATCH", 100, 1, 1000
 )
+# Source bytes one space's open upload sessions may reserve together (each its declared size,
+# from create to its terminal state); a create past it is 409 upload_session_quota_exceeded.
+# At least the per-file limit (checked in knowledgefs.settings.validation), at most 1 TiB.
+KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE = bounded_int(
+    "KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE", 512 * 1024**2, 1, 1024**4
+)
 # Django's own limits do not contradict the file limit: DATA_UPLOAD_MAX_MEMORY_SIZE counts only
 # non-file form fields (2 MiB), and a file over FILE_UPLOAD_MAX_MEMORY_SIZE is spooled to a
 # temporary file instead of memory; neither refuses a file under KNOWLEDGE_UPLOAD_MAX_BYTES.

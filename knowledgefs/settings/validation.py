@@ -24,6 +24,7 @@ from knowledgefs.settings.ingestion import (
     KNOWLEDGE_PDF_RASTERIZER,
     KNOWLEDGE_PDF_RASTERIZER_COMMAND,
     KNOWLEDGE_UPLOAD_MAX_BYTES,
+    KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE,
     UNSTRUCTURED_API_KEY,
     UNSTRUCTURED_HEAVY_MAX_CONCURRENCY,
     UNSTRUCTURED_MAX_CONCURRENCY,
@@ -131,6 +132,13 @@ def validate() -> None:
             f"{KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES} must be at least the "
             f"per-file limit KNOWLEDGE_UPLOAD_MAX_BYTES={KNOWLEDGE_UPLOAD_MAX_BYTES}; accepted "
             f"range {KNOWLEDGE_UPLOAD_MAX_BYTES}..{100 * 1024**2}"
+        )
+    if KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE < KNOWLEDGE_UPLOAD_MAX_BYTES:
+        raise ImproperlyConfigured(
+            "KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE="
+            f"{KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE} must be at least the "
+            f"per-file limit KNOWLEDGE_UPLOAD_MAX_BYTES={KNOWLEDGE_UPLOAD_MAX_BYTES}; accepted "
+            f"range {KNOWLEDGE_UPLOAD_MAX_BYTES}..{1024**4}"
         )
     if _unstructured_url_given:
         parsed = urlsplit(_unstructured_url_given)

@@ -242,6 +242,16 @@ def test_fallback_gate_fifo_429_and_408_with_the_reservation_released(
             f"KNOWLEDGE_DIRECT_UPLOAD_SMALL_FALLBACK_MAX_RESERVED_BYTES={10 * MiB} must be at "
             f"least the per-file limit KNOWLEDGE_UPLOAD_MAX_BYTES={15 * MiB}",
         ),
+        (
+            {"KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE": str(MiB)},
+            f"KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE={MiB} must be at least the "
+            f"per-file limit KNOWLEDGE_UPLOAD_MAX_BYTES={15 * MiB}",
+        ),
+        (
+            {"KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE": "0"},
+            "KNOWLEDGE_UPLOAD_SESSION_MAX_RESERVED_BYTES_PER_SPACE=0 is outside the accepted "
+            "range 1..1099511627776",
+        ),
     ],
 )
 def test_out_of_range_fallback_settings_stop_start_up(tmp_path, variables, message):
