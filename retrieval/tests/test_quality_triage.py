@@ -219,3 +219,17 @@ def test_triage_idempotency_key_and_bad_requests(corpus, client, queued, triage)
     assert TriageRun.objects.count() == 1
     missing = client.get(url(corpus, "triage-runs", "not-a-run"))
     assert (missing.status_code, missing.json()["code"]) == (404, "triage_run_not_found")
+
+
+@pytest.mark.django_db(transaction=True)  # the run is dispatched at its commit, as in production
+def test_the_published_triage_task_runs_the_run(corpus, client, monkeypatch):
+    from django_q.conf import Conf
+
+    monkeypatch.setattr(Conf, "SYNC", True)  # the published message runs in this process
+    row = failed(corpus, "When do unused annual leave days expire?", 1)
+    response = client.post(url(corpus, "triage"), {"limit": 5}, format="json")
+    assert response.status_code == 202, response.content
+    polled = client.get(url(corpus, "triage-runs", response.json()["id"])).json()
+    assert polled["state"] == "succeeded" and polled["attempt_count"] == 1, polled
+    assert polled["summary"]["verdicts"]["retrieval-miss"] == 1
+    assert FailedQuery.objects.get(id=row.id).status == "pending-annotation"
