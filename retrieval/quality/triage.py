@@ -50,7 +50,7 @@ MAX_NOTE = 2000
 _WORD = re.compile(r"\w+")
 
 
-def _limit(value, default: int, high: int) -> int:
+def bounded_limit(value, default: int, high: int) -> int:
     value = default if value is None else value
     if isinstance(value, str) and value.isdigit():
         value = int(value)
@@ -114,7 +114,7 @@ def cluster_key(query: str) -> str:
 
 def clusters(rows_queryset, limit=None) -> dict:
     """``{clusters[{cluster_key, count, failed_query_ids, representative}]}``, largest first."""
-    limit = _limit(limit, 200, 1000)
+    limit = bounded_limit(limit, 200, 1000)
     groups: dict[str, list] = {}
     for row in rows_queryset.exclude(query="").order_by("-created_at", "-id")[:5000]:
         groups.setdefault(cluster_key(row.query), []).append(row)

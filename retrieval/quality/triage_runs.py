@@ -28,9 +28,9 @@ from knowledgefs.errors import InvalidInput, ServiceError
 
 from . import triage_dispatch as queue
 from .models import FailedQuery, TriageRun
-from .replay import _check_key, _same_request
+from .replay import check_idempotency_key, same_request
 from .scope import one, provenance_of
-from .triage import VERDICTS, _limit, move, verdict_for
+from .triage import VERDICTS, bounded_limit, move, verdict_for
 
 logger = logging.getLogger("knowledgefs.quality")
 
@@ -51,7 +51,7 @@ def _request(body) -> int:
             code="invalid_request",
             details={"field": unknown[0]},
         )
-    return _limit(body.get("limit"), MAX_ROWS, MAX_ROWS)
+    return bounded_limit(body.get("limit"), MAX_ROWS, MAX_ROWS)
 
 
 def _fingerprint(space, limit: int) -> str:
@@ -65,7 +65,7 @@ def _empty_summary() -> dict:
 
 def create_run(principal, space, body, *, idempotency_key: str | None = None):
     """``(run, created)``; the run is dispatched after the commit."""
-    key = _check_key(idempotency_key)
+    key = check_idempotency_key(idempotency_key)
     limit = _request(body)
     fingerprint = _fingerprint(space, limit)
     provenance = provenance_of(principal)
@@ -74,7 +74,7 @@ def create_run(principal, space, body, *, idempotency_key: str | None = None):
             tenant_id=principal.tenant_id, requester=provenance["requester"], idempotency_key=key
         ).first()
         if existing is not None:
-            return _same_request(existing, fingerprint), False
+            return same_request(existing, fingerprint), False
     try:
         with transaction.atomic():
             run = TriageRun.objects.create(
@@ -86,7 +86,7 @@ def create_run(principal, space, body, *, idempotency_key: str | None = None):
         existing = TriageRun.objects.get(
             tenant_id=principal.tenant_id, requester=provenance["requester"], idempotency_key=key
         )
-        return _same_request(existing, fingerprint), False
+        return same_request(existing, fingerprint), False
     return run, True
 
 
