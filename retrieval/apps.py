@@ -12,7 +12,7 @@ class RetrievalConfig(AppConfig):
         from ingestion.projection import register
         from knowledgefs.jobs import schedules
         from retrieval import checks  # noqa: F401  (registers the system checks)
-        from retrieval.quality import replay_dispatch
+        from retrieval.quality import replay_dispatch, triage_dispatch
         from retrieval.research_tasks import dispatch
         from spaces import signals
         from spaces.models import KnowledgeSpace
@@ -34,6 +34,7 @@ class RetrievalConfig(AppConfig):
             signal.connect(receivers.remove_keyword_index, sender=KnowledgeSpace, dispatch_uid=uid)
         schedules.register(dispatch.SWEEP)
         schedules.register(replay_dispatch.SWEEP)
+        schedules.register(triage_dispatch.SWEEP)
         # Compilation and document deletion reach the search backends through this port.
         register(SearchProjector())
         # The exact dense leg is one memory-bound matrix-vector product per query: a second

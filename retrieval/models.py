@@ -231,5 +231,6 @@ from retrieval.quality.models import (  # noqa: E402, F401
     FailedQuery,
     ReplayItem,
     ReplayRun,
+    TriageRun,
 )
 from retrieval.research_tasks.models import ResearchTask, ResearchTaskPartial  # noqa: E402, F401

@@ -40,6 +40,11 @@ urlpatterns = [
         )
     ],  # fmt: skip
     path(
+        "knowledge-spaces/<str:space_id>/failed-queries/triage-runs/<str:run_id>",
+        quality.TriageRunDetailView.as_view(),
+        name="failed-query-triage-run",
+    ),
+    path(
         "knowledge-spaces/<str:space_id>/failed-queries/<str:failed_query_id>",
         quality.FailedQueryDetailView.as_view(),
         name="failed-query-detail",

@@ -29,6 +29,10 @@ RUN = shape(
     "A replay run: `id`, `mode`, `state`, `attempt`, `revision`, `error`, `summary`, "
     "`provenance`, `items` (each with `result.evidence_diff` and `metrics`)."
 )
+TRIAGE_RUN = shape(
+    "A triage run: `id`, `state` (queued, running, succeeded, failed), `limit`, `summary` "
+    "(`triaged`, `verdicts`), `attempt_count`, `error`, `requester`."
+)
 REVISION = body(
     "The run's current revision.", {"expected_revision": INTEGER}, ("expected_revision",)
 )
@@ -86,11 +90,14 @@ def register() -> None:
     annotate(
         p + "FailedQueryTriageView",
         post=extend_schema(
-            summary="Triage pending failed queries with independent signals",
-            request=body("How many, 1-200 (default 50).", {"limit": INTEGER}),
-            responses={200: shape("`triaged`, `verdicts`.")},
+            summary="Start a durable triage of pending failed queries (independent signals)",
+            request=body("At most this many rows, 1-1000 (default 1000).", {"limit": INTEGER}),
+            parameters=[RUN_KEY],
+            responses={202: TRIAGE_RUN, 409: error("`idempotency_key_reused`.")},
         ),
     )
+    annotate(p + "TriageRunDetailView", get=extend_schema(summary="Read a triage run",
+                                                         responses={200: TRIAGE_RUN}))  # fmt: skip
     annotate(
         p + "FailedQueryClustersView",
         get=extend_schema(

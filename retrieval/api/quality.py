@@ -10,7 +10,7 @@ from knowledgefs.auth.operations import ADMIN_CALLERS, READ_CALLERS, Operation, 
 from knowledgefs.pagination import NewestFirstPagination
 from spaces.services import get_space
 
-from ..quality import bad_cases, evidence_match, feedback, replay, trends, triage
+from ..quality import bad_cases, evidence_match, feedback, replay, trends, triage, triage_runs
 from ..quality.scope import covers
 from .views import RouteView
 
@@ -74,11 +74,22 @@ class FailedQueryTriageView(RouteView):
     operations = {"POST": Operation("failed_queries.triage", space_from(), ADMIN_CALLERS)}
 
     def post(self, request, space_id):
-        """``{limit? 1–200}`` → ``{triaged, verdicts}``."""
+        """``{limit? 1–1000}``, header ``Idempotency-Key`` (8–255) → 202 with the queued triage
+        run (poll it at ``…/failed-queries/triage-runs/{id}``)."""
         space = get_space(request.user, space_id)
-        rows = feedback.failed_queries(request.user, space)
-        limit = request.data.get("limit") if isinstance(request.data, dict) else None
-        return Response(triage.triage(rows, space, limit))
+        run, _created = triage_runs.create_run(
+            request.user, space, request.data,
+            idempotency_key=request.headers.get("Idempotency-Key"),
+        )  # fmt: skip
+        return Response(triage_runs.as_dict(run), status=http.HTTP_202_ACCEPTED)
+
+
+class TriageRunDetailView(RouteView):
+    operations = {"GET": Operation("failed_queries.triage_runs.read", space_from(), ADMIN_CALLERS)}
+
+    def get(self, request, space_id, run_id):
+        space = get_space(request.user, space_id)
+        return Response(triage_runs.as_dict(triage_runs.get_run(request.user, space, run_id)))
 
 
 class FailedQueryClustersView(RouteView):

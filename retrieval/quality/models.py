@@ -321,3 +321,51 @@ class ReplayItem(models.Model):
             "result": self.result or None,
             "metrics": self.metrics or None,
         }
+
+
+class TriageRun(Provenance):
+    """One durable triage of a space's ``pending-triage`` failed queries (docs/quality.md).
+
+    ``state``: ``queued`` → ``running`` → ``succeeded`` | ``failed`` (``error_code``). It labels
+    at most ``row_limit`` rows the requester's provenance covers, in batches; ``summary`` is
+    ``{triaged, verdicts{...}}`` kept across deliveries. The delivery claim is the jobs kernel's
+    (``task_id``, ``claimed_at``, ``step_started_at``, ``attempt_count``:
+    :mod:`retrieval.quality.triage_dispatch`).
+    """
+
+    STATES = ("queued", "running", "succeeded", "failed")
+    TERMINAL = ("succeeded", "failed")
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    space = models.ForeignKey(KnowledgeSpace, on_delete=models.CASCADE, related_name="+")
+    state = models.CharField(max_length=16, default="queued")
+    row_limit = models.PositiveIntegerField()
+    summary = models.JSONField(default=dict, blank=True)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    request_fingerprint = models.CharField(max_length=80)
+    task_id = models.CharField(max_length=64, null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    step_started_at = models.DateTimeField(null=True, blank=True)
+    attempt_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "quality_triage_run"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant_id", "requester", "idempotency_key"],
+                name="quality_triage_run_idempotency",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["space", "-created_at"], name="quality_tr_space_created"),
+            models.Index(fields=["state", "updated_at"], name="quality_tr_state_updated"),
+        ]
+
+    def __str__(self) -> str:
+        return f"triage run {self.id} ({self.state})"

@@ -143,7 +143,7 @@ def _fingerprint(space, selection: str, mode, questions) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _check_key(key: str | None) -> str | None:
+def check_idempotency_key(key: str | None) -> str | None:
     if key is None:
         return None
     if not 8 <= len(key) <= 255 or not key.isprintable():
@@ -156,7 +156,7 @@ def _check_key(key: str | None) -> str | None:
 
 def create_run(principal, space, body, *, idempotency_key: str | None = None):
     """``(run, created)``; the run is dispatched after the commit."""
-    key = _check_key(idempotency_key)
+    key = check_idempotency_key(idempotency_key)
     selection, mode, questions = _request(space, body)
     fingerprint = _fingerprint(space, selection, mode, questions)
     provenance = provenance_of(principal)
@@ -165,7 +165,7 @@ def create_run(principal, space, body, *, idempotency_key: str | None = None):
             tenant_id=principal.tenant_id, requester=provenance["requester"], idempotency_key=key
         ).first()
         if existing is not None:
-            return _same_request(existing, fingerprint), False
+            return same_request(existing, fingerprint), False
     snapshot = freeze(space)
     concrete = mode or snapshot["retrieval_profile"]["default_mode"]
     if concrete not in CONCRETE_MODES:
@@ -194,14 +194,16 @@ def create_run(principal, space, body, *, idempotency_key: str | None = None):
         existing = ReplayRun.objects.get(
             tenant_id=principal.tenant_id, requester=provenance["requester"], idempotency_key=key
         )
-        return _same_request(existing, fingerprint), False
+        return same_request(existing, fingerprint), False
     return run, True
 
 
-def _same_request(run: ReplayRun, fingerprint: str) -> ReplayRun:
+def same_request(run, fingerprint: str):
+    """``run`` (a replay or triage run) when it was made for the request ``fingerprint``, else
+    409 ``idempotency_key_reused``."""
     if run.request_fingerprint != fingerprint:
         raise Conflict(
-            "this Idempotency-Key was used for another replay request",
+            "this Idempotency-Key was used for another request",
             code="idempotency_key_reused",
         )
     return run

@@ -1,8 +1,9 @@
 """Triage, clusters, metrics and annotation of failed queries (docs/quality.md).
 
-**Triage** labels each ``pending-triage`` row with a signal independent of the embedding that
-just failed: the keyword leg alone (how much of the question's content words one chunk of the
-space holds) and the space's document names. It leans to ``uncertain``:
+**Triage** (a durable job: :mod:`.triage_runs`) labels each ``pending-triage`` row with a
+signal independent of the embedding that just failed: the keyword leg alone (how much of the
+question's content words one chunk of the space holds) and the space's document names. It
+leans to ``uncertain``:
 
 * ``retrieval-miss``: one chunk holds at least ``MISS_COVERAGE`` of the question's words (the
   content is there, the answer did not use it) → ``pending-annotation``;
@@ -49,7 +50,7 @@ MAX_NOTE = 2000
 _WORD = re.compile(r"\w+")
 
 
-def _limit(value, default: int, high: int) -> int:
+def bounded_limit(value, default: int, high: int) -> int:
     value = default if value is None else value
     if isinstance(value, str) and value.isdigit():
         value = int(value)
@@ -84,24 +85,21 @@ def verdict_for(space, query: str) -> tuple[str, dict]:
     return "uncertain", signals
 
 
-def triage(rows_queryset, space, limit=None) -> dict:
-    """Triage up to ``limit`` (1–200, default 50) ``pending-triage`` rows of ``space``, oldest
-    first; ``{triaged, verdicts{...}}``. Each row moves by compare-and-set (a row another
-    triage took is skipped)."""
-    limit = _limit(limit, 50, 200)
-    counts = dict.fromkeys(VERDICTS, 0)
-    rows = rows_queryset.filter(status="pending-triage").order_by("created_at", "id")[:limit]
-    for row in rows:
-        verdict, signals = verdict_for(space, row.query)
-        moved = FailedQuery.objects.filter(
+def move(row: FailedQuery, verdict: str, signals: dict) -> bool:
+    """Label one ``pending-triage`` row with ``verdict`` (from :func:`verdict_for`) by
+    compare-and-set; False when the row had already left ``pending-triage`` (labelled by an
+    earlier delivery, or annotated meanwhile): a row is never labelled twice."""
+    return bool(
+        FailedQuery.objects.filter(
             id=row.id, status="pending-triage", revision=row.revision
         ).update(
-            status=NEXT_STATUS[verdict], verdict=verdict, triage_signals=signals,
-            revision=F("revision") + 1, updated_at=timezone.now(),
+            status=NEXT_STATUS[verdict],
+            verdict=verdict,
+            triage_signals=signals,
+            revision=F("revision") + 1,
+            updated_at=timezone.now(),
         )  # fmt: skip
-        if moved:
-            counts[verdict] += 1
-    return {"triaged": sum(counts.values()), "verdicts": counts}
+    )
 
 
 def cluster_key(query: str) -> str:
@@ -116,7 +114,7 @@ def cluster_key(query: str) -> str:
 
 def clusters(rows_queryset, limit=None) -> dict:
     """``{clusters[{cluster_key, count, failed_query_ids, representative}]}``, largest first."""
-    limit = _limit(limit, 200, 1000)
+    limit = bounded_limit(limit, 200, 1000)
     groups: dict[str, list] = {}
     for row in rows_queryset.exclude(query="").order_by("-created_at", "-id")[:5000]:
         groups.setdefault(cluster_key(row.query), []).append(row)
