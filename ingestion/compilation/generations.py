@@ -75,8 +75,6 @@ def chunk_bounds(space_id: uuid.UUID) -> tuple[Callable[[str], int], int, int]:
       word pieces with their special tokens), so no chunk is truncated by the model.
 
     Models served through Dify report no window; the approximation alone bounds their chunks.
-    When the models cannot be resolved here the embed step reports why; the approximation
-    bounds the chunks meanwhile.
     """
     size = settings.KNOWLEDGE_EMBEDDING_MAX_INPUT_TOKENS
     overlap = size // 10
@@ -86,11 +84,14 @@ def chunk_bounds(space_id: uuid.UUID) -> tuple[Callable[[str], int], int, int]:
         size = chosen["chunk_size_tokens"]
         overlap = chosen["chunk_overlap_tokens"]
     bounds: list[tuple[Callable[[str], int], int]] = [(approx_tokens, size)]
+    # A model that cannot be resolved fails this attempt as the embed step would (retried):
+    # chunks sized without its window could be truncated by it.
     try:
         targets = projector().targets(space_id)
-    except Exception as exc:  # noqa: BLE001 - the embed step fails the job with the reason
-        logger.warning("space %s: no embedding model to size chunks by (%s)", space_id, exc)
-        targets = []
+    except Exception as exc:  # noqa: BLE001 - reported as the job's error
+        raise CompilationFailure(
+            "embedding_unavailable", f"{type(exc).__name__}: {exc}", retryable=True
+        ) from exc
     seen = set()
     for target in targets:
         window = getattr(target.model, "max_input_tokens", None)

@@ -14,7 +14,7 @@ from ingestion.compilation.pipeline import _compile_claimed, compile_jobs, run_j
 from ingestion.compilation.publish import publish
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
-from ingestion.projection import projector
+from ingestion.tests.embed_faults import fail_embed_targets
 from retrieval.backends import get_search_backend
 from retrieval.models import DenseVector
 from retrieval.modes import retrieve
@@ -168,7 +168,7 @@ def test_an_error_outside_one_jobs_work_fails_the_whole_batch(space, monkeypatch
     def broken_model(space_id):
         raise RuntimeError("model files missing")
 
-    monkeypatch.setattr(projector(), "targets", broken_model)
+    fail_embed_targets(monkeypatch, broken_model)
     compile_jobs(jobs)
     # Retryable: every job of the batch waits to retry, none is left running.
     states = set(CompilationJob.objects.values_list("run_state", "error_code", "error_retryable"))

@@ -23,6 +23,7 @@ from ingestion.compilation.recovery import drain_queued, recover_jobs
 from ingestion.documents import admit_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact, Stage
 from ingestion.projection import projector
+from ingestion.tests.embed_faults import fail_embed_targets
 from knowledgefs.errors import Conflict
 from retrieval.backends import get_search_backend
 
@@ -186,7 +187,7 @@ def test_a_due_retry_is_queued_again_and_resumes(space, monkeypatch):
     def flaky(space_id):
         raise ConnectionError("model runtime unreachable")
 
-    monkeypatch.setattr(projector(), "targets", flaky)
+    fail_embed_targets(monkeypatch, flaky)
     pipeline.compile_jobs([job_id])
     job = _job(job_id)
     assert (job.run_state, job.stage, job.error_retryable) == (
@@ -469,7 +470,7 @@ def test_drain_waits_for_a_due_retry(space, settings, monkeypatch):
             raise ConnectionError("model runtime restarting")
         return real(space_id)
 
-    monkeypatch.setattr(projector(), "targets", flaky_once)
+    fail_embed_targets(monkeypatch, flaky_once)
     drain_queued(space.id)
     job = _job(job_id)
     assert (job.run_state, job.execution_attempts, len(calls)) == ("succeeded", 2, 2)
