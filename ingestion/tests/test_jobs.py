@@ -474,3 +474,28 @@ def test_drain_waits_for_a_due_retry(space, settings, monkeypatch):
     drain_queued(space.id)
     job = _job(job_id)
     assert (job.run_state, job.execution_attempts, len(calls)) == ("succeeded", 2, 2)
+
+
+def test_a_model_whose_window_cannot_be_resolved_fails_the_attempt_before_chunking(
+    space, monkeypatch
+):
+    # Chunks are bounded by the embedding model's window: without it they could be cut too long
+    # and truncated by the model, so the attempt is retried instead of chunking blind.
+    job_id = _admit(space).job.id
+
+    def down(space_id):
+        raise ConnectionError("model runtime unreachable")
+
+    monkeypatch.setattr(projector(), "targets", down)
+    pipeline.compile_jobs([job_id])
+    job = _job(job_id)
+    assert (job.run_state, job.stage, job.error_code, job.error_retryable) == (
+        "retry_wait",
+        "parsed",
+        "embedding_unavailable",
+        True,
+    )
+    monkeypatch.undo()
+    CompilationJob.objects.filter(id=job_id).update(run_state="queued", next_attempt_at=None)
+    pipeline.compile_jobs([job_id])
+    assert _job(job_id).run_state == "succeeded"
