@@ -700,13 +700,15 @@ def test_round_evidence_in_a_checkpoint_becomes_round_partials(
 
 
 def test_the_profile_threshold_and_top_k_are_frozen_at_creation(
-    client, corpus, django_capture_on_commit_callbacks
+    client, corpus, django_capture_on_commit_callbacks, settings
 ):
     from spaces.models import SpaceProfile
 
+    # Fused scores without a reranker: the best candidate scores 1 (min-max), the others less.
+    settings.KNOWLEDGE_LOCAL_RERANK_ENABLED = False
     url = f"{SPACES}/{corpus.id}/retrieval-profile"
-    # A profile stored before a threshold needed rerank in every mode (the local runtime has
-    # no reranker, and PUT now refuses a threshold without one).
+    # A profile stored before a threshold needed rerank in every mode (PUT now refuses a
+    # threshold without a Dify reranker).
     SpaceProfile.objects.filter(space=corpus).update(
         retrieval_default_mode="research", retrieval_score_threshold=0.99, retrieval_top_k=2
     )

@@ -331,7 +331,9 @@ def test_both_probes_answer_200_on_the_embedded_default(db):
     assert body["status"] == "ready" and body["failing"] == [] and body["runtime"] == "local"
     checks = body["checks"]
     assert list(checks) == list(health.COMPONENTS)
-    assert checks["model_runtime"]["detail"] == "local ONNX embedding model files installed"
+    assert checks["model_runtime"]["detail"] == (
+        "local ONNX embedding and reranker model files installed and verified"
+    )
     assert checks["datasource_runtime"]["state"] == "disabled"
     assert checks["object_storage"]["detail"].startswith("FileSystemStorage: wrote")
     assert checks["database"]["detail"].endswith("no unapplied migrations")
