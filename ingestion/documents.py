@@ -498,8 +498,10 @@ def purge_documents(documents: QuerySet[Document]) -> int:
         ):
             for asset in assets or []:
                 storage.delete_object(asset["key"])
-        for key in set(document.revisions.values_list("storage_key", flat=True)):
-            storage.delete_object(key)  # replaced, failed and candidate revisions' sources
+        # Replaced, failed and candidate revisions' sources, then its own (each object once).
+        keys = set(document.revisions.values_list("storage_key", flat=True))
+        for key in sorted(keys - {document.storage_key}):
+            storage.delete_object(key)
         storage.delete_object(document.storage_key)
         with transaction.atomic():
             # Lock order everywhere: the document row first, then its jobs.
