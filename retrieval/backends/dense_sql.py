@@ -116,15 +116,20 @@ def document_states(ids: list) -> dict:
 def visible_hex(node_hex: list[str]) -> set[str]:
     """The node ids of ``node_hex`` (32 lowercase hex characters each, as SQLite stores them)
     whose generation is their document's active one and whose document is enabled, as given:
-    one statement on the nodes' primary key, no UUID built (SQLite only)."""
+    one statement on the nodes' primary key, no UUID built on SQLite (the tantivy leg's path;
+    PostgreSQL reads the same hex ids as ``uuid`` input, for the engine comparison tests)."""
     if not node_hex:
         return set()
     _, nodes, documents = _tables()
+    if connection.vendor == "sqlite":
+        condition = "n.id IN (SELECT value FROM json_each(%s))"
+        params = ["[" + ",".join(f'"{h}"' for h in node_hex) + "]"]
+    else:
+        condition, params = "n.id = ANY(%s::uuid[])", [list(node_hex)]
     sql = (
         f"SELECT n.id FROM {nodes} n JOIN {documents} d ON d.id = n.document_id "
-        "WHERE n.id IN (SELECT value FROM json_each(%s)) "
-        "AND n.generation = d.active_generation AND d.enabled"
+        f"WHERE {condition} AND n.generation = d.active_generation AND d.enabled"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, ["[" + ",".join(f'"{h}"' for h in node_hex) + "]"])
-        return {row[0] for row in cursor.fetchall()}
+        cursor.execute(sql, params)
+        return {row[0] if isinstance(row[0], str) else row[0].hex for row in cursor.fetchall()}
