@@ -18,6 +18,14 @@ QUESTION_WORDS = frozenset(
      "doe", "do", "did", "may", "can", "could", "would", "should", "is", "are", "be", "get"}
 )  # fmt: skip
 
+#: Words by which a question asks for a quantity (a final ``s`` ignored): such a question is
+#: answered by a sentence that states one, so among equally matching sentences those holding a
+#: number lead.
+QUANTITY_WORDS = frozenset(
+    {"limit", "size", "maximum", "max", "minimum", "min", "many", "much", "long", "large",
+     "big", "number", "count", "timeout", "capacity", "length"}
+)  # fmt: skip
+
 NO_SENTENCE_MESSAGE = (
     "No sentence of the evidence states what the question asks: the closest passages are "
     "listed as evidence."
@@ -64,11 +72,14 @@ def extract(bundle: ev.Bundle, query: str, limit: int) -> list[tuple[str, str]]:
     scores the share of the question's content words (:func:`subject_terms`, CJK as bigrams, a
     final ``s`` ignored) it contains; kept: those scoring at least half the best score, ties in
     evidence order, each distinct sentence once; sentences of prose before those of Markdown
-    table rows (:func:`retrieval.sentences.table_row_sentences`), which only follow. No
+    table rows (:func:`retrieval.sentences.table_row_sentences`), which only follow; when the
+    question asks for a quantity (:data:`QUANTITY_WORDS`), a sentence holding a number leads
+    over one that matches as well without any. No
     candidate: ``[]`` (the answer is then :data:`NO_SENTENCE_MESSAGE`, never a sentence about
     something else).
     """
     wanted = subject_terms(query)
+    quantity = bool(ev.terms_of(query) & QUANTITY_WORDS)
     scored = []
     for rank, item in enumerate(bundle.items):
         headings = item.citation.get("section_path") or ()
@@ -77,17 +88,19 @@ def extract(bundle: ev.Bundle, query: str, limit: int) -> list[tuple[str, str]]:
             if not carries_content(sentence, wanted):
                 continue
             share = len(wanted & ev.terms_of(sentence)) / len(wanted)
-            scored.append((share, sentence in rows, rank, position, sentence, item.label))
+            states = quantity and any(c.isdigit() for c in sentence)
+            scored.append((share, sentence in rows, not states, rank, position, sentence,
+                           item.label))  # fmt: skip
     if not scored:
         return []
     best = max(s[0] for s in scored)
     # Prose first among the kept: a sentence that answers leads over a table row that matches
     # as well (a catalogue's cells name many things; the row follows as further evidence).
     scored = [s for s in scored if s[0] >= best / 2]
-    scored.sort(key=lambda s: (s[1], -s[0], s[2], s[3]))
+    scored.sort(key=lambda s: (s[1], -s[0], s[2], s[3], s[4]))
     chosen: list[tuple[str, str]] = []
     seen: set[str] = set()
-    for _, _, _, _, sentence, label in scored:
+    for *_, sentence, label in scored:
         if len(chosen) >= limit:
             break
         if sentence in seen:

@@ -143,6 +143,17 @@ def test_a_prose_answer_leads_over_a_catalogue_row_that_matches_as_well():
     assert only and only[0][0].startswith("| 413 | `file_too_large`")
 
 
+def test_a_question_for_a_quantity_is_led_by_the_sentence_that_states_one():
+    health = (
+        "Visible on `/health` as `uploads`: the limits of the upload gate (`max_file_bytes`, "
+        "`max_body_bytes`) and its counters since start."
+    )
+    stated = "A larger upload is refused: the limit is 15728640 bytes (15 MiB) per file."
+    rows = [item("health", health, 0.9), item("stated", stated, 0.6)]
+    pairs = answers.extract(bundle_of(rows), QUESTION, 3)
+    assert pairs[0] == (stated, "[E2]"), pairs
+
+
 def test_the_question_in_other_words_is_no_answer():
     rows = [item("q", "What is the upload size limit?", 0.9)]
     assert answers.extract(bundle_of(rows), QUESTION, 3) == []
