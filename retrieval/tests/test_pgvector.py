@@ -16,7 +16,6 @@ from django.db import connection, transaction
 
 from ingestion.models import Document, KnowledgeNode
 from knowledgefs.health import check_search
-from knowledgefs.runtime import DEFAULT_MODEL_ID
 from knowledgefs.testing.embedders import FAKE_MODELS, MODEL_A, MODEL_B
 from knowledgefs.testing.migration_support import migrate, migrate_to_latest
 from knowledgefs.testing.rows import published_document
@@ -27,6 +26,9 @@ from retrieval.backends.postgres import dense_statement
 from retrieval.checks import check_pgvector_available
 from retrieval.models import DenseVector
 from retrieval.modes import retrieve
+
+#: The local model migration 0008 indexes (the embedded default when it was written).
+MIGRATION_LOCAL_MODEL = "local/all-MiniLM-L6-v2-int8-onnx"
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql",
@@ -306,7 +308,9 @@ def test_reversing_0008_drops_column_and_indexes_and_reapplying_refills(
         assert DenseVector.objects.count() == 50  # the portable copy stays
     finally:
         migrate_to_latest()
-    assert {pgv.index_name(MODEL_A, 8), pgv.index_name(DEFAULT_MODEL_ID, 384)} <= set(
+    # The migration indexes the models its rows use and the local model it names (MiniLM: the
+    # embedded default when it was written), whatever the default is now.
+    assert {pgv.index_name(MODEL_A, 8), pgv.index_name(MIGRATION_LOCAL_MODEL, 384)} <= set(
         pgv.hnsw_indexes(connection)
     )
     stored = np.frombuffer(bytes(DenseVector.objects.get(node_id=node_id).vector), dtype="<f4")
