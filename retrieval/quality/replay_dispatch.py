@@ -15,47 +15,19 @@ kernel :class:`knowledgefs.jobs.claims.ClaimedRunQueue` (as research tasks and u
 
 from __future__ import annotations
 
-import logging
-
 from knowledgefs.jobs import claims, schedules
 
 from .models import ReplayRun
-
-logger = logging.getLogger("knowledgefs.quality")
+from .run_queue import run_queue
 
 RUN_TASK = "retrieval.quality.tasks.run_replay"
 SWEEP_TASK = "retrieval.quality.tasks.sweep_replay_runs"
 SWEEP_SCHEDULE = "knowledgefs.quality.replay_sweep"
 SWEEP = schedules.Schedule(SWEEP_SCHEDULE, SWEEP_TASK)
-DELIVERY_TIMEOUT_SECONDS = 3600
 
 
-def _failed_fields(code: str, message: str, now) -> dict:
-    return {"error_code": code[:64], "error_message": message[:4000], "completed_at": now}
-
-
-QUEUE = claims.ClaimedRunQueue(
-    model=ReplayRun,
-    state_field="state",
-    queued="queued",
-    running="running",
-    failed="failed",
-    task_path=RUN_TASK,
-    group="replay",
-    logger=logger,
-    publish_error="could not publish replay run %s; releasing the claim",
-    sweep_label="replay run sweep",
-    grace_setting="KNOWLEDGE_QUALITY_REPLAY_DISPATCH_GRACE_SECONDS",
-    stale_setting="KNOWLEDGE_QUALITY_REPLAY_STALE_SECONDS",
-    attempts_setting="KNOWLEDGE_QUALITY_REPLAY_MAX_ATTEMPTS",
-    timeout=lambda _pk: DELIVERY_TIMEOUT_SECONDS,
-    failed_fields=_failed_fields,
-    exhausted_message=lambda run: (
-        f"the replay was started {run.attempt_count} times without finishing (the worker was "
-        "killed, timed out or lost); retry it once the cause is fixed"
-    ),
-    begin_fields=lambda now: {"started_at": now},
-    load=lambda pk: ReplayRun.objects.select_related("space").get(id=pk),
+QUEUE = run_queue(
+    ReplayRun, kind="replay", task_path=RUN_TASK, after_exhausted="retry it once the cause is fixed"
 )
 
 dispatch = QUEUE.dispatch

@@ -11,47 +11,22 @@ registered schedule :data:`SWEEP`.
 
 from __future__ import annotations
 
-import logging
-
 from knowledgefs.jobs import claims, schedules
 
 from .models import TriageRun
-
-logger = logging.getLogger("knowledgefs.quality")
+from .run_queue import run_queue
 
 RUN_TASK = "retrieval.quality.tasks.run_triage"
 SWEEP_TASK = "retrieval.quality.tasks.sweep_triage_runs"
 SWEEP_SCHEDULE = "knowledgefs.quality.triage_sweep"
 SWEEP = schedules.Schedule(SWEEP_SCHEDULE, SWEEP_TASK)
-DELIVERY_TIMEOUT_SECONDS = 3600
 
 
-def _failed_fields(code: str, message: str, now) -> dict:
-    return {"error_code": code[:64], "error_message": message[:4000], "completed_at": now}
-
-
-QUEUE = claims.ClaimedRunQueue(
-    model=TriageRun,
-    state_field="state",
-    queued="queued",
-    running="running",
-    failed="failed",
+QUEUE = run_queue(
+    TriageRun,
+    kind="triage",
     task_path=RUN_TASK,
-    group="triage",
-    logger=logger,
-    publish_error="could not publish triage run %s; releasing the claim",
-    sweep_label="triage run sweep",
-    grace_setting="KNOWLEDGE_QUALITY_REPLAY_DISPATCH_GRACE_SECONDS",
-    stale_setting="KNOWLEDGE_QUALITY_REPLAY_STALE_SECONDS",
-    attempts_setting="KNOWLEDGE_QUALITY_REPLAY_MAX_ATTEMPTS",
-    timeout=lambda _pk: DELIVERY_TIMEOUT_SECONDS,
-    failed_fields=_failed_fields,
-    exhausted_message=lambda run: (
-        f"the triage was started {run.attempt_count} times without finishing (the worker was "
-        "killed, timed out or lost); start a new one once the cause is fixed"
-    ),
-    begin_fields=lambda now: {"started_at": now},
-    load=lambda pk: TriageRun.objects.select_related("space").get(id=pk),
+    after_exhausted="start a new one once the cause is fixed",
 )
 
 dispatch = QUEUE.dispatch
