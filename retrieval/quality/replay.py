@@ -28,6 +28,7 @@ from retrieval.recall import CONCRETE_MODES, resolve_snapshot
 from spaces.readiness import require_servable
 
 from . import replay_dispatch
+from .frozen import freeze_publication
 from .models import ReplayItem, ReplayRun
 from .scope import one, provenance_of, readable
 
@@ -36,9 +37,9 @@ CREATE_MEMBERS = ("golden_question_ids", "selection", "mode")
 
 
 def freeze(space) -> dict:
-    """The snapshot a run replays on: the publication revision, the active index version, the
-    embedding model and the retrieval profile. 503 ``replay_unavailable`` without a dense index
-    or a servable profile."""
+    """The snapshot a run replays on: the publication (revision, time, documents:
+    :mod:`.frozen`), the active index version, the embedding model and the retrieval profile.
+    503 ``replay_unavailable`` without a dense index or a servable profile."""
     profile = require_servable(space)
     snapshot = resolve_snapshot(space)
     if snapshot.version is None:
@@ -48,6 +49,7 @@ def freeze(space) -> dict:
     number, model_id, dimension = snapshot.version
     return {
         "publication_revision": snapshot.head_revision,
+        "publication": freeze_publication(space, snapshot.head_revision),
         "index_version": {"number": number, "model_id": model_id, "dimension": dimension},
         "embedding_model": model_id,
         "vector_space_id": profile.vector_space_id or None,
