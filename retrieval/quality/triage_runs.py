@@ -33,6 +33,7 @@ from django.utils import timezone
 from knowledgefs.errors import Conflict, InvalidInput, ServiceError
 
 from . import triage_dispatch as queue
+from . import triage_judge
 from .models import FailedQuery, TriageRun
 from .replay import check_idempotency_key, expected_revision, revision_conflict, same_request
 from .scope import one, provenance_of, readable
@@ -185,6 +186,7 @@ def run_delivery(pk: str, task_id: str) -> str:
     summary = run.summary or _empty_summary()
     seen: set = set()
     try:
+        selection = triage_judge.selection_of(run.space)
         while summary["triaged"] < run.row_limit:
             batch = pending(run, seen)
             if not batch:
@@ -193,7 +195,7 @@ def run_delivery(pk: str, task_id: str) -> str:
                 seen.add(row.id)
                 if not _covered(run, row) or summary["triaged"] >= run.row_limit:
                     continue
-                verdict, signals = verdict_for(run.space, row.query)
+                verdict, signals = verdict_for(run.space, row.query, selection)
                 now = timezone.now()
                 with transaction.atomic():
                     if not queue.held(run.id, task_id).update(step_started_at=now, updated_at=now):

@@ -270,10 +270,10 @@ def test_cancel_is_compare_and_set_and_stops_the_delivery(corpus, client, queued
     real = triage_runs.verdict_for
     responses = []
 
-    def verdict_then_cancel(space, query):
+    def verdict_then_cancel(*args):
         if not responses:
             responses.append(client.post(cancel, {"expected_revision": 1}, format="json"))
-        return real(space, query)
+        return real(*args)
 
     monkeypatch.setattr(triage_runs, "verdict_for", verdict_then_cancel)
     assert deliver(created["id"]) == "claim_lost"
