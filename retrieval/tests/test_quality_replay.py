@@ -187,6 +187,24 @@ def test_evidence_published_after_the_snapshot_is_left_out_even_mid_run(
     assert body["summary"]["publication_drift"] == 1
 
 
+@pytest.mark.parametrize("mode", ["deep", "research"])
+def test_every_mode_reads_only_the_frozen_publication(
+    corpus, client, django_capture_on_commit_callbacks, mode
+):
+    run = create(client, corpus, {"selection": "all-active", "mode": mode},
+                 django_capture_on_commit_callbacks)  # fmt: skip
+    admit_document(corpus, filename="parking.md", data=PARKING.encode(), enqueue=False)
+    compile_all()
+    assert deliver(run.json()["id"]) == "finished"
+    body = client.get(runs_url(corpus, run.json()["id"])).json()
+    assert body["mode"] == mode and body["error"] is None
+    leave, parking = body["items"]
+    assert (leave["state"], parking["state"]) == ("passed", "failed")
+    assert "parking.md" not in [
+        r["filename"] for r in parking["result"]["evidence_diff"]["retrieved"]
+    ]
+
+
 @pytest.mark.parametrize("change", ["replaced", "deleted"])
 def test_a_deleted_or_replaced_frozen_generation_fails_the_run_with_a_clear_code(
     corpus, client, django_capture_on_commit_callbacks, change
