@@ -160,9 +160,10 @@ class Allowed:
 def parse(raw) -> Filters | None:
     """Check a request's ``filters``; ``None`` (or ``{}``) means no filter.
 
-    Raises :class:`InvalidInput` with the codes of the module docstring.
+    Raises :class:`InvalidInput` with the codes of the module docstring. An :class:`Allowed`
+    (a set resolved by the caller, e.g. a replay's frozen publication) is returned as is.
     """
-    if raw is None or isinstance(raw, Filters):
+    if raw is None or isinstance(raw, (Filters, Allowed)):
         return raw
     if not isinstance(raw, dict):
         _fail("filters", "must be a JSON object or null")

@@ -40,9 +40,19 @@ urlpatterns = [
         )
     ],  # fmt: skip
     path(
+        "knowledge-spaces/<str:space_id>/failed-queries/triage-runs",
+        quality.TriageRunListView.as_view(),
+        name="failed-query-triage-run-list",
+    ),
+    path(
         "knowledge-spaces/<str:space_id>/failed-queries/triage-runs/<str:run_id>",
         quality.TriageRunDetailView.as_view(),
         name="failed-query-triage-run",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/failed-queries/triage-runs/<str:run_id>/cancel",
+        quality.TriageRunCancelView.as_view(),
+        name="failed-query-triage-run-cancel",
     ),
     path(
         "knowledge-spaces/<str:space_id>/failed-queries/<str:failed_query_id>",

@@ -30,8 +30,9 @@ RUN = shape(
     "`provenance`, `items` (each with `result.evidence_diff` and `metrics`)."
 )
 TRIAGE_RUN = shape(
-    "A triage run: `id`, `state` (queued, running, succeeded, failed), `limit`, `summary` "
-    "(`triaged`, `verdicts`), `attempt_count`, `error`, `requester`."
+    "A triage run: `id`, `state` (queued, running, succeeded, failed, canceled), `attempt`, "
+    "`revision`, `limit`, `summary` (`triaged`, `verdicts`), `attempt_count`, `error`, "
+    "`requester`."
 )
 REVISION = body(
     "The run's current revision.", {"expected_revision": INTEGER}, ("expected_revision",)
@@ -96,6 +97,21 @@ def register() -> None:
             responses={202: TRIAGE_RUN, 409: error("`idempotency_key_reused`.")},
         ),
     )
+    annotate(
+        p + "TriageRunListView",
+        get=extend_schema(
+            summary="The space's triage runs, newest first",
+            parameters=[OpenApiParameter("state", str, OpenApiParameter.QUERY),
+                        *page_parameters(20)],
+            responses={200: page("TriageRunPage", "Triage runs.")},
+        ),
+    )  # fmt: skip
+    annotate(
+        p + "TriageRunCancelView",
+        post=extend_schema(summary="Cancel a triage run", request=REVISION,
+                           responses={200: TRIAGE_RUN, 409: error("`revision_conflict`, "
+                                                                  "`triage_run_finished`.")}),
+    )  # fmt: skip
     annotate(p + "TriageRunDetailView", get=extend_schema(summary="Read a triage run",
                                                          responses={200: TRIAGE_RUN}))  # fmt: skip
     annotate(

@@ -253,3 +253,9 @@ KNOWLEDGE_QUALITY_REPLAY_STALE_SECONDS = bounded_int(
 KNOWLEDGE_QUALITY_REPLAY_MAX_ATTEMPTS = bounded_int(
     "KNOWLEDGE_QUALITY_REPLAY_MAX_ATTEMPTS", 5, 1, 50
 )
+# Triage's reasoning-model judge (a space whose profile names a reasoning model): the deadline of
+# one verdict call, its retries and its stream; past it the row is labelled by the other signals.
+# Never above KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS.
+KNOWLEDGE_QUALITY_TRIAGE_JUDGE_TIMEOUT_MS = bounded_int(
+    "KNOWLEDGE_QUALITY_TRIAGE_JUDGE_TIMEOUT_MS", 15000, 100, 600000
+)

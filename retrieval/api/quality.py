@@ -84,6 +84,32 @@ class FailedQueryTriageView(RouteView):
         return Response(triage_runs.as_dict(run), status=http.HTTP_202_ACCEPTED)
 
 
+class TriageRunListView(RouteView):
+    operations = {"GET": Operation("failed_queries.triage_runs.list", space_from(), ADMIN_CALLERS)}
+
+    def get(self, request, space_id):
+        """``?state=&limit=(1..100)&cursor=``, newest first."""
+        space = get_space(request.user, space_id)
+        rows = triage_runs.runs(request.user, space, request.query_params)
+        paginator = NewestFirstPagination()
+        page = paginator.paginate_queryset(rows, request, view=self)
+        return paginator.get_paginated_response(
+            [triage_runs.as_dict(r) for r in page if covers(request.user, r)]
+        )
+
+
+class TriageRunCancelView(RouteView):
+    operations = {
+        "POST": Operation("failed_queries.triage_runs.cancel", space_from(), ADMIN_CALLERS)
+    }
+
+    def post(self, request, space_id, run_id):
+        """``{expected_revision}`` → the canceled run (409 stale or finished)."""
+        space = get_space(request.user, space_id)
+        run = triage_runs.cancel_run(triage_runs.get_run(request.user, space, run_id), request.data)
+        return Response(triage_runs.as_dict(run))
+
+
 class TriageRunDetailView(RouteView):
     operations = {"GET": Operation("failed_queries.triage_runs.read", space_from(), ADMIN_CALLERS)}
 

@@ -1,6 +1,7 @@
 """Operator screens of the quality loop: failed queries and bad cases (read-only: they change
-through the API), and the golden-question upload form (``…/goldenquestion/import/``), which
-reads a CSV or JSONL file and calls the same bulk import as the API."""
+through the API), replay and triage runs (read-only, with cancel and retry actions that call the
+same services as the API), and the golden-question upload form (``…/goldenquestion/import/``),
+which reads a CSV or JSONL file and calls the same bulk import as the API."""
 
 from __future__ import annotations
 
@@ -12,15 +13,15 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from knowledgefs.admin import ReadOnlyAdminMixin
+from knowledgefs.admin import ReadOnlyAdminMixin, ServiceActionMixin
 from knowledgefs.auth.principal import Principal
 from knowledgefs.errors import ServiceError
 from spaces.models import KnowledgeSpace
 
-from . import charts, trends
+from . import charts, replay, trends, triage_runs
 from .evidence_match import bulk_import
 from .golden_files import read_rows
-from .models import BadCase, FailedQuery, ReplayRun
+from .models import BadCase, FailedQuery, ReplayRun, TriageRun
 
 
 class GoldenImportForm(forms.Form):
@@ -150,10 +151,83 @@ class BadCaseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     show_full_result_count = False
 
 
-@admin.register(ReplayRun)
-class ReplayRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    """Replay runs; a run's page lists its items with the evidence diff per question."""
+class RunActionsAdmin(ServiceActionMixin, admin.ModelAdmin):
+    """Read-only durable runs with *cancel* and *retry* actions (change permission): each calls
+    the run's service with the revision just read, as the API's compare-and-set; a refused run
+    (already finished, still running, changed meanwhile) becomes a warning naming it."""
 
+    actions = ["cancel_runs", "retry_runs"]
+    service = None  # the module with cancel_run(run, body) and retry_run(principal, run, body)
+    kind = "run"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # a run is canceled (action), never deleted: it goes with its space
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "show_save": False,
+            "show_save_and_continue": False,
+            "show_save_and_add_another": False,
+        }
+        return super().change_view(request, object_id, form_url, extra_context)  # fmt: skip
+
+    def _each(self, request, queryset, operation, verb: str) -> None:
+        rows = ((run, f"{self.kind.capitalize()} run {run.id}") for run in queryset)
+        done = self.apply_each(request, rows, operation)
+        if done:
+            self.message_user(request, f"{verb} {len(done)} {self.kind} run(s).", messages.SUCCESS)
+
+    @admin.action(description="Cancel selected runs", permissions=["change"])
+    def cancel_runs(self, request, queryset) -> None:
+        cancel = self.service.cancel_run
+        self._each(request, queryset, lambda r: cancel(r, {"expected_revision": r.revision}),
+                   "Canceled")  # fmt: skip
+
+    @admin.action(description="Retry selected runs", permissions=["change"])
+    def retry_runs(self, request, queryset) -> None:
+        self._each(request, queryset, self._retry, "Queued again")
+
+    def _retry(self, run):
+        return self.service.retry_run(
+            self.retry_principal(run), run, {"expected_revision": run.revision}
+        )
+
+    def retry_principal(self, run):
+        return None
+
+
+@admin.register(TriageRun)
+class TriageRunAdmin(RunActionsAdmin):
+    """Triage runs of failed queries; a retry keeps the run's requester provenance (it labels
+    only the rows that requester covers)."""
+
+    service = triage_runs
+    kind = "triage"
+    list_display = ("id", "space", "state", "attempt", "row_limit", "triaged", "requester",
+                    "created_at", "completed_at")  # fmt: skip
+    list_filter = ("state",)
+    list_select_related = ("space",)
+    search_fields = ("=id", "=tenant_id", "space__slug")
+    ordering = ("-created_at",)
+    readonly_fields = [f.name for f in TriageRun._meta.fields]
+    show_full_result_count = False
+
+    @admin.display(description="triaged")
+    def triaged(self, run) -> int:
+        return (run.summary or {}).get("triaged", 0)
+
+
+@admin.register(ReplayRun)
+class ReplayRunAdmin(RunActionsAdmin):
+    """Replay runs; a run's page lists its items with the evidence diff per question. A retry
+    from here runs on a fresh snapshot as the tenant's operator."""
+
+    service = replay
+    kind = "replay"
     list_display = ("id", "space", "state", "mode", "attempt", "created_at", "completed_at")
     list_filter = ("state", "mode")
     list_select_related = ("space",)
@@ -164,6 +238,9 @@ class ReplayRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
               "evidence_diff")  # fmt: skip
     readonly_fields = fields
     show_full_result_count = False
+
+    def retry_principal(self, run):
+        return Principal(tenant_id=run.tenant_id)
 
     @admin.display(description="items: evidence diff per question")
     def evidence_diff(self, run) -> str:

@@ -326,19 +326,23 @@ class ReplayItem(models.Model):
 class TriageRun(Provenance):
     """One durable triage of a space's ``pending-triage`` failed queries (docs/quality.md).
 
-    ``state``: ``queued`` → ``running`` → ``succeeded`` | ``failed`` (``error_code``). It labels
-    at most ``row_limit`` rows the requester's provenance covers, in batches; ``summary`` is
-    ``{triaged, verdicts{...}}`` kept across deliveries. The delivery claim is the jobs kernel's
+    ``state``: ``queued`` → ``running`` → ``succeeded`` | ``failed`` (``error_code``) |
+    ``canceled``; a finished run → ``queued`` again by a retry (``attempt`` + 1). ``revision``
+    guards cancel and retry (compare-and-set). It labels at most ``row_limit`` rows the
+    requester's provenance covers, in batches; ``summary`` is ``{triaged, verdicts{...}}`` kept
+    across the deliveries of one attempt. The delivery claim is the jobs kernel's
     (``task_id``, ``claimed_at``, ``step_started_at``, ``attempt_count``:
     :mod:`retrieval.quality.triage_dispatch`).
     """
 
-    STATES = ("queued", "running", "succeeded", "failed")
-    TERMINAL = ("succeeded", "failed")
+    STATES = ("queued", "running", "succeeded", "failed", "canceled")
+    TERMINAL = ("succeeded", "failed", "canceled")
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     space = models.ForeignKey(KnowledgeSpace, on_delete=models.CASCADE, related_name="+")
     state = models.CharField(max_length=16, default="queued")
+    attempt = models.PositiveIntegerField(default=1)
+    revision = models.PositiveIntegerField(default=1)
     row_limit = models.PositiveIntegerField()
     summary = models.JSONField(default=dict, blank=True)
     error_code = models.CharField(max_length=64, blank=True, default="")

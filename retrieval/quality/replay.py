@@ -28,6 +28,7 @@ from retrieval.recall import CONCRETE_MODES, resolve_snapshot
 from spaces.readiness import require_servable
 
 from . import replay_dispatch
+from .frozen import freeze_publication
 from .models import ReplayItem, ReplayRun
 from .scope import one, provenance_of, readable
 
@@ -36,9 +37,9 @@ CREATE_MEMBERS = ("golden_question_ids", "selection", "mode")
 
 
 def freeze(space) -> dict:
-    """The snapshot a run replays on: the publication revision, the active index version, the
-    embedding model and the retrieval profile. 503 ``replay_unavailable`` without a dense index
-    or a servable profile."""
+    """The snapshot a run replays on: the publication (revision, time, documents:
+    :mod:`.frozen`), the active index version, the embedding model and the retrieval profile.
+    503 ``replay_unavailable`` without a dense index or a servable profile."""
     profile = require_servable(space)
     snapshot = resolve_snapshot(space)
     if snapshot.version is None:
@@ -48,6 +49,7 @@ def freeze(space) -> dict:
     number, model_id, dimension = snapshot.version
     return {
         "publication_revision": snapshot.head_revision,
+        "publication": freeze_publication(space, snapshot.head_revision),
         "index_version": {"number": number, "model_id": model_id, "dimension": dimension},
         "embedding_model": model_id,
         "vector_space_id": profile.vector_space_id or None,
@@ -241,7 +243,7 @@ def runs(principal, space, params) -> object:
     return rows
 
 
-def _expected_revision(body) -> int:
+def expected_revision(body) -> int:
     value = body.get("expected_revision") if isinstance(body, dict) else None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidInput(
@@ -252,10 +254,11 @@ def _expected_revision(body) -> int:
     return value
 
 
-def _conflict(run: ReplayRun, expected: int) -> Conflict:
+def revision_conflict(run, expected: int, kind: str = "replay") -> Conflict:
+    """409 ``revision_conflict`` for ``run`` (a replay or triage run) read again."""
     run.refresh_from_db()
     return Conflict(
-        f"the replay run is at revision {run.revision} ({run.state}), not {expected}",
+        f"the {kind} run is at revision {run.revision} ({run.state}), not {expected}",
         code="revision_conflict",
         details={"current_revision": run.revision, "state": run.state},
     )
@@ -263,7 +266,7 @@ def _conflict(run: ReplayRun, expected: int) -> Conflict:
 
 def cancel_run(run: ReplayRun, body) -> ReplayRun:
     """``queued`` or ``running`` → ``canceled`` (409 ``replay_run_finished`` otherwise)."""
-    expected = _expected_revision(body)
+    expected = expected_revision(body)
     if run.state in ReplayRun.TERMINAL:
         raise Conflict(f"the replay run already ended {run.state}", code="replay_run_finished")
     now = timezone.now()
@@ -273,7 +276,7 @@ def cancel_run(run: ReplayRun, body) -> ReplayRun:
         state="canceled", revision=F("revision") + 1, task_id=None, claimed_at=None,
         step_started_at=None, completed_at=now, updated_at=now,
     ):  # fmt: skip
-        raise _conflict(run, expected)
+        raise revision_conflict(run, expected)
     run.refresh_from_db()
     return run
 
@@ -281,7 +284,7 @@ def cancel_run(run: ReplayRun, body) -> ReplayRun:
 def retry_run(principal, run: ReplayRun, body) -> ReplayRun:
     """A finished run again, on a fresh snapshot and the retrying caller's provenance: every
     item back to ``pending``, ``attempt`` + 1 (409 ``replay_run_active`` while it runs)."""
-    expected = _expected_revision(body)
+    expected = expected_revision(body)
     if run.state not in ReplayRun.TERMINAL:
         raise Conflict(f"the replay run is still {run.state}", code="replay_run_active")
     snapshot = freeze(run.space)
@@ -296,7 +299,7 @@ def retry_run(principal, run: ReplayRun, body) -> ReplayRun:
             attempt_count=0, started_at=None, completed_at=None, updated_at=now,
             summary={"total": run.items.count(), "completed": 0, "passed": 0, "failed": 0},
         ):  # fmt: skip
-            raise _conflict(run, expected)
+            raise revision_conflict(run, expected)
         run.items.update(state="pending", result={}, metrics={}, completed_at=None)
         replay_dispatch.dispatch_on_commit(run.id)
     run.refresh_from_db()

@@ -6,10 +6,12 @@ Finished items are never run again by a later delivery (the sweep's requeue afte
 worker continues with the pending ones). The frozen snapshot is the index version (number,
 model, dimension) the run was created on: when the space no longer serves it (deleted, or
 replaced by a cutover) the run fails ``frozen_snapshot_unavailable``. Each item runs the frozen
-profile's ``top_k`` in the run's mode with the score threshold off, against the live
-publication; the publication revision each item saw is kept (``metrics.publication_revision``)
-and ``summary.publication_drift`` counts the items that saw a revision other than the frozen one
-(documents keep only their live generation, so older revisions cannot be read back).
+profile's ``top_k`` in the run's mode with the score threshold off, restricted to the frozen
+publication (:mod:`.frozen`: documents published after the snapshot are left out, and a deleted
+or replaced frozen generation fails the run ``frozen_snapshot_unavailable``); the publication
+revision each item saw is kept (``metrics.publication_revision``) and
+``summary.publication_drift`` counts the items that saw a revision other than the frozen one
+(the head also moves for availability changes, which are not frozen).
 """
 
 from __future__ import annotations
@@ -26,18 +28,18 @@ from retrieval.modes import retrieve
 from retrieval.recall import resolve_snapshot
 
 from . import replay_dispatch as queue
+from .frozen import FrozenPublication, SnapshotGone
 from .models import ReplayItem, ReplayRun
 
 logger = logging.getLogger("knowledgefs.quality")
 
 
-class SnapshotGone(Exception):
-    pass
-
-
-def check_snapshot(run: ReplayRun) -> None:
+def check_snapshot(run: ReplayRun) -> int:
+    """The publication head's revision now; :class:`SnapshotGone` when the space no longer
+    serves the frozen index version (checked before each item: a cutover mid-run stops it)."""
     frozen = (run.frozen_snapshot or {}).get("index_version") or {}
-    current = resolve_snapshot(run.space).version
+    snapshot = resolve_snapshot(run.space)
+    current = snapshot.version
     wanted = (frozen.get("number"), frozen.get("model_id"), frozen.get("dimension"))
     if current is None or tuple(current) != wanted:
         raise SnapshotGone(
@@ -46,6 +48,7 @@ def check_snapshot(run: ReplayRun) -> None:
             + (f" (it serves version {current[0]} now)" if current else " (it has none)")
             + "; retry the run to replay on a fresh snapshot"
         )
+    return snapshot.head_revision
 
 
 def evaluate(item: ReplayItem, result) -> tuple[bool, dict]:
@@ -80,12 +83,16 @@ def evaluate(item: ReplayItem, result) -> tuple[bool, dict]:
     }
 
 
-def replay_item(run: ReplayRun, item: ReplayItem) -> tuple[str, dict, dict]:
+def replay_item(
+    run: ReplayRun, item: ReplayItem, publication: FrozenPublication
+) -> tuple[str, dict, dict]:
     frozen = run.frozen_snapshot["retrieval_profile"]
     t0 = time.perf_counter()
+    allowed = publication.allowed(check_snapshot(run))
     result = retrieve(
-        run.space, item.question, top_k=frozen["top_k"], mode=run.mode, score_threshold=None
-    )
+        run.space, item.question, top_k=frozen["top_k"], mode=run.mode, score_threshold=None,
+        filters=allowed,
+    )  # fmt: skip
     passed, diff = evaluate(item, result)
     metrics = {
         "candidates": {
@@ -95,6 +102,7 @@ def replay_item(run: ReplayRun, item: ReplayItem) -> tuple[str, dict, dict]:
         },
         "total_ms": round((time.perf_counter() - t0) * 1000, 2),
         "publication_revision": (result.metrics or {}).get("publication_revision"),
+        "excluded_documents": publication.excluded if allowed is not None else None,
     }
     return ("passed" if passed else "failed"), {"passed": passed, "evidence_diff": diff}, metrics
 
@@ -115,6 +123,9 @@ def summary_of(run: ReplayRun) -> dict:
         "publication_drift": sum(
             (i["metrics"] or {}).get("publication_revision") not in (None, frozen) for i in done
         ),
+        "excluded_documents": max(
+            ((i["metrics"] or {}).get("excluded_documents") or 0 for i in done), default=0
+        ),
     }
 
 
@@ -124,9 +135,9 @@ def run_delivery(pk: str, task_id: str) -> str:
     if run is None:
         return "skipped"
     try:
-        check_snapshot(run)
+        publication = FrozenPublication(run)
         for item in run.items.filter(state="pending").order_by("ordinal"):
-            state, result, metrics = replay_item(run, item)
+            state, result, metrics = replay_item(run, item, publication)
             now = timezone.now()
             with transaction.atomic():
                 if not queue.held(run.id, task_id).update(step_started_at=now, updated_at=now):

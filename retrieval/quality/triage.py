@@ -12,6 +12,10 @@ leans to ``uncertain``:
 * ``irrelevant``: none of its words occurs in the space at all → ``dismissed``;
 * ``uncertain`` otherwise, or without the question's text → ``triaged``.
 
+When the space's profile names a reasoning model, its verdict is one more signal
+(:mod:`.triage_judge`), combined leaning to ``uncertain``; its failure falls back to the rules
+above (recorded in ``triage_signals.judge``).
+
 **Annotation** (PATCH, compare-and-set on ``revision``): ``retrieval-miss`` with expected node
 ids promotes the row to an active golden question (back-linked, ``promoted``); ``coverage-gap``
 records a known gap (``annotated``, never a golden question); ``irrelevant`` dismisses it.
@@ -34,6 +38,7 @@ from retrieval import evidence as ev
 from retrieval.models import GoldenQuestion
 from retrieval.modes import retrieve
 
+from . import triage_judge
 from .models import FailedQuery
 
 MISS_COVERAGE = 0.6
@@ -63,26 +68,39 @@ def bounded_limit(value, default: int, high: int) -> int:
     return value
 
 
-def verdict_for(space, query: str) -> tuple[str, dict]:
-    """``(verdict, signals)`` of one question by the independent signals."""
+def verdict_for(space, query: str, selection=None) -> tuple[str, dict]:
+    """``(verdict, signals)`` of one question by the independent signals; with ``selection``
+    (the space's reasoning model, :func:`.triage_judge.selection_of`) the model's verdict is
+    one more signal, combined by :func:`.triage_judge.combine`."""
     words = ev.query_terms(query) if query else set()
     if not words:
         return "uncertain", {"reason": "no question text or no content words"}
     result = retrieve(space, query, mode="fast", top_k=5, score_threshold=None, legs=("keyword",))
     best = max((ev.coverage(words, item.text) for item in result.items), default=0.0)
+    filenames = list(Document.objects.filter(space=space).values_list("filename", flat=True))
     names = set()
-    for filename in Document.objects.filter(space=space).values_list("filename", flat=True):
+    for filename in filenames:
         names |= ev.query_terms(" ".join(_WORD.findall(filename.rsplit(".", 1)[0])))
     title_overlap = len(words & names)
     signals = {"keyword_coverage": round(best, 3), "keyword_hits": len(result.items),
                "title_overlap": title_overlap}  # fmt: skip
+    verdict = _by_keywords(best, title_overlap, bool(result.items))
+    if selection is None:
+        return verdict, signals
+    judged = triage_judge.judge(space, selection, query, filenames, [i.text for i in result.items])
+    combined, rule = triage_judge.combine(verdict, judged["verdict"])
+    signals.update(signals_verdict=verdict, judge=judged, combined=rule)
+    return combined, signals
+
+
+def _by_keywords(best: float, title_overlap: int, any_hit: bool) -> str:
     if best >= MISS_COVERAGE:
-        return "retrieval-miss", signals
+        return "retrieval-miss"
     if best <= GAP_COVERAGE and (title_overlap or best > 0):
-        return "coverage-gap", signals
-    if not result.items and not title_overlap:
-        return "irrelevant", signals
-    return "uncertain", signals
+        return "coverage-gap"
+    if not any_hit and not title_overlap:
+        return "irrelevant"
+    return "uncertain"
 
 
 def move(row: FailedQuery, verdict: str, signals: dict) -> bool:

@@ -13,6 +13,11 @@ of :data:`BATCH`; each row is labelled by :func:`.triage.verdict_for` and moved 
 :func:`.triage.move` (compare-and-set on its status and revision) in the same transaction as the
 fenced write of the run's progress, so a run taken back (sweep) writes nothing more, and a row
 labelled once is never labelled again (a second delivery, or a second run, skips it).
+
+Listing (:func:`runs`, newest first, ``?state=``), cancel (``queued``/``running`` →
+``canceled``) and retry (a finished run → ``queued``, ``attempt`` + 1, the summary counted
+afresh over the rows still pending) are compare-and-set on ``revision`` (409
+``revision_conflict``), as replay runs.
 """
 
 from __future__ import annotations
@@ -22,14 +27,16 @@ import json
 import logging
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from knowledgefs.errors import InvalidInput, ServiceError
+from knowledgefs.errors import Conflict, InvalidInput, ServiceError
 
 from . import triage_dispatch as queue
+from . import triage_judge
 from .models import FailedQuery, TriageRun
-from .replay import check_idempotency_key, same_request
-from .scope import one, provenance_of
+from .replay import check_idempotency_key, expected_revision, revision_conflict, same_request
+from .scope import one, provenance_of, readable
 from .triage import VERDICTS, bounded_limit, move, verdict_for
 
 logger = logging.getLogger("knowledgefs.quality")
@@ -94,6 +101,63 @@ def get_run(principal, space, ident) -> TriageRun:
     return one(principal, TriageRun, space, ident, "triage_run_not_found", "triage run")
 
 
+def runs(principal, space, params):
+    """The triage runs of ``space`` the caller may read, filtered by ``state``."""
+    rows = readable(principal, TriageRun.objects.all(), space)
+    state = params.get("state")
+    if state is not None:
+        if state not in TriageRun.STATES:
+            raise InvalidInput(
+                f"state must be one of: {', '.join(TriageRun.STATES)}",
+                code="invalid_state",
+                details={"field": "state"},
+            )
+        rows = rows.filter(state=state)
+    return rows
+
+
+def cancel_run(run: TriageRun, body) -> TriageRun:
+    """``queued`` or ``running`` → ``canceled`` (409 ``triage_run_finished`` otherwise). A
+    delivery under way stops at its next fenced write; the rows it labelled stay labelled."""
+    expected = expected_revision(body)
+    if run.state in TriageRun.TERMINAL:
+        raise Conflict(f"the triage run already ended {run.state}", code="triage_run_finished")
+    now = timezone.now()
+    if not TriageRun.objects.filter(
+        id=run.id, revision=expected, state__in=("queued", "running")
+    ).update(
+        state="canceled", revision=F("revision") + 1, task_id=None, claimed_at=None,
+        step_started_at=None, completed_at=now, updated_at=now,
+    ):  # fmt: skip
+        raise revision_conflict(run, expected, "triage")
+    run.refresh_from_db()
+    return run
+
+
+def retry_run(principal, run: TriageRun, body) -> TriageRun:
+    """A finished run queued again over the rows still ``pending-triage``: ``attempt`` + 1, the
+    summary counted afresh, the retrying caller's provenance (``principal`` None keeps the
+    run's: the admin's action). 409 ``triage_run_active`` while it runs."""
+    expected = expected_revision(body)
+    if run.state not in TriageRun.TERMINAL:
+        raise Conflict(f"the triage run is still {run.state}", code="triage_run_active")
+    now = timezone.now()
+    fields = provenance_of(principal) if principal is not None else {}
+    with transaction.atomic():
+        if not TriageRun.objects.filter(
+            id=run.id, revision=expected, state__in=TriageRun.TERMINAL
+        ).update(
+            **fields, state="queued", revision=F("revision") + 1, attempt=F("attempt") + 1,
+            summary=_empty_summary(), error_code="", error_message="", task_id=None,
+            claimed_at=None, step_started_at=None, attempt_count=0, started_at=None,
+            completed_at=None, updated_at=now,
+        ):  # fmt: skip
+            raise revision_conflict(run, expected, "triage")
+        queue.dispatch_on_commit(run.id)
+    run.refresh_from_db()
+    return run
+
+
 def _covered(run: TriageRun, row: FailedQuery) -> bool:
     """The run's requester covers ``row`` (:func:`.scope.covers` from the stored provenance)."""
     if run.permission_scope is None:
@@ -122,6 +186,7 @@ def run_delivery(pk: str, task_id: str) -> str:
     summary = run.summary or _empty_summary()
     seen: set = set()
     try:
+        selection = triage_judge.selection_of(run.space)
         while summary["triaged"] < run.row_limit:
             batch = pending(run, seen)
             if not batch:
@@ -130,7 +195,7 @@ def run_delivery(pk: str, task_id: str) -> str:
                 seen.add(row.id)
                 if not _covered(run, row) or summary["triaged"] >= run.row_limit:
                     continue
-                verdict, signals = verdict_for(run.space, row.query)
+                verdict, signals = verdict_for(run.space, row.query, selection)
                 now = timezone.now()
                 with transaction.atomic():
                     if not queue.held(run.id, task_id).update(step_started_at=now, updated_at=now):
@@ -158,6 +223,8 @@ def as_dict(run: TriageRun) -> dict:
         "id": str(run.id),
         "space_id": str(run.space_id),
         "state": run.state,
+        "attempt": run.attempt,
+        "revision": run.revision,
         "limit": run.row_limit,
         "summary": run.summary,
         "attempt_count": run.attempt_count,

@@ -149,6 +149,86 @@ def test_a_deleted_frozen_index_version_fails_the_run_with_a_clear_code(
     assert body["summary"]["completed"] == 0
 
 
+def test_evidence_published_after_the_snapshot_is_left_out_even_mid_run(
+    corpus, client, django_capture_on_commit_callbacks, monkeypatch
+):
+    from retrieval.modes import retrieve
+
+    run = create(client, corpus, {"selection": "all-active"}, django_capture_on_commit_callbacks)
+    frozen = ReplayRun.objects.get(id=run.json()["id"]).frozen_snapshot["publication"]
+    assert frozen["documents"] == 1 and frozen["revision"] == 1 and frozen["frozen_at"]
+    # the worker replays item 1 (leave); then, before item 2, the parking document that
+    # answers item 2 is uploaded and published
+    real = replay_runner.retrieve
+    published = []
+
+    def publish_after_the_first_item(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if not published:
+            admit_document(corpus, filename="parking.md", data=PARKING.encode(), enqueue=False)
+            published.append(compile_all())
+        return result
+
+    monkeypatch.setattr(replay_runner, "retrieve", publish_after_the_first_item)
+    assert deliver(run.json()["id"]) == "finished"
+    assert published == [1]
+    # the live space answers the parking question from the new document ...
+    live = retrieve(corpus, "Where do staff park?", top_k=5, score_threshold=None)
+    assert any(i.citation.get("filename") == "parking.md" for i in live.items)
+    # ... but the run, frozen before it, did not read it
+    body = client.get(runs_url(corpus, run.json()["id"])).json()
+    leave, parking = body["items"]
+    assert (leave["state"], parking["state"]) == ("passed", "failed")
+    retrieved = [r["filename"] for r in parking["result"]["evidence_diff"]["retrieved"]]
+    assert retrieved and "parking.md" not in retrieved
+    assert parking["metrics"]["excluded_documents"] == 1
+    assert parking["metrics"]["publication_revision"] == 2  # the head moved on
+    assert body["summary"]["excluded_documents"] == 1
+    assert body["summary"]["publication_drift"] == 1
+
+
+@pytest.mark.parametrize("mode", ["deep", "research"])
+def test_every_mode_reads_only_the_frozen_publication(
+    corpus, client, django_capture_on_commit_callbacks, mode
+):
+    run = create(client, corpus, {"selection": "all-active", "mode": mode},
+                 django_capture_on_commit_callbacks)  # fmt: skip
+    admit_document(corpus, filename="parking.md", data=PARKING.encode(), enqueue=False)
+    compile_all()
+    assert deliver(run.json()["id"]) == "finished"
+    body = client.get(runs_url(corpus, run.json()["id"])).json()
+    assert body["mode"] == mode and body["error"] is None
+    leave, parking = body["items"]
+    assert (leave["state"], parking["state"]) == ("passed", "failed")
+    assert "parking.md" not in [
+        r["filename"] for r in parking["result"]["evidence_diff"]["retrieved"]
+    ]
+
+
+@pytest.mark.parametrize("change", ["replaced", "deleted"])
+def test_a_deleted_or_replaced_frozen_generation_fails_the_run_with_a_clear_code(
+    corpus, client, django_capture_on_commit_callbacks, change
+):
+    from ingestion.documents import delete_document, replace_document
+    from ingestion.models import Document
+    from spaces.services import Principal
+
+    run = create(client, corpus, {"selection": "all-active"}, django_capture_on_commit_callbacks)
+    document = Document.objects.get(space=corpus)
+    if change == "replaced":
+        replace_document(document, filename="leave.md", data=LEAVE.encode() + b" Or 26.",
+                         enqueue=False)  # fmt: skip
+        compile_all()
+        assert Document.objects.get(id=document.id).active_revision.number == 2
+    else:
+        delete_document(Principal(tenant_id=corpus.tenant_id), corpus.id, document.id)
+    assert deliver(run.json()["id"]) == "failed"
+    body = client.get(runs_url(corpus, run.json()["id"])).json()
+    assert body["error"]["code"] == "frozen_snapshot_unavailable"
+    assert "1 of the 1 documents published at the frozen publication" in body["error"]["message"]
+    assert body["summary"]["completed"] == 0
+
+
 def test_cancel_is_compare_and_set_and_stops_the_delivery(
     corpus, client, django_capture_on_commit_callbacks
 ):

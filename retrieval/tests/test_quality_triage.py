@@ -233,3 +233,115 @@ def test_the_published_triage_task_runs_the_run(corpus, client, monkeypatch):
     assert polled["state"] == "succeeded" and polled["attempt_count"] == 1, polled
     assert polled["summary"]["verdicts"]["retrieval-miss"] == 1
     assert FailedQuery.objects.get(id=row.id).status == "pending-annotation"
+
+
+def test_triage_runs_are_listed_newest_first_and_filtered_by_state(corpus, client, queued, triage):
+    failed(corpus, "When do unused annual leave days expire?", 1)
+    done = triage(corpus, {"limit": 5})
+    waiting = queued(corpus, {"limit": 7}).json()
+    listed = client.get(url(corpus, "triage-runs"))
+    assert listed.status_code == 200, listed.content
+    assert [r["id"] for r in listed.json()["results"]] == [waiting["id"], done["id"]]
+    assert listed.json()["results"][1]["summary"]["triaged"] == 1
+    only = client.get(url(corpus, "triage-runs") + "?state=succeeded").json()["results"]
+    assert [r["id"] for r in only] == [done["id"]]
+    paged = client.get(url(corpus, "triage-runs") + "?limit=1").json()
+    assert [r["id"] for r in paged["results"]] == [waiting["id"]] and paged["next"]
+    second = client.get(paged["next"]).json()["results"]
+    assert [r["id"] for r in second] == [done["id"]]
+    for query, code in (("?state=done", "invalid_state"), ("?limit=0", "invalid_limit")):
+        bad = client.get(url(corpus, "triage-runs") + query)
+        assert (bad.status_code, bad.json()["code"]) == (400, code), bad.content
+
+
+def test_cancel_is_compare_and_set_and_stops_the_delivery(corpus, client, queued, monkeypatch):
+    rows = [failed(corpus, "When do unused annual leave days expire?", 1),
+            failed(corpus, "How is parental leave paid?", 2)]  # fmt: skip
+    created = queued(corpus, {}).json()
+    assert (created["state"], created["revision"], created["attempt"]) == ("queued", 1, 1)
+    cancel = url(corpus, "triage-runs", created["id"], "cancel")
+    stale = client.post(cancel, {"expected_revision": 2}, format="json")
+    assert (stale.status_code, stale.json()["code"]) == (409, "revision_conflict")
+    assert stale.json()["details"]["current_revision"] == 1
+    missing = client.post(cancel, {}, format="json")
+    assert (missing.status_code, missing.json()["code"]) == (400, "invalid_revision")
+    # the operator cancels while the worker labels the first row (the real verdict, then the
+    # cancel from another connection's point of view: a committed state change)
+    real = triage_runs.verdict_for
+    responses = []
+
+    def verdict_then_cancel(*args):
+        if not responses:
+            responses.append(client.post(cancel, {"expected_revision": 1}, format="json"))
+        return real(*args)
+
+    monkeypatch.setattr(triage_runs, "verdict_for", verdict_then_cancel)
+    assert deliver(created["id"]) == "claim_lost"
+    assert responses[0].status_code == 200, responses[0].content
+    assert (responses[0].json()["state"], responses[0].json()["revision"]) == ("canceled", 2)
+    # nothing labelled after the cancel, and the summary stays as it was
+    assert [FailedQuery.objects.get(id=r.id).status for r in rows] == ["pending-triage"] * 2
+    run = TriageRun.objects.get(id=created["id"])
+    assert (run.state, run.summary["triaged"], run.task_id) == ("canceled", 0, None)
+    again = client.post(cancel, {"expected_revision": 2}, format="json")
+    assert (again.status_code, again.json()["code"]) == (409, "triage_run_finished")
+    listed = client.get(url(corpus, "triage-runs") + "?state=canceled").json()["results"]
+    assert [r["id"] for r in listed] == [created["id"]]
+
+
+def test_a_retry_labels_the_rows_still_pending(corpus, queued, django_capture_on_commit_callbacks):
+    first = failed(corpus, "When do unused annual leave days expire?", 1)
+    created = queued(corpus, {}).json()
+    run = TriageRun.objects.get(id=created["id"])
+    triage_runs.cancel_run(run, {"expected_revision": 1})
+    with pytest.raises(Exception, match="revision"):
+        triage_runs.retry_run(None, run, {"expected_revision": 1})
+    with django_capture_on_commit_callbacks(execute=True):
+        retried = triage_runs.retry_run(None, run, {"expected_revision": 2})
+    assert (retried.state, retried.attempt, retried.revision) == ("queued", 2, 3)
+    assert deliver(run.id) == "finished"
+    done = TriageRun.objects.get(id=run.id)
+    assert (done.state, done.summary["triaged"]) == ("succeeded", 1)
+    assert FailedQuery.objects.get(id=first.id).status == "pending-annotation"
+
+
+def test_triage_runs_of_another_tenant_or_scope_are_404(corpus, client, queued):
+    from rest_framework.test import APIClient
+
+    from spaces.api_keys import create_api_key
+
+    run = queued(corpus, {}).json()
+    for tenant, spaces in (("tenant-b", None), ("tenant-a", [corpus])):
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Bearer {create_api_key(tenant, spaces=spaces)[1]}")
+        for method, path, body in (
+            ("get", url(corpus, "triage-runs", run["id"]), None),
+            ("post", url(corpus, "triage-runs", run["id"], "cancel"), {"expected_revision": 1}),
+        ):
+            response = getattr(api, method)(path, body, format="json")
+            assert response.status_code == 404, (tenant, path, response.content)
+        listed = api.get(url(corpus, "triage-runs"))
+        assert listed.status_code == 404 or listed.json()["results"] == [], listed.content
+    assert TriageRun.objects.get(id=run["id"]).state == "queued"
+
+
+def test_the_admin_lists_cancels_and_retries_triage_runs(
+    corpus, queued, admin_client, django_capture_on_commit_callbacks
+):
+    failed(corpus, "When do unused annual leave days expire?", 1)
+    run_id = queued(corpus, {}).json()["id"]
+    changelist = "/admin/retrieval/triagerun/"
+    page = admin_client.get(changelist)
+    assert page.status_code == 200 and run_id in page.content.decode()
+    action = {"action": "cancel_runs", "_selected_action": [run_id]}
+    assert admin_client.post(changelist, action).status_code == 302
+    assert TriageRun.objects.get(id=run_id).state == "canceled"
+    refused = admin_client.post(changelist, action, follow=True)
+    assert "already ended canceled" in refused.content.decode()
+    with django_capture_on_commit_callbacks(execute=True):
+        admin_client.post(changelist, {"action": "retry_runs", "_selected_action": [run_id]})
+    run = TriageRun.objects.get(id=run_id)
+    assert (run.state, run.attempt) == ("queued", 2) and run.task_id
+    assert deliver(run_id) == "finished"
+    detail = admin_client.get(f"{changelist}{run_id}/change/")
+    assert detail.status_code == 200 and "succeeded" in detail.content.decode()

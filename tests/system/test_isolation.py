@@ -45,6 +45,7 @@ BODIES = {
     "replay_runs.create": {"selection": "all-active"},
     "replay_runs.cancel": {"expected_revision": 1},
     "replay_runs.retry": {"expected_revision": 1},
+    "failed_queries.triage_runs.cancel": {"expected_revision": 1},
     "golden_questions.evidence_matches.create": {"evidence_texts": ["tenant b"]},
     "golden_questions.bulk_import.create": {"rows": [{"question": "q", "evidence": "e"}]},
     "internal.knowledge_spaces.delete": {"namespace_id": "tenant-a"},
