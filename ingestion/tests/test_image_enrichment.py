@@ -18,6 +18,7 @@ from ingestion.enrichment import (
     parse_description,
 )
 from ingestion.models import CompilationJob, Document, KnowledgeNode, ParseArtifact
+from ingestion.projection import projector
 from ingestion.tests.test_visual_projections import (
     OPENAI,
     SPACES,
@@ -246,11 +247,13 @@ def test_a_retry_reuses_the_descriptions_and_a_cancel_stops_before_reading(dify,
     assert (report.described, report.reused, report.nodes) == (0, 2, 2)
     assert dify.count(LLM) == calls
     assert [(n.id, n.text) for n in image_nodes(document)] == before
-    # one description lost (a crash before its write): only that image is asked again
+    # one description removed (as a generation drop does): only that image is asked again
+    projector().delete([before[1][0]])
     KnowledgeNode.objects.filter(id=before[1][0]).delete()
     report = describe_images(job)
     assert (report.described, report.reused) == (1, 1) and dify.count(LLM) == calls + 1
     assert [(n.id, n.text) for n in image_nodes(document)] == before
+    projector().delete([before[0][0]])
     KnowledgeNode.objects.filter(id=before[0][0]).delete()
     with pytest.raises(EnrichmentCanceled):
         describe_images(job, cancelled=lambda: True)
