@@ -406,3 +406,16 @@ def _record(artifact: ParseArtifact | None, report: EnrichmentReport | None) -> 
         return
     value = report.as_dict() if report is not None else {}
     ParseArtifact.objects.filter(id=artifact.id).update(image_understanding=value)
+
+
+def published_report(document) -> dict:
+    """What image understanding did for the document's published generation (the artifact's
+    ``image_understanding``; ``{}`` before a publication or when it had no images)."""
+    if document.active_generation is None:
+        return {}
+    found = (
+        ParseArtifact.objects.filter(job_id=document.active_generation)
+        .values_list("image_understanding", flat=True)
+        .first()
+    )
+    return found or {}

@@ -157,6 +157,11 @@ def test_a_text_only_reasoning_model_never_receives_bytes(dify, client, principa
     compile_all()
     document = published(space, "pictures.docx")
     assert understanding(document)["skipped"] == "reasoning-model-text-only"
+    shown = client.get(f"{SPACES}/{space.id}/documents/{document.id}").json()
+    assert shown["image_understanding"] == {
+        "skipped": "reasoning-model-text-only",
+        "detail": "reasoning-model-text-only",
+    }
     assert image_nodes(document) == []
     assert dify.count(LLM) == 0 and dify.llm_images_received == 0
     # no reasoning model at all: said as such
