@@ -265,6 +265,29 @@ def test_a_retry_reuses_the_descriptions_and_a_cancel_stops_before_reading(dify,
     assert dify.count(LLM) == calls + 1
 
 
+def test_a_cancel_while_images_are_described_stops_the_rest_and_writes_nothing(
+    dify, client, principal, settings
+):
+    settings.KNOWLEDGE_MULTIMODAL_ENRICHMENT_MAX_CONCURRENCY = 1
+    space = reasoning_space(client, principal, reasoning=TEXT_LLM)  # compiled without them
+    upload(client, space, "three.docx", pictures_docx([41, 42, 43]))
+    compile_all()
+    document = published(space, "three.docx")
+    job = CompilationJob.objects.get(id=document.active_generation)
+    body = {"reasoning_model": VISION_LLM}
+    client.put(f"{SPACES}/{space.id}/retrieval-profile", body, format="json")
+    assert client.post(f"{SPACES}/{space.id}/profile-validation").status_code == 200
+    dify.reset_observations()
+    dify.delay(0.6, route=LLM, times=None)
+    try:
+        with pytest.raises(EnrichmentCanceled):
+            describe_images(job, cancelled=lambda: dify.image_descriptions >= 1)
+    finally:
+        dify.clear_faults()
+    assert dify.count(LLM) < 3  # the images not yet read were never sent
+    assert image_nodes(document) == []
+
+
 @pytest.mark.parametrize(
     ("answer", "reason"),
     [

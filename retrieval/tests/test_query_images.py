@@ -362,6 +362,22 @@ def test_a_slow_research_expansion_is_the_timeout_degradation(dify, client, desc
     assert stage["status"] == "degraded"
 
 
+def test_a_stalled_image_stream_in_research_is_the_visual_leg_degradation(
+    dify, client, described, settings
+):
+    settings.KNOWLEDGE_QUERY_IMAGE_FETCH_TIMEOUT_S = 1.5
+    dify.llm_responder = vision_model()
+    reference = offer(dify, described, "stall-r", jpeg(21))
+    dify.add_fault("stall", QUERY_IMAGE, after_bytes=100, seconds=4)
+    dify.reset_observations()
+    response = ask(client, described, mode="research", query="receipts due",
+                   query_images=[reference])  # fmt: skip
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["metrics"]["degradations"] == ["query-image-visual-leg-unavailable"]
+    assert body["items"] and dify.llm_images_received == 0
+
+
 def test_a_research_task_persists_its_expansion_and_a_resume_does_not_repeat_it(
     dify, client, described, django_capture_on_commit_callbacks
 ):
