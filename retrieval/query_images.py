@@ -1,4 +1,5 @@
-"""Query images: ``query_images: [{"upload_file_id"}]`` on retrieval tests and ``/v1/queries``.
+"""Query images: ``query_images: [{"upload_file_id"}]`` on retrieval tests, ``/v1/queries`` and
+research tasks (Research reads them through one expansion: :mod:`retrieval.research.images`).
 
 A request needs a non-empty ``query`` or at least one image (both are allowed). References are
 Dify ``UploadFile`` ids, resolved through the inner API for this run only
