@@ -207,6 +207,11 @@ class ParseArtifact(models.Model):
     # layer (OCR unavailable: rasterizer off)").
     ocr_pages = models.JSONField(default=list, blank=True)
     warnings = models.JSONField(default=list, blank=True)
+    # What image understanding did for this generation (ingestion.enrichment): ``{"skipped":
+    # reason}`` when the reasoning model cannot see images, else ``{"described", "reused",
+    # "failed": {asset index: reason}, "skipped_images": {asset index: reason}}``; ``{}`` when
+    # the step has not run (or the document holds no images).
+    image_understanding = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
 

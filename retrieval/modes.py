@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 
-from knowledgefs.errors import InvalidInput
 from spaces.models import KnowledgeSpace
 
 from .backends import get_search_backend
@@ -70,12 +69,6 @@ def retrieve(
         if mode == "auto":
             mode = "fast"  # nothing to route on: the image is the whole query
     filters = filtering.parse(filters)
-    if references and mode == "research":
-        raise InvalidInput(
-            "query_images are taken by fast and deep queries; Research does not take images yet",
-            code="query_images_mode_unsupported",
-            details={"field": "query_images", "supported": ["fast", "deep"]},
-        )
     started = time.perf_counter()
     route = None
     if mode == "auto":
@@ -87,18 +80,17 @@ def retrieve(
         from .research import run_research
 
         result = run_research(
-            space, query, top_k=top_k, score_threshold=score_threshold, filters=filters
+            space,
+            query,
+            top_k=top_k,
+            score_threshold=score_threshold,
+            filters=filters,
+            query_images=references,
+            subject=subject,
         )
         result.stages.insert(0, stage("route", route_ms is not None, 0, 0, route_ms or 0.0))
         result.route = route
         return result
-    if references and mode == "research":
-        raise InvalidInput(
-            "query_images are taken by fast and deep queries; Auto chose Research for this "
-            "query, which does not take images yet: ask with mode fast or deep",
-            code="query_images_mode_unsupported",
-            details={"field": "query_images", "supported": ["fast", "deep"]},
-        )
     images = plan_images(space, profile, query, references, subject=subject, mode=mode)
     # the images' description is searched with the text (Deep) or as the query (image-only)
     text = " ".join(p for p in (query, images.expanded_query) if p)

@@ -425,6 +425,10 @@ class NodeRecord:
     filename: str
     enabled: bool
     revision: int | None = None
+    # An image-description node's asset (ingestion.enrichment): {asset_index, page_number, kind,
+    # mime_type}; None for every other node.
+    image: dict | None = None
+    space_id: object = None
 
 
 def select_nodes(where: str, params: list) -> list[NodeRecord]:
@@ -442,7 +446,9 @@ def select_nodes(where: str, params: list) -> list[NodeRecord]:
         "SELECT n.id, n.document_id, n.generation, n.chunk_index, n.text, n.page_number, "
         "n.section_path, n.start_offset, n.end_offset, d.filename, d.enabled, "
         # the revision a node was built from (ingestion.revisions): its job is the generation
-        f"(SELECT r.number FROM {revisions} r WHERE r.job_id = n.generation) "
+        f"(SELECT r.number FROM {revisions} r WHERE r.job_id = n.generation), "
+        # an image description is cited to its image (its metadata names the asset)
+        "CASE WHEN n.kind = 'image' THEN n.metadata END, n.space_id "
         f"FROM {nodes} n JOIN {documents} d ON d.id = n.document_id WHERE {where}"
     )
     with connection.cursor() as cursor:
@@ -462,9 +468,20 @@ def select_nodes(where: str, params: list) -> list[NodeRecord]:
             r[9],
             bool(r[10]),
             r[11],
+            _image_of(r[12]),
+            r[13],
         )  # fmt: skip
         for r in rows
     ]
+
+
+def _image_of(metadata) -> dict | None:
+    if metadata is None:
+        return None
+    if isinstance(metadata, str | bytes):
+        metadata = json.loads(metadata)
+    image = metadata.get("image") if isinstance(metadata, dict) else None
+    return image if isinstance(image, dict) else None
 
 
 def db_uuid(value) -> object:
@@ -529,4 +546,21 @@ def hydrate(
                 },
             )
         )
+        if node.image is not None:
+            items[-1].citation["image"] = image_citation(node)
     return items
+
+
+def image_citation(node: NodeRecord) -> dict:
+    """The ``citation.image`` of an image-description node: the asset it describes (the same
+    shape as a visual hit's, with ``source: "description"``)."""
+    index = node.image.get("asset_index")
+    space_id = _as_uuid(node.space_id)
+    return {
+        "document_id": str(node.document_id),
+        "asset_index": index,
+        "page_number": node.image.get("page_number"),
+        "kind": node.image.get("kind") or "",
+        "asset_url": f"/v1/knowledge-spaces/{space_id}/documents/{node.document_id}/assets/{index}",
+        "source": "description",
+    }

@@ -88,8 +88,14 @@ class DocumentDetailView(APIView):
     }
 
     def get(self, request, space_id, document_id):
+        from ingestion.enrichment import published_report
+
         document = documents.get_document(request.user, space_id, document_id)
-        return Response(DocumentSerializer(document).data, headers=_etag(document))
+        body = {
+            **DocumentSerializer(document).data,
+            "image_understanding": published_report(document),
+        }
+        return Response(body, headers=_etag(document))
 
     def patch(self, request, space_id, document_id):
         """Body ``{"enabled"?: bool, "metadata"?: object}`` (metadata merges; ``null`` removes a

@@ -4,8 +4,9 @@ Several queued jobs of one space are compiled as one batch so that their chunks 
 batches; a failure in one document fails only that document, and an error outside a single
 job's work fails or defers every job still held, so no job is left ``running`` by an exception.
 Stages: parse (:mod:`.parse_step`, in waves, :mod:`.waves`), chunk (:mod:`.generations`), embed
-and index (:mod:`.embed_step`), publish (:mod:`.publish`); each commits its output with its
-checkpoint (:mod:`.stage_commit`).
+and index (:mod:`.embed_step`), visual projections (:mod:`ingestion.visual`), image
+descriptions (:mod:`ingestion.enrichment`), publish (:mod:`.publish`); each commits its output
+with its checkpoint (:mod:`.stage_commit`); the two image steps are idempotent instead.
 """
 
 from __future__ import annotations
@@ -273,7 +274,8 @@ def _embed_and_publish(
         j for j in held.live(order) if j in projected or jobs[j].stage == Stage.PROJECTION_BUILT
     ]
     to_publish = _visual(held, jobs, to_publish)
-    counts = {j: len(nodes[j]) for j in to_publish if j in nodes}
+    to_publish, described = _enrich(held, jobs, to_publish)
+    counts = {j: len(nodes[j]) + described.get(j, 0) for j in to_publish if j in nodes}
     counts.update(_node_counts(jobs, [j for j in to_publish if j not in counts]))
     for job_id in publish_many([(jobs[j], held.tokens[j], counts[j]) for j in to_publish]):
         held.release(job_id)
@@ -312,6 +314,33 @@ def _visual(held: Held, jobs, job_ids: list[uuid.UUID]) -> list[uuid.UUID]:
             continue
         kept.append(job_id)
     return kept
+
+
+def _enrich(held: Held, jobs, job_ids: list[uuid.UUID]) -> tuple[list, dict[uuid.UUID, int]]:
+    """Describe each generation's images (:mod:`ingestion.enrichment`; nothing without a vision
+    reasoning model); returns the jobs to publish and the image nodes each holds. One image's
+    failure is recorded and the job goes on; a cancel drops the job; a failure to embed or
+    index the descriptions ends the job's attempt with its retry class."""
+    from ingestion.enrichment import EnrichmentCanceled, describe_images
+
+    kept, described = [], {}
+    for job_id in job_ids:
+        try:
+            report = describe_images(
+                jobs[job_id], cancelled=lambda j=job_id: held.is_lost(j), touch=held.touch
+            )
+        except EnrichmentCanceled:
+            held.release(job_id)
+            continue
+        except Exception as exc:  # noqa: BLE001 - this job fails or retries, the group goes on
+            if not isinstance(exc, CompilationFailure):
+                logger.exception("image descriptions of job %s failed", job_id)
+            end_attempt(job_id, held.tokens[job_id], classify(exc))
+            held.release(job_id)
+            continue
+        described[job_id] = report.nodes
+        kept.append(job_id)
+    return kept, described
 
 
 def _load_nodes(jobs, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[KnowledgeNode]]:

@@ -36,8 +36,15 @@ KNOWLEDGE_VISUAL_EMBEDDING_MAX_CONCURRENCY = bounded_int(
 KNOWLEDGE_MULTIMODAL_ENRICHMENT_MAX_CONCURRENCY = bounded_int(
     "KNOWLEDGE_MULTIMODAL_ENRICHMENT_MAX_CONCURRENCY", 4, 1, 32
 )
+# Each image of a document is described in one call (caption, OCR text and summary as strict
+# JSON); at most MAX_CONCURRENCY calls run at once in a process, an image over MAX_IMAGE_BYTES is
+# skipped (its recorded size, and again while reading: a bounded stream), and one call ends after
+# TIMEOUT_MS (that image is recorded as failed; the document is published without it).
 KNOWLEDGE_MULTIMODAL_ENRICHMENT_MAX_IMAGE_BYTES = bounded_int(
     "KNOWLEDGE_MULTIMODAL_ENRICHMENT_MAX_IMAGE_BYTES", 10 * 1024 * 1024, 1024, 64 * 1024 * 1024
+)
+KNOWLEDGE_MULTIMODAL_ENRICHMENT_TIMEOUT_MS = bounded_int(
+    "KNOWLEDGE_MULTIMODAL_ENRICHMENT_TIMEOUT_MS", 60000, 1000, 600000
 )
 
 # --- Multimodal answers (query and evidence image blocks for a vision reasoning model) ----------

@@ -103,7 +103,8 @@ class Fault:
     carried: the error envelope when ``status`` is 200, else ``status`` with that message),
     ``trickle`` (send the first ``after_bytes`` of the body one byte every ``interval`` seconds,
     then stall ``seconds``), ``late_ack`` (store a PUT's object, then sleep ``seconds`` before
-    answering: the caller may die in between). ``skip`` matching requests pass first; it then
+    answering: the caller may die in between), ``malformed`` (an image description answered
+    with text that is not the JSON asked for). ``skip`` matching requests pass first; it then
     applies ``times`` times (``None``: always).
     """
 

@@ -35,7 +35,7 @@ from .dify_contract import (
     envelope_frame,
     overlap_score,
 )
-from .dify_images import QUERY_IMAGE, ImageRefusal, serve_query_image
+from .dify_images import QUERY_IMAGE, ImageRefusal, describe_request, serve_query_image
 
 if TYPE_CHECKING:
     from .dify_server import DifyTestServer
@@ -321,6 +321,12 @@ class _Handler(BaseHTTPRequestHandler):
         if (refusal := self.dify.count_llm_images(body)) is not None:
             return self._json(400, refusal)
         answer = LLM_ANSWER
+        described = describe_request(body, self.dify)
+        if described is not None:
+            if self._fault("malformed"):
+                described = 'Here is the description: {"caption": "a chart"'
+            third = max(len(described) // 3, 1)
+            answer = [described[:third], described[third : 2 * third], described[2 * third :]]
         if self.dify.llm_responder is not None:
             try:
                 text = self.dify.llm_responder(body)

@@ -12,6 +12,11 @@ server's ``query_images`` — ``{(tenant_id, upload_file_id): (bytes, stored MIM
 owner subject or None)}`` — with ``X-Query-Image-Sha256``; any other file, another tenant's or
 another subject's, is 404. Faults (stall, drop, delay, status) apply to it like every route.
 
+Image understanding: an LLM request carrying an image whose prompt asks for ``{caption,
+ocr_text, summary}`` is answered that JSON by :func:`describe_request`: the description a test
+registered for the nearest picture (``image_captions``, by the embedder's vector), else one derived
+from the picture (its size and main colour), so the same image always gets the same text.
+
 Limits, as Dify's route enforces them: at most :data:`MAX_DOCUMENTS` documents and
 :data:`MAX_BATCH_BYTES` raw bytes per request, :data:`MAX_DOCUMENT_BYTES` per document (413
 ``multimodal_request_too_large``).
@@ -125,3 +130,69 @@ def serve_query_image(handler, query: dict) -> None:
         },
     )
     handler._write(data)
+
+
+DESCRIPTION_MEMBERS = ('"caption"', '"ocr_text"', '"summary"')
+_COLOURS = {
+    "black": (0, 0, 0), "white": (255, 255, 255), "red": (200, 30, 30), "green": (30, 160, 60),
+    "blue": (30, 60, 200), "yellow": (230, 210, 40), "grey": (128, 128, 128),
+    "orange": (240, 140, 20), "purple": (130, 50, 160),
+}  # fmt: skip
+
+
+def describe_request(body: dict, dify) -> str | None:
+    """The JSON answer of an image-description request (module docstring), ``None`` for any
+    other LLM request."""
+    import json
+
+    parts = [
+        part
+        for message in body.get("prompt_messages") or []
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict)
+    ]
+    prompt = " ".join(str(p.get("data") or "") for p in parts if p.get("type") == "text")
+    images = [p for p in parts if p.get("type") == "image"]
+    if not images or not all(member in prompt for member in DESCRIPTION_MEMBERS):
+        return None
+    data = base64.b64decode(images[0].get("base64_data") or "")
+    with dify.lock:
+        dify.image_descriptions += 1
+    return json.dumps(describe_image(data, dify.image_captions))
+
+
+def describe_image(data: bytes, known: list[tuple[bytes, dict]]) -> dict:
+    """``{caption, ocr_text, summary}`` of one picture: a registered description of the nearest
+    registered picture (cosine of the embedder's vectors at least 0.5), else one from its size
+    and main colour."""
+    from PIL import Image
+
+    try:
+        vector = image_vector(data, 64)
+    except ImageRefusal:
+        return {"caption": "An unreadable image", "ocr_text": "", "summary": ""}
+    best, score = None, 0.5
+    for picture, description in known:
+        other = image_vector(picture, 64)
+        cosine = sum(a * b for a, b in zip(vector, other, strict=True))
+        if cosine >= score:
+            best, score = description, cosine
+    if best is not None:
+        return dict(best)
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        red, green, blue = (
+            image.convert("RGB").resize((1, 1), Image.Resampling.BOX).getpixel((0, 0))
+        )
+    colour = min(
+        _COLOURS,
+        key=lambda n: sum(
+            (a - b) ** 2 for a, b in zip(_COLOURS[n], (red, green, blue), strict=True)
+        ),
+    )
+    return {
+        "caption": f"A picture of {width} by {height} pixels, mostly {colour}",
+        "ocr_text": "",
+        "summary": f"An image {width} pixels wide and {height} high, on average {colour}.",
+    }

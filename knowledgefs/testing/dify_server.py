@@ -17,6 +17,9 @@ request must carry ``X-Inner-Api-Key`` (401 otherwise).
 - ``…/llm``: a fixed answer in three length-prefixed frames, or the text a test's
   :attr:`DifyTestServer.llm_responder` returns for the request body (a scripted model), or the
   list of deltas it returns, one frame each, :attr:`DifyTestServer.llm_frame_gap` seconds apart;
+  an LLM request with an image that asks for ``{caption, ocr_text, summary}`` (image
+  understanding) gets that JSON, deterministic per picture (:func:`dify_images.describe_image`,
+  :attr:`DifyTestServer.image_captions`); the fault ``malformed`` answers text that is no JSON;
 - ``…/model-catalog``: a fixed catalog, paged by ``limit``/``offset``;
 - ``/inner/api/knowledge-fs/storage/…``: objects in memory, SHA-256 checked (422), size-limited
   (413), listed in key order with a cursor;
@@ -136,6 +139,12 @@ class DifyTestServer(LoopbackServerMixin):
         self.llm_image_bytes_received = 0
         # Query images Dify holds: {(tenant_id, upload_file_id): (bytes, MIME, subject | None)}.
         self.query_images: dict[tuple[str, str], tuple[bytes, str, str | None]] = {}
+        # Image descriptions (a request asking for {caption, ocr_text, summary}): the vision
+        # model answers the description of the nearest picture registered here ``[(image bytes,
+        # {caption, ocr_text, summary})]``, else one derived from the image's size and colour
+        # (dify_images.describe_image); ``image_descriptions`` counts the answers.
+        self.image_captions: list[tuple[bytes, dict]] = []
+        self.image_descriptions = 0
         self.peak_image_request_bytes = 0
         self._in_flight: dict[str, int] = defaultdict(int)
         self._connections: set[socket.socket] = set()
@@ -223,6 +232,7 @@ class DifyTestServer(LoopbackServerMixin):
             self._peak.clear()
             self.images_embedded = self.peak_image_request_bytes = 0
             self.llm_images_received = self.llm_image_bytes_received = 0
+            self.image_descriptions = 0
 
     def _enter(self, route: str) -> None:
         with self.lock:

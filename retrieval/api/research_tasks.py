@@ -46,6 +46,7 @@ def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
         "score_threshold": task.score_threshold,
         "filters": task.filters,
         "limits": task.limits,
+        "query_images": task.query_images or [],
         "stage": task.stage,
         "status": task.run_state,
         "progress": {
@@ -90,7 +91,7 @@ class SequencePagination(KeysetPagination):
     ordering = ("sequence", "id")
 
 
-BODY_MEMBERS = ("space_id", "query", "top_k", "filters", "limits")
+BODY_MEMBERS = ("space_id", "query", "top_k", "filters", "limits", "query_images")
 
 
 def _body(request) -> dict:
@@ -124,7 +125,8 @@ class ResearchTaskListView(RouteView):
     }
 
     def post(self, request):
-        """Body ``{space_id, query, top_k?, filters?, limits?}``; 202 with the queued task.
+        """Body ``{space_id, query, top_k?, filters?, limits?, query_images?}``; 202 with the
+        queued task.
         ``Idempotency-Key`` returns the same task for the same body."""
         space = _space_in_body(request)
         body = _body(request)
@@ -144,6 +146,7 @@ class ResearchTaskListView(RouteView):
             repr(body.get("top_k")),
             repr(body.get("filters")),
             repr(body.get("limits")),
+            *([repr(body["query_images"])] if body.get("query_images") else []),
         )
         return idempotent(request, digest, create)
 

@@ -108,7 +108,7 @@ def _visible(space, view):
         generation=F("document__active_generation"),
         document__enabled=True,
         document__state=DocumentState.PUBLISHED,
-    )
+    ).exclude(kind="image")  # image descriptions are no part of a document's text
     return rows.filter(document=view.document) if view is not None else rows
 
 

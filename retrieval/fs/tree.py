@@ -104,9 +104,11 @@ class DocumentView:
     # --- what the generation holds ------------------------------------------------------
     @cached_property
     def node_rows(self) -> list[tuple]:
-        """``(id, chunk_index, kind, page_number, section_path, start, end)`` in order."""
+        """``(id, chunk_index, kind, page_number, section_path, start, end)`` in order; the
+        text chunks only (an image's description is no part of the document's text)."""
         return list(
             KnowledgeNode.objects.filter(document=self.document, generation=self.generation)
+            .exclude(kind="image")
             .order_by("chunk_index")
             .values_list(
                 "id", "chunk_index", "kind", "page_number", "section_path", "start_offset",

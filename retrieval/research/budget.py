@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .. import reasoning
 
-STEPS = ("planner", "judge", "supplemental")
+STEPS = ("image_expansion", "planner", "judge", "supplemental")
 ROUNDS_KEY = "rounds"
 """Checkpoint member: the evidence of each finished retrieval round, ``[{items, metrics}]``."""
 SPENT_KEY = "spent"

@@ -77,6 +77,7 @@ from collections.abc import Callable
 from .. import reasoning
 from .budget import DURABLE, INTERACTIVE, _Run
 from .decompose import decompose
+from .images import EXPANSION_CALLS, expand_images
 from .prompts import _Plan, _planner_prompt
 from .rounds import _Retrieval
 
@@ -94,6 +95,8 @@ def run_research(
     should_stop: Callable[[], bool] | None = None,
     deadline_s: float | None = None,
     max_model_calls: int | None = None,
+    query_images: list[str] | None = None,
+    subject: str = "",
 ):
     """Return a :class:`retrieval.recall.RetrievalResult` with ``mode="research"``.
 
@@ -116,17 +119,28 @@ def run_research(
     ``retrieve``; model failures never raise, they degrade. Raises
     :class:`ResearchCanceled` when ``should_stop()`` answers ``True`` (between steps, or within
     about a second during a model call, whose connection is shut down).
+
+    ``query_images`` (upload file ids, already checked by
+    :func:`retrieval.query_images.parse_references`; ``subject`` the caller Dify checks their
+    ownership against) are read through one image-to-text expansion
+    (:mod:`retrieval.research.images`): with images ``query`` may be empty, the run may make one
+    more model call, and ``metrics`` add ``query_images`` and ``degradations``.
     """
     from spaces.readiness import require_ready
 
     from .. import filters as filtering
     from ..recall import validate_request
 
-    query, top_k, score_threshold, _ = validate_request(query, top_k, score_threshold, "research")
+    references = list(query_images or [])
+    image_only = bool(references) and not (query or "").strip()
+    query, top_k, score_threshold, _ = validate_request(
+        "image" if image_only else query, top_k, score_threshold, "research"
+    )
+    query = "" if image_only else query
     filters = filtering.parse(filters)  # 400 before any model call
     total = time.perf_counter()
     policy = DURABLE if durable else INTERACTIVE
-    max_calls = policy.max_model_calls
+    max_calls = policy.max_model_calls + (EXPANSION_CALLS if references else 0)
     if max_model_calls is not None:
         max_calls = max(0, min(max_calls, int(max_model_calls)))
     run = _Run(
@@ -140,10 +154,47 @@ def run_research(
         max_calls=max_calls,
     )
     run.poll()
-    selection = reasoning.reasoning_selection(run.profile)
-    plan = _plan(run, selection, query)
-    run.poll()
-    return _Retrieval(run, selection, query, top_k, score_threshold, filters, plan, total).run()
+    t0 = time.perf_counter()
+    images = expand_images(run, query, references, subject)
+    if references:
+        run.stage("image_expansion", "executed" if images.expanded_query else "degraded",
+                  len(images.images), t0)  # fmt: skip
+    # the images' description is searched with the question (or as it, image-only)
+    query = " ".join(p for p in (query, images.expanded_query) if p)
+    if not query:  # image-only and no description: nothing to search
+        result = _nothing(run, total)
+    else:
+        selection = reasoning.reasoning_selection(run.profile)
+        plan = _plan(run, selection, query)
+        run.poll()
+        result = _Retrieval(
+            run, selection, query, top_k, score_threshold, filters, plan, total
+        ).run()
+    if references:
+        result.metrics["query_images"] = images.describe()
+        result.metrics["degradations"] = list(images.degradations)
+        result.image_plan = images
+    return result
+
+
+def _nothing(run: _Run, started: float):
+    """The result of an image-only run whose images yielded no text (degraded, no items)."""
+    from ..recall import RetrievalResult
+
+    metrics = {
+        "research_path": "deterministic",
+        "research_policy": run.policy.name,
+        "research_model_calls": run.calls,
+        "research_model_calls_reused": run.calls_reused,
+        "research_model_calls_abandoned": run.calls_abandoned,
+        "research_elapsed_ms": round((run.prior_elapsed + run.elapsed()) * 1000),
+        "research_rounds": 0,
+        "budget_exhausted": run.budget_exhausted,
+        "degraded": True,
+        "degradation_reason": run.degradation_reason,
+        "total_ms": round((time.perf_counter() - started) * 1000, 2),
+    }
+    return RetrievalResult(mode="research", items=[], metrics=metrics, stages=run.stages)
 
 
 def _plan(run: _Run, selection, query: str) -> _Plan:

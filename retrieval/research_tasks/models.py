@@ -76,6 +76,9 @@ class ResearchTask(models.Model):
     filters = models.JSONField(null=True, blank=True)
     limits = models.JSONField(default=dict)
     plan = models.JSONField(default=dict, blank=True)
+    # The request's query images: [{"upload_file_id"}] as sent (never their bytes); the run
+    # resolves them once and keeps only their id, digest, size and type in its checkpoint.
+    query_images = models.JSONField(default=list, blank=True)
 
     run_state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
     stage = models.CharField(max_length=16, choices=Stage.choices, default=Stage.QUEUED)

@@ -23,6 +23,11 @@ it creates nothing. Figures and their sources:
   durable budget of 180 s (upper bounds, not observations); unknown (``null``) for the
   deterministic path before any task completed.
 
+* **query images**: with a reasoning model that accepts images, the one image-to-text
+  expansion (:mod:`retrieval.research.images`) is one more call (min and max), its prompt plus
+  :data:`IMAGE_INPUT_TOKENS` per image in and at most 400 tokens out, and
+  ``KNOWLEDGE_QUERY_IMAGE_EXPANSION_TIMEOUT_MS`` more configured latency.
+
 :func:`violations` lists the limits the estimate cannot meet: ``max_model_calls`` below the
 maximum calls, ``timeout_ms`` below the p50 latency.
 """
@@ -71,10 +76,11 @@ def approx_tokens(text: str) -> int:
     return tokens + sum(1 for ch in rest if not ch.isspace())
 
 
-def validate_limits(raw) -> dict:
+def validate_limits(raw, *, extra_calls: int = 0) -> dict:
     """``limits`` of a request → ``{"max_model_calls", "timeout_ms"}`` with defaults filled.
 
-    ``max_model_calls`` is an integer 0..3 (default 3), ``timeout_ms`` an integer
+    ``max_model_calls`` is an integer 0..3 (default 3; ``extra_calls`` more with query images:
+    the one image-to-text expansion), ``timeout_ms`` an integer
     1000..180000 (default ``KNOWLEDGE_RESEARCH_TASK_TIMEOUT_MS``). Raises 400
     ``invalid_limits`` naming the member and its range.
     """
@@ -89,7 +95,11 @@ def validate_limits(raw) -> dict:
             code="invalid_limits",
         )
     ranges = {
-        "max_model_calls": (0, DURABLE_MAX_MODEL_CALLS, DURABLE_MAX_MODEL_CALLS),
+        "max_model_calls": (
+            0,
+            DURABLE_MAX_MODEL_CALLS + extra_calls,
+            DURABLE_MAX_MODEL_CALLS + extra_calls,
+        ),
         "timeout_ms": (
             MIN_TIMEOUT_MS,
             settings.KNOWLEDGE_RESEARCH_TASK_TIMEOUT_MS,
@@ -114,8 +124,10 @@ def validate_top_k(top_k) -> int:
     return top_k
 
 
-def estimate(space, query: str, *, top_k: int, limits: dict) -> dict:
-    """The plan of a research task over ``space`` (see the module for every figure).
+def estimate(space, query: str, *, top_k: int, limits: dict, images: int = 0) -> dict:
+    """The plan of a research task over ``space`` (see the module for every figure); ``images``
+    query images add the one image-to-text expansion when the reasoning model accepts images
+    (:func:`_expansion`).
 
     Returns ``{"path", "model_calls": {min, max}, "tokens": {"input": {min, max}, "output":
     {min, max}, "basis"}, "latency_ms": {"p50", "p95", "basis", "samples"}, "steps": [{name,
@@ -127,17 +139,28 @@ def estimate(space, query: str, *, top_k: int, limits: dict) -> dict:
     with_model = bool(profile.retrieval_reasoning_model)
     rerank = bool(profile.retrieval_rerank_enabled)
     calls = (1, DURABLE_MAX_MODEL_CALLS) if with_model else (0, 0)
+    expansion = _expansion(profile, images)
     tokens = _tokens(space, query, top_k, calls)
-    latency = _latency(space, calls)
+    latency = _latency(space, calls, expansion is not None)
+    steps = _steps(with_model, rerank)
+    if images:
+        steps.insert(0, _expansion_step(expansion))
+    if expansion is not None:
+        calls = (calls[0] + 1, calls[1] + 1)
+        for key in ("input", "output"):
+            tokens[key] = {m: tokens[key][m] + expansion[key] for m in ("min", "max")}
+        tokens["basis"] += f"; image expansion {expansion['basis']}"
     plan = {
         "path": "reasoning" if with_model else "deterministic",
         "model_calls": {"min": calls[0], "max": calls[1]},
         "tokens": tokens,
         "latency_ms": latency,
-        "steps": _steps(with_model, rerank),
+        "steps": steps,
         "work_bounds": _work_bounds(top_k, with_model, rerank, limits),
         "limits": limits,
     }
+    if images:
+        plan["query_images"] = {"count": images, "expansion": expansion is not None}
     plan["violations"] = violations(plan, limits)
     return plan
 
@@ -203,12 +226,48 @@ def _tokens(space, query: str, top_k: int, calls: tuple[int, int]) -> dict:
     }
 
 
+#: What one query image costs the expansion call, in input tokens: a low-detail image part as
+#: the common vision models count it (85); the prompt is counted by the approximation.
+IMAGE_INPUT_TOKENS = 85
+
+
+def _expansion(profile, images: int) -> dict | None:
+    """The one image-to-text expansion's tokens, or ``None`` when it will not run (no images,
+    or a reasoning model that does not accept images: the images are then ignored)."""
+    from retrieval.query_images import EXPANSION_OUTPUT_TOKENS, EXPANSION_PROMPT
+    from spaces.capabilities import profile_modality
+
+    if not images or not profile_modality(profile, "reasoning").image:
+        return None
+    prompt = approx_tokens(EXPANSION_PROMPT)
+    return {
+        "input": prompt + images * IMAGE_INPUT_TOKENS,
+        "output": EXPANSION_OUTPUT_TOKENS,
+        "basis": f"{prompt} prompt tokens + {images} × {IMAGE_INPUT_TOKENS} per image, output "
+        f"≤ {EXPANSION_OUTPUT_TOKENS}",
+    }
+
+
+def _expansion_step(expansion: dict | None) -> dict:
+    return {
+        "name": "image_expansion",
+        "model_call": expansion is not None,
+        "status": "planned" if expansion is not None else "skipped",
+        "description": (
+            "one image-to-text expansion of the query images by the reasoning model, "
+            "searched with the question"
+            if expansion is not None
+            else "the reasoning model does not accept images: the images are ignored"
+        ),
+    }
+
+
 def _nearest_rank(values: list[int], percent: int) -> int:
     ordered = sorted(values)
     return ordered[max(0, math.ceil(percent / 100 * len(ordered)) - 1)]
 
 
-def _latency(space, calls: tuple[int, int]) -> dict:
+def _latency(space, calls: tuple[int, int], expansion: bool = False) -> dict:
     measured = list(
         ResearchTask.objects.filter(
             space_id=space.id, run_state=RunState.COMPLETED, elapsed_ms__gt=0
@@ -223,13 +282,14 @@ def _latency(space, calls: tuple[int, int]) -> dict:
             "basis": "measured",
             "samples": len(measured),
         }
-    if calls[1] == 0:
+    extra = settings.KNOWLEDGE_QUERY_IMAGE_EXPANSION_TIMEOUT_MS if expansion else 0
+    if calls[1] == 0 and not extra:
         return {"p50": None, "p95": None, "basis": "unknown", "samples": 0}
     per_call = settings.KNOWLEDGE_RESEARCH_REASONING_TIMEOUT_MS
     budget = round(DURABLE.wall_clock_seconds * 1000)
     return {
-        "p50": min(calls[0] * per_call, budget),
-        "p95": min(calls[1] * per_call, budget),
+        "p50": min(calls[0] * per_call + extra, budget),
+        "p95": min(calls[1] * per_call + extra, budget),
         "basis": "configured",
         "samples": 0,
     }

@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from knowledgefs.errors import ServiceError
 from retrieval.research import ROUNDS_KEY, SPENT_KEY
+from retrieval.research.images import STEP as IMAGE_STEP
 
 from . import dispatch
 from .dispatch import ClaimLost
@@ -64,7 +65,7 @@ def stage_for(checkpoint: dict) -> str:
     bookkeeping and implies nothing)."""
     if any(step in checkpoint for step in ANALYSIS_STEPS):
         return Stage.ANALYZING
-    if any(key not in (ROUND_EVIDENCE_KEY, SPENT_KEY) for key in checkpoint):
+    if any(key not in (ROUND_EVIDENCE_KEY, SPENT_KEY, IMAGE_STEP) for key in checkpoint):
         return Stage.RETRIEVING
     if checkpoint.get(ROUND_EVIDENCE_KEY):
         return Stage.RETRIEVING
@@ -203,6 +204,13 @@ def _research(task: ResearchTask, run: _Delivery):
             should_stop=run.should_stop,
             deadline_s=run.remaining_s(),
             max_model_calls=run.max_model_calls,
+            query_images=[
+                str(r.get("upload_file_id"))
+                for r in (task.query_images or [])
+                if isinstance(r, dict) and r.get("upload_file_id")
+            ],
+            # whom Dify checks the images' ownership against, as for an interactive query
+            subject=task.subject or (f"api-key:{task.api_key_id}" if task.api_key_id else ""),
         )
     except ResearchCanceled:
         raise _Stopped() from None

@@ -79,22 +79,33 @@ def _require_capacity(principal: Principal) -> None:
             )
 
 
-def _request(space, body: dict) -> tuple[str, int, Any, dict]:
-    """Validate ``query``, ``top_k``, ``filters`` and ``limits`` of a plan or create body; a
-    ``top_k`` left out is the space's retrieval-profile ``top_k``, at most 50."""
+def _request(space, body: dict) -> tuple[str, int, Any, dict, list[str]]:
+    """Validate ``query``, ``top_k``, ``filters``, ``limits`` and ``query_images`` of a plan or
+    create body; a ``top_k`` left out is the space's retrieval-profile ``top_k``, at most 50.
+    With images ``query`` may be empty (:mod:`retrieval.research.images`: an image-only task
+    needs a reasoning model that accepts images, else 400 ``query_image_requires_vision``), and
+    ``limits.max_model_calls`` may count the one image-to-text expansion."""
     from retrieval import filters as filtering
+    from retrieval.query_images import parse_references
     from retrieval.recall import validate_request
+    from retrieval.research.images import EXPANSION_CALLS, require_usable
     from spaces.profiles import profile_of
 
+    references = parse_references(body.get("query_images"))  # 413 for 5 images, before work
     top_k = body.get("top_k")
     if top_k is None:
         top_k = min(profile_of(space).retrieval_top_k, planning.MAX_TOP_K)
     top_k = planning.validate_top_k(top_k)
-    query, _, _, _ = validate_request(body.get("query"), top_k, None, "research")
+    raw = body.get("query")
+    image_only = bool(references) and (raw is None or (isinstance(raw, str) and not raw.strip()))
+    query, _, _, _ = validate_request("image" if image_only else raw, top_k, None, "research")
+    query = "" if image_only else query
     filters = body.get("filters")
     filtering.parse(filters)  # 400 invalid_filter, too_many_filter_*: stored as sent
-    limits = planning.validate_limits(body.get("limits"))
-    return query, top_k, filters, limits
+    extra = EXPANSION_CALLS if references else 0
+    limits = planning.validate_limits(body.get("limits"), extra_calls=extra)
+    require_usable(profile_of(space), query, references)
+    return query, top_k, filters, limits, references
 
 
 def _require_searchable(space):
@@ -111,9 +122,9 @@ def _require_searchable(space):
 def plan_task(space, body: dict) -> dict:
     """The dry-run estimate of a task with this body (nothing is created); 400 for a bad body.
     Violations are reported in the plan, not raised."""
-    query, top_k, _, limits = _request(space, body)
+    query, top_k, _, limits, references = _request(space, body)
     _require_searchable(space)
-    return planning.estimate(space, query, top_k=top_k, limits=limits)
+    return planning.estimate(space, query, top_k=top_k, limits=limits, images=len(references))
 
 
 def create_task(
@@ -121,7 +132,8 @@ def create_task(
 ) -> tuple[ResearchTask, bool]:
     """Queue a research task; returns ``(task, created)`` and dispatches it after the commit.
 
-    Body: ``query`` (1..``RETRIEVAL_MAX_QUERY_CHARS``), ``top_k`` (1..50, default the profile's),
+    Body: ``query`` (1..``RETRIEVAL_MAX_QUERY_CHARS``; may be empty with ``query_images``,
+    ``[{"upload_file_id"}]``, :func:`_request`), ``top_k`` (1..50, default the profile's),
     ``filters`` (:mod:`retrieval.filters`, checked here, handed to Research as sent),
     ``limits`` (see :func:`planning.validate_limits`). With ``idempotency_key`` the tenant's task
     created under that key is returned (``created`` ``False``) when the same owner sent the same
@@ -129,17 +141,18 @@ def create_task(
     (:func:`_require_searchable`) and the caller within :func:`_require_capacity` (resumes are
     not counted against it).
     """
-    query, top_k, filters, limits = _request(space, body)
+    query, top_k, filters, limits, references = _request(space, body)
     digest = fingerprint(
-        "research_tasks.create", str(space.id), query, str(top_k), repr(filters), repr(limits)
-    )
+        "research_tasks.create", str(space.id), query, str(top_k), repr(filters), repr(limits),
+        *(["images", *references] if references else []),
+    )  # fmt: skip
     if idempotency_key is not None:
         existing = _by_key(principal, idempotency_key, digest)
         if existing is not None:
             return existing, False
     profile = _require_searchable(space)
     _require_capacity(principal)
-    plan = planning.estimate(space, query, top_k=top_k, limits=limits)
+    plan = planning.estimate(space, query, top_k=top_k, limits=limits, images=len(references))
     if plan["violations"]:
         raise LimitsExceeded(plan["violations"], plan)
     try:
@@ -159,6 +172,7 @@ def create_task(
                 filters=filters,
                 limits=limits,
                 plan=plan,
+                query_images=[{"upload_file_id": r} for r in references],
             )
             dispatch.dispatch_on_commit(task.id)
     except IntegrityError:

@@ -1,10 +1,13 @@
 """Query images on retrieval tests: resolved through Dify's inner API for one run, searched in
 the visual space (each image on its own, fused by rank), the limits and bad input with their
 codes, text-only spaces (the clear 400, or the images ignored with the degradation recorded), a
-stalled Dify image stream (deadline, degradation, no 500)."""
+stalled Dify image stream (deadline, degradation, no 500); Deep and Research with one
+image-to-text expansion, durable research tasks persisting it (a resumed task does not repeat it)
+and counting it in their plan and budget."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -137,11 +140,22 @@ def test_bad_query_images_are_refused_with_their_codes(dify, client, figures, ca
     assert (response.status_code, response.json()["code"]) == (400, "invalid_query")
 
 
-def test_research_does_not_take_images_yet(dify, client, figures):
-    response = ask(
-        client, figures, mode="research", query_images=[offer(dify, figures, "r", jpeg(1))]
-    )
-    assert (response.status_code, response.json()["code"]) == (400, "query_images_mode_unsupported")
+def test_research_with_text_on_a_space_without_a_vision_model_ignores_the_images(
+    dify, client, figures
+):
+    reference = offer(dify, figures, "r", jpeg(1))
+    response = ask(client, figures, mode="research", query="measured shapes",
+                   query_images=[reference])  # fmt: skip
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["mode"] == "research" and body["items"]
+    assert body["metrics"]["degradations"] == ["query-image-ignored-no-vision-model"]
+    assert body["metrics"]["query_images"]["expansion"] is False
+    assert dify.count(QUERY_IMAGE) == 0  # the bytes are never loaded
+    # image-only Research has nothing to read the image with: the clear 400
+    response = ask(client, figures, mode="research", query_images=[reference])
+    assert (response.status_code, response.json()["code"]) == (400, "query_image_requires_vision")
+    assert "reasoning model that accepts images" in response.json()["message"]
 
 
 def test_a_stalled_image_stream_ends_at_its_deadline_with_the_degradation(
@@ -285,3 +299,182 @@ def test_deep_with_text_adds_one_expansion_of_the_image(dify, client, described)
     fast = ask(client, described, query="what is shown", query_images=[reference]).json()
     assert fast["metrics"]["degradations"] == ["query-image-visual-leg-unavailable"]
     assert dify.llm_images_received == 0
+
+
+def vision_model(description: str = "Picture of series 21"):
+    def answer(body):
+        if isinstance(body["prompt_messages"][-1]["content"], list):
+            return json.dumps({"description": description, "ocrText": "", "keywords": []})
+        return None  # Research's planner, judge: the server's fixed answer (not JSON: degraded)
+
+    return answer
+
+
+def test_research_reads_the_images_through_one_expansion(dify, client, described):
+    dify.llm_responder = vision_model()
+    dify.reset_observations()
+    reference = offer(dify, described, "res", jpeg(21))
+    for body in ({"query": "what is shown"}, {}):  # with text, and image-only
+        dify.reset_observations()
+        response = ask(client, described, mode="research", query_images=[reference], **body)
+        assert response.status_code == 200, response.content
+        result = response.json()
+        assert result["mode"] == "research"
+        assert result["items"][0]["citation"]["filename"] == "pictures.docx"
+        assert result["metrics"]["query_images"]["expansion"] is True
+        assert result["metrics"]["degradations"] == []
+        assert dify.llm_images_received == 1  # one expansion; the planner gets no image
+        assert dify.count(QUERY_IMAGE) == 1
+        stage = next(s for s in result["stages"] if s["name"] == "image_expansion")
+        assert stage["status"] == "executed"
+        # the expansion counts as a model call of the run
+        assert result["metrics"]["research_model_calls"] >= 2
+    # /v1/queries in Research: the answer's trace records the images and the expansion
+    body = {"space_id": str(described.id), "mode": "research", "query_images": [reference]}
+    response = client.post("/v1/queries", body, format="json")
+    assert response.status_code == 200, response.content
+    assert "event: answer.done" in b"".join(response.streaming_content).decode()
+    trace = client.get(f"/v1/queries/{response['X-Query-Run-Id']}").json()
+    step = next(s for s in trace["steps"] if s["name"] == "query.images")
+    assert step["status"] == "ok" and step["metadata"]["expansion"] is True
+    assert step["metadata"]["degradations"] == []
+
+
+def test_a_slow_research_expansion_is_the_timeout_degradation(dify, client, described, settings):
+    settings.KNOWLEDGE_QUERY_IMAGE_EXPANSION_TIMEOUT_MS = 1000
+
+    def slow(body):
+        if isinstance(body["prompt_messages"][-1]["content"], list):
+            return ['{"description": ', '"Picture of series 21"}']
+        return None
+
+    dify.llm_responder = slow
+    dify.llm_frame_gap = 4.0
+    reference = offer(dify, described, "slow-r", jpeg(21))
+    response = ask(client, described, mode="research", query="receipts due",
+                   query_images=[reference])  # fmt: skip
+    dify.llm_frame_gap = 0.0
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["metrics"]["degradations"] == ["query-image-expansion-timeout"]
+    assert body["items"][0]["citation"]["filename"] == "other.md"  # the text still answered
+    stage = next(s for s in body["stages"] if s["name"] == "image_expansion")
+    assert stage["status"] == "degraded"
+
+
+def test_a_stalled_image_stream_in_research_is_the_visual_leg_degradation(
+    dify, client, described, settings
+):
+    settings.KNOWLEDGE_QUERY_IMAGE_FETCH_TIMEOUT_S = 1.5
+    dify.llm_responder = vision_model()
+    reference = offer(dify, described, "stall-r", jpeg(21))
+    dify.add_fault("stall", QUERY_IMAGE, after_bytes=100, seconds=4)
+    dify.reset_observations()
+    response = ask(client, described, mode="research", query="receipts due",
+                   query_images=[reference])  # fmt: skip
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["metrics"]["degradations"] == ["query-image-visual-leg-unavailable"]
+    assert body["items"] and dify.llm_images_received == 0
+
+
+def test_a_research_task_persists_its_expansion_and_a_resume_does_not_repeat_it(
+    dify, client, described, django_capture_on_commit_callbacks
+):
+    from retrieval.research_tasks import service, tasks
+    from retrieval.research_tasks.models import ResearchTask, RunState
+
+    dify.llm_responder = vision_model()
+    reference = offer(dify, described, "task-1", jpeg(21))
+    base = {"space_id": str(described.id), "query": "", "query_images": [reference]}
+    # the dry run counts the expansion: one more call, its tokens, its time
+    plan = client.post("/v1/research-tasks/plan", base, format="json").json()
+    text_plan = client.post(
+        "/v1/research-tasks/plan", {**base, "query": "x", "query_images": []}, format="json"
+    ).json()
+    assert plan["model_calls"] == {"min": text_plan["model_calls"]["min"] + 1,
+                                   "max": text_plan["model_calls"]["max"] + 1}  # fmt: skip
+    assert plan["steps"][0] == {
+        "name": "image_expansion",
+        "model_call": True,
+        "status": "planned",
+        "description": "one image-to-text expansion of the query images by the reasoning "
+        "model, searched with the question",
+    }
+    assert plan["tokens"]["input"]["max"] > text_plan["tokens"]["input"]["max"]
+    assert plan["latency_ms"]["p50"] == text_plan["latency_ms"]["p50"] + 8000
+    assert plan["limits"]["max_model_calls"] == 4 and plan["violations"] == []
+    assert plan["query_images"] == {"count": 1, "expansion": True}
+    dify.reset_observations()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/v1/research-tasks", base, format="json")
+    assert response.status_code == 202, response.content
+    created = response.json()
+    assert created["query_images"] == [{"upload_file_id": "task-1"}]
+    task = ResearchTask.objects.get(id=created["id"])
+    assert tasks.run_research_task(str(task.id), task.task_id) == "completed"
+    task.refresh_from_db()
+    saved = task.checkpoint["image_expansion"]
+    assert saved["status"] == "ok" and "Picture of series 21" in saved["output"]["text"]
+    (record,) = saved["images"]
+    assert set(record) == {"upload_file_id", "sha256", "byte_size", "mime_type"}
+    metrics = task.result["metrics"]
+    assert metrics["query_images"]["expansion"] is True and metrics["degradations"] == []
+    assert task.result["items"][0]["citation"]["filename"] == "pictures.docx"
+    assert (dify.llm_images_received, dify.count(QUERY_IMAGE)) == (1, 1)
+    # a delivery that died after the expansion: the resumed task reuses the derived text
+    ResearchTask.objects.filter(id=task.id).update(run_state=RunState.FAILED, result=None)
+    with django_capture_on_commit_callbacks(execute=True):
+        service.resume_task(task.id)
+    task.refresh_from_db()
+    assert tasks.run_research_task(str(task.id), task.task_id) == "completed"
+    task.refresh_from_db()
+    assert (dify.llm_images_received, dify.count(QUERY_IMAGE)) == (1, 1)  # not repeated
+    assert task.result["metrics"]["research_model_calls_reused"] >= 1
+    assert task.result["items"][0]["citation"]["filename"] == "pictures.docx"
+
+
+def test_a_research_task_expansion_timeout_is_in_its_terminal_metadata(
+    dify, client, described, settings, django_capture_on_commit_callbacks
+):
+    from retrieval.research_tasks import tasks
+    from retrieval.research_tasks.models import ResearchTask
+
+    settings.KNOWLEDGE_QUERY_IMAGE_EXPANSION_TIMEOUT_MS = 1000
+    dify.llm_responder = lambda body: (
+        ['{"description": ', '"x"}']
+        if isinstance(body["prompt_messages"][-1]["content"], list)
+        else None
+    )
+    dify.llm_frame_gap = 4.0
+    body = {"space_id": str(described.id), "query": "receipts due",
+            "query_images": [offer(dify, described, "task-slow", jpeg(21))]}  # fmt: skip
+    with django_capture_on_commit_callbacks(execute=True):
+        created = client.post("/v1/research-tasks", body, format="json").json()
+    task = ResearchTask.objects.get(id=created["id"])
+    try:
+        assert tasks.run_research_task(str(task.id), task.task_id) == "completed"
+    finally:
+        dify.llm_frame_gap = 0.0
+    task.refresh_from_db()
+    assert task.result["metrics"]["degradations"] == ["query-image-expansion-timeout"]
+    assert task.checkpoint["image_expansion"]["status"] == "failed"
+    shown = client.get(f"/v1/research-tasks/{task.id}").json()
+    assert shown["result"]["metrics"]["degradations"] == ["query-image-expansion-timeout"]
+
+
+def test_research_task_image_bodies_are_checked_at_admission(dify, client, figures, described):
+    five = [{"upload_file_id": str(n)} for n in range(5)]
+    response = client.post("/v1/research-tasks", {"space_id": str(described.id), "query": "x",
+                                                  "query_images": five}, format="json")  # fmt: skip
+    assert (response.status_code, response.json()["code"]) == (413, "query_image_count_exceeded")
+    # image-only on a space whose reasoning model cannot see: the 400, nothing created
+    response = client.post("/v1/research-tasks", {"space_id": str(figures.id),
+                           "query_images": [{"upload_file_id": "a"}]}, format="json")  # fmt: skip
+    assert (response.status_code, response.json()["code"]) == (400, "query_image_requires_vision")
+    # the expansion's call may be limited like the others: 0..4 with images, 0..3 without
+    body = {"space_id": str(described.id), "query": "x", "limits": {"max_model_calls": 4}}
+    response = client.post("/v1/research-tasks/plan", body, format="json")
+    assert (response.status_code, response.json()["code"]) == (400, "invalid_limits")
+    body["query_images"] = [{"upload_file_id": "a"}]
+    assert client.post("/v1/research-tasks/plan", body, format="json").status_code == 200
