@@ -4,7 +4,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("retrieval", "0012_triage_runs")]
+    dependencies = [("retrieval", "0013_triage_run_revision")]
 
     operations = [
         migrations.AddField(
