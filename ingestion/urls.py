@@ -3,6 +3,7 @@
 
 from django.urls import path
 
+from .api.sources import SourceDetailView, SourceListView, SourceTestView
 from .api.upload_sessions import (
     UploadSessionAbortView,
     UploadSessionCompleteView,
@@ -71,6 +72,21 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/documents/<str:document_id>/assets/<str:asset_id>",
         DocumentAssetView.as_view(),
         name="document-asset",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources",
+        SourceListView.as_view(),
+        name="source-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>",
+        SourceDetailView.as_view(),
+        name="source-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/test",
+        SourceTestView.as_view(),
+        name="source-test",
     ),
     path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),
