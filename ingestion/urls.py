@@ -3,7 +3,19 @@
 
 from django.urls import path
 
-from .api.sources import SourceDetailView, SourceListView, SourceTestView
+from .api.sources import (
+    SourceDetailView,
+    SourceFilesView,
+    SourceImportView,
+    SourceListView,
+    SourcePagesView,
+    SourceRunCancelView,
+    SourceRunDetailView,
+    SourceRunListView,
+    SourceRunRetryView,
+    SourceSyncView,
+    SourceTestView,
+)
 from .api.upload_sessions import (
     UploadSessionAbortView,
     UploadSessionCompleteView,
@@ -87,6 +99,46 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/sources/<str:source_id>/test",
         SourceTestView.as_view(),
         name="source-test",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/pages",
+        SourcePagesView.as_view(),
+        name="source-pages",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/files",
+        SourceFilesView.as_view(),
+        name="source-files",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/imports",
+        SourceImportView.as_view(),
+        name="source-imports",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/sync",
+        SourceSyncView.as_view(),
+        name="source-sync",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/runs/<str:source_run_id>",
+        SourceRunDetailView.as_view(),
+        name="source-run-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/runs/<str:source_run_id>/cancel",
+        SourceRunCancelView.as_view(),
+        name="source-run-cancel",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/runs/<str:source_run_id>/retry",
+        SourceRunRetryView.as_view(),
+        name="source-run-retry",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/source-runs",
+        SourceRunListView.as_view(),
+        name="source-run-list",
     ),
     path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),

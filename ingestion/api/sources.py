@@ -5,13 +5,17 @@ resource ``source`` (or the space, for the space-wide listings)."""
 
 from __future__ import annotations
 
+import json
+
+from django.conf import settings
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ingestion.sources import services
-from ingestion.sources.models import Source
+from ingestion.sources import browse, runs, services
+from ingestion.sources.models import Source, SourceRun
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
+from knowledgefs.idempotency import fingerprint, idempotent
 from knowledgefs.pagination import NewestFirstPagination
 from spaces.services import get_space
 
@@ -89,3 +93,135 @@ class SourceTestView(APIView):
     def post(self, request, space_id, source_id):
         """Validate the connection through Dify: 200 ``{valid, code?, error?}``."""
         return Response(services.test_source(source_of(request, space_id, source_id)))
+
+
+def run_body(run: SourceRun) -> dict:
+    return {
+        "id": str(run.id),
+        "source_id": str(run.source_id),
+        "kind": run.kind,
+        "trigger": run.trigger,
+        "state": run.state,
+        "checkpoint": run.checkpoint,
+        "progress_total": run.progress_total,
+        "progress_completed": run.progress_completed,
+        "progress_skipped": run.progress_skipped,
+        "progress_failed": run.progress_failed,
+        "execution_attempts": run.attempt_count,
+        "max_execution_attempts": settings.KNOWLEDGE_SOURCE_RUN_MAX_ATTEMPTS,
+        "retry_at": _iso(run.retry_at),
+        "error_code": run.error_code or None,
+        "error_message": run.error_message or None,
+        "created_at": run.created_at.isoformat(),
+        "started_at": _iso(run.started_at),
+        "completed_at": _iso(run.completed_at),
+    }
+
+
+def _started(request, source: Source, what: str, start) -> Response:
+    """202 with the queued run; an ``Idempotency-Key`` replays the first answer."""
+    body = request.data if isinstance(request.data, dict) else {}
+    digest = fingerprint(what, str(source.id), json.dumps(body, sort_keys=True, default=str))
+    return idempotent(
+        request,
+        digest,
+        lambda: Response(run_body(start()), status=status.HTTP_202_ACCEPTED),
+    )
+
+
+class SourcePagesView(APIView):
+    operations = {"GET": _on_source("sources.pages")}
+
+    def get(self, request, space_id, source_id):
+        """Online-document pages by workspace, or a crawl's pages without content:
+        ``?cursor=&limit=`` (1–200, 50)."""
+        source = source_of(request, space_id, source_id)
+        return Response(
+            browse.list_pages(
+                source,
+                cursor=request.query_params.get("cursor"),
+                limit=request.query_params.get("limit"),
+            )
+        )
+
+
+class SourceFilesView(APIView):
+    operations = {"GET": _on_source("sources.files")}
+
+    def get(self, request, space_id, source_id):
+        """A drive listing: ``?bucket=&prefix=&max_keys=`` (1–1,000, 100)
+        ``&continuation_token=``."""
+        source = source_of(request, space_id, source_id)
+        params = request.query_params
+        return Response(
+            browse.list_files(
+                source,
+                bucket=params.get("bucket"),
+                prefix=params.get("prefix"),
+                max_keys=params.get("max_keys"),
+                continuation_token=params.get("continuation_token"),
+            )
+        )
+
+
+class SourceImportView(APIView):
+    operations = {"POST": _on_source("sources.import", WRITE_CALLERS)}
+
+    def post(self, request, space_id, source_id):
+        """Import 1–200 items ``{items: [...]}``; 202 with the queued run."""
+        source = source_of(request, space_id, source_id)
+        return _started(request, source, "import", lambda: runs.start_import(source, request.data))
+
+
+class SourceSyncView(APIView):
+    operations = {"POST": _on_source("sources.sync", WRITE_CALLERS)}
+
+    def post(self, request, space_id, source_id):
+        """Sync the source's items now; 202 with the queued run (409 while one is live)."""
+        source = source_of(request, space_id, source_id)
+        return _started(request, source, "sync", lambda: runs.start_sync(source))
+
+
+class SourceRunListView(APIView):
+    operations = {"GET": Operation("sources.runs.list", space_from())}
+
+    def get(self, request, space_id):
+        """The space's source runs, newest first; ``?source_id=`` filters."""
+        space = get_space(request.user, space_id)
+        source_id = request.query_params.get("source_id")
+        if source_id:
+            source_id = services.get_source(space, source_id).id
+        paginator = NewestFirstPagination()
+        page = paginator.paginate_queryset(
+            runs.runs_in(space, source_id=source_id), request, view=self
+        )
+        return paginator.get_paginated_response([run_body(r) for r in page])
+
+
+def _run_of(request, space_id, source_id, source_run_id) -> SourceRun:
+    return runs.get_run(source_of(request, space_id, source_id), source_run_id)
+
+
+class SourceRunDetailView(APIView):
+    operations = {"GET": _on_source("sources.runs.read")}
+
+    def get(self, request, space_id, source_id, source_run_id):
+        return Response(run_body(_run_of(request, space_id, source_id, source_run_id)))
+
+
+class SourceRunCancelView(APIView):
+    operations = {"POST": _on_source("sources.runs.cancel", WRITE_CALLERS)}
+
+    def post(self, request, space_id, source_id, source_run_id):
+        """Cancel a queued or running run; 200 with it (409 ``source_run_finished``)."""
+        run = _run_of(request, space_id, source_id, source_run_id)
+        return Response(run_body(runs.cancel_run(run)))
+
+
+class SourceRunRetryView(APIView):
+    operations = {"POST": _on_source("sources.runs.retry", WRITE_CALLERS)}
+
+    def post(self, request, space_id, source_id, source_run_id):
+        """Queue a failed or canceled run again (finished items kept); 202 with it."""
+        run = _run_of(request, space_id, source_id, source_run_id)
+        return Response(run_body(runs.retry_run(run)), status=status.HTTP_202_ACCEPTED)
