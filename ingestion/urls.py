@@ -13,6 +13,7 @@ from .api.sources import (
     SourceRunDetailView,
     SourceRunListView,
     SourceRunRetryView,
+    SourceSyncPolicyView,
     SourceSyncView,
     SourceTestView,
 )
@@ -134,6 +135,11 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/sources/<str:source_id>/runs/<str:source_run_id>/retry",
         SourceRunRetryView.as_view(),
         name="source-run-retry",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/sync-policy",
+        SourceSyncPolicyView.as_view(),
+        name="source-sync-policy",
     ),
     path(
         "knowledge-spaces/<str:space_id>/source-runs",

@@ -12,7 +12,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ingestion.sources import browse, runs, services
+from ingestion.sources import browse, policy, runs, services
 from ingestion.sources.models import Source, SourceRun
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
 from knowledgefs.idempotency import fingerprint, idempotent
@@ -225,3 +225,19 @@ class SourceRunRetryView(APIView):
         """Queue a failed or canceled run again (finished items kept); 202 with it."""
         run = _run_of(request, space_id, source_id, source_run_id)
         return Response(run_body(runs.retry_run(run)), status=status.HTTP_202_ACCEPTED)
+
+
+class SourceSyncPolicyView(APIView):
+    operations = {
+        "GET": _on_source("sources.sync_policy.read"),
+        "PUT": _on_source("sources.sync_policy.update", WRITE_CALLERS),
+    }
+
+    def get(self, request, space_id, source_id):
+        return Response(policy.policy_of(source_of(request, space_id, source_id)))
+
+    def put(self, request, space_id, source_id):
+        """``{mode manual|interval|custom, enabled, custom_interval_seconds?,
+        expected_revision}``; 200 with the policy (409 ``revision_conflict``)."""
+        source = source_of(request, space_id, source_id)
+        return Response(policy.put_policy(source, request.data))

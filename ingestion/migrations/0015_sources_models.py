@@ -5,12 +5,15 @@ import django.utils.timezone
 import uuid
 from django.db import migrations, models
 
+from knowledgefs.migration_ops import every_minute_schedule
+
 
 class Migration(migrations.Migration):
 
     dependencies = [
         ('ingestion', '0014_visual_projections'),
         ('spaces', '0006_space_chunking'),
+        ('django_q', '0019_alter_task_options_alter_ormq_key_alter_ormq_lock_and_more'),
     ]
 
     operations = [
@@ -145,5 +148,11 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='sourcerunitem',
             constraint=models.UniqueConstraint(fields=('run', 'item_digest'), name='source_run_item_unique'),
+        ),
+        every_minute_schedule(
+            "knowledgefs.sources.run_sweep", "ingestion.tasks.sweep_source_runs"
+        ),
+        every_minute_schedule(
+            "knowledgefs.sources.due_syncs", "ingestion.tasks.start_due_source_syncs"
         ),
     ]

@@ -11,11 +11,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from ingestion.models import CompilationJob, Document
 from ingestion.sources import dispatch, runner
 from ingestion.sources.materialize import process
-from ingestion.sources.models import SourceItem, SourceRun, SourceRunItem
+from ingestion.sources.models import Source, SourceItem, SourceRun, SourceRunItem
+from ingestion.tasks import start_due_source_syncs
 from knowledgefs.testing import dify_fixtures
 from knowledgefs.testing.dify_datasource import WORKSPACE, Item
 from knowledgefs.testing.dify_server import DATASOURCE, TEST_INNER_KEY
@@ -120,7 +122,16 @@ def test_import_then_sync_updates_exactly_what_changed(
     provider.item_calls.clear()
     jobs_before = CompilationJob.objects.count()
 
-    run = start(client, space, source_id, "sync", capture, key="sync-1")
+    # the scheduled sync: a policy due now, started by the schedule's task
+    policy_url = url(space, "sources", source_id, "sync-policy")
+    put = client.put(policy_url, {"mode": "custom", "enabled": True,
+                                  "custom_interval_seconds": 3600, "expected_revision": 1},
+                     format="json")  # fmt: skip
+    assert put.status_code == 200, put.content
+    Source.objects.filter(id=source_id).update(next_run_at=timezone.now())
+    with capture(execute=True):
+        assert start_due_source_syncs()["started"] == 1
+    run = {"id": str(SourceRun.objects.get(kind="sync", trigger="schedule").id)}
     assert deliver(run["id"]) == "completed"
     synced = run_of(client, space, source_id, run["id"])
     assert synced["state"] == "completed" and synced["progress_total"] == 4
