@@ -382,3 +382,31 @@ def test_drives_skip_downloads_by_checksum_and_websites_compare_content(
     assert deliver(run["id"]) == "completed"
     assert CompilationJob.objects.count() == jobs + 1
     assert SourceItem.objects.filter(source_id=site).count() == 1  # b was never selected
+
+
+def test_the_admin_cancels_and_retries_source_runs(
+    client, space, dify, admin_client, django_capture_on_commit_callbacks
+):
+    from django.urls import reverse
+
+    source_id = make_source(client, space)
+    run = start(client, space, source_id, "sync", django_capture_on_commit_callbacks)
+    changelist = reverse("admin:ingestion_sourcerun_changelist")
+    assert admin_client.get(changelist).status_code == 200
+    assert (
+        admin_client.get(reverse("admin:ingestion_source_change", args=[source_id])).status_code
+        == 200
+    )
+    response = admin_client.post(
+        changelist, {"action": "cancel_runs", "_selected_action": [run["id"]]}, follow=True
+    )
+    assert response.status_code == 200
+    assert SourceRun.objects.get(id=run["id"]).state == "canceled"
+    with django_capture_on_commit_callbacks(execute=True):
+        admin_client.post(changelist, {"action": "retry_runs", "_selected_action": [run["id"]]})
+    assert SourceRun.objects.get(id=run["id"]).state == "queued"
+    assert deliver(run["id"]) == "completed"
+    response = admin_client.post(
+        changelist, {"action": "cancel_runs", "_selected_action": [run["id"]]}, follow=True
+    )
+    assert "already ended" in response.content.decode()  # a refusal is reported, not a 500
