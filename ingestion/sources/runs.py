@@ -32,6 +32,7 @@ from .models import (
     SourceRun,
     SourceRunItem,
 )
+from .services import check_public_url
 
 MAX_ITEMS = 200
 
@@ -97,11 +98,8 @@ def check_items(source: Source, body) -> list[dict]:
                     code="invalid_items",
                     details={"field": f"{field}.{name}"},
                 )
-        if source.kind == SourceKind.WEBSITE and not item["source_url"].startswith(
-            ("http://", "https://")
-        ):
-            raise InvalidInput(f"{field}.source_url must be an http(s) URL", code="invalid_items",
-                               details={"field": f"{field}.source_url"})  # fmt: skip
+        if source.kind == SourceKind.WEBSITE:
+            check_public_url(item["source_url"], f"{field}.source_url")
         checked.append({k: v.strip() for k, v in item.items() if v is not None})
     return checked
 

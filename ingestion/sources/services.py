@@ -11,10 +11,12 @@ tenant (403: the credential belongs to another workspace or account) is 403
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
 import unicodedata
+from urllib.parse import urlsplit
 
 from django.db import transaction
 from django.db.models import QuerySet
@@ -105,8 +107,48 @@ def check_create(body) -> dict:
     }
 
 
+def _urls(value, path: str, depth: int = 0):
+    """Every string of ``value`` that looks like a URL, with where it is."""
+    if isinstance(value, str):
+        if "://" in value or value.lower().startswith(("localhost", "www.")):
+            yield path, value
+    elif isinstance(value, dict) and depth < 4:
+        for key, item in value.items():
+            yield from _urls(item, f"{path}.{key}", depth + 1)
+    elif isinstance(value, list) and depth < 4:
+        for n, item in enumerate(value):
+            yield from _urls(item, f"{path}[{n}]", depth + 1)
+
+
+def check_public_url(url: str, field: str) -> None:
+    """A crawl target must be a public http(s) URL: another scheme, ``localhost`` or an IP
+    literal that is private, loopback, link-local, reserved or multicast (cloud metadata at
+    169.254.169.254, a database on 127.0.0.1) is 400 ``source_target_refused`` (BC-48). Host
+    names are not resolved here: Dify's crawler fetches, under its own SSRF rules."""
+    parsed = urlsplit(url.strip())
+    host = (parsed.hostname or "").rstrip(".").lower()
+    refused = parsed.scheme not in ("http", "https") or not host
+    refused = refused or host == "localhost" or host.endswith((".localhost", ".internal"))
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if address is not None and not address.is_global:
+        refused = True
+    if refused:
+        raise InvalidInput(
+            f"{field}: a crawl target must be a public http(s) URL, not {parsed.scheme}://"
+            f"{host or '?'} (private, loopback, link-local and non-http targets are refused)",
+            code="source_target_refused",
+            details={"field": field},
+        )
+
+
 def create_source(space: KnowledgeSpace, body) -> Source:
     fields = check_create(body)
+    if fields["kind"] == SourceKind.WEBSITE:
+        for field, url in _urls(fields["parameters"], "parameters"):
+            check_public_url(url, field)
     return Source.objects.create(tenant_id=space.tenant_id, space=space, **fields)
 
 

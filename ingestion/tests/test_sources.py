@@ -110,3 +110,27 @@ def test_dify_unavailable_is_503_and_unconfigured_is_503(client, space, dify, se
     settings.DIFY_INNER_API_URL = ""
     response = client.post(sources_url(space, source_id, "test"))
     assert response.status_code == 503 and response.json()["code"] == "datasources_unavailable"
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://127.0.0.1:5432/",
+        "http://[::1]:8000/admin",
+        "file:///etc/passwd",
+        "http://10.0.0.5/",
+        "http://localhost:8080/",
+        "ftp://example.com/",
+    ],
+)
+def test_bc48_a_crawl_source_with_a_private_target_is_400(client, space, target):
+    website = body(kind="website", provider="langgenius/firecrawl/firecrawl", datasource="crawl",
+                   parameters={"url": target})  # fmt: skip
+    response = client.post(sources_url(space), website, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == "source_target_refused"
+    assert response.json()["details"]["field"] == "parameters.url"
+    assert not Source.objects.exists()
+    public = {**website, "parameters": {"url": "https://example.com/docs"}}
+    assert client.post(sources_url(space), public, format="json").status_code == 201
