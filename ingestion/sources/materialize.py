@@ -181,6 +181,9 @@ def _unchanged(run, task_id, run_item, item, payload, read: Read | None = None) 
     with transaction.atomic():
         mark(run, task_id, run_item, RunItemState.UNCHANGED, document_id=item.document_id)
         fields = _record(read, payload)
+        if item.state == ItemState.DISABLED:  # back at the provider: its document serves again
+            _set_enabled(item.document_id, True)
+            fields.update(state=ItemState.ACTIVE, disabled_at=None)
         if fields:
             SourceItem.objects.filter(id=item.id).update(**fields)
     return RunItemState.UNCHANGED
@@ -196,18 +199,22 @@ def _fail(run, task_id, run_item, code: str, message: str) -> str:
 def _disable(run, task_id, run_item, item: SourceItem) -> str:
     with transaction.atomic():
         mark(run, task_id, run_item, RunItemState.DISABLED, document_id=item.document_id)
-        if item.document_id:
-            version = (
-                Document.objects.filter(id=item.document_id)
-                .values_list("row_version", flat=True)
-                .first()
-            )
-            if version is not None:
-                availability.set_document_availability(item.document_id, False, version)
+        _set_enabled(item.document_id, False)
         SourceItem.objects.filter(id=item.id).update(
             state=ItemState.DISABLED, disabled_at=timezone.now()
         )
     return RunItemState.DISABLED
+
+
+def _set_enabled(document_id, enabled: bool) -> None:
+    """Turn the item's document on or off (its availability, compare-and-set on the version
+    read in this transaction)."""
+    if not document_id:
+        return
+    version = Document.objects.filter(id=document_id).values_list("row_version", flat=True)
+    version = version.first()
+    if version is not None:
+        availability.set_document_availability(document_id, enabled, version)
 
 
 def _admit(run, task_id, run_item, item: SourceItem | None, read: Read, sha256: str) -> str:
@@ -231,8 +238,8 @@ def _admit(run, task_id, run_item, item: SourceItem | None, read: Read, sha256: 
             )  # fmt: skip
         else:
             SourceItem.objects.filter(id=item.id).update(**fields)
-        if item is not None and item.state == ItemState.DISABLED and not document.enabled:
-            availability.set_document_availability(document.id, True, document.row_version)
+        if item is not None and item.state == ItemState.DISABLED:
+            _set_enabled(document.id, True)
 
     try:
         if state == RunItemState.UPDATED:

@@ -26,8 +26,17 @@ from knowledgefs.errors import ServiceError
 from . import dispatch
 from .browse import provider_listing
 from .materialize import RunFailure, process
-from .models import Checkpoint, RunItemState, RunKind, RunState, Source, SourceKind, SourceRunItem
-from .runs import active_items
+from .models import (
+    Checkpoint,
+    ItemState,
+    RunItemState,
+    RunKind,
+    RunState,
+    Source,
+    SourceKind,
+    SourceRunItem,
+)
+from .runs import staged_items
 from .services import call_args, client
 
 logger = logging.getLogger("knowledgefs.sources")
@@ -81,8 +90,10 @@ def _stage(run, task_id: str, datasources) -> None:
             raise dispatch.ClaimLost(str(run.id))
         if run.kind == RunKind.SYNC:
             rows = []
-            for item in active_items(source):
+            for item in staged_items(source):
                 found = listing.get(item.provider_item_id)
+                if found is None and item.state != ItemState.ACTIVE:
+                    continue  # gone already: the retention removes it
                 payload = {**item.detail, **(found or {}), "gone": found is None}
                 rows.append(
                     SourceRunItem(

@@ -218,5 +218,9 @@ def retry_run(run: SourceRun) -> SourceRun:
     return run
 
 
-def active_items(source: Source):
-    return source.items.filter(state=ItemState.ACTIVE).order_by("created_at", "id")
+def staged_items(source: Source):
+    """The items a sync compares: active ones, and disabled ones not yet removed (one that
+    comes back at the provider is enabled again)."""
+    return source.items.filter(state__in=(ItemState.ACTIVE, ItemState.DISABLED)).order_by(
+        "created_at", "id"
+    )

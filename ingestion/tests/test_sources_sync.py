@@ -410,3 +410,25 @@ def test_the_admin_cancels_and_retries_source_runs(
         changelist, {"action": "cancel_runs", "_selected_action": [run["id"]]}, follow=True
     )
     assert "already ended" in response.content.decode()  # a refusal is reported, not a 500
+
+
+def test_a_page_back_at_the_provider_is_enabled_again_not_duplicated(
+    client, space, dify, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    source_id = make_source(client, space)
+    import_selected(client, space, source_id, capture)
+    parking = dify.provider.pages.pop("p-parking")
+    run = start(client, space, source_id, "sync", capture)
+    assert deliver(run["id"]) == "completed"
+    item = SourceItem.objects.get(name__startswith="Parking")
+    assert item.state == "disabled" and not Document.objects.get(id=item.document_id).enabled
+    dify.provider.pages["p-parking"] = parking  # restored in the workspace, unchanged
+    run = start(client, space, source_id, "sync", capture)
+    assert deliver(run["id"]) == "completed"
+    item.refresh_from_db()
+    assert item.state == "active" and item.disabled_at is None
+    assert Document.objects.get(id=item.document_id).enabled
+    assert Document.objects.filter(space=space).count() == 4
+    hit = retrieve(space, "garage level two", top_k=1, score_threshold=None).items[0]
+    assert "garage" in hit.text
