@@ -93,7 +93,9 @@ def import_selected(client, space, source_id, capture) -> dict:
     chosen = [p for p in pages if p["page_id"] != "p-secret"]
     items = [{"page_id": p["page_id"], "workspace_id": WORKSPACE, "name": p["name"]}
              for p in chosen]  # fmt: skip
-    run = start(client, space, source_id, "imports", capture, {"items": items}, key="import-1")
+    run = start(
+        client, space, source_id, "imports", capture, {"items": items}, key=f"import-{source_id}"
+    )
     assert run["state"] == "queued" and run["progress_total"] == 4
     assert deliver(run["id"]) == "completed"
     with capture(execute=True):
@@ -432,3 +434,25 @@ def test_a_page_back_at_the_provider_is_enabled_again_not_duplicated(
     assert Document.objects.filter(space=space).count() == 4
     hit = retrieve(space, "garage level two", top_k=1, score_threshold=None).items[0]
     assert "garage" in hit.text
+
+
+def test_deleting_a_source_keeps_or_deletes_its_documents_never_while_it_runs(
+    client, space, dify, django_capture_on_commit_callbacks
+):
+    capture = django_capture_on_commit_callbacks
+    kept_id = make_source(client, space)
+    import_selected(client, space, kept_id, capture)
+    run = start(client, space, kept_id, "sync", capture)
+    busy = client.delete(url(space, "sources", kept_id))
+    assert busy.status_code == 409 and busy.json()["code"] == "source_run_active"
+    assert deliver(run["id"]) == "completed"
+    assert client.delete(url(space, "sources", kept_id)).status_code == 204
+    assert Document.objects.filter(space=space).count() == 4  # documents=keep
+    assert not SourceItem.objects.exists() and not SourceRun.objects.exists()
+    Document.objects.all().delete()
+    gone_id = make_source(client, space)
+    import_selected(client, space, gone_id, capture)
+    bad = client.delete(url(space, "sources", gone_id) + "?documents=all")
+    assert bad.status_code == 400 and bad.json()["details"]["field"] == "documents"
+    assert client.delete(url(space, "sources", gone_id) + "?documents=cascade").status_code == 204
+    assert not Document.objects.filter(space=space).exists()
