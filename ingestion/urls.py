@@ -4,6 +4,7 @@
 from django.urls import path
 
 from .api.sources import (
+    SourceBulkView,
     SourceDetailView,
     SourceFilesView,
     SourceImportView,
@@ -90,6 +91,11 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/sources",
         SourceListView.as_view(),
         name="source-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/bulk",
+        SourceBulkView.as_view(),
+        name="source-bulk",
     ),
     path(
         "knowledge-spaces/<str:space_id>/sources/<str:source_id>",

@@ -12,7 +12,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ingestion.sources import browse, policy, runs, services
+from ingestion.sources import browse, bulk, policy, runs, services
 from ingestion.sources.models import Source, SourceRun
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
 from knowledgefs.idempotency import fingerprint, idempotent
@@ -241,3 +241,12 @@ class SourceSyncPolicyView(APIView):
         expected_revision}``; 200 with the policy (409 ``revision_conflict``)."""
         source = source_of(request, space_id, source_id)
         return Response(policy.put_policy(source, request.data))
+
+
+class SourceBulkView(APIView):
+    operations = {"POST": Operation("sources.bulk", space_from(), WRITE_CALLERS)}
+
+    def post(self, request, space_id):
+        """``{action sync|disable|remove, source_ids[1-200]}``: one outcome per source."""
+        space = get_space(request.user, space_id)
+        return Response(bulk.apply(space, request.data))

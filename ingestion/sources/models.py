@@ -154,7 +154,7 @@ class SourceRun(models.Model):
     space = models.ForeignKey(KnowledgeSpace, on_delete=models.CASCADE, related_name="+")
     source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="runs")
     kind = models.CharField(max_length=16, choices=RunKind.choices)
-    trigger = models.CharField(max_length=16, default="api")  # api | schedule | admin
+    trigger = models.CharField(max_length=16, default="api")  # api | schedule | bulk
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
     checkpoint = models.CharField(
         max_length=32, choices=Checkpoint.choices, default=Checkpoint.QUEUED

@@ -156,3 +156,16 @@ def register() -> None:
                        409: error("`revision_conflict`.")},
         ),
     )  # fmt: skip
+    annotate(
+        p + "SourceBulkView",
+        post=extend_schema(
+            summary="One action over up to 200 sources",
+            request=body("The action and the sources.", {"action": {"type": "string",
+                         "enum": ["sync", "disable", "remove"]},
+                         "source_ids": {"type": "array", "items": STRING}},
+                         ("action", "source_ids")),
+            responses={200: _shape("`{action, results: [{source_id, ok, run_id?, code?, "
+                                   "message?}]}`."),
+                       400: error("`invalid_request`, `too_many_items`.")},
+        ),
+    )  # fmt: skip
