@@ -21,6 +21,10 @@ from .compilation import operations
 from .documents import purge_documents
 from .models import CompilationJob, Document, KnowledgeNode, ParseArtifact, RunState
 
+# The source and source-run admins register themselves (ingestion/sources/admin.py).
+from .sources.admin import SourceAdmin as SourceAdmin
+from .sources.admin import SourceRunAdmin as SourceRunAdmin
+
 
 @admin.register(Document)
 class DocumentAdmin(admin.ModelAdmin):

@@ -23,6 +23,11 @@ class IngestionConfig(AppConfig):
         )
         # The compilation recovery sweep's django-q2 schedule (kfs schedules).
         schedules.register(dispatch.RECOVERY)
+        # Source runs: their recovery sweep, and the due syncs of sync policies.
+        from .sources import dispatch as source_runs
+
+        schedules.register(source_runs.SWEEP)
+        schedules.register(source_runs.DUE)
         # The daily report of unreferenced stored objects: a dry run, it never deletes
         # (`kfs storage sweep --apply` does; docs/operations.md, "Unreferenced objects").
         schedules.register(

@@ -7,6 +7,11 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+# Sources (Dify datasources) live in their own module; imported here so Django registers them.
+from ingestion.sources.models import Source as Source
+from ingestion.sources.models import SourceItem as SourceItem
+from ingestion.sources.models import SourceRun as SourceRun
+from ingestion.sources.models import SourceRunItem as SourceRunItem
 from knowledgefs.db import SpaceScopedQuerySet
 from spaces.models import KnowledgeSpace
 

@@ -23,3 +23,25 @@ def recover_jobs() -> dict[str, int]:
 def report_unreferenced_objects() -> dict[str, int]:
     """The daily storage report (a dry run of ``kfs storage sweep``: counts, never deletes)."""
     return storage_sweep.report_unreferenced()
+
+
+def run_source(run_pk: str, delivery: str) -> str:
+    """Run a source import or sync if ``delivery`` still claims it (ingestion.sources.runner)."""
+    from ingestion.sources import runner
+
+    return runner.run_delivery(run_pk, delivery)
+
+
+def sweep_source_runs() -> dict[str, int]:
+    """The recovery sweep of source runs (every minute: ``ingestion.sources.dispatch.SWEEP``)."""
+    from ingestion.sources import dispatch
+
+    return dispatch.sweep().as_dict()
+
+
+def start_due_source_syncs() -> dict[str, int]:
+    """Start the syncs whose policy is due and remove documents of items gone past the retention
+    (every minute: ``ingestion.sources.dispatch.DUE``)."""
+    from ingestion.sources import policy
+
+    return policy.start_due()

@@ -3,6 +3,21 @@
 
 from django.urls import path
 
+from .api.sources import (
+    SourceBulkView,
+    SourceDetailView,
+    SourceFilesView,
+    SourceImportView,
+    SourceListView,
+    SourcePagesView,
+    SourceRunCancelView,
+    SourceRunDetailView,
+    SourceRunListView,
+    SourceRunRetryView,
+    SourceSyncPolicyView,
+    SourceSyncView,
+    SourceTestView,
+)
 from .api.upload_sessions import (
     UploadSessionAbortView,
     UploadSessionCompleteView,
@@ -71,6 +86,71 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/documents/<str:document_id>/assets/<str:asset_id>",
         DocumentAssetView.as_view(),
         name="document-asset",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources",
+        SourceListView.as_view(),
+        name="source-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/bulk",
+        SourceBulkView.as_view(),
+        name="source-bulk",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>",
+        SourceDetailView.as_view(),
+        name="source-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/test",
+        SourceTestView.as_view(),
+        name="source-test",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/pages",
+        SourcePagesView.as_view(),
+        name="source-pages",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/files",
+        SourceFilesView.as_view(),
+        name="source-files",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/imports",
+        SourceImportView.as_view(),
+        name="source-imports",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/sync",
+        SourceSyncView.as_view(),
+        name="source-sync",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/runs/<str:source_run_id>",
+        SourceRunDetailView.as_view(),
+        name="source-run-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/runs/<str:source_run_id>/cancel",
+        SourceRunCancelView.as_view(),
+        name="source-run-cancel",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/runs/<str:source_run_id>/retry",
+        SourceRunRetryView.as_view(),
+        name="source-run-retry",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/sync-policy",
+        SourceSyncPolicyView.as_view(),
+        name="source-sync-policy",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/source-runs",
+        SourceRunListView.as_view(),
+        name="source-run-list",
     ),
     path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),

@@ -46,7 +46,7 @@ _CREDENTIAL_NAMES = re.compile(
 )
 
 
-def _refuse_credentials(value: Any, name: str, depth: int = 0) -> None:
+def refuse_credentials(value: Any, name: str, depth: int = 0) -> None:
     """Parameters go to the plugin as they are; a credential must never ride along in them."""
     if isinstance(value, Mapping):
         for key, item in value.items():
@@ -56,10 +56,10 @@ def _refuse_credentials(value: Any, name: str, depth: int = 0) -> None:
                     "credential_id names them"
                 )
             if depth < 4:
-                _refuse_credentials(item, name, depth + 1)
+                refuse_credentials(item, name, depth + 1)
     elif isinstance(value, list | tuple) and depth < 4:
         for item in value:
-            _refuse_credentials(item, name, depth + 1)
+            refuse_credentials(item, name, depth + 1)
 
 
 class DifyDatasources:
@@ -160,6 +160,88 @@ class DifyDatasources:
             f"browse serves online_drive and online_document, not {datasource_type!r}"
         )
 
+    def page_content(
+        self,
+        credential_id: str,
+        *,
+        tenant_id: str,
+        provider: str,
+        datasource: str,
+        workspace_id: str,
+        page_id: str,
+        page_type: str = "page",
+    ) -> dict[str, Any]:
+        """``get_online_document_page_content`` of one page: the last frame's ``result``
+        (``{"workspace_id", "page_id", "content", …}``)."""
+        frames = self._invoke(
+            credential_id,
+            tenant_id,
+            provider,
+            datasource,
+            "online_document",
+            "get_online_document_page_content",
+            page={
+                "page_id": _text(page_id, "page_id", 1024),
+                "type": _text(page_type, "type", 64),
+                "workspace_id": _text(workspace_id, "workspace_id", 1024),
+            },
+        )
+        return _last_result(frames, "get_online_document_page_content")
+
+    def download(
+        self,
+        credential_id: str,
+        *,
+        tenant_id: str,
+        provider: str,
+        datasource: str,
+        file_id: str,
+        bucket: str | None = None,
+    ) -> dict[str, Any]:
+        """``online_drive_download_file``: the last frame's ``result`` (``{"file_name",
+        "mime_type", "content_base64"}``), bounded by ``max_response_bytes`` like any answer."""
+        request: dict[str, Any] = {"id": _text(file_id, "id", 1024)}
+        if bucket:
+            request["bucket"] = bucket
+        frames = self._invoke(
+            credential_id,
+            tenant_id,
+            provider,
+            datasource,
+            "online_drive",
+            "online_drive_download_file",
+            request=request,
+        )
+        return _last_result(frames, "online_drive_download_file")
+
+    def crawl(
+        self,
+        credential_id: str,
+        *,
+        tenant_id: str,
+        provider: str,
+        datasource: str,
+        datasource_parameters: Mapping[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """``get_website_crawl``: the pages of the last frame (``{"result": {"status",
+        "web_info_list": [{"source_url", "title", "content", …}]}}``)."""
+        frames = self._invoke(
+            credential_id,
+            tenant_id,
+            provider,
+            datasource,
+            "website_crawl",
+            "get_website_crawl",
+            datasource_parameters=dict(datasource_parameters or {}),
+        )
+        result = _last_result(frames, "get_website_crawl")
+        pages = result.get("web_info_list")
+        if not isinstance(pages, list) or not all(isinstance(p, dict) for p in pages):
+            raise DatasourceError.of(
+                "invalid", f"{DATASOURCE}: get_website_crawl answered no web_info_list"
+            )
+        return pages
+
     def _invoke(
         self,
         credential_id: str,
@@ -179,7 +261,7 @@ class DifyDatasources:
             raise _input_error(f"datasource_type must be one of {DATASOURCE_TYPES}")
         provider = canonical_provider(provider, DatasourceError)
         for name in ("request", "datasource_parameters"):
-            _refuse_credentials(fields.get(name), name)
+            refuse_credentials(fields.get(name), name)
         payload = {
             "tenant_id": _text(tenant_id, "tenant_id", 512),
             "user_id": self.user_id,
@@ -211,3 +293,12 @@ class DifyDatasources:
                 )
             frames.append(data)
         return frames
+
+
+def _last_result(frames: list[dict[str, Any]], operation: str) -> dict[str, Any]:
+    results = [frame.get("result") for frame in frames]
+    if not results or not isinstance(results[-1], dict):
+        raise DatasourceError.of(
+            "invalid", f"{DATASOURCE}: {operation} did not answer a result object"
+        )
+    return results[-1]

@@ -12,8 +12,19 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from . import documents, fs, internal, quality, research_tasks, retrieval, spaces, upgrades
+    from . import (
+        documents,
+        fs,
+        internal,
+        quality,
+        research_tasks,
+        retrieval,
+        sources,
+        spaces,
+        upgrades,
+    )
 
-    for family in (spaces, documents, retrieval, fs, research_tasks, quality, internal, upgrades):
+    families = (spaces, documents, sources, retrieval, fs, research_tasks, quality, internal)
+    for family in (*families, upgrades):
         family.register()
     _registered = True

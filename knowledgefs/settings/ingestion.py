@@ -245,3 +245,26 @@ KNOWLEDGE_PARSER_TIMEOUT_SECONDS = bounded_int(
     "KNOWLEDGE_PARSER_TIMEOUT_SECONDS", max(5, min(300, Q_CLUSTER["timeout"] // 2)), 5, 3600
 )
 KNOWLEDGE_PARSER_MAX_MEMORY_MB = bounded_int("KNOWLEDGE_PARSER_MAX_MEMORY_MB", 2048, 256, 65536)
+
+# --- Datasource sources (ingestion.sources; docs/datasources.md) ------------------------------
+# Source runs (imports, syncs) on the jobs kernel: a claim never delivered is dispatched again
+# after the grace; a running run whose delivery wrote nothing for the stale time (its worker died)
+# is put back to queued (finished items kept) and failed attempts_exhausted after the attempts.
+# A retryable Dify failure (429/5xx, timeout) puts the run back with a back-off that doubles from
+# the base up to the cap. Items gone at the provider are disabled, then their documents removed
+# after the retention. The schedule starts at most the batch of due syncs per minute.
+KNOWLEDGE_SOURCE_RUN_DISPATCH_GRACE_SECONDS = bounded_int(
+    "KNOWLEDGE_SOURCE_RUN_DISPATCH_GRACE_SECONDS", 120, 5, 3600
+)
+KNOWLEDGE_SOURCE_RUN_STALE_SECONDS = bounded_int(
+    "KNOWLEDGE_SOURCE_RUN_STALE_SECONDS", 600, 5, 86400
+)
+KNOWLEDGE_SOURCE_RUN_MAX_ATTEMPTS = bounded_int("KNOWLEDGE_SOURCE_RUN_MAX_ATTEMPTS", 6, 1, 50)
+KNOWLEDGE_SOURCE_RETRY_BASE_SECONDS = bounded_int(
+    "KNOWLEDGE_SOURCE_RETRY_BASE_SECONDS", 30, 0, 3600
+)
+KNOWLEDGE_SOURCE_RETRY_MAX_SECONDS = bounded_int(
+    "KNOWLEDGE_SOURCE_RETRY_MAX_SECONDS", 1800, 0, 86400
+)
+KNOWLEDGE_SOURCE_RETENTION_DAYS = bounded_int("KNOWLEDGE_SOURCE_RETENTION_DAYS", 30, 0, 3650)
+KNOWLEDGE_SOURCE_SCHEDULE_BATCH = bounded_int("KNOWLEDGE_SOURCE_SCHEDULE_BATCH", 100, 1, 1000)

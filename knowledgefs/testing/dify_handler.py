@@ -420,7 +420,14 @@ class _Handler(BaseHTTPRequestHandler):
             "page",
         }:
             return self._json(400, {"code": "invalid_request", "message": "unknown field"})
-        if credential not in self.dify.credentials:
+        if self.dify.provider.serves(credential):
+            status, answers = self.dify.provider.answer(body)
+            if status != 200:
+                return self._json(status, answers[0])
+            frames = [
+                envelope_frame(*a) if isinstance(a, list) else envelope_frame(a) for a in answers
+            ]
+        elif credential not in self.dify.credentials:
             frames = [envelope_frame(None, f"credential {credential} not found")]
         elif body["operation"] == "validate_credentials":
             frames = [envelope_frame({"result": self.dify.credentials[credential]})]

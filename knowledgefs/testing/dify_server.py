@@ -23,7 +23,9 @@ request must carry ``X-Inner-Api-Key`` (401 otherwise).
 - ``…/model-catalog``: a fixed catalog, paged by ``limit``/``offset``;
 - ``/inner/api/knowledge-fs/storage/…``: objects in memory, SHA-256 checked (422), size-limited
   (413), listed in key order with a cursor;
-- ``/inner/api/invoke/datasource``: fake connections by credential id;
+- ``/inner/api/invoke/datasource``: fake connections by credential id, and the fake provider
+  (:class:`~knowledgefs.testing.dify_datasource.FakeProvider`, :attr:`DifyTestServer.provider`)
+  with every datasource operation, a 403 for another tenant's credential and oversized items;
 - ``/inner/api/knowledge-fs/vectors`` and ``…/texts``: the vector and text bridge in memory
   (:class:`BridgeStore`, :attr:`DifyTestServer.bridge`), enforcing the route's limits with 400,
   cosine or BM25 (SQLite FTS5) search restricted to the authorized ids, a quota (413) and an
@@ -78,6 +80,7 @@ from .dify_contract import (  # noqa: F401
     overlap_score,
     wait_until,
 )
+from .dify_datasource import FakeProvider
 from .dify_handler import _Handler
 from .dify_images import ImageRefusal, decode_documents, image_vector
 
@@ -102,6 +105,8 @@ class DifyTestServer(LoopbackServerMixin):
         self.max_object_bytes = max_object_bytes
         self.storage_healthy = True
         self.credentials = {"cred-drive-ok": True, "cred-notion-ok": True, "cred-expired": False}
+        # The fake datasource provider (pages, files, sites a test changes between syncs).
+        self.provider = FakeProvider()
         self.objects: dict[str, StoredObject] = {}
         self.bridge = BridgeStore()
         self.requests: list[Recorded] = []

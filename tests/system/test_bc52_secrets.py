@@ -238,3 +238,63 @@ def test_bc52_kfs_api_keys_and_jwts_never_appear_in_refusals_or_logs(
     seen.append(everything_logged(caplog))
     secret_part = api_key.split("_", 1)[1]
     assert_clean("\n".join(seen), api_key, wrong, secret_part, expired)
+
+
+def test_bc52_sources_never_hold_or_log_credentials(
+    dify, client, space, tenant, admin_client, caplog, django_capture_on_commit_callbacks
+):
+    """Datasource sources: a credential in a request is refused without being echoed; Dify
+    refusing or echoing the inner key on the datasource route leaves it in no response, run,
+    item, admin page or log line."""
+    from ingestion.sources import runner
+    from ingestion.sources.models import Source, SourceRun, SourceRunItem
+    from knowledgefs.testing.dify_contract import DATASOURCE
+
+    caplog.set_level(logging.DEBUG)
+    dify.provider.credentials = {"cred-kfs": tenant}
+    base = f"/v1/knowledge-spaces/{space.id}/sources"
+    source = {
+        "name": "Wiki",
+        "kind": "online_document",
+        "datasource": "notion",
+        "provider": "langgenius/notion_datasource/notion",
+        "credential_id": "cred-kfs",
+    }
+    seen: list[str] = []
+    for bad in (
+        {**source, "parameters": {"api_key": CANARY}},
+        {**source, "parameters": {"auth": [{"password": CANARY}]}},
+        {**source, "client_secret": CANARY},
+        {**source, "credential_id": CANARY + " x"},
+    ):
+        refused = client.post(base, bad, format="json")
+        assert refused.status_code == 400, refused.content
+        seen.append(refused.content.decode())
+    assert not Source.objects.exists()
+    created = client.post(base, source, format="json")
+    assert created.status_code == 201
+    seen.append(created.content.decode())
+    source_id = created.json()["id"]
+    for kind, status in (("status", 403), ("echo", 403), ("echo", 200)):
+        dify.add_fault(kind, route=DATASOURCE, status=status, times=None)
+        tested = client.post(f"{base}/{source_id}/test")
+        assert tested.status_code in (200, 403, 502), tested.content  # never a 500
+        seen.append(tested.content.decode())
+        with django_capture_on_commit_callbacks(execute=True):
+            started = client.post(f"{base}/{source_id}/sync")
+        assert started.status_code == 202, started.content
+        run = SourceRun.objects.get(id=started.json()["id"])
+        assert runner.run_delivery(str(run.id), run.task_id) == "failed"
+        dify.clear_faults()
+        run.refresh_from_db()
+        assert run.error_code, run.error_message
+        seen.append(client.get(f"{base}/{source_id}/runs/{run.id}").content.decode())
+        seen.append(repr({f.name: getattr(run, f.name) for f in run._meta.fields}))
+        for name, pk in (("admin:ingestion_sourcerun_change", run.pk),
+                         ("admin:ingestion_source_change", source_id)):  # fmt: skip
+            page = admin_client.get(reverse(name, args=[pk]))
+            assert page.status_code == 200
+            seen.append(page.content.decode())
+    seen += [repr(list(SourceRunItem.objects.values())), repr(list(Source.objects.values()))]
+    seen.append(everything_logged(caplog))
+    assert_clean("\n".join(seen))

@@ -106,6 +106,7 @@ def foreign(db, settings):
         Declared("b.md", "text/markdown", 14, "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="),
     )
     trace, failed, bad, run = _quality_rows(b_space)
+    source, source_run = _source_rows(b_space)
     own = create_space(Principal(tenant_id="tenant-a"), name="A own")
     other_own = create_space(Principal(tenant_id="tenant-a"), name="A other")
     return {
@@ -119,9 +120,26 @@ def foreign(db, settings):
         "failed_query_id": str(failed.id),
         "bad_case_id": str(bad.id),
         "run_id": str(run.id),
+        "source_id": str(source.id),
+        "source_run_id": str(source_run.id),
         "own": own,
         "other_own": other_own,
     }
+
+
+def _source_rows(b_space):
+    """Tenant B's datasource source and one run of it."""
+    from ingestion.sources.models import Source, SourceRun
+
+    source = Source.objects.create(
+        tenant_id="tenant-b", space=b_space, name="B wiki", kind="online_document",
+        provider="langgenius/notion_datasource/notion", datasource="notion",
+        credential_id="cred-b",
+    )  # fmt: skip
+    run = SourceRun.objects.create(
+        tenant_id="tenant-b", space=b_space, source=source, kind="sync", state="failed"
+    )
+    return source, run
 
 
 def _quality_rows(b_space):
@@ -211,6 +229,8 @@ def test_foreign_ids_are_404_on_every_route_for_every_kind_of_caller(foreign):
                 "failed_query_id",
                 "bad_case_id",
                 "run_id",
+                "source_id",
+                "source_run_id",
             )
             if f"<str:{p}>" in template
         ]
