@@ -11,7 +11,7 @@ from knowledgefs.migration_ops import every_minute_schedule
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ingestion', '0014_visual_projections'),
+        ('ingestion', '0015_image_understanding'),
         ('spaces', '0006_space_chunking'),
         ('django_q', '0019_alter_task_options_alter_ormq_key_alter_ormq_lock_and_more'),
     ]
