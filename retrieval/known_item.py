@@ -43,6 +43,7 @@ from .sentences import split_sentences
 
 SAMPLE = 300
 SEED = 20
+MISSES_SHOWN = 20  # the first targets not ranked first, named in the report (rank or None)
 MIN_WORDS, MAX_WORDS = 6, 40
 _IDENTIFIER = re.compile(
     r"(?<!\w)(?=[\w./-]*\d)(?=[\w./-]*[A-Za-z])[A-Za-z0-9][\w./-]{3,}(?<![./-])"
@@ -96,14 +97,17 @@ def build_targets(space: KnowledgeSpace, sample: int = SAMPLE, seed: int = SEED)
         space.nodes.filter(
             document__state=DocumentState.PUBLISHED,
             generation=models_active_generation(),
-        ).values_list("document_id", "text")
+        )
+        .order_by("document__filename", "document_id", "chunk_index")
+        .values_list("document_id", "text")
     )
     by_document: dict[uuid.UUID, list[str]] = {}
     for document_id, text in rows:
         by_document.setdefault(document_id, []).append(text)
     texts = {d: _norm("\n".join(chunks)) for d, chunks in by_document.items()}
     rng = random.Random(seed)
-    order = sorted(by_document, key=str)
+    # Documents in filename order (ids are random): the same corpus draws the same targets.
+    order = list(by_document)
     rng.shuffle(order)
     targets: list[dict] = []
     used: set[str] = set()
@@ -161,6 +165,7 @@ def evaluate_known_item(
         raise InvalidInput(f"{dataset_dir} is not a folder", code="dataset_incomplete")
     targets = build_targets(space, sample)
     hits, reciprocal, latencies = [], [], []
+    misses: list[dict] = []  # the targets not ranked first (at most MISSES_SHOWN)
     kinds: dict[str, list[int]] = {}
     degraded = 0  # queries whose local rerank passed its deadline (the fused order was served)
     for n, target in enumerate(targets, 1):
@@ -174,6 +179,8 @@ def evaluate_known_item(
         first = cited.index(target["document_id"]) + 1 if target["document_id"] in cited else 0
         hit = int(first == 1)
         hits.append(hit)
+        if not hit and len(misses) < MISSES_SHOWN:
+            misses.append({"query": target["query"], "kind": target["kind"], "rank": first or None})
         kinds.setdefault(target["kind"], []).append(hit)
         reciprocal.append(1 / first if first else 0.0)
         if on_progress and n % 25 == 0:
@@ -190,6 +197,7 @@ def evaluate_known_item(
         "mrr@10": round(statistics.fmean(reciprocal), 4) if reciprocal else 0.0,
         "success@1_by_kind": {k: round(statistics.fmean(v), 4) for k, v in sorted(kinds.items())},
         "rerank_degraded": degraded,
+        "misses": misses,
         "query_p50_ms": round(percentile(latencies, 50), 2),
         "query_p95_ms": round(percentile(latencies, 95), 2),
         "space": space.slug,
