@@ -53,11 +53,19 @@ ENV XDG_RUNTIME_DIR=/run/knowledgefs
 WORKDIR /app
 
 # --- build stages: the venvs, made where pip and Debian's venv module may be -------------------
-FROM base AS venv
+# From the bare base, so that BuildKit builds them while the base stage installs its packages;
+# the same `python3` as there (the venv links to it), so the venv runs in the final stages.
+FROM ${BASE_IMAGE} AS venv
+ENV LANG=C.UTF-8 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 \
+        python3-venv ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
+WORKDIR /app
 COPY pyproject.toml README.md ./
 
 FROM venv AS api-venv
