@@ -239,7 +239,10 @@ clean:
 # recipe runs, so after `make docker` installed it.
 DOCKER     ?= $(shell [ -x /usr/bin/docker ] && echo /usr/bin/docker || echo docker)
 IMAGE      ?= knowledge-fs:latest
-BASE_IMAGE ?= kfs-base:bookworm
+# The debootstrap base `make base-image` makes; BASE_IMAGE=python:3.11-slim (a registry) or any
+# other Debian image with Python 3.11 builds on that instead, without making the debootstrap one.
+KFS_BASE   := kfs-base:bookworm
+BASE_IMAGE ?= $(KFS_BASE)
 # The CA bundle pip trusts inside the build (a BuildKit secret, never stored in a layer): this
 # machine's, so that a TLS-intercepting proxy works as it does for the host's pip.
 IMAGE_CA_BUNDLE ?= $(or $(PIP_CERT),/etc/ssl/certs/ca-certificates.crt)
@@ -251,12 +254,12 @@ docker:
 	DOCKER=$(DOCKER) bash scripts/docker_daemon.sh
 
 # The base without a registry: debootstrap --variant=minbase bookworm, `docker import`ed as
-# $(BASE_IMAGE) (kept when it exists; KFS_REBUILD_BASE=1 rebuilds it).
+# $(KFS_BASE) (kept when it exists; KFS_REBUILD_BASE=1 rebuilds it).
 base-image: docker
-	DOCKER=$(DOCKER) KFS_BASE_IMAGE=$(BASE_IMAGE) bash scripts/base_image.sh
+	DOCKER=$(DOCKER) KFS_BASE_IMAGE=$(KFS_BASE) bash scripts/base_image.sh
 
 # The api target of the Dockerfile on that base; code changes rebuild only the COPY layers.
-image: base-image
+image: $(if $(filter $(KFS_BASE),$(BASE_IMAGE)),base-image,docker)
 	DOCKER_BUILDKIT=1 $(DOCKER) build --network host --target api \
 		--build-arg BASE_IMAGE=$(BASE_IMAGE) \
 		$(if $(wildcard $(IMAGE_CA_BUNDLE)),--secret id=pip_cert$(comma)src=$(IMAGE_CA_BUNDLE)) \
