@@ -231,3 +231,42 @@ bench-fast-cost: install
 
 clean:
 	rm -rf var/test-* var/pg-test* var/mariadb-test-* var/eval-gate var/load-*
+
+# --- the image, built offline, and its smoke test (docs/production-deployment.md, "Building the
+# image offline"). Debian's Docker engine runs without a container bridge: every build and
+# container uses --network host. `make docker base-image image image-smoke` from a fresh machine.
+# Debian's docker client (20.10, BuildKit built in) unless DOCKER names another; read when a
+# recipe runs, so after `make docker` installed it.
+DOCKER     ?= $(shell [ -x /usr/bin/docker ] && echo /usr/bin/docker || echo docker)
+IMAGE      ?= knowledge-fs:latest
+# The debootstrap base `make base-image` makes; BASE_IMAGE=python:3.11-slim (a registry) or any
+# other Debian image with Python 3.11 builds on that instead, without making the debootstrap one.
+KFS_BASE   := kfs-base:bookworm
+BASE_IMAGE ?= $(KFS_BASE)
+# The CA bundle pip trusts inside the build (a BuildKit secret, never stored in a layer): this
+# machine's, so that a TLS-intercepting proxy works as it does for the host's pip.
+IMAGE_CA_BUNDLE ?= $(or $(PIP_CERT),/etc/ssl/certs/ca-certificates.crt)
+comma := ,
+.PHONY: docker base-image image image-smoke
+
+# Debian's docker.io and debootstrap installed, the daemon started if none answers (idempotent).
+docker:
+	DOCKER=$(DOCKER) bash scripts/docker_daemon.sh
+
+# The base without a registry: debootstrap --variant=minbase bookworm, `docker import`ed as
+# $(KFS_BASE) (kept when it exists; KFS_REBUILD_BASE=1 rebuilds it).
+base-image: docker
+	DOCKER=$(DOCKER) KFS_BASE_IMAGE=$(KFS_BASE) bash scripts/base_image.sh
+
+# The api target of the Dockerfile on that base; code changes rebuild only the COPY layers.
+image: $(if $(filter $(KFS_BASE),$(BASE_IMAGE)),base-image,docker)
+	DOCKER_BUILDKIT=1 $(DOCKER) build --network host --target api \
+		--build-arg BASE_IMAGE=$(BASE_IMAGE) \
+		$(if $(wildcard $(IMAGE_CA_BUNDLE)),--secret id=pip_cert$(comma)src=$(IMAGE_CA_BUNDLE)) \
+		-t $(IMAGE) .
+	@$(DOCKER) image inspect --format '$(IMAGE): {{.Size}} bytes' $(IMAGE)
+
+# scripts/image_smoke.sh against $(IMAGE) (build it first: make image).
+image-smoke: install
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
+	DOCKER=$(DOCKER) PYTHON=$(BIN)/python bash scripts/image_smoke.sh $(IMAGE)
