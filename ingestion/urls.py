@@ -5,6 +5,7 @@ from django.urls import path
 
 from .api.sources import (
     SourceBulkView,
+    SourceCrawlPreviewView,
     SourceDetailView,
     SourceFilesView,
     SourceImportView,
@@ -121,6 +122,11 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/sources/<str:source_id>/imports",
         SourceImportView.as_view(),
         name="source-imports",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/crawl-preview",
+        SourceCrawlPreviewView.as_view(),
+        name="source-crawl-preview",
     ),
     path(
         "knowledge-spaces/<str:space_id>/sources/<str:source_id>/sync",

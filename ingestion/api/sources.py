@@ -12,8 +12,8 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ingestion.sources import browse, bulk, policy, runs, services
-from ingestion.sources.models import Source, SourceRun
+from ingestion.sources import browse, bulk, policy, preview, runs, services
+from ingestion.sources.models import RunKind, Source, SourceKind, SourceRun
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
 from knowledgefs.idempotency import fingerprint, idempotent
 from knowledgefs.pagination import NewestFirstPagination
@@ -168,9 +168,22 @@ class SourceImportView(APIView):
     operations = {"POST": _on_source("sources.import", WRITE_CALLERS)}
 
     def post(self, request, space_id, source_id):
-        """Import 1–200 items ``{items: [...]}``; 202 with the queued run."""
+        """Import 1–200 items ``{items: [...]}``, or for a website a crawl preview's frozen
+        selection ``{preview_run_id, urls[1–200]}``; 202 with the queued run."""
         source = source_of(request, space_id, source_id)
+        if source.kind == SourceKind.WEBSITE:
+            return _started(request, source, "crawl-import",
+                            lambda: preview.start_crawl_import(source, request.data))  # fmt: skip
         return _started(request, source, "import", lambda: runs.start_import(source, request.data))
+
+
+class SourceCrawlPreviewView(APIView):
+    operations = {"POST": _on_source("sources.crawl_preview", WRITE_CALLERS)}
+
+    def post(self, request, space_id, source_id):
+        """Crawl a website source as a durable ``crawl-preview`` run; 202 with it."""
+        source = source_of(request, space_id, source_id)
+        return _started(request, source, "crawl-preview", lambda: preview.start_preview(source))
 
 
 class SourceSyncView(APIView):
@@ -206,7 +219,15 @@ class SourceRunDetailView(APIView):
     operations = {"GET": _on_source("sources.runs.read")}
 
     def get(self, request, space_id, source_id, source_run_id):
-        return Response(run_body(_run_of(request, space_id, source_id, source_run_id)))
+        """The run; a crawl preview adds its listed pages (``?cursor=&limit=`` 1–200, 50)."""
+        run = _run_of(request, space_id, source_id, source_run_id)
+        body = run_body(run)
+        if run.kind == RunKind.CRAWL_PREVIEW:
+            params = request.query_params
+            body.update(
+                preview.pages_of(run, cursor=params.get("cursor"), limit=params.get("limit"))
+            )
+        return Response(body)
 
 
 class SourceRunCancelView(APIView):

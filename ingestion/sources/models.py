@@ -123,6 +123,8 @@ class SourceItem(models.Model):
 class RunKind(models.TextChoices):
     IMPORT = "import", "Import"
     SYNC = "sync", "Sync"
+    CRAWL_PREVIEW = "crawl-preview", "Crawl preview (pages listed, no content kept)"
+    CRAWL_IMPORT = "crawl-import", "Crawl import (a preview's frozen selection)"
 
 
 class RunState(models.TextChoices):
@@ -196,6 +198,7 @@ class RunItemState(models.TextChoices):
     UNCHANGED = "unchanged", "Unchanged (skipped)"
     DISABLED = "disabled", "Gone at the provider (document disabled)"
     FAILED = "failed", "Failed"
+    LISTED = "listed", "Listed by a crawl preview (no content kept)"
 
 
 class SourceRunItem(models.Model):

@@ -368,12 +368,10 @@ def test_drives_skip_downloads_by_checksum_and_websites_compare_content(
          "parameters": {"url": "https://example.test"}},
         format="json",
     ).json()["id"]  # fmt: skip
-    preview = client.get(url(space, "sources", site, "pages")).json()
-    assert [p["source_url"] for p in preview["pages"]] == [
-        "https://example.test/a", "https://example.test/b",
-    ] and all("content" not in p for p in preview["pages"])  # fmt: skip
+    preview = start(client, space, site, "crawl-preview", capture)
+    assert deliver(preview["id"]) == "completed"
     run = start(client, space, site, "imports", capture,
-                {"items": [{"source_url": "https://example.test/a"}]})  # fmt: skip
+                {"preview_run_id": preview["id"], "urls": ["https://example.test/a"]})  # fmt: skip
     assert deliver(run["id"]) == "completed"
     jobs = CompilationJob.objects.count()
     run = start(client, space, site, "sync", capture)
