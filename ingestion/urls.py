@@ -18,6 +18,9 @@ from .api.sources import (
     SourceSyncPolicyView,
     SourceSyncView,
     SourceTestView,
+    SpaceSourceRunCancelView,
+    SpaceSourceRunDetailView,
+    SpaceSourceRunRetryView,
 )
 from .api.upload_sessions import (
     UploadSessionAbortView,
@@ -157,6 +160,21 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/source-runs",
         SourceRunListView.as_view(),
         name="source-run-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/source-runs/<str:source_run_id>",
+        SpaceSourceRunDetailView.as_view(),
+        name="space-source-run-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/source-runs/<str:source_run_id>/cancel",
+        SpaceSourceRunCancelView.as_view(),
+        name="space-source-run-cancel",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/source-runs/<str:source_run_id>/retry",
+        SpaceSourceRunRetryView.as_view(),
+        name="space-source-run-retry",
     ),
     path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),

@@ -98,7 +98,7 @@ class SourceTestView(APIView):
 def run_body(run: SourceRun) -> dict:
     return {
         "id": str(run.id),
-        "source_id": str(run.source_id),
+        "source_id": str(run.source_id) if run.source_id else None,
         "kind": run.kind,
         "trigger": run.trigger,
         "state": run.state,
@@ -268,6 +268,54 @@ class SourceBulkView(APIView):
     operations = {"POST": Operation("sources.bulk", space_from(), WRITE_CALLERS)}
 
     def post(self, request, space_id):
-        """``{action sync|disable|remove, source_ids[1-200]}``: one outcome per source."""
+        """``{action sync|disable|remove, source_ids[1-200]}``: 202 with a durable ``bulk``
+        run (one outcome per source, ``GET …/source-runs/{run}``)."""
         space = get_space(request.user, space_id)
-        return Response(bulk.apply(space, request.data))
+        body = request.data if isinstance(request.data, dict) else {}
+        digest = fingerprint("bulk", str(space.id), json.dumps(body, sort_keys=True, default=str))
+        return idempotent(
+            request,
+            digest,
+            lambda: Response(
+                space_run_body(bulk.start_bulk(space, request.data)),
+                status=status.HTTP_202_ACCEPTED,
+            ),
+        )
+
+
+def space_run_body(run: SourceRun) -> dict:
+    """A run read by its space; a bulk run adds each source's outcome (``results``)."""
+    body = run_body(run)
+    if run.kind == RunKind.BULK:
+        body["results"] = bulk.results_of(run)
+    return body
+
+
+def _space_run(request, space_id, source_run_id) -> SourceRun:
+    return runs.get_space_run(get_space(request.user, space_id), source_run_id)
+
+
+class SpaceSourceRunDetailView(APIView):
+    operations = {"GET": Operation("sources.space_runs.read", space_from())}
+
+    def get(self, request, space_id, source_run_id):
+        """Any source run of the space (bulk runs: with their per-source ``results``)."""
+        return Response(space_run_body(_space_run(request, space_id, source_run_id)))
+
+
+class SpaceSourceRunCancelView(APIView):
+    operations = {"POST": Operation("sources.space_runs.cancel", space_from(), WRITE_CALLERS)}
+
+    def post(self, request, space_id, source_run_id):
+        """Cancel a queued or running run; 200 with it (409 ``source_run_finished``)."""
+        run = runs.cancel_run(_space_run(request, space_id, source_run_id))
+        return Response(space_run_body(run))
+
+
+class SpaceSourceRunRetryView(APIView):
+    operations = {"POST": Operation("sources.space_runs.retry", space_from(), WRITE_CALLERS)}
+
+    def post(self, request, space_id, source_run_id):
+        """Queue a failed or canceled run again (finished items kept); 202 with it."""
+        run = runs.retry_run(_space_run(request, space_id, source_run_id))
+        return Response(space_run_body(run), status=status.HTTP_202_ACCEPTED)

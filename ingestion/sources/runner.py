@@ -23,7 +23,7 @@ from django.utils import timezone
 from knowledgefs.dify.errors import DatasourceError
 from knowledgefs.errors import ServiceError
 
-from . import dispatch, preview
+from . import bulk, dispatch, preview
 from .browse import provider_listing
 from .materialize import RunFailure, process
 from .models import (
@@ -48,6 +48,10 @@ def run_delivery(run_pk: str, task_id: str) -> str:
     if run is None:
         return "skipped"
     try:
+        if run.kind == RunKind.BULK:
+            bulk.deliver(run, task_id)
+            _finish(run, task_id)
+            return "completed"
         datasources = client()
         if run.kind == RunKind.CRAWL_PREVIEW:
             if run.checkpoint == Checkpoint.QUEUED:

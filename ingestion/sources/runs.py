@@ -181,6 +181,11 @@ def get_run(source: Source, run_id) -> SourceRun:
     return run
 
 
+def get_space_run(space: KnowledgeSpace, run_id) -> SourceRun:
+    """Any source run of the space, bulk runs included (404 ``source_run_not_found``)."""
+    return SourceRun.objects.get_in_space(space, run_id, what="source run")
+
+
 def cancel_run(run: SourceRun) -> SourceRun:
     """Cancel a queued or running run: its delivery's fenced writes match nothing from now on
     (the item being read finishes, no further one starts)."""
@@ -200,7 +205,8 @@ def retry_run(run: SourceRun) -> SourceRun:
     """Queue a failed or canceled run again: its pending and failed items run, the finished
     ones are kept (a sync re-reads the provider when it never got past its provider read)."""
     with transaction.atomic():
-        lock_idle(run.source)
+        if run.source_id is not None:  # a bulk run names no source of its own
+            lock_idle(run.source)
         now = timezone.now()
         changed = SourceRun.objects.filter(
             id=run.id, state__in=(RunState.FAILED, RunState.CANCELED)

@@ -181,13 +181,31 @@ def register() -> None:
     annotate(
         p + "SourceBulkView",
         post=extend_schema(
-            summary="One action over up to 200 sources",
+            summary="One action over up to 200 sources, as a durable bulk run",
+            parameters=[KEY],
             request=body("The action and the sources.", {"action": {"type": "string",
                          "enum": ["sync", "disable", "remove"]},
                          "source_ids": {"type": "array", "items": STRING}},
                          ("action", "source_ids")),
-            responses={200: _shape("`{action, results: [{source_id, ok, run_id?, code?, "
-                                   "message?}]}`."),
+            responses={202: _shape("A bulk run with `results: [{source_id, state, run_id?, "
+                                   "code?, message?}]`."),
                        400: error("`invalid_request`, `too_many_items`.")},
         ),
+    )  # fmt: skip
+    annotate(
+        p + "SpaceSourceRunDetailView",
+        get=extend_schema(summary="Read any source run of the space (a bulk run: its results)",
+                          responses={200: RUN}),
+    )  # fmt: skip
+    annotate(
+        p + "SpaceSourceRunCancelView",
+        post=extend_schema(summary="Cancel a source run of the space", request=None,
+                           responses={200: RUN, 409: error("`source_run_finished`.")}),
+    )  # fmt: skip
+    annotate(
+        p + "SpaceSourceRunRetryView",
+        post=extend_schema(summary="Retry a failed or canceled source run of the space",
+                           request=None,
+                           responses={202: RUN, 409: error("`source_run_not_retryable`, "
+                                                           "`source_run_active`.")}),
     )  # fmt: skip
