@@ -116,11 +116,17 @@ def test_a_killed_bulk_delivery_resumes_without_redoing_finished_sources(
 
 
 def test_a_bulk_run_is_canceled_and_retried_by_its_space_route(
-    client, space, dify, django_capture_on_commit_callbacks
+    client, space, dify, admin_client, django_capture_on_commit_callbacks
 ):
+    from django.urls import reverse
+
     capture = django_capture_on_commit_callbacks
     ids = [make_source(client, space) for _ in range(2)]
     run = start_bulk(client, space, capture, {"action": "disable", "source_ids": ids})
+    changelist = reverse("admin:ingestion_sourcerun_changelist")
+    assert admin_client.get(changelist).status_code == 200  # a run with no source of its own
+    detail = reverse("admin:ingestion_sourcerun_change", args=[run["id"]])
+    assert admin_client.get(detail).status_code == 200
     canceled = client.post(url(space, "source-runs", run["id"], "cancel"))
     assert canceled.status_code == 200 and canceled.json()["state"] == "canceled"
     assert sync.deliver_stale(run["id"]) == "skipped"
