@@ -4,6 +4,11 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
+def drop_bulk_runs(apps, schema_editor):
+    """Going back: bulk runs name no source, which the older schema cannot hold."""
+    apps.get_model("ingestion", "SourceRun").objects.filter(source__isnull=True).delete()
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("ingestion", "0016_sources"),
@@ -53,4 +58,5 @@ class Migration(migrations.Migration):
                 max_length=16,
             ),
         ),
+        migrations.RunPython(migrations.RunPython.noop, drop_bulk_runs),
     ]
