@@ -5,6 +5,7 @@ from django.urls import path
 
 from .api.sources import (
     SourceBulkView,
+    SourceCrawlPreviewView,
     SourceDetailView,
     SourceFilesView,
     SourceImportView,
@@ -17,6 +18,9 @@ from .api.sources import (
     SourceSyncPolicyView,
     SourceSyncView,
     SourceTestView,
+    SpaceSourceRunCancelView,
+    SpaceSourceRunDetailView,
+    SpaceSourceRunRetryView,
 )
 from .api.upload_sessions import (
     UploadSessionAbortView,
@@ -123,6 +127,11 @@ urlpatterns = [
         name="source-imports",
     ),
     path(
+        "knowledge-spaces/<str:space_id>/sources/<str:source_id>/crawl-preview",
+        SourceCrawlPreviewView.as_view(),
+        name="source-crawl-preview",
+    ),
+    path(
         "knowledge-spaces/<str:space_id>/sources/<str:source_id>/sync",
         SourceSyncView.as_view(),
         name="source-sync",
@@ -151,6 +160,21 @@ urlpatterns = [
         "knowledge-spaces/<str:space_id>/source-runs",
         SourceRunListView.as_view(),
         name="source-run-list",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/source-runs/<str:source_run_id>",
+        SpaceSourceRunDetailView.as_view(),
+        name="space-source-run-detail",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/source-runs/<str:source_run_id>/cancel",
+        SpaceSourceRunCancelView.as_view(),
+        name="space-source-run-cancel",
+    ),
+    path(
+        "knowledge-spaces/<str:space_id>/source-runs/<str:source_run_id>/retry",
+        SpaceSourceRunRetryView.as_view(),
+        name="space-source-run-retry",
     ),
     path("knowledge-spaces/<str:space_id>/jobs", JobListView.as_view(), name="job-list"),
     path("jobs/<str:job_id>", JobDetailView.as_view(), name="job-detail"),

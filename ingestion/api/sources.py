@@ -12,8 +12,8 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ingestion.sources import browse, bulk, policy, runs, services
-from ingestion.sources.models import Source, SourceRun
+from ingestion.sources import browse, bulk, policy, preview, runs, services
+from ingestion.sources.models import RunKind, Source, SourceKind, SourceRun
 from knowledgefs.auth.operations import WRITE_CALLERS, Operation, child, space_from
 from knowledgefs.idempotency import fingerprint, idempotent
 from knowledgefs.pagination import NewestFirstPagination
@@ -98,7 +98,7 @@ class SourceTestView(APIView):
 def run_body(run: SourceRun) -> dict:
     return {
         "id": str(run.id),
-        "source_id": str(run.source_id),
+        "source_id": str(run.source_id) if run.source_id else None,
         "kind": run.kind,
         "trigger": run.trigger,
         "state": run.state,
@@ -168,9 +168,22 @@ class SourceImportView(APIView):
     operations = {"POST": _on_source("sources.import", WRITE_CALLERS)}
 
     def post(self, request, space_id, source_id):
-        """Import 1–200 items ``{items: [...]}``; 202 with the queued run."""
+        """Import 1–200 items ``{items: [...]}``, or for a website a crawl preview's frozen
+        selection ``{preview_run_id, urls[1–200]}``; 202 with the queued run."""
         source = source_of(request, space_id, source_id)
+        if source.kind == SourceKind.WEBSITE:
+            return _started(request, source, "crawl-import",
+                            lambda: preview.start_crawl_import(source, request.data))  # fmt: skip
         return _started(request, source, "import", lambda: runs.start_import(source, request.data))
+
+
+class SourceCrawlPreviewView(APIView):
+    operations = {"POST": _on_source("sources.crawl_preview", WRITE_CALLERS)}
+
+    def post(self, request, space_id, source_id):
+        """Crawl a website source as a durable ``crawl-preview`` run; 202 with it."""
+        source = source_of(request, space_id, source_id)
+        return _started(request, source, "crawl-preview", lambda: preview.start_preview(source))
 
 
 class SourceSyncView(APIView):
@@ -206,7 +219,15 @@ class SourceRunDetailView(APIView):
     operations = {"GET": _on_source("sources.runs.read")}
 
     def get(self, request, space_id, source_id, source_run_id):
-        return Response(run_body(_run_of(request, space_id, source_id, source_run_id)))
+        """The run; a crawl preview adds its listed pages (``?cursor=&limit=`` 1–200, 50)."""
+        run = _run_of(request, space_id, source_id, source_run_id)
+        body = run_body(run)
+        if run.kind == RunKind.CRAWL_PREVIEW:
+            params = request.query_params
+            body.update(
+                preview.pages_of(run, cursor=params.get("cursor"), limit=params.get("limit"))
+            )
+        return Response(body)
 
 
 class SourceRunCancelView(APIView):
@@ -247,6 +268,54 @@ class SourceBulkView(APIView):
     operations = {"POST": Operation("sources.bulk", space_from(), WRITE_CALLERS)}
 
     def post(self, request, space_id):
-        """``{action sync|disable|remove, source_ids[1-200]}``: one outcome per source."""
+        """``{action sync|disable|remove, source_ids[1-200]}``: 202 with a durable ``bulk``
+        run (one outcome per source, ``GET …/source-runs/{run}``)."""
         space = get_space(request.user, space_id)
-        return Response(bulk.apply(space, request.data))
+        body = request.data if isinstance(request.data, dict) else {}
+        digest = fingerprint("bulk", str(space.id), json.dumps(body, sort_keys=True, default=str))
+        return idempotent(
+            request,
+            digest,
+            lambda: Response(
+                space_run_body(bulk.start_bulk(space, request.data)),
+                status=status.HTTP_202_ACCEPTED,
+            ),
+        )
+
+
+def space_run_body(run: SourceRun) -> dict:
+    """A run read by its space; a bulk run adds each source's outcome (``results``)."""
+    body = run_body(run)
+    if run.kind == RunKind.BULK:
+        body["results"] = bulk.results_of(run)
+    return body
+
+
+def _space_run(request, space_id, source_run_id) -> SourceRun:
+    return runs.get_space_run(get_space(request.user, space_id), source_run_id)
+
+
+class SpaceSourceRunDetailView(APIView):
+    operations = {"GET": Operation("sources.space_runs.read", space_from())}
+
+    def get(self, request, space_id, source_run_id):
+        """Any source run of the space (bulk runs: with their per-source ``results``)."""
+        return Response(space_run_body(_space_run(request, space_id, source_run_id)))
+
+
+class SpaceSourceRunCancelView(APIView):
+    operations = {"POST": Operation("sources.space_runs.cancel", space_from(), WRITE_CALLERS)}
+
+    def post(self, request, space_id, source_run_id):
+        """Cancel a queued or running run; 200 with it (409 ``source_run_finished``)."""
+        run = runs.cancel_run(_space_run(request, space_id, source_run_id))
+        return Response(space_run_body(run))
+
+
+class SpaceSourceRunRetryView(APIView):
+    operations = {"POST": Operation("sources.space_runs.retry", space_from(), WRITE_CALLERS)}
+
+    def post(self, request, space_id, source_run_id):
+        """Queue a failed or canceled run again (finished items kept); 202 with it."""
+        run = runs.retry_run(_space_run(request, space_id, source_run_id))
+        return Response(space_run_body(run), status=status.HTTP_202_ACCEPTED)

@@ -82,5 +82,8 @@ class SourceRunAdmin(ServiceActionMixin, admin.ModelAdmin):
             self.message_user(request, f"Canceled {done} run(s).", messages.SUCCESS)
 
     def _each(self, request, queryset, operation) -> int:
-        rows = [(run, f"Run {run.id} ({run.source.name})") for run in queryset]
+        rows = [
+            (run, f"Run {run.id} ({run.source.name if run.source else run.kind})")
+            for run in queryset
+        ]
         return len(self.apply_each(request, rows, operation))

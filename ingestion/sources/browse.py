@@ -21,25 +21,31 @@ MAX_KEYS = 1000
 MAX_DRIVE_PAGES = 200
 
 
+def crawled_pages(source: Source, datasources) -> list[dict]:
+    """A website crawl through Dify, in the provider's order:
+    ``{source_url, title, description, content}``."""
+    crawled = datasources.crawl(
+        source.credential_id, datasource_parameters=source.parameters, **call_args(source)
+    )
+    return [
+        {
+            "source_url": str(p.get("source_url") or ""),
+            "title": str(p.get("title") or ""),
+            "description": str(p.get("description") or ""),
+            "content": p.get("content"),
+        }
+        for p in crawled
+        if p.get("source_url")
+    ]
+
+
 def _pages(source: Source, datasources) -> list[dict]:
     """Every page of an online-document source or crawled website, in the provider's order:
     ``{page_id, name, type, workspace_id, workspace_name, last_edited_time}`` or
     ``{source_url, title, description, content}``."""
     args = call_args(source)
     if source.kind == SourceKind.WEBSITE:
-        crawled = datasources.crawl(
-            source.credential_id, datasource_parameters=source.parameters, **args
-        )
-        return [
-            {
-                "source_url": str(p.get("source_url") or ""),
-                "title": str(p.get("title") or ""),
-                "description": str(p.get("description") or ""),
-                "content": p.get("content"),
-            }
-            for p in crawled
-            if p.get("source_url")
-        ]
+        return crawled_pages(source, datasources)
     frames = datasources.browse(
         source.credential_id, datasource_type="online_document",
         datasource_parameters=source.parameters, **args,
@@ -81,10 +87,16 @@ def _limit(raw, name: str, default: int, maximum: int) -> int:
 
 
 def list_pages(source: Source, *, cursor: str | None, limit) -> dict:
-    """``GET …/pages``: online documents grouped by workspace, or crawled pages (without their
-    content); ``next_cursor`` continues. 400 ``source_kind_mismatch`` for a drive."""
+    """``GET …/pages``: online documents grouped by workspace; ``next_cursor`` continues.
+    400 ``source_kind_mismatch`` for a drive (``GET …/files``) or a website (a durable
+    ``POST …/crawl-preview``, :mod:`.preview`)."""
     if source.kind == SourceKind.ONLINE_DRIVE:
         raise InvalidInput("a drive is listed by GET …/files", code="source_kind_mismatch")
+    if source.kind == SourceKind.WEBSITE:
+        raise InvalidInput(
+            "a website is listed by a crawl preview run: POST …/crawl-preview",
+            code="source_kind_mismatch",
+        )
     size = _limit(limit, "limit", 50, MAX_PAGE_LIMIT)
     start = 0
     if cursor:
@@ -94,9 +106,6 @@ def list_pages(source: Source, *, cursor: str | None, limit) -> dict:
     pages = _guard(lambda: _pages(source, client()))
     window = pages[start : start + size]
     following = str(start + size) if start + size < len(pages) else None
-    if source.kind == SourceKind.WEBSITE:
-        listed = [{k: v for k, v in p.items() if k != "content"} for p in window]
-        return {"pages": listed, "total": len(pages), "next_cursor": following}
     workspaces: dict[str, dict] = {}
     for page in window:
         group = workspaces.setdefault(

@@ -48,6 +48,7 @@ PROGRESS = {
     RunItemState.DISABLED: "progress_completed",
     RunItemState.UNCHANGED: "progress_skipped",
     RunItemState.FAILED: "progress_failed",
+    RunItemState.DONE: "progress_completed",
 }
 
 

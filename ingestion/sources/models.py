@@ -123,6 +123,9 @@ class SourceItem(models.Model):
 class RunKind(models.TextChoices):
     IMPORT = "import", "Import"
     SYNC = "sync", "Sync"
+    CRAWL_PREVIEW = "crawl-preview", "Crawl preview (pages listed, no content kept)"
+    CRAWL_IMPORT = "crawl-import", "Crawl import (a preview's frozen selection)"
+    BULK = "bulk", "Bulk action over sources"
 
 
 class RunState(models.TextChoices):
@@ -152,7 +155,10 @@ class SourceRun(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant_id = models.CharField(max_length=64)
     space = models.ForeignKey(KnowledgeSpace, on_delete=models.CASCADE, related_name="+")
-    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="runs")
+    #: ``None`` for a ``bulk`` run, whose items name the sources it acts on.
+    source = models.ForeignKey(
+        Source, null=True, blank=True, on_delete=models.CASCADE, related_name="runs"
+    )
     kind = models.CharField(max_length=16, choices=RunKind.choices)
     trigger = models.CharField(max_length=16, default="api")  # api | schedule | bulk
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
@@ -196,6 +202,8 @@ class RunItemState(models.TextChoices):
     UNCHANGED = "unchanged", "Unchanged (skipped)"
     DISABLED = "disabled", "Gone at the provider (document disabled)"
     FAILED = "failed", "Failed"
+    LISTED = "listed", "Listed by a crawl preview (no content kept)"
+    DONE = "done", "Done (a bulk action applied to the source)"
 
 
 class SourceRunItem(models.Model):

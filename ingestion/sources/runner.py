@@ -23,7 +23,7 @@ from django.utils import timezone
 from knowledgefs.dify.errors import DatasourceError
 from knowledgefs.errors import ServiceError
 
-from . import dispatch
+from . import bulk, dispatch, preview
 from .browse import provider_listing
 from .materialize import RunFailure, process
 from .models import (
@@ -48,8 +48,16 @@ def run_delivery(run_pk: str, task_id: str) -> str:
     if run is None:
         return "skipped"
     try:
+        if run.kind == RunKind.BULK:
+            bulk.deliver(run, task_id)
+            _finish(run, task_id)
+            return "completed"
         datasources = client()
-        if run.checkpoint == Checkpoint.QUEUED:
+        if run.kind == RunKind.CRAWL_PREVIEW:
+            if run.checkpoint == Checkpoint.QUEUED:
+                _provider_read(lambda: preview.list_into(run, task_id, datasources), run.source,
+                               datasources)  # fmt: skip
+        elif run.checkpoint == Checkpoint.QUEUED:
             _stage(run, task_id, datasources)
         for run_item in SourceRunItem.objects.filter(run=run, state=RunItemState.PENDING).order_by(
             "ordinal"
@@ -76,12 +84,8 @@ def _stage(run, task_id: str, datasources) -> None:
     source = run.source
     listing = None
     if run.kind == RunKind.SYNC or source.kind != SourceKind.ONLINE_DRIVE:
-        try:
-            listing = provider_listing(source, datasources)
-        except DatasourceError as exc:
-            if exc.code == DatasourceError.CODES["error"] and not exc.retryable:
-                raise _refused(source, datasources) from None
-            raise
+        listing = _provider_read(lambda: provider_listing(source, datasources), source,
+                                 datasources)  # fmt: skip
     with transaction.atomic():
         now = timezone.now()
         if not dispatch.held(run.id, task_id).update(
@@ -113,6 +117,16 @@ def _stage(run, task_id: str, datasources) -> None:
                 if found and found.get("last_edited_time"):
                     payload["last_edited_time"] = found["last_edited_time"]
                 SourceRunItem.objects.filter(id=run_item.id).update(payload=payload)
+
+
+def _provider_read(call, source: Source, datasources):
+    """``call()``, a provider read: an error answer is checked against the connection."""
+    try:
+        return call()
+    except DatasourceError as exc:
+        if exc.code == DatasourceError.CODES["error"] and not exc.retryable:
+            raise _refused(source, datasources) from None
+        raise
 
 
 def _refused(source: Source, datasources) -> RunFailure:

@@ -104,7 +104,7 @@ def check_items(source: Source, body) -> list[dict]:
     return checked
 
 
-def _lock_idle(source: Source) -> Source:
+def lock_idle(source: Source) -> Source:
     locked = Source.objects.select_for_update().get(id=source.id)
     if SourceRun.objects.filter(source=locked, state__in=LIVE_RUN_STATES).exists():
         raise Conflict(
@@ -115,10 +115,17 @@ def _lock_idle(source: Source) -> Source:
 
 
 def start_import(source: Source, body, *, trigger: str = "api") -> SourceRun:
-    """Queue an import of the items in ``body``; returns the queued run (202)."""
+    """Queue an import of the items in ``body``; returns the queued run (202). A website
+    imports a crawl preview's frozen selection instead (:mod:`.preview`)."""
+    if source.kind == SourceKind.WEBSITE:
+        raise InvalidInput(
+            "a website import is {preview_run_id, urls: [...]}: run POST …/crawl-preview first",
+            code="crawl_preview_required",
+            details={"field": "preview_run_id"},
+        )
     items = check_items(source, body)
     with transaction.atomic():
-        locked = _lock_idle(source)
+        locked = lock_idle(source)
         run = SourceRun.objects.create(
             tenant_id=locked.tenant_id, space_id=locked.space_id, source=locked,
             kind=RunKind.IMPORT, trigger=trigger, progress_total=None,
@@ -150,7 +157,7 @@ def start_sync(source: Source, *, trigger: str = "api") -> SourceRun:
     """Queue a sync of the source's active items (its items are staged by the run's provider
     read); returns the queued run (202)."""
     with transaction.atomic():
-        locked = _lock_idle(source)
+        locked = lock_idle(source)
         run = SourceRun.objects.create(
             tenant_id=locked.tenant_id, space_id=locked.space_id, source=locked,
             kind=RunKind.SYNC, trigger=trigger,
@@ -174,6 +181,11 @@ def get_run(source: Source, run_id) -> SourceRun:
     return run
 
 
+def get_space_run(space: KnowledgeSpace, run_id) -> SourceRun:
+    """Any source run of the space, bulk runs included (404 ``source_run_not_found``)."""
+    return SourceRun.objects.get_in_space(space, run_id, what="source run")
+
+
 def cancel_run(run: SourceRun) -> SourceRun:
     """Cancel a queued or running run: its delivery's fenced writes match nothing from now on
     (the item being read finishes, no further one starts)."""
@@ -193,7 +205,8 @@ def retry_run(run: SourceRun) -> SourceRun:
     """Queue a failed or canceled run again: its pending and failed items run, the finished
     ones are kept (a sync re-reads the provider when it never got past its provider read)."""
     with transaction.atomic():
-        _lock_idle(run.source)
+        if run.source_id is not None:  # a bulk run names no source of its own
+            lock_idle(run.source)
         now = timezone.now()
         changed = SourceRun.objects.filter(
             id=run.id, state__in=(RunState.FAILED, RunState.CANCELED)

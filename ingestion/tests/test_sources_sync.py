@@ -368,12 +368,10 @@ def test_drives_skip_downloads_by_checksum_and_websites_compare_content(
          "parameters": {"url": "https://example.test"}},
         format="json",
     ).json()["id"]  # fmt: skip
-    preview = client.get(url(space, "sources", site, "pages")).json()
-    assert [p["source_url"] for p in preview["pages"]] == [
-        "https://example.test/a", "https://example.test/b",
-    ] and all("content" not in p for p in preview["pages"])  # fmt: skip
+    preview = start(client, space, site, "crawl-preview", capture)
+    assert deliver(preview["id"]) == "completed"
     run = start(client, space, site, "imports", capture,
-                {"items": [{"source_url": "https://example.test/a"}]})  # fmt: skip
+                {"preview_run_id": preview["id"], "urls": ["https://example.test/a"]})  # fmt: skip
     assert deliver(run["id"]) == "completed"
     jobs = CompilationJob.objects.count()
     run = start(client, space, site, "sync", capture)
@@ -456,41 +454,3 @@ def test_deleting_a_source_keeps_or_deletes_its_documents_never_while_it_runs(
     assert bad.status_code == 400 and bad.json()["details"]["field"] == "documents"
     assert client.delete(url(space, "sources", gone_id) + "?documents=cascade").status_code == 204
     assert not Document.objects.filter(space=space).exists()
-
-
-def test_bulk_actions_give_one_outcome_per_source(
-    client, space, dify, django_capture_on_commit_callbacks
-):
-    capture = django_capture_on_commit_callbacks
-    first, second = make_source(client, space), make_source(client, space)
-    busy = start(client, space, second, "sync", capture)
-    missing = "00000000-0000-0000-0000-000000000000"
-    with capture(execute=True):
-        response = client.post(
-            url(space, "sources", "bulk"),
-            {"action": "sync", "source_ids": [first, second, missing]},
-            format="json",
-        )
-    assert response.status_code == 200, response.content
-    results = response.json()["results"]
-    assert [r["ok"] for r in results] == [True, False, False]
-    assert [r.get("code") for r in results] == [None, "source_run_active", "source_not_found"]
-    assert deliver(results[0]["run_id"]) == "completed"
-    assert SourceRun.objects.get(id=results[0]["run_id"]).trigger == "bulk"
-    Source.objects.filter(id=first).update(sync_enabled=True, sync_mode="interval")
-    disabled = client.post(
-        url(space, "sources", "bulk"), {"action": "disable", "source_ids": [first]}, format="json"
-    ).json()
-    assert disabled["results"][0]["ok"] and not Source.objects.get(id=first).sync_enabled
-    assert deliver(busy["id"]) == "completed"
-    removed = client.post(
-        url(space, "sources", "bulk"), {"action": "remove", "source_ids": [first, second]},
-        format="json",
-    ).json()  # fmt: skip
-    assert all(r["ok"] for r in removed["results"]) and not Source.objects.exists()
-    for body in (
-        {"action": "sync", "source_ids": []},
-        {"action": "sync", "source_ids": [missing] * 201},
-        {"action": "purge", "source_ids": [missing]},
-    ):
-        assert client.post(url(space, "sources", "bulk"), body, format="json").status_code == 400

@@ -13,8 +13,9 @@ SOURCE = _shape(
     "`parameters`, `last_synced_at`, `created_at`, `updated_at`."
 )
 RUN = _shape(
-    "A source run: `id`, `source_id`, `kind` (import, sync), `trigger`, `state` (queued, "
-    "running, completed, failed, canceled), `checkpoint`, `progress_total`, "
+    "A source run: `id`, `source_id`, `kind` (import, sync, crawl-preview, crawl-import), "
+    "`trigger`, `state` (queued, running, completed, failed, canceled), `checkpoint`, "
+    "`progress_total`, "
     "`progress_completed`, `progress_skipped`, `progress_failed`, `execution_attempts`, "
     "`max_execution_attempts`, `retry_at`, `error_code`, `error_message`, timestamps."
 )
@@ -82,7 +83,7 @@ def register() -> None:
     annotate(
         p + "SourcePagesView",
         get=extend_schema(
-            summary="Online-document pages, or a crawl's pages without content",
+            summary="Online-document pages (a website: POST …/crawl-preview)",
             parameters=[_query("cursor", "From the previous page's `next_cursor`."),
                         _query("limit", "1-200 (50).", int)],
             responses={200: _shape("`{workspaces|pages, total, next_cursor}`."),
@@ -106,11 +107,25 @@ def register() -> None:
     annotate(
         p + "SourceImportView",
         post=extend_schema(
-            summary="Import 1-200 provider items",
+            summary="Import 1-200 provider items (a website: a crawl preview's selection)",
             parameters=[KEY],
-            request=body("The items, by the source's kind.",
-                         {"items": {"type": "array", "items": OBJECT}}, ("items",)),
-            responses={202: RUN, 400: error("`invalid_items`, `too_many_items`."),
+            request=body("The items, by the source's kind; a website `{preview_run_id, urls}`.",
+                         {"items": {"type": "array", "items": OBJECT},
+                          "preview_run_id": STRING,
+                          "urls": {"type": "array", "items": STRING}}, ()),
+            responses={202: RUN, 400: error("`invalid_items`, `too_many_items`, "
+                                            "`crawl_preview_required`, "
+                                            "`source_selection_not_in_preview`."),
+                       404: error("`source_run_not_found`."),
+                       409: error("`source_run_active`, `source_preview_not_completed`.")},
+        ),
+    )  # fmt: skip
+    annotate(
+        p + "SourceCrawlPreviewView",
+        post=extend_schema(
+            summary="Crawl a website source as a durable crawl-preview run",
+            parameters=[KEY], request=None,
+            responses={202: RUN, 400: error("`source_kind_mismatch`."),
                        409: error("`source_run_active`.")},
         ),
     )  # fmt: skip
@@ -129,8 +144,15 @@ def register() -> None:
             responses={200: page("SourceRunPage", "Source runs.")},
         ),
     )
-    annotate(p + "SourceRunDetailView", get=extend_schema(summary="Read a source run",
-                                                         responses={200: RUN}))  # fmt: skip
+    annotate(
+        p + "SourceRunDetailView",
+        get=extend_schema(
+            summary="Read a source run (a crawl preview: its listed pages)",
+            parameters=[_query("cursor", "A crawl preview's `next_cursor`."),
+                        _query("limit", "1-200 (50).", int)],
+            responses={200: RUN},
+        ),
+    )  # fmt: skip
     annotate(
         p + "SourceRunCancelView",
         post=extend_schema(summary="Cancel a source run", request=None,
@@ -159,13 +181,31 @@ def register() -> None:
     annotate(
         p + "SourceBulkView",
         post=extend_schema(
-            summary="One action over up to 200 sources",
+            summary="One action over up to 200 sources, as a durable bulk run",
+            parameters=[KEY],
             request=body("The action and the sources.", {"action": {"type": "string",
                          "enum": ["sync", "disable", "remove"]},
                          "source_ids": {"type": "array", "items": STRING}},
                          ("action", "source_ids")),
-            responses={200: _shape("`{action, results: [{source_id, ok, run_id?, code?, "
-                                   "message?}]}`."),
+            responses={202: _shape("A bulk run with `results: [{source_id, state, run_id?, "
+                                   "code?, message?}]`."),
                        400: error("`invalid_request`, `too_many_items`.")},
         ),
+    )  # fmt: skip
+    annotate(
+        p + "SpaceSourceRunDetailView",
+        get=extend_schema(summary="Read any source run of the space (a bulk run: its results)",
+                          responses={200: RUN}),
+    )  # fmt: skip
+    annotate(
+        p + "SpaceSourceRunCancelView",
+        post=extend_schema(summary="Cancel a source run of the space", request=None,
+                           responses={200: RUN, 409: error("`source_run_finished`.")}),
+    )  # fmt: skip
+    annotate(
+        p + "SpaceSourceRunRetryView",
+        post=extend_schema(summary="Retry a failed or canceled source run of the space",
+                           request=None,
+                           responses={202: RUN, 409: error("`source_run_not_retryable`, "
+                                                           "`source_run_active`.")}),
     )  # fmt: skip
