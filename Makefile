@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis nginx ocr office mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale bench-floor bench-peers bench-fast-cost schemathesis loadtest clean unstructured
+.PHONY: install chromium redis nginx ocr office mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs compose release-check bench bench-scale bench-floor bench-peers bench-fast-cost schemathesis loadtest clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,16 @@ redis:
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends redis-server; }
 	@redis-server --version 2>/dev/null
+
+# Debian's docker-compose (1.29) for tests/system/test_compose_render.py: compose/docker-compose.yaml
+# rendered by Compose itself (`docker-compose config`) with each profile; the test fails without
+# it under KFS_REQUIRE_COMPOSE=1 (CI). No Docker engine is needed to render.
+compose:
+	@command -v docker-compose >/dev/null 2>&1 || { \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends docker-compose; }
+	@docker-compose version --short 2>/dev/null
 
 # Debian's antiword and catdoc: the legacy Word (.doc) parser runs them in the parser child
 # (ingestion/parsing/legacy_office.py; ingestion/tests/test_formats_legacy.py fails without
