@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis nginx ocr office mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs compose release-check bench bench-scale bench-floor bench-peers bench-fast-cost schemathesis loadtest clean unstructured
+.PHONY: install chromium redis nginx ocr office mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs compose openapi release-check bench bench-scale bench-floor bench-peers bench-fast-cost schemathesis loadtest clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -177,6 +177,23 @@ eval-gate: install
 		--baseline tests/fixtures/eval-mini/baseline.json > $(EVAL_VAR)/report.json
 
 test: lint test-sqlite test-postgres test-mariadb eval-gate
+
+# The OpenAPI document of the API as committed (docs/openapi.json), checked by release-check
+# against a fresh export. Rewrite it after changing a route, a serializer or a schema hook.
+openapi: install
+	env -u DATABASE_URL KNOWLEDGE_VAR_DIR=$(CURDIR)/var/openapi $(MANAGE) spectacular \
+		--validate --fail-on-warn --format openapi-json --file docs/openapi.json
+
+# Everything a release must pass, in order, stopping at the first failure, each step timed
+# (scripts/release_check.py; docs/testing.md, "Release check"): lint with mypy, the suite on
+# SQLite, PostgreSQL and MariaDB, the eval gate, the OpenAPI export, the migrations and their
+# downgrade plans, the Compose render, the image build and its smoke test (`$(MAKE) image
+# image-smoke`: the Makefile targets that build the Dockerfile and run scripts/image_smoke.sh),
+# git diff --check. RELEASE_CHECK_ARGS="--skip image" leaves a step out.
+RELEASE_CHECK_ARGS ?=
+release-check: install
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
+	$(BIN)/python scripts/release_check.py $(RELEASE_CHECK_ARGS)
 
 bench: install
 	$(BIN)/python bench/scifact.py
