@@ -30,6 +30,8 @@ class ReadOnlyAdminMixin:
 class ServiceActionMixin:
     """Admin actions that call a service once per selected row."""
 
+    message_user: Callable[..., None]  # ModelAdmin's, which this mixin is used with
+
     def apply_each(
         self, request, rows: Iterable[tuple[Any, str]], operation: Callable[[Any], Any]
     ) -> list:

@@ -360,7 +360,9 @@ def check_downgrade(connection, app_label: str, name: str) -> DowngradeCheck:
     target = resolve_target(executor, app_label, name)
     plan = executor.migration_plan([target])
     # The models of the applied migrations: the same state `migrate` hands to pre_migrate.
-    apps = executor._create_project_state(with_applied_migrations=True).apps
+    # A private helper of Django's executor (no stub member), as `migrate` itself calls it.
+    state = executor._create_project_state(with_applied_migrations=True)  # type: ignore[attr-defined]
+    apps = state.apps
     return DowngradeCheck(
         target=(app_label, target[1] or "zero"),
         plan=[

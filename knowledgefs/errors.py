@@ -147,10 +147,12 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         if isinstance(specific, str) and specific != exc.default_code:
             code = specific
         response = Response({"code": code, "message": str(exc.detail)}, status=exc.status_code)
-        if isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
-            response["Retry-After"] = str(max(1, int(exc.wait)))
-        if getattr(exc, "auth_header", None):
-            response["WWW-Authenticate"] = exc.auth_header
+        wait = getattr(exc, "wait", None)  # Throttled's, set in __init__ (no stub member)
+        if isinstance(exc, drf_exceptions.Throttled) and wait is not None:
+            response["Retry-After"] = str(max(1, int(wait)))
+        auth_header = getattr(exc, "auth_header", None)
+        if auth_header:
+            response["WWW-Authenticate"] = auth_header
         if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
             response["WWW-Authenticate"] = 'Bearer realm="knowledgefs"'
         return response

@@ -233,7 +233,11 @@ def check_search() -> Check:
     if reason is not None:
         return False, "failing", _short(reason)
     if backend_name() == "dify":  # KNOWLEDGE_SEARCH_BACKEND=dify: one get on each bridge route
-        ok, detail = get_search_backend().probe(PROBE_TIMEOUT_MS)
+        from retrieval.backends.dify import DifyBridgeBackend
+
+        backend = get_search_backend()
+        assert isinstance(backend, DifyBridgeBackend)  # backend_name() == "dify"
+        ok, detail = backend.probe(PROBE_TIMEOUT_MS)
         return ok, "ok" if ok else "failing", _short(detail)
     if vendor == "postgresql":
         from retrieval.backends.pgvector import extension_problem
@@ -463,5 +467,5 @@ def ready(request):
     ready_, body = readiness()
     response = JsonResponse(body, status=200 if ready_ else 503)
     # Transitions are logged above; django.request would log every failing probe as an ERROR.
-    response._has_been_logged = True
+    response._has_been_logged = True  # type: ignore[attr-defined]  # Django's private flag
     return response

@@ -156,7 +156,7 @@ class _BridgeStore:
                 raise self._invalid("a match is not an object")
             try:
                 point = str(uuid.UUID(str(item.get("id"))))
-                score = float(item.get("score"))
+                score = float(item["score"])
             except (ValueError, TypeError):
                 raise self._invalid("a match has no UUID id or no numeric score") from None
             if point not in allowed:

@@ -41,6 +41,7 @@ import threading
 import time
 import uuid
 from multiprocessing import Event
+from multiprocessing.synchronize import Event as EventType
 from typing import Any
 
 from django.conf import settings
@@ -101,8 +102,8 @@ class Cluster(q_cluster.Cluster):
         # django-q2's Cluster.start with our Sentinel (its own start names the class directly).
         if q_cluster.setproctitle:
             q_cluster.setproctitle.setproctitle(f"qcluster {q_cluster.current_process().name}")
-        self.stop_event = Event()
-        self.start_event = Event()
+        self.stop_event: EventType | None = Event()
+        self.start_event: EventType | None = Event()
         self.sentinel = q_cluster.get_mp_context().Process(
             target=Sentinel,
             name=f"Process-{uuid.uuid4().hex}",

@@ -87,20 +87,20 @@ class BridgeStore:
                 for point in request["points"]:
                     collection[point["id"].lower()] = dict(point, id=point["id"].lower())
                 return {"points": [], "matches": []}
-            collection = store.get(name)
+            existing = store.get(name)
             ids = [i.lower() for i in request["ids"]]
             if operation == "search":
-                if collection is None:
-                    raise BridgeRefusal(503, "unavailable", "collection is missing")
+                if existing is None:
+                    raise BridgeRefusal(503, "unavailable", "existing is missing")
                 matches = self._text_search if texts else self._vector_search
-                return {"points": [], "matches": matches(collection, request, ids)}
-            if collection is None:
+                return {"points": [], "matches": matches(existing, request, ids)}
+            if existing is None:
                 return {"points": [], "matches": []}
             if operation == "get":
-                return {"points": [collection[i] for i in ids if i in collection], "matches": []}
+                return {"points": [existing[i] for i in ids if i in existing], "matches": []}
             for i in ids:
-                collection.pop(i, None)
-            if any(i in collection for i in ids):  # delete verifies invisibility
+                existing.pop(i, None)
+            if any(i in existing for i in ids):  # delete verifies invisibility
                 raise BridgeRefusal(503, "unavailable", "deletion not yet visible")
             return {"points": [], "matches": []}
 

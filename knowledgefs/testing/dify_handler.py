@@ -6,7 +6,7 @@ import base64
 import json
 import socket
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 from urllib.parse import parse_qs, urlsplit
 
 from .dify_bridge import BridgeRefusal, BridgeStore
@@ -456,7 +456,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- storage -------------------------------------------------------------------------------
 
-    def _valid_key(self, key: str | None) -> bool:
+    def _valid_key(self, key: str | None) -> TypeGuard[str]:
         return bool(
             key
             and not key.startswith("/")
@@ -534,7 +534,7 @@ class _Handler(BaseHTTPRequestHandler):
         key = query.get("key")
         with self.dify.lock:
             obj = self.dify.objects.get(key or "")
-        if obj is None:
+        if obj is None or key is None:
             return self._json(404, {"code": "not_found", "message": "no such object"})
         self._json(200, self._info(key, obj))
 

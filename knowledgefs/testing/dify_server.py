@@ -60,7 +60,6 @@ from .dify_contract import (  # noqa: F401
     OBJECTS,
     RERANK,
     STORAGE_HEALTH,
-    TEST_INNER_KEY,
     TEXT_EMBEDDING,
     TEXTS,
     VECTORS,
@@ -74,6 +73,9 @@ from .dify_contract import (  # noqa: F401
     hashed_embedding,
     overlap_score,
     wait_until,
+)
+from .dify_contract import (
+    TEST_INNER_KEY as TEST_INNER_KEY,
 )
 from .dify_handler import _Handler
 from .dify_images import ImageRefusal, decode_documents, image_vector

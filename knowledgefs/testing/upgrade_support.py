@@ -4,6 +4,7 @@ that delivers the queued step messages of the ORM broker one by one."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
@@ -74,7 +75,7 @@ def deliver_all(limit: int = 200) -> list[str]:
     returns each delivery's result."""
     from upgrades.tasks import run_upgrade_step
 
-    results = []
+    results: list[Any] = []
     for _ in range(limit):
         waiting = messages()
         if not waiting:
