@@ -34,7 +34,7 @@ class ServiceActionMixin:
 
     def apply_each(
         self, request, rows: Iterable[tuple[Any, str]], operation: Callable[[Any], Any]
-    ) -> list:
+    ) -> list[Any]:
         """Call ``operation(key)`` for each ``(key, label)`` of ``rows``, in order; a refusal
         (:class:`~knowledgefs.errors.ServiceError`) becomes the warning ``"{label}: {message}"``
         and the next row is tried. Returns the results of the calls that succeeded."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.core.management.base import CommandError
 from django.db.migrations.exceptions import AmbiguityError
@@ -65,7 +66,7 @@ class Refusal:
         )
         return f"{self.migration}: {self.code}: {self.message} [{self.count}: {listed}{more}]"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "migration": self.migration,
             "code": self.code,
@@ -324,7 +325,7 @@ class DowngradeCheck:
     def allowed(self) -> bool:
         return not self.refusals
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "target": {"app": self.target[0], "migration": self.target[1]},
             "plan": [{"migration": m, "direction": d} for m, d in self.plan],
@@ -333,7 +334,7 @@ class DowngradeCheck:
         }
 
 
-def resolve_target(executor: MigrationExecutor, app_label: str, name: str) -> tuple:
+def resolve_target(executor: MigrationExecutor, app_label: str, name: str) -> tuple[Any, ...]:
     """``(app_label, migration name or None)`` as ``manage.py migrate APP NAME`` resolves it:
     ``zero`` or a unique prefix. Raises ``CommandError`` naming the app or the prefix."""
     loader = executor.loader

@@ -72,7 +72,7 @@ def grace_seconds() -> float:
     return float(settings.KNOWLEDGE_WORKER_SHUTDOWN_GRACE_SECONDS)
 
 
-class Sentinel(q_cluster.Sentinel):
+class Sentinel(q_cluster.Sentinel):  # type: ignore[misc]  # django-q2: no type information
     """django-q2's sentinel, ignoring SIGTERM and telling its workers to stop first."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -91,7 +91,7 @@ class Sentinel(q_cluster.Sentinel):
         super().stop()
 
 
-class Cluster(q_cluster.Cluster):
+class Cluster(q_cluster.Cluster):  # type: ignore[misc]  # django-q2: no type information
     """django-q2's cluster with :class:`Sentinel` and a bounded, non-blocking stop."""
 
     def __init__(self, broker: Broker | None = None) -> None:
@@ -120,7 +120,7 @@ class Cluster(q_cluster.Cluster):
                     f"with code {self.sentinel.exitcode}"
                 )
             time.sleep(0.1)
-        return self.pid
+        return int(self.pid)
 
     def stop(self) -> bool:
         """Stop the sentinel within :func:`grace_seconds`; kill what is left after that."""

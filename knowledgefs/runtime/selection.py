@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from typing import Any
 
 from django.conf import settings
 
@@ -74,7 +75,7 @@ _lock = threading.Lock()
 _clients: dict[tuple, object] = {}
 
 
-def _configuration() -> tuple:
+def _configuration() -> tuple[Any, ...]:
     """What a client is built from; a different tuple (a test's settings) builds a new one.
     The key enters as a digest so the cache key never holds it."""
     key = getattr(settings, "DIFY_INNER_API_KEY", "") or ""

@@ -32,7 +32,7 @@ class Legacy:
     name: str
     text: str
     desired_enabled: bool = True
-    metadata: dict | list | str | None = None
+    metadata: dict[str, Any] | list[Any] | str | None = None
     handed_off: bool = True  # False: the hand-off failed (no new document)
 
 
