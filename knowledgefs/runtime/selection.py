@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
 
@@ -71,8 +72,10 @@ def uses_dify() -> bool:
     return runtime_name() == DIFY
 
 
+T = TypeVar("T")
+
 _lock = threading.Lock()
-_clients: dict[tuple, object] = {}
+_clients: dict[tuple[Any, ...], object] = {}
 
 
 def _configuration() -> tuple[Any, ...]:
@@ -88,7 +91,7 @@ def _configuration() -> tuple[Any, ...]:
     )
 
 
-def _shared(kind: str, build):  # noqa: ANN001, ANN202 - a factory and what it returns
+def _shared(kind: str, build: Callable[[], T]) -> T:
     runtime = runtime_name()
     if runtime != DIFY:
         raise CapabilityUnavailable(kind, runtime)
@@ -99,7 +102,7 @@ def _shared(kind: str, build):  # noqa: ANN001, ANN202 - a factory and what it r
             client = _clients.get(key)
             if client is None:
                 client = _clients[key] = build()
-    return client
+    return client  # type: ignore[return-value]  # stored under a key naming its kind
 
 
 def model_runtime() -> DifyModelRuntime:
