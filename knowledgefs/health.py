@@ -49,7 +49,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
-from django.http import JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from ingestion import fallback_admission, upload_admission
@@ -296,13 +296,13 @@ class _Component:
         self.name = name
         self.lock = threading.Lock()
         self.last: Result | None = None
-        self.future: Future | None = None
+        self.future: Future[Result] | None = None
 
     def fresh(self, now: float) -> Result | None:
         last = self.last
         return last if last is not None and now - last.finished_at < CACHE_SECONDS else None
 
-    def start(self) -> Future | Result:
+    def start(self) -> Future[Result] | Result:
         """The cached result if fresh; else the check in flight, or a new one."""
         with self.lock:
             cached = self.fresh(time.monotonic())
@@ -437,12 +437,15 @@ def diagnostics() -> dict[str, Any]:
 # --- views --------------------------------------------------------------------------------------
 
 
-def get_only(view):
+View = Callable[..., HttpResponse]
+
+
+def get_only(view: View) -> View:
     """GET/HEAD only; anything else is a JSON 405 (probes never see Django's HTML pages)."""
 
     @csrf_exempt
     @wraps(view)
-    def wrapper(request, *args, **kwargs):
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if request.method not in ("GET", "HEAD"):
             response = JsonResponse(
                 {"code": "method_not_allowed", "message": f"{request.method} is not allowed"},
@@ -456,13 +459,13 @@ def get_only(view):
 
 
 @get_only
-def health(request):
+def health(request: HttpRequest) -> JsonResponse:
     """Liveness: always 200 while the process answers, with the last component results."""
     return JsonResponse(diagnostics())
 
 
 @get_only
-def ready(request):
+def ready(request: HttpRequest) -> JsonResponse:
     """Readiness: 200 only if every component is ready, else 503 naming the failing ones."""
     ready_, body = readiness()
     response = JsonResponse(body, status=200 if ready_ else 503)
