@@ -9,7 +9,7 @@ TENANT ?= demo
 # Runtime sockets (gunicorn's control socket, the embedded PostgreSQL lock) per checkout.
 export XDG_RUNTIME_DIR ?= /tmp/kfs-$(shell id -u)-$(shell echo "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-.PHONY: install chromium redis nginx ocr office mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs bench bench-scale bench-floor bench-peers bench-fast-cost schemathesis loadtest clean unstructured
+.PHONY: install chromium redis nginx ocr office mariadb migrate demo demo-postgres serve worker test test-sqlite test-postgres test-mariadb eval-gate lint docs compose openapi release-check bench bench-scale bench-floor bench-peers bench-fast-cost schemathesis loadtest clean unstructured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,16 @@ redis:
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends redis-server; }
 	@redis-server --version 2>/dev/null
+
+# Debian's docker-compose (1.29) for tests/system/test_compose_render.py: compose/docker-compose.yaml
+# rendered by Compose itself (`docker-compose config`) with each profile; the test fails without
+# it under KFS_REQUIRE_COMPOSE=1 (CI). No Docker engine is needed to render.
+compose:
+	@command -v docker-compose >/dev/null 2>&1 || { \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends docker-compose; }
+	@docker-compose version --short 2>/dev/null
 
 # Debian's antiword and catdoc: the legacy Word (.doc) parser runs them in the parser child
 # (ingestion/parsing/legacy_office.py; ingestion/tests/test_formats_legacy.py fails without
@@ -123,12 +133,15 @@ serve: migrate
 
 # ruff, then the import contracts of pyproject.toml (lint-imports: the apps' floors import only
 # downward, knowledgefs core imports no app; imports inside functions count) and the import
-# graph's own checks (no import circle, every module a floor or the roof; docs/architecture.md).
+# graph's own checks (no import circle, every module a floor or the roof; docs/architecture.md),
+# then mypy with the Django and DRF plugins ([tool.mypy]; docs/testing.md, "Types"; cache in
+# var/mypy-cache, about 25 s cold on 2 cores).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/import_graph.py --check
+	$(BIN)/mypy
 
 # What is generated from the code: the layers picture (docs/layers.svg) and the settings table
 # of docs/production-deployment.md.
@@ -167,6 +180,23 @@ eval-gate: install
 		--baseline tests/fixtures/eval-mini/baseline.json > $(EVAL_VAR)/report.json
 
 test: lint test-sqlite test-postgres test-mariadb eval-gate
+
+# The OpenAPI document of the API as committed (docs/openapi.json), checked by release-check
+# against a fresh export. Rewrite it after changing a route, a serializer or a schema hook.
+openapi: install
+	env -u DATABASE_URL KNOWLEDGE_VAR_DIR=$(CURDIR)/var/openapi $(MANAGE) spectacular \
+		--validate --fail-on-warn --format openapi-json --file docs/openapi.json
+
+# Everything a release must pass, in order, stopping at the first failure, each step timed
+# (scripts/release_check.py; docs/testing.md, "Release check"): lint with mypy, the suite on
+# SQLite, PostgreSQL and MariaDB, the eval gate, the OpenAPI export, the migrations and their
+# downgrade plans, the Compose render, the image build and its smoke test (`$(MAKE) image
+# image-smoke`: the Makefile targets that build the Dockerfile and run scripts/image_smoke.sh),
+# git diff --check. RELEASE_CHECK_ARGS="--skip image" leaves a step out.
+RELEASE_CHECK_ARGS ?=
+release-check: install
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
+	$(BIN)/python scripts/release_check.py $(RELEASE_CHECK_ARGS)
 
 bench: install
 	$(BIN)/python bench/scifact.py

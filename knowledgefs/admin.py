@@ -30,9 +30,11 @@ class ReadOnlyAdminMixin:
 class ServiceActionMixin:
     """Admin actions that call a service once per selected row."""
 
+    message_user: Callable[..., None]  # ModelAdmin's, which this mixin is used with
+
     def apply_each(
         self, request, rows: Iterable[tuple[Any, str]], operation: Callable[[Any], Any]
-    ) -> list:
+    ) -> list[Any]:
         """Call ``operation(key)`` for each ``(key, label)`` of ``rows``, in order; a refusal
         (:class:`~knowledgefs.errors.ServiceError`) becomes the warning ``"{label}: {message}"``
         and the next row is tried. Returns the results of the calls that succeeded."""

@@ -8,7 +8,10 @@ the inner API key is never accepted on product routes. The apps' internal views 
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
+from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from .auth.authentication import InnerApiKeyAuthentication
@@ -31,7 +34,7 @@ class InternalView(APIView):
     authentication_classes = [InnerApiKeyAuthentication]
     integrated_mode = False
 
-    def initial(self, request, *args, **kwargs):  # noqa: ANN001, ANN201 - DRF signature
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         if self.integrated_mode and not settings.KNOWLEDGE_INTEGRATED_MODE_ENABLED:
             raise Conflict(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -204,7 +205,7 @@ def require_dify_settings(runtime: str, *, inner_api_url: str, inner_api_key: st
         )
 
 
-def objects_storage(runtime: str, location: str) -> dict:
+def objects_storage(runtime: str, location: str) -> dict[str, Any]:
     """The ``STORAGES["objects"]`` entry for ``runtime``: ``FileSystemStorage`` under
     ``location`` for ``local``, :class:`~knowledgefs.dify.object_storage.DifyObjectStorage`
     (which reads the ``DIFY_*`` settings when it is built) for ``dify``."""

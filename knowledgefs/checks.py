@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Warning, register
@@ -17,7 +19,7 @@ def _seconds(value: object) -> float | None:
 
 
 @register("django_q")
-def check_q_cluster_retry(app_configs=None, **kwargs) -> list[Error]:
+def check_q_cluster_retry(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """``knowledgefs.E001``: django-q2's ``retry`` must be strictly larger than its ``timeout``.
 
     django-q2 re-delivers a task that has not been acknowledged ``retry`` seconds after it was
@@ -63,7 +65,7 @@ def check_q_cluster_retry(app_configs=None, **kwargs) -> list[Error]:
 
 
 @register("security", deploy=False)
-def check_revocation_reach(app_configs=None, **kwargs) -> list[Warning]:
+def check_revocation_reach(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
     """``knowledgefs.W001``: cached API-key checks on a server database without Redis.
 
     Without ``REDIS_URL`` a revocation reaches other processes through the epoch file in
@@ -103,7 +105,7 @@ def revocation_reach_warnings(
 
 
 @register("ingestion")
-def check_pdf_tools(app_configs=None, **kwargs) -> list[Error | Warning]:
+def check_pdf_tools(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
     """PDF rasterization, OCR and parser isolation at start-up.
 
     * ``knowledgefs.W101``: ``KNOWLEDGE_PDF_RASTERIZER=poppler`` but no ``pdftoppm`` (on ``PATH``
@@ -219,7 +221,7 @@ def ignored_selector_warnings(names: list[str] | None = None) -> list[Warning]:
 
 
 @register("models")
-def check_ignored_multimodal_selectors(app_configs=None, **kwargs) -> list[Warning]:
+def check_ignored_multimodal_selectors(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
     """``knowledgefs.W104`` (see :func:`ignored_selector_warnings`)."""
     return ignored_selector_warnings()
 
@@ -228,7 +230,7 @@ def check_ignored_multimodal_selectors(app_configs=None, **kwargs) -> list[Warni
 
 
 @register("models")
-def check_local_model_files(app_configs=None, **kwargs) -> list[Error]:
+def check_local_model_files(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """``knowledgefs.E201``: under ``KNOWLEDGE_MODEL_RUNTIME=local`` a built-in ONNX model's
     files are missing, or its ``model.onnx`` does not have the SHA-256 recorded for it
     (``knowledgefs.runtime.local_embedding``): every management command (``qcluster``,
@@ -273,7 +275,7 @@ def check_local_model_files(app_configs=None, **kwargs) -> list[Error]:
 
 
 @register("models")
-def check_local_models(app_configs=None, **kwargs) -> list[Error]:
+def check_local_models(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """``knowledgefs.E020``: under ``KNOWLEDGE_MODEL_RUNTIME=local`` with the local reranker on,
     its ``model.onnx`` must be installed and hash to the pinned sha256
     (:mod:`knowledgefs.runtime.local_rerank`); the error names the file. ``/ready`` fails

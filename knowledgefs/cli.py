@@ -5,15 +5,25 @@ downgrades (:mod:`knowledgefs.downgrades`) on the command line; changes nothing 
 
 from __future__ import annotations
 
+import argparse
+from typing import Any, Protocol
+
 from django.core.management.base import CommandError
 from django.db import connections
 
 from knowledgefs import downgrades
 
+
+class Emitter(Protocol):
+    """The ``kfs`` command: prints ``payload`` as JSON under ``--json``, else ``text``."""
+
+    def emit(self, options: dict[str, Any], payload: Any, text: str) -> None: ...
+
+
 COMMANDS = ("downgrade-check",)
 
 
-def add_parser(sub, name: str) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str) -> None:
     """Register the ``kfs`` command ``name`` (``downgrade-check``) on ``sub``."""
     check = sub.add_parser(
         name,
@@ -26,7 +36,7 @@ def add_parser(sub, name: str) -> None:
     check.add_argument("--json", action="store_true")
 
 
-def handle(command, options: dict) -> None:
+def handle(command: Emitter, options: dict[str, Any]) -> None:
     """The plan and the refusals (knowledgefs.downgrades); exit status 3 when refused."""
     alias = options["database"]
     if alias not in connections:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import uuid
+from typing import TypeVar
 
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 
 from knowledgefs.errors import NotFound
 
+M = TypeVar("M", bound=Model)
 
-def lock_for_update(queryset: QuerySet) -> QuerySet:
+
+def lock_for_update(queryset: QuerySet[M]) -> QuerySet[M]:
     """``SELECT … FOR NO KEY UPDATE`` where the database has it, else ``FOR UPDATE``.
 
     Use it to serialise writers on a parent row (a document, a space). On PostgreSQL a plain
@@ -25,18 +28,18 @@ def lock_for_update(queryset: QuerySet) -> QuerySet:
     return queryset.select_for_update()
 
 
-class SpaceScopedQuerySet(QuerySet):
+class SpaceScopedQuerySet(QuerySet[M]):
     """Rows that belong to one knowledge space (a ``space`` foreign key)."""
 
-    def get_in_space(self, space, ident, *, what: str):
+    def get_in_space(self, space: Model, ident: object, *, what: str) -> M:
         """The row ``ident`` of ``space``, else 404 ``<what>_not_found`` (spaces as underscores):
         also for an id that is not a UUID and for another space's row."""
         code = what.replace(" ", "_") + "_not_found"
         try:
-            ident = uuid.UUID(str(ident))
+            row_id = uuid.UUID(str(ident))
         except ValueError:
             raise NotFound(f"{what} not found", code=code) from None
-        row = self.filter(id=ident, space=space).first()
+        row = self.filter(id=row_id, space=space).first()
         if row is None:
             raise NotFound(f"{what} not found", code=code)
         return row

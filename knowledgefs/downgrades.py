@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.core.management.base import CommandError
 from django.db.migrations.exceptions import AmbiguityError
@@ -65,7 +66,7 @@ class Refusal:
         )
         return f"{self.migration}: {self.code}: {self.message} [{self.count}: {listed}{more}]"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "migration": self.migration,
             "code": self.code,
@@ -324,7 +325,7 @@ class DowngradeCheck:
     def allowed(self) -> bool:
         return not self.refusals
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "target": {"app": self.target[0], "migration": self.target[1]},
             "plan": [{"migration": m, "direction": d} for m, d in self.plan],
@@ -333,7 +334,7 @@ class DowngradeCheck:
         }
 
 
-def resolve_target(executor: MigrationExecutor, app_label: str, name: str) -> tuple:
+def resolve_target(executor: MigrationExecutor, app_label: str, name: str) -> tuple[Any, ...]:
     """``(app_label, migration name or None)`` as ``manage.py migrate APP NAME`` resolves it:
     ``zero`` or a unique prefix. Raises ``CommandError`` naming the app or the prefix."""
     loader = executor.loader
@@ -360,7 +361,9 @@ def check_downgrade(connection, app_label: str, name: str) -> DowngradeCheck:
     target = resolve_target(executor, app_label, name)
     plan = executor.migration_plan([target])
     # The models of the applied migrations: the same state `migrate` hands to pre_migrate.
-    apps = executor._create_project_state(with_applied_migrations=True).apps
+    # A private helper of Django's executor (no stub member), as `migrate` itself calls it.
+    state = executor._create_project_state(with_applied_migrations=True)  # type: ignore[attr-defined]
+    apps = state.apps
     return DowngradeCheck(
         target=(app_label, target[1] or "zero"),
         plan=[

@@ -18,7 +18,7 @@ from django.core.exceptions import (
     TooManyFilesSent,
 )
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
@@ -147,10 +147,12 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         if isinstance(specific, str) and specific != exc.default_code:
             code = specific
         response = Response({"code": code, "message": str(exc.detail)}, status=exc.status_code)
-        if isinstance(exc, drf_exceptions.Throttled) and exc.wait is not None:
-            response["Retry-After"] = str(max(1, int(exc.wait)))
-        if getattr(exc, "auth_header", None):
-            response["WWW-Authenticate"] = exc.auth_header
+        wait = getattr(exc, "wait", None)  # Throttled's, set in __init__ (no stub member)
+        if isinstance(exc, drf_exceptions.Throttled) and wait is not None:
+            response["Retry-After"] = str(max(1, int(wait)))
+        auth_header = getattr(exc, "auth_header", None)
+        if auth_header:
+            response["WWW-Authenticate"] = auth_header
         if isinstance(exc, drf_exceptions.NotAuthenticated | drf_exceptions.AuthenticationFailed):
             response["WWW-Authenticate"] = 'Bearer realm="knowledgefs"'
         return response
@@ -275,21 +277,21 @@ def json_error(status: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"code": code, "message": message}, status=status)
 
 
-def handler400(request, exception=None) -> JsonResponse:  # noqa: ANN001 - Django signature
+def handler400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     return json_error(400, "bad_request", str(exception) if exception else "Bad request.")
 
 
-def handler403(request, exception=None) -> JsonResponse:  # noqa: ANN001 - Django signature
+def handler403(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     return json_error(403, "permission_denied", "Forbidden.")
 
 
-def csrf_failure(request, reason="") -> JsonResponse:  # noqa: ANN001 - Django signature
+def csrf_failure(request: HttpRequest, reason: str = "") -> JsonResponse:
     return json_error(403, "csrf_failed", f"CSRF verification failed: {reason}")
 
 
-def handler404(request, exception=None) -> JsonResponse:  # noqa: ANN001 - Django signature
+def handler404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     return json_error(404, "not_found", "Not found.")
 
 
-def handler500(request) -> JsonResponse:  # noqa: ANN001 - Django signature
+def handler500(request: HttpRequest) -> JsonResponse:
     return json_error(500, "internal_error", "The server failed to handle the request.")

@@ -49,7 +49,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
-from django.http import JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from ingestion import fallback_admission, upload_admission
@@ -233,7 +233,11 @@ def check_search() -> Check:
     if reason is not None:
         return False, "failing", _short(reason)
     if backend_name() == "dify":  # KNOWLEDGE_SEARCH_BACKEND=dify: one get on each bridge route
-        ok, detail = get_search_backend().probe(PROBE_TIMEOUT_MS)
+        from retrieval.backends.dify import DifyBridgeBackend
+
+        backend = get_search_backend()
+        assert isinstance(backend, DifyBridgeBackend)  # backend_name() == "dify"
+        ok, detail = backend.probe(PROBE_TIMEOUT_MS)
         return ok, "ok" if ok else "failing", _short(detail)
     if vendor == "postgresql":
         from retrieval.backends.pgvector import extension_problem
@@ -292,13 +296,13 @@ class _Component:
         self.name = name
         self.lock = threading.Lock()
         self.last: Result | None = None
-        self.future: Future | None = None
+        self.future: Future[Result] | None = None
 
     def fresh(self, now: float) -> Result | None:
         last = self.last
         return last if last is not None and now - last.finished_at < CACHE_SECONDS else None
 
-    def start(self) -> Future | Result:
+    def start(self) -> Future[Result] | Result:
         """The cached result if fresh; else the check in flight, or a new one."""
         with self.lock:
             cached = self.fresh(time.monotonic())
@@ -433,12 +437,15 @@ def diagnostics() -> dict[str, Any]:
 # --- views --------------------------------------------------------------------------------------
 
 
-def get_only(view):
+View = Callable[..., HttpResponse]
+
+
+def get_only(view: View) -> View:
     """GET/HEAD only; anything else is a JSON 405 (probes never see Django's HTML pages)."""
 
     @csrf_exempt
     @wraps(view)
-    def wrapper(request, *args, **kwargs):
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if request.method not in ("GET", "HEAD"):
             response = JsonResponse(
                 {"code": "method_not_allowed", "message": f"{request.method} is not allowed"},
@@ -452,16 +459,16 @@ def get_only(view):
 
 
 @get_only
-def health(request):
+def health(request: HttpRequest) -> JsonResponse:
     """Liveness: always 200 while the process answers, with the last component results."""
     return JsonResponse(diagnostics())
 
 
 @get_only
-def ready(request):
+def ready(request: HttpRequest) -> JsonResponse:
     """Readiness: 200 only if every component is ready, else 503 naming the failing ones."""
     ready_, body = readiness()
     response = JsonResponse(body, status=200 if ready_ else 503)
     # Transitions are logged above; django.request would log every failing probe as an ERROR.
-    response._has_been_logged = True
+    response._has_been_logged = True  # type: ignore[attr-defined]  # Django's private flag
     return response

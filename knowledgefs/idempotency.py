@@ -17,8 +17,10 @@ from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from rest_framework.request import Request
 from rest_framework.response import Response
 
+from .auth.principal import Principal
 from .errors import Conflict, InvalidInput, ServiceError
 from .models import IdempotencyRecord
 
@@ -40,7 +42,9 @@ def fingerprint(*parts: str | bytes) -> str:
     return digest.hexdigest()
 
 
-def idempotent(request, request_fingerprint: str, handler: Callable[[], Response]) -> Response:
+def idempotent(
+    request: Request, request_fingerprint: str, handler: Callable[[], Response]
+) -> Response:
     """Run ``handler`` once per ``Idempotency-Key``; without the header just run it.
 
     A replay of the same key and request answers the stored response; a key still running or
@@ -51,7 +55,10 @@ def idempotent(request, request_fingerprint: str, handler: Callable[[], Response
         return handler()
     # Records belong to the API key that made the request, so one key can never replay a
     # response another key (perhaps with a wider scope) received.
-    owner = request.user.owner
+    principal = request.user
+    if not isinstance(principal, Principal):
+        raise TypeError("idempotent() needs an authenticated request")
+    owner = principal.owner
     if not 1 <= len(key) <= 255 or not key.isascii() or not key.isprintable():
         raise InvalidInput(
             "Idempotency-Key must be 1-255 printable ASCII characters",

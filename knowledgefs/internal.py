@@ -4,7 +4,10 @@ capability grant. The base view is :mod:`knowledgefs.api`; the spaces' internal 
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
+from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .api import InternalView, internal
@@ -12,14 +15,14 @@ from .auth import grants
 from .errors import InvalidInput
 
 
-class RevokeSerializer(serializers.Serializer):
+class RevokeSerializer(serializers.Serializer[Any]):
     reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
 
 class RevokeGrantView(InternalView):
     operations = {"POST": internal("internal.capability_grants.revoke")}
 
-    def post(self, request, grant_id):
+    def post(self, request: Request, grant_id: str) -> Response:
         """Cut a capability grant off; its tokens are refused from the next request on."""
         if not 1 <= len(grant_id) <= 128 or not grant_id.isascii() or not grant_id.isprintable():
             raise InvalidInput(

@@ -67,7 +67,8 @@ class GuardedReversal(Operation):
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
         from knowledgefs import downgrades
 
-        guard = downgrades.GUARDS[tuple(self.guard.split(".", 1))]
+        app_label, name = self.guard.split(".", 1)
+        guard = downgrades.GUARDS[(app_label, name)]
         if schema_editor.collect_sql:
             raise downgrades.DowngradeRefused(f"{self.guard}: {guard.sql_only_message}")
         refusal = guard.evaluate(from_state.apps, schema_editor.connection.alias)
@@ -84,7 +85,9 @@ def uuid_column_type(connection) -> str:
     beside Django's columns must use the same type (a dashed MariaDB uuid is 36 characters)."""
     from django.db import models
 
-    return models.UUIDField().db_type(connection)
+    db_type = models.UUIDField().db_type(connection)
+    assert db_type is not None  # every backend Django ships has a uuid column type
+    return db_type
 
 
 class MySQLRunSQL(migrations.RunPython):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
+from typing import Any
 
 from django.core import signing
 from django.db.models import Q
@@ -56,7 +57,7 @@ def invalid_cursor() -> InvalidInput:
     )
 
 
-def listing_salt(listing: str, binding: dict) -> str:
+def listing_salt(listing: str, binding: dict[str, Any]) -> str:
     """The signing salt of one listing: its name and a digest of what it is bound to."""
     digest = hashlib.sha256(
         json.dumps(binding, sort_keys=True, default=str).encode("utf-8")
@@ -72,7 +73,7 @@ def _encode_value(value):
     return str(value)
 
 
-def encode_cursor(key: list, backwards: bool, salt: str) -> str:
+def encode_cursor(key: list[Any], backwards: bool, salt: str) -> str:
     """The signed cursor continuing after ``key`` (``backwards``: before it)."""
     return signing.dumps({"k": key, "b": int(backwards)}, salt=salt)
 
@@ -103,7 +104,7 @@ def decode_cursor(raw: str | None, salt: str, ordering, model) -> tuple[list | N
     return key, bool(payload["b"])
 
 
-def after(ordering, key: list, backwards: bool = False) -> Q:
+def after(ordering, key: list[Any], backwards: bool = False) -> Q:
     """Rows strictly after ``key`` in the reading direction (a lexicographic keyset over
     ``ordering``, e.g. ``created_at < t OR (created_at = t AND id < i)`` newest first)."""
     condition = Q()
@@ -117,7 +118,7 @@ def after(ordering, key: list, backwards: bool = False) -> Q:
     return condition
 
 
-def row_key(row, ordering) -> list:
+def row_key(row, ordering) -> list[Any]:
     """The JSON-ready ordering key of ``row``."""
     return [_encode_value(getattr(row, name.lstrip("-"))) for name in ordering]
 
@@ -128,7 +129,7 @@ def page_of(
     limit: int | None,
     cursor: str | None,
     listing: str,
-    binding: dict,
+    binding: dict[str, Any],
     ordering=("-created_at", "-id"),
 ) -> tuple[list, str | None]:
     """One forward page for callers without a request (the ``kfs`` listings): ``(rows,
@@ -193,7 +194,7 @@ class KeysetPagination(BasePagination):
         }
         return listing_salt(listing, binding)
 
-    def encode_cursor(self, key: list, backwards: bool) -> str:
+    def encode_cursor(self, key: list[Any], backwards: bool) -> str:
         return encode_cursor(key, backwards, self._salt)
 
     def decode_cursor(self, request, model) -> tuple[list | None, bool]:
@@ -234,7 +235,7 @@ class KeysetPagination(BasePagination):
 
     # The page.
 
-    def _link(self, key: list | None, backwards: bool) -> str | None:
+    def _link(self, key: list[Any] | None, backwards: bool) -> str | None:
         if key is None:
             return None
         url = self.request.build_absolute_uri()
@@ -281,7 +282,9 @@ def add_page_arguments(parser, default: int) -> None:
     parser.add_argument("--cursor", help="continue after a page: its next_cursor")
 
 
-def cli_page(queryset, options: dict, *, listing: str, binding: dict) -> tuple[list, str | None]:
+def cli_page(
+    queryset, options: dict[str, Any], *, listing: str, binding: dict[str, Any]
+) -> tuple[list, str | None]:
     """The page a ``kfs`` listing asked for with :func:`add_page_arguments`' options:
     ``(rows, next_cursor)``; 400-style ``invalid_limit`` / ``invalid_cursor``
     (:class:`~knowledgefs.errors.InvalidInput`, exit status 1 through ``kfs``)."""

@@ -11,7 +11,8 @@ before a view reads it, the same on every engine: 400 ``invalid_request`` naming
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import IO, Any
 
 from rest_framework.parsers import JSONParser
 
@@ -24,7 +25,12 @@ class TextJSONParser(JSONParser):
     """:class:`rest_framework.parsers.JSONParser` that refuses U+0000 in any string
     (:func:`refuse_nul`); malformed JSON stays 400 ``malformed_request``."""
 
-    def parse(self, stream, media_type=None, parser_context=None) -> Any:
+    def parse(
+        self,
+        stream: IO[Any],
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
         data = super().parse(stream, media_type, parser_context)
         refuse_nul(data)
         return data

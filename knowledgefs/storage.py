@@ -12,12 +12,14 @@ import errno
 import os
 import time
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from django.core.files.base import ContentFile
-from django.core.files.storage import storages
+from django.core.files.storage import Storage, storages
 
 
-def object_storage():
+def object_storage() -> Storage:
     """Return the configured object storage (a Django ``Storage``)."""
     return storages["objects"]
 
@@ -34,7 +36,8 @@ def put_object(key: str, data: bytes) -> str:
     if save_object is not None:
         # Dify's storage: one PUT, with the time of writing (its listing has no dates; the
         # sweep of unreferenced objects reads the age from here).
-        return save_object(key, data, metadata={WRITTEN_AT: str(int(time.time()))}).key
+        written: str = save_object(key, data, metadata={WRITTEN_AT: str(int(time.time()))}).key
+        return written
     for attempt in range(_SAVE_ATTEMPTS):
         try:
             saved = storage.save(key, ContentFile(data))
@@ -57,7 +60,7 @@ def put_object(key: str, data: bytes) -> str:
 WRITTEN_AT = "kfs-written-at"
 
 
-def written_at(metadata) -> float | None:
+def written_at(metadata: Mapping[str, Any] | None) -> float | None:
     """When the object was written, from its metadata (``None``: not recorded or malformed)."""
     try:
         return float((metadata or {})[WRITTEN_AT])
@@ -76,7 +79,7 @@ def read_object(key: str, *, max_bytes: int) -> bytes:
     open_object = getattr(storage, "open_object", None)
     if open_object is None:
         with storage.open(key, "rb") as handle:
-            data = handle.read(max_bytes + 1)
+            data: bytes = handle.read(max_bytes + 1)
     else:
         from knowledgefs.dify.errors import ObjectStorageError
 
@@ -111,7 +114,7 @@ def delete_object(key: str) -> None:
 _SAVE_ATTEMPTS = 50
 
 
-def _prune_empty_parents(storage, key: str) -> None:
+def _prune_empty_parents(storage: Storage, key: str) -> None:
     """On a file-system storage, remove the directories of ``key`` left empty, deepest first,
     up to (never including) the storage root.
 

@@ -2,7 +2,7 @@
 probes, and Django admin. Each app's routes live in its ``urls.py``; this module includes them."""
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 
 from retrieval.api import mcp as mcp_api
 from spaces import urls as spaces_urls
@@ -18,7 +18,7 @@ handler403 = "knowledgefs.errors.handler403"
 handler404 = "knowledgefs.errors.handler404"
 handler500 = "knowledgefs.errors.handler500"
 
-v1 = [
+v1: list[URLPattern | URLResolver] = [
     # Knowledge spaces and their profiles (spaces/urls.py).
     path("", include(spaces_urls.urlpatterns)),
     # Documents, their text and compilation jobs (ingestion/urls.py).
@@ -27,7 +27,7 @@ v1 = [
     path("", include("retrieval.urls")),
 ]
 
-internal_routes = [
+internal_routes: list[URLPattern | URLResolver] = [
     path("", include(spaces_urls.internal_urlpatterns)),
     path(
         "capability-grants/<str:grant_id>/revoke",

@@ -10,6 +10,8 @@ the default applies. The choice is recorded in the route (``RetrievalResult.rout
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import reasoning
 
 CHOICES = ("fast", "deep", "research")
@@ -53,7 +55,7 @@ def resolve_mode(space, profile, query: str) -> tuple[str, dict]:
     (degraded). Never raises for a model failure: the fallback is the profile's default mode.
     """
     selection = reasoning.reasoning_selection(profile)
-    route = {
+    route: dict[str, Any] = {
         "requested_mode": "auto",
         "resolved_mode": fallback_mode(profile),
         "resolver": "fallback",

@@ -410,7 +410,12 @@ def assess(
 def _signal_reason(items, strong, covers: dict, words: set[str], floor: float) -> str:
     """``best dense_raw 0.61 (at least 0.33 needed), 4 of 6 question words in one item``."""
     pool = strong or items
-    best = max(pool, key=lambda i: relevance(i)[1] if relevance(i) else i.score)
+
+    def strength(item: EvidenceItem) -> float:
+        signal = relevance(item)
+        return signal[1] if signal else item.score
+
+    best = max(pool, key=strength)
     signal = relevance(best)
     if signal is None:
         name, value, needed = "score", best.score, settings.KNOWLEDGE_ANSWER_MIN_FINAL_SCORE

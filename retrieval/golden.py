@@ -210,7 +210,7 @@ def create_question(space: KnowledgeSpace, body) -> GoldenQuestion:
     }
     limit = settings.KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE
     with transaction.atomic():
-        lock_for_update(KnowledgeSpace.objects).filter(id=space.id).first()
+        lock_for_update(KnowledgeSpace.objects.all()).filter(id=space.id).first()
         if GoldenQuestion.objects.filter(space=space).count() >= limit:
             raise Conflict(
                 f"this space already holds {limit} golden questions, the limit "

@@ -94,9 +94,9 @@ def index_projections(nodes: list[IndexedNode], vectors: dict[int, np.ndarray]) 
             if not any(v.state == IndexState.ACTIVE for v in versions):
                 versions.append(ensure_active_version(KnowledgeSpace(id=space_id)))
             for version in versions:
-                matrix = vectors.get(version.number)
-                if matrix is not None:
-                    matrix = matrix[rows] if len(rows) != len(nodes) else matrix
+                found = vectors.get(version.number)
+                if found is not None:
+                    matrix = found[rows] if len(rows) != len(nodes) else found
                 elif version.state == IndexState.BUILDING:
                     continue  # the rebuild and the cutover fill it
                 else:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from django.conf import settings
 
@@ -83,7 +84,7 @@ def rerank_locally(
     timeout_ms = settings.KNOWLEDGE_LOCAL_RERANK_TIMEOUT_MS if timeout_ms is None else timeout_ms
     t0 = time.perf_counter()
     head = [r for r in pool if r[0] in texts][:top_n]
-    info = {"candidates": len(head), "duration_ms": 0.0, "degraded": None}
+    info: dict[str, Any] = {"candidates": len(head), "duration_ms": 0.0, "degraded": None}
     if not head:
         return list(pool), info
     try:

@@ -32,7 +32,7 @@ from retrieval import evidence as ev  # noqa: E402
 D = sys.argv[1] if len(sys.argv) > 1 else str(ROOT.parent / "shared" / "data" / "scifact")
 rows = [json.loads(line) for line in open(f"{D}/queries.jsonl")]
 queries = {row["_id"]: row["text"] for row in rows}
-qrels = {}
+qrels: dict[str, set[str]] = {}
 for line in list(open(f"{D}/qrels/test.tsv"))[1:]:
     q, c, s = line.split()
     qrels.setdefault(q, set()).add(c)
@@ -127,13 +127,13 @@ for name, rows in (("scifact", on), ("offtopic", off)):
 rel_cos = [r[3] for r in on]
 print("scifact relevant-abstract cosine p5/p10/p50", [pct(rel_cos, p) for p in (5, 10, 50)])
 for t in (0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.75):
-    for c in (0.34, 0.5):
-        ans_on = sum(1 for r in on if r[0] >= t and r[1] >= c)
-        ans_off = sum(1 for r in off if r[0] >= t and r[1] >= c)
-        nee_on = sum(1 for r in on if r[0] < t and r[1] < c)
-        nee_off = sum(1 for r in off if r[0] < t and r[1] < c)
+    for cut in (0.34, 0.5):
+        ans_on = sum(1 for r in on if r[0] >= t and r[1] >= cut)
+        ans_off = sum(1 for r in off if r[0] >= t and r[1] >= cut)
+        nee_on = sum(1 for r in on if r[0] < t and r[1] < cut)
+        nee_off = sum(1 for r in off if r[0] < t and r[1] < cut)
         print(
-            f"T={t} C={c}: scifact answerable {ans_on}/100 nee {nee_on}; "
+            f"T={t} C={cut}: scifact answerable {ans_on}/100 nee {nee_on}; "
             f"offtopic answerable {ans_off}/{len(off)} nee {nee_off}"
         )
 for q, r in zip(OFF, off, strict=True):

@@ -222,7 +222,7 @@ class BindingForm(forms.ModelForm):
         fields = ("resource_type", "space", "dataset_id")
 
     def clean(self):
-        data = super().clean()
+        data = super().clean() or {}
         kind, space, dataset = data.get("resource_type"), data.get("space"), data.get("dataset_id")
         if kind == BindingType.KNOWLEDGE_FS_SPACE and (space is None or dataset):
             raise ValidationError("a knowledge-space binding names a space and no dataset id")
@@ -304,7 +304,7 @@ class ApiKeyCreationForm(forms.ModelForm):
             raise ValidationError(exc.message) from None
 
     def clean(self):
-        data = super().clean()
+        data = super().clean() or {}
         tenant = data.get("tenant_id")
         if tenant:
             try:

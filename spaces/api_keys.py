@@ -155,7 +155,7 @@ def create_api_key(
 
 def _lock_key(key: ApiKey | uuid.UUID | str) -> ApiKey:
     """Re-read a key under its row lock (inside a transaction), or ``api_key_not_found``."""
-    key_id = getattr(key, "pk", key)
+    key_id = key.pk if isinstance(key, ApiKey) else key
     locked = ApiKey.objects.select_for_update().filter(id=key_id).first()
     if locked is None:
         raise NotFound("no such API key", code="api_key_not_found")
@@ -320,7 +320,7 @@ def describe_api_key(key: ApiKey) -> dict:
             {
                 "type": b.resource_type,
                 "space_id": str(b.space_id) if b.space_id else None,
-                "space_slug": b.space.slug if b.space_id else None,
+                "space_slug": b.space.slug if b.space is not None else None,
                 "dataset_id": b.dataset_id,
             }
             for b in sorted(key.bindings.all(), key=lambda b: b.id)

@@ -243,20 +243,20 @@ def _apikey(command, options: dict) -> None:
         return
     principal = spaces.Principal(tenant_id=tenant)
     bound = [spaces.get_space_by_slug(principal, slug) for slug in options["space"]]
-    key, secret = api_keys.create_api_key(
+    created, secret = api_keys.create_api_key(
         tenant, spaces=bound, datasets=options["dataset"], name=options["name"]
     )
     payload = {
-        "id": str(key.id),
-        "prefix": key.prefix,
+        "id": str(created.id),
+        "prefix": created.prefix,
         "secret": secret,
         "tenant_id": tenant,
-        "bindings": api_keys.describe_api_key(key)["bindings"],
+        "bindings": api_keys.describe_api_key(created)["bindings"],
         # earlier names of the same values
         "key": secret,
         "spaces": [s.slug for s in bound],
     }
-    command.emit(options, payload, f"{secret}\n(shown once; prefix {key.prefix})")
+    command.emit(options, payload, f"{secret}\n(shown once; prefix {created.prefix})")
 
 
 def _key_line(key: dict) -> str:

@@ -62,7 +62,7 @@ class KnowledgeSpace(models.Model):
         return f"{self.slug} ({self.tenant_id})"
 
 
-class PublicationHeadManager(models.Manager):
+class PublicationHeadManager(models.Manager["PublicationHead"]):
     """Moves a space's publication head (the only writer of ``revision``)."""
 
     def advance(self, space_id: uuid.UUID, attempts: int = 20) -> int:
@@ -72,7 +72,7 @@ class PublicationHeadManager(models.Manager):
             if self.filter(space_id=space_id, revision=head.revision).update(
                 revision=head.revision + 1, published_at=timezone.now()
             ):
-                return head.revision + 1
+                return int(head.revision) + 1
         raise RuntimeError(f"publication head of space {space_id} kept moving; gave up")
 
 

@@ -13,12 +13,13 @@ import re
 import unicodedata
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from knowledgefs.auth.principal import Principal
+from knowledgefs.auth.principal import Principal as Principal
 from knowledgefs.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 from . import signals
@@ -27,7 +28,9 @@ from .models import (
     SLUG_PATTERN,
     KnowledgeSpace,
     PublicationHead,
-    validate_tenant_id,
+)
+from .models import (
+    validate_tenant_id as validate_tenant_id,
 )
 
 logger = logging.getLogger("knowledgefs.apikeys")
@@ -177,10 +180,10 @@ def get_space_by_slug(principal: Principal, slug: str) -> KnowledgeSpace:
     return space
 
 
-def space_fields(changes: dict) -> dict:
+def space_fields(changes: dict[str, Any]) -> dict[str, Any]:
     """The checked row fields of ``changes`` (``name``, ``description``, ``slug``); other keys
     are left to their owners (``embedding_model_id``: retrieval.embedding_profile)."""
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     if "name" in changes:
         fields["name"] = _clean_name(changes["name"])
     if "description" in changes:
@@ -203,7 +206,7 @@ CHUNK_SIZE_TOKENS = (16, 8192)
 _CHUNKING_KEYS = frozenset({"chunk_size_tokens", "chunk_overlap_tokens"})
 
 
-def checked_chunking(value) -> dict | None:
+def checked_chunking(value: object) -> dict[str, int] | None:
     """A space's ``chunking``: ``null`` (the deployment's) or ``{"chunk_size_tokens": 16..8192,
     "chunk_overlap_tokens": 0..size-1}`` (overlap 0 when left out). 400 ``invalid_chunking``
     naming the member and the rule otherwise; an overlap as large as the size is refused here,
@@ -225,6 +228,7 @@ def checked_chunking(value) -> dict | None:
     for name, number in (("chunk_size_tokens", size), ("chunk_overlap_tokens", overlap)):
         if isinstance(number, bool) or not isinstance(number, int):
             raise refuse(f"{name} must be an integer")
+    assert isinstance(size, int) and isinstance(overlap, int)  # checked just above
     if not low <= size <= high:
         raise refuse(f"chunk_size_tokens must be between {low} and {high}")
     if overlap < 0:
@@ -241,7 +245,7 @@ def update_space(
     principal: Principal,
     space_id: uuid.UUID | str,
     *,
-    changes: dict,
+    changes: dict[str, Any],
     expected_revision: int | None = None,
 ) -> KnowledgeSpace:
     """Apply ``changes`` (``name``, ``description``, ``slug``) by compare-and-set on
@@ -257,7 +261,7 @@ def update_space(
 
 def apply_space_update(
     space: KnowledgeSpace,
-    fields: dict,
+    fields: dict[str, Any],
     expected_revision: int | None,
     *,
     also: Callable[[KnowledgeSpace], object] | None = None,

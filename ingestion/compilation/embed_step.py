@@ -124,7 +124,7 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
             },
         )
 
-    done = _commit(
+    committed = _commit(
         held,
         outputs,
         Stage.PROJECTION_BUILT,
@@ -137,7 +137,7 @@ def _project(held: Held, jobs, job_ids, nodes) -> dict[uuid.UUID, list[Knowledge
             nodes_embedded=len(out[0]),
         ),
     )
-    return {j: out[0] for j, out in done.items()}
+    return {j: kept[0] for j, kept in committed.items()}
 
 
 def _embedding_progress(

@@ -67,7 +67,7 @@ def _per_row(model, field_name: str, values: dict):
     (PostgreSQL types a CASE of parameters as text).
     """
     field = model._meta.get_field(field_name)
-    case = Case(
+    case: Case | Cast = Case(
         *[When(pk=k, then=Value(v, output_field=field)) for k, v in values.items()],
         default=F(field.attname),
         output_field=field,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ingestion.models import Stage
 
 # Percent of the whole job reached at each checkpoint; embedding fills 50 → 90.
-PROGRESS = {
+PROGRESS: dict[str, int] = {
     Stage.QUEUED: 0,
     Stage.PARSED: 30,
     Stage.NODES_GENERATED: 50,

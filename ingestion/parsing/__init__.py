@@ -155,7 +155,7 @@ def _finalise(elements: list[Element]) -> tuple[list[Element], dict[int, int]]:
 
     Returns the kept elements and a map old index -> new index (for asset references).
     """
-    out = []
+    out: list[Element] = []
     index_map: dict[int, int] = {}
     for old_index, element in enumerate(elements):
         text = clean_text(element.text).strip()

@@ -298,7 +298,7 @@ def _candidates(data: bytes) -> list[str]:
     try:
         matches = charset_normalizer.from_bytes(data[: _SCORE_CHARS * 2])
     except Exception:  # noqa: BLE001 - the detector is one source of candidates among others
-        matches = []
+        matches = charset_normalizer.CharsetMatches()
     for match in list(matches)[:5]:
         try:
             name = codecs.lookup(match.encoding).name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from typing import Any
 
 from bs4 import BeautifulSoup, NavigableString, Tag
 from bs4.element import Comment, Declaration, Doctype, ProcessingInstruction
@@ -243,11 +244,11 @@ class _HtmlWalker:
         self.buf: list[str] = []
         self.skip_boilerplate = False
 
-    def emit(self, type_: str, text: str, **kwargs: object) -> None:
+    def emit(self, type_: str, text: str, **kwargs: Any) -> None:
         if text.strip():
             self.out.append(
                 Element(type=type_, text=text.strip(), section_path=self.sections.path, **kwargs)
-            )  # type: ignore[arg-type]
+            )
 
     def flush(self) -> None:
         text = collapse_ws("".join(self.buf))

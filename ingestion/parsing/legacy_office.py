@@ -318,8 +318,8 @@ def parse_ppt(data: bytes) -> ParseReport:
                 out.append(
                     Element(type="paragraph", text=item, page_number=number, section_path=path)
                 )
-            elif (table := _table_element(item, number)) is not None:
-                out.append(dataclasses.replace(table, section_path=path))
+            elif (element := _table_element(item, number)) is not None:
+                out.append(dataclasses.replace(element, section_path=path))
         slide_id = slide_ids[number - 1] if number <= len(slide_ids) else None
         for text in notes.get(slide_id, []) if slide_id is not None else []:
             out.append(

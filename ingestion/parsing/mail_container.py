@@ -42,7 +42,7 @@ def decode_container(data: bytes) -> tuple[bytes, bool]:
     if encoding not in _UNICODE_CONTAINERS:
         return data, False
     try:
-        text = data[skip:].decode(encoding)  # type: ignore[arg-type]
+        text = data[skip:].decode(encoding)
     except UnicodeDecodeError as exc:
         raise CorruptDocument(
             f"corrupt or unreadable e-mail message (EML): not valid {encoding.upper()}"

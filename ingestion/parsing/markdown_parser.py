@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from typing import Any
 
 from .base import Element, ParseReport, SectionStack
 from .encoding import decode_text_report
@@ -58,11 +59,11 @@ class _MarkdownParser:
         self.sections = SectionStack()
         self.para: list[str] = []
 
-    def emit(self, type_: str, text: str, **kwargs: object) -> None:
+    def emit(self, type_: str, text: str, **kwargs: Any) -> None:
         if text.strip():
             self.out.append(
                 Element(type=type_, text=text.strip(), section_path=self.sections.path, **kwargs)
-            )  # type: ignore[arg-type]
+            )
 
     def flush_para(self) -> None:
         if self.para:

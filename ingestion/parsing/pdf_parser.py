@@ -41,6 +41,7 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError
@@ -49,6 +50,9 @@ from . import ocr, page_progress, pdf_content, pdf_tables, rasterize
 from .base import Asset, Element, ParseReport, clean_text
 from .errors import CorruptDocument, EncryptedDocument, ParseError
 from .text_parser import split_paragraphs
+
+if TYPE_CHECKING:
+    import pdfplumber
 
 logger = logging.getLogger("knowledgefs.parsing.pdf")
 # pypdf and pdfminer (under pdfplumber) log font-encoding and xref-repair notes per page at
@@ -112,7 +116,7 @@ def _open(data: bytes) -> PdfReader:
     return reader
 
 
-def _open_plumber(data: bytes):
+def _open_plumber(data: bytes) -> pdfplumber.PDF | None:
     """A pdfplumber document for tables and images, or ``None`` if pdfminer cannot read it."""
     try:
         import pdfplumber
@@ -187,7 +191,8 @@ def _parse_pdf(data: bytes) -> ParseReport:
         raise ParseError("the PDF has no pages", code="no_extractable_text")
     doc = _Doc(data=data, config=rasterize.current())
     operators = _check_size(pages, doc.config)
-    plumber = None  # opened on the first page that needs a layout pass
+    # pdfplumber's PDF, opened on the first page that needs a layout pass (False: unreadable)
+    plumber: pdfplumber.PDF | Literal[False] | None = None
     failures = 0
     try:
         for number, page in enumerate(pages, start=1):

@@ -285,7 +285,8 @@ class SlotWaits:
     clock) so the process that started the parse can leave it out of the parse's budget."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.total, self.since = path, 0.0, None
+        self.path, self.total = path, 0.0
+        self.since: float | None = None
 
     def begin(self) -> None:
         self.since = time.monotonic()

@@ -7,6 +7,7 @@ import datetime as dt
 import io
 import warnings
 import zipfile
+from collections.abc import Sequence
 from typing import Any
 
 import openpyxl
@@ -152,7 +153,7 @@ def _merged_ranges(archive: zipfile.ZipFile, path: str) -> list[tuple[int, int, 
 
 def sheet_grid(
     ws: Any,
-    merged: list[tuple[int, int, int, int]] = (),
+    merged: Sequence[tuple[int, int, int, int]] = (),
     formulas: dict[tuple[int, int], str] | None = None,
 ) -> list[list[str]]:
     """Cell texts of a worksheet, merged ranges resolved and empty rows/columns trimmed.
@@ -166,7 +167,7 @@ def sheet_grid(
 
 
 def grid_from_cells(
-    cells: dict[int, dict[int, str]], merged: list[tuple[int, int, int, int]] = ()
+    cells: dict[int, dict[int, str]], merged: Sequence[tuple[int, int, int, int]] = ()
 ) -> list[list[str]]:
     """Rows of non-empty cell texts (``{row: {column: text}}``, 1-based) with the merged
     ranges ``(min_col, min_row, max_col, max_row)`` carried as :func:`sheet_grid` describes,

@@ -279,7 +279,7 @@ def serve(args: argparse.Namespace) -> None:
     httpd = ThreadingHTTPServer((args.host, args.port), Handler)
     httpd.daemon_threads = True
     host, port = httpd.server_address[:2]
-    print(f"listening on http://{host}:{port}", flush=True)
+    print(f"listening on http://{host!s}:{port}", flush=True)
     try:
         httpd.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

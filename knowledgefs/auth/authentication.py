@@ -11,12 +11,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from rest_framework import authentication, exceptions
 
 from .capability import CapabilityClaims, CapabilityError, looks_like_jwt, verify_token
 from .principal import Principal
+
+if TYPE_CHECKING:  # DRF loads these classes while rest_framework.views is still importing
+    from rest_framework.request import Request
 
 INNER_API_HEADER = "HTTP_X_INNER_API_KEY"
 
@@ -66,7 +70,7 @@ class CapabilityTokenAuthentication(authentication.BaseAuthentication):
     matches the route's operation, so a token refused there leaves no grant behind.
     """
 
-    def authenticate(self, request):
+    def authenticate(self, request: Request) -> tuple[Principal, CapabilityClaims] | None:
         header = authentication.get_authorization_header(request).decode("latin-1")
         scheme, _, token = header.partition(" ")
         token = token.strip()
@@ -83,7 +87,7 @@ class CapabilityTokenAuthentication(authentication.BaseAuthentication):
             raise refuse(error) from None
         return principal_from_claims(claims), claims
 
-    def authenticate_header(self, request) -> str:
+    def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="knowledgefs"'
 
 
@@ -91,7 +95,7 @@ class InnerApiKeyAuthentication(authentication.BaseAuthentication):
     """``X-Inner-Api-Key`` for internal routes, compared in constant time with
     ``DIFY_INNER_API_KEY``. The principal has no tenant: internal routes name it in the body."""
 
-    def authenticate(self, request):
+    def authenticate(self, request: Request) -> tuple[Principal, None] | None:
         presented = request.META.get(INNER_API_HEADER)
         if presented is None:
             return None
@@ -107,5 +111,5 @@ class InnerApiKeyAuthentication(authentication.BaseAuthentication):
             )
         return Principal(tenant_id="", kind="internal", subject="dify-inner-api"), None
 
-    def authenticate_header(self, request) -> str:
+    def authenticate_header(self, request: Request) -> str:
         return "X-Inner-Api-Key"

@@ -314,7 +314,7 @@ def _resource(value: Any, namespace_id: str) -> Resource:
             "the token's namespace resource is not its own namespace",
             status=403,
         )
-    return Resource(type=kind, id=_canonical(ident), parent_id=_canonical(parent))
+    return Resource(type=kind, id=_canonical(ident) or ident, parent_id=_canonical(parent))
 
 
 def _canonical(ident: str | None) -> str | None:

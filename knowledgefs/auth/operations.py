@@ -45,7 +45,7 @@ class Binding:
     field: str | None = None
     parent_field: str | None = None
 
-    def values(self, request: Any, view_kwargs: dict) -> tuple[str | None, str | None]:
+    def values(self, request: Any, view_kwargs: dict[str, Any]) -> tuple[str | None, str | None]:
         """Return ``(resource_id, parent_id)`` as named by the request (``None`` if absent)."""
         if self.source == "none":
             return None, None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -26,7 +27,7 @@ def parse_rate(name: str, rate: str | None) -> tuple[int, int] | None:
     return int(count), PERIODS[period]
 
 
-def validate_rates(rates: dict) -> dict:
+def validate_rates(rates: dict[str, Any]) -> dict[str, Any]:
     """Check every configured rate and that ``default`` is present; returns ``rates``."""
     if not isinstance(rates, dict) or "default" not in rates:
         raise ImproperlyConfigured("KNOWLEDGE_RATE_LIMITS must be an object with a 'default'")
@@ -35,7 +36,7 @@ def validate_rates(rates: dict) -> dict:
     return rates
 
 
-def rates_from_env(raw: str) -> dict:
+def rates_from_env(raw: str) -> dict[str, Any]:
     """Parse the ``KNOWLEDGE_RATE_LIMITS`` JSON object (empty: no overrides)."""
     if not raw.strip():
         return {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.cache import cache
@@ -20,7 +21,12 @@ from rest_framework import exceptions
 from rest_framework.throttling import BaseThrottle
 
 from .operations import operation_for
+from .principal import Principal
 from .rates import PERIODS, parse_rate
+
+if TYPE_CHECKING:  # DRF loads this class while rest_framework.views is still importing
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
 
 
 class OperationThrottle(BaseThrottle):
@@ -29,10 +35,10 @@ class OperationThrottle(BaseThrottle):
     def __init__(self) -> None:
         self._wait: float | None = None
 
-    def allow_request(self, request, view) -> bool:
-        operation = operation_for(view, request.method)
+    def allow_request(self, request: Request, view: APIView) -> bool:
+        operation = operation_for(view, request.method or "GET")
         principal = request.user
-        if operation is None or principal is None:
+        if operation is None or not isinstance(principal, Principal):
             return True
         rates = settings.KNOWLEDGE_RATE_LIMITS
         name = operation.operation_id

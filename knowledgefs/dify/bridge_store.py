@@ -114,7 +114,9 @@ class _BridgeStore:
         self.requests = 0
         self._count_lock = threading.Lock()
 
-    def _post(self, body: dict, *, max_bytes: int = config.BRIDGE_RESPONSE_MAX_BYTES) -> dict:
+    def _post(
+        self, body: dict[str, Any], *, max_bytes: int = config.BRIDGE_RESPONSE_MAX_BYTES
+    ) -> dict[str, Any]:
         """Send one operation, return its ``{points, matches}`` answer (both lists)."""
         with self._count_lock:  # chunk searches run on several threads
             self.requests += 1
@@ -142,7 +144,7 @@ class _BridgeStore:
         if not isinstance(limit, int) or not 1 <= limit <= config.BRIDGE_MAX_LIMIT:
             raise self.errors.of("input", f"limit must be 1..{config.BRIDGE_MAX_LIMIT}")
 
-    def _matches(self, answer: dict, asked: Sequence[str], limit: int) -> list[Match]:
+    def _matches(self, answer: dict[str, Any], asked: Sequence[str], limit: int) -> list[Match]:
         """The answer's matches, refused unless each is one of ``asked``, once, with a finite
         score, and there are at most ``limit``."""
         raw = answer["matches"]
@@ -156,8 +158,8 @@ class _BridgeStore:
                 raise self._invalid("a match is not an object")
             try:
                 point = str(uuid.UUID(str(item.get("id"))))
-                score = float(item.get("score"))
-            except (ValueError, TypeError):
+                score = float(item["score"])
+            except (KeyError, ValueError, TypeError):
                 raise self._invalid("a match has no UUID id or no numeric score") from None
             if point not in allowed:
                 raise self._invalid("a match is not one of the authorized ids")
@@ -173,7 +175,7 @@ class _BridgeStore:
         return self.errors.of("invalid", f"{self.route}: {detail}", route=self.route)
 
     def _search_chunks(
-        self, ids: list[str], limit: int, body_for: Callable[[list[str]], dict]
+        self, ids: list[str], limit: int, body_for: Callable[[list[str]], dict[str, Any]]
     ) -> list[Match]:
         """Search every chunk of at most 2048 ``ids`` and merge: the best ``limit`` by score
         (ties by id, so the merge is deterministic)."""
@@ -195,7 +197,7 @@ class _BridgeStore:
         scope: Any,
         ids: Sequence[Any],
         limit: int,
-        query_fields: Callable[[], dict],
+        query_fields: Callable[[], dict[str, Any]],
         *,
         blank: bool = False,
     ) -> list[Match]:

@@ -103,7 +103,7 @@ class DifyDatasources:
             raise DatasourceError.of(
                 "invalid", f"{DATASOURCE}: validate_credentials did not answer a boolean result"
             )
-        return results[-1]
+        return bool(results[-1])
 
     def browse(
         self,

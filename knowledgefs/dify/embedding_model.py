@@ -65,7 +65,8 @@ class DifyEmbeddingModel:
 
     def embed_query(self, text: str) -> np.ndarray:
         """``(dimension,)`` float32 of unit norm."""
-        return self._embed([text], "query")[0]
+        vector: np.ndarray = self._embed([text], "query")[0]
+        return vector
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
         """Several queries in one call (``input_type=query``): ``(len(texts), dimension)``."""

@@ -12,6 +12,8 @@ texts sent, or the body Dify answered (an error envelope's message is kept only 
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured
 
 
@@ -53,7 +55,7 @@ class DifyError(Exception):
         return f"{self.code}: {self.message}"
 
     @classmethod
-    def of(cls, kind: str, message: str, **kwargs) -> DifyError:
+    def of(cls, kind: str, message: str, **kwargs: Any) -> DifyError:
         """Build the error of this surface for ``kind`` (``timeout``, ``unavailable``,
         ``rejected``, ``too_large``, ``invalid``, ``error``, ``input``, ``not_found``...)."""
         return cls(cls.CODES[kind], message, **kwargs)
@@ -101,7 +103,7 @@ class ModelRuntimeError(DifyError):
     }
 
     @classmethod
-    def of(cls, kind: str, message: str, **kwargs) -> DifyError:
+    def of(cls, kind: str, message: str, **kwargs: Any) -> DifyError:
         if kind == "dimension":
             return EmbeddingDimensionMismatch(cls.CODES[kind], message, **kwargs)
         return super().of(kind, message, **kwargs)
@@ -128,7 +130,7 @@ class ObjectStorageError(DifyError, OSError):
     }
 
     @classmethod
-    def of(cls, kind: str, message: str, **kwargs) -> DifyError:
+    def of(cls, kind: str, message: str, **kwargs: Any) -> DifyError:
         if kind == "not_found":
             return StorageNotFound(cls.CODES[kind], message, **kwargs)
         return super().of(kind, message, **kwargs)

@@ -17,7 +17,9 @@ from typing import Any
 PIECE = 3 * 64 * 1024
 
 
-def _pieces(head: bytes, documents: Sequence[tuple[bytes, dict]], tail: bytes) -> Iterator[bytes]:
+def _pieces(
+    head: bytes, documents: Sequence[tuple[bytes, dict[str, Any]]], tail: bytes
+) -> Iterator[bytes]:
     yield head
     for number, (data, extra) in enumerate(documents):
         opening = b"," if number else b""
@@ -68,7 +70,7 @@ class _Reader:
 
 
 def streamed_body(
-    common: dict[str, Any], documents: Sequence[tuple[bytes, dict]], input_type: str
+    common: dict[str, Any], documents: Sequence[tuple[bytes, dict[str, Any]]], input_type: str
 ) -> tuple[Callable[[], _Reader], int]:
     """``(factory, size)`` of ``{**common, "documents": [{"content": <base64>, **extra}],
     "input_type": input_type}`` as compact JSON; ``documents`` are ``(raw bytes, extra fields)``."""

@@ -20,9 +20,9 @@ import hashlib
 import io
 import json
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core.exceptions import SuspiciousFileOperation
@@ -220,7 +220,16 @@ class DifyObjectFile(File):
     def bytes_received(self) -> int:
         return self._reader.bytes_received
 
-    def open(self, mode: str | None = None):  # noqa: ANN201 - Django signature
+    def open(  # Django File.open signature
+        self,
+        mode: str | None = None,
+        buffering: int = -1,
+        encoding: str | None = None,
+        errors: str | None = None,
+        newline: str | None = None,
+        closefd: bool = True,
+        opener: Callable[[str, int], int] | None = None,
+    ) -> NoReturn:
         raise ValueError("a Dify object cannot be reopened; open it from the storage again")
 
 
@@ -263,8 +272,12 @@ class DifyObjectStorage(Storage):
         transport: DifyTransport | None = None,
     ) -> None:
         self.transport = transport or DifyTransport(base_url, api_key)
-        self.timeout_ms = timeout_ms or getattr(
-            settings, "DIFY_OBJECT_STORAGE_REQUEST_TIMEOUT_MS", config.OBJECT_STORAGE_TIMEOUT_MS
+        self.timeout_ms: int = timeout_ms or int(
+            getattr(
+                settings,
+                "DIFY_OBJECT_STORAGE_REQUEST_TIMEOUT_MS",
+                config.OBJECT_STORAGE_TIMEOUT_MS,
+            )
         )
         self.max_object_bytes = max_object_bytes
 

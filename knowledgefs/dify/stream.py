@@ -126,7 +126,7 @@ class ResponseStream:
             return b""
         allowance = self._max_bytes - self.bytes_read + 1
         try:
-            data = self._response.raw.read1(min(amt, allowance))
+            data: bytes = self._response.raw.read1(min(amt, allowance))
         except _READ_ERRORS as exc:
             if self._expired():
                 self._raise_timeout()

@@ -45,7 +45,7 @@ class TextScope:
     knowledge_space_id: str
     index_version: str
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         """The ``scope`` object of a request; raises ``TEXT_STORE_INPUT_INVALID``."""
         if not 1 <= len(self.index_version) <= config.BRIDGE_MAX_SCOPE_ID_CHARS:
             raise TextStoreError.of(
@@ -95,7 +95,7 @@ class DifyTextStore(_BridgeStore):
         return sent
 
     @staticmethod
-    def _point(point: TextPoint) -> dict:
+    def _point(point: TextPoint) -> dict[str, Any]:
         text = point.text
         if not isinstance(text, str) or not text.strip():
             raise TextStoreError.of("input", "points[].text must not be blank")

@@ -287,7 +287,7 @@ class DifyTransport:
             retries = max(retries, config.THROTTLE_MAX_RETRIES)
         if not (allowed and error.retryable) or attempt > retries:
             return None
-        delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
+        delay: float = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.0)
         if retry_after is not None:
             # Never before the server's Retry-After; up to a quarter later, jittered.

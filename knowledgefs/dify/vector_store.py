@@ -59,7 +59,7 @@ class VectorScope:
     kind: str
     dimension: int
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         """The ``scope`` object of a request; raises ``VECTOR_STORE_INPUT_INVALID``."""
         errors = VectorStoreError
         if self.kind not in KINDS:
@@ -130,7 +130,7 @@ class DifyVectorStore(_BridgeStore):
         return sent
 
     @staticmethod
-    def _point(point: VectorPoint, dimension: int) -> dict:
+    def _point(point: VectorPoint, dimension: int) -> dict[str, Any]:
         content_hash = str(point.content_hash)
         if len(content_hash) != 64 or not set(content_hash) <= _HEX64:
             raise VectorStoreError.of("input", "content_hash must be 64 lower-case hex digits")

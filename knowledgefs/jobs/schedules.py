@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -32,7 +33,8 @@ class Schedule:
         """The interval in whole minutes, reading ``seconds_setting`` now when it is named."""
         if self.seconds_setting is None:
             return self.minutes
-        return max(1, math.ceil(getattr(settings, self.seconds_setting) / 60))
+        seconds: float = getattr(settings, self.seconds_setting)
+        return max(1, math.ceil(seconds / 60))
 
 
 SCHEDULES: dict[str, Schedule] = {}
@@ -45,7 +47,7 @@ def register(schedule: Schedule) -> Schedule:
     return schedule
 
 
-def ensure(name: str):
+def ensure(name: str) -> Any:  # a django_q Schedule row (django-q2 has no type information)
     """Create or repair the ``django_q.Schedule`` row of the registered schedule ``name``;
     returns the row. Raises ``KeyError`` for a name nobody registered."""
     from django_q.models import Schedule as ScheduleRow
@@ -63,6 +65,6 @@ def ensure(name: str):
     return row
 
 
-def ensure_all() -> list:
+def ensure_all() -> list[Any]:
     """:func:`ensure` every registered schedule, in registration order; returns the rows."""
     return [ensure(name) for name in list(SCHEDULES)]

@@ -41,6 +41,7 @@ import threading
 import time
 import uuid
 from multiprocessing import Event
+from multiprocessing.synchronize import Event as EventType
 from typing import Any
 
 from django.conf import settings
@@ -71,7 +72,7 @@ def grace_seconds() -> float:
     return float(settings.KNOWLEDGE_WORKER_SHUTDOWN_GRACE_SECONDS)
 
 
-class Sentinel(q_cluster.Sentinel):
+class Sentinel(q_cluster.Sentinel):  # type: ignore[misc]  # django-q2: no type information
     """django-q2's sentinel, ignoring SIGTERM and telling its workers to stop first."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -90,7 +91,7 @@ class Sentinel(q_cluster.Sentinel):
         super().stop()
 
 
-class Cluster(q_cluster.Cluster):
+class Cluster(q_cluster.Cluster):  # type: ignore[misc]  # django-q2: no type information
     """django-q2's cluster with :class:`Sentinel` and a bounded, non-blocking stop."""
 
     def __init__(self, broker: Broker | None = None) -> None:
@@ -101,8 +102,8 @@ class Cluster(q_cluster.Cluster):
         # django-q2's Cluster.start with our Sentinel (its own start names the class directly).
         if q_cluster.setproctitle:
             q_cluster.setproctitle.setproctitle(f"qcluster {q_cluster.current_process().name}")
-        self.stop_event = Event()
-        self.start_event = Event()
+        self.stop_event: EventType | None = Event()
+        self.start_event: EventType | None = Event()
         self.sentinel = q_cluster.get_mp_context().Process(
             target=Sentinel,
             name=f"Process-{uuid.uuid4().hex}",
@@ -119,7 +120,7 @@ class Cluster(q_cluster.Cluster):
                     f"with code {self.sentinel.exitcode}"
                 )
             time.sleep(0.1)
-        return self.pid
+        return int(self.pid)
 
     def stop(self) -> bool:
         """Stop the sentinel within :func:`grace_seconds`; kill what is left after that."""

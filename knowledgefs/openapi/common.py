@@ -95,7 +95,7 @@ def page_parameters(default: int) -> list[OpenApiParameter]:
     ]
 
 
-def page(name: str, item: Any) -> serializers.Serializer:
+def page(name: str, item: Any) -> serializers.Serializer[Any]:
     """A page ``{next, previous, results: [item]}`` (knowledgefs.pagination)."""
     results = (
         item(many=True)
@@ -119,7 +119,7 @@ def error(description: str) -> OpenApiResponse:
     return OpenApiResponse(ErrorEnvelopeSerializer, description=description)
 
 
-def body(description: str, properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict:
+def body(description: str, properties: dict[str, Any], required: tuple[str, ...] = ()) -> Schema:
     """A JSON request body schema (raw OpenAPI), with ``description``."""
     schema: dict[str, Any] = {
         "type": "object",
@@ -143,8 +143,9 @@ def annotate(target: str, **methods: Any) -> None:
     """Register the annotations ``methods`` (``get=extend_schema(...)``) for the view class at
     dotted path ``target``. The view itself is not changed: the schema sees a subclass."""
 
-    def view_replacement(self):
+    def view_replacement(self: OpenApiViewExtension) -> type:
         view = self.target_class
+        assert isinstance(view, type)  # resolved from the dotted path by drf-spectacular
         members = {"__doc__": view.__doc__, "__module__": view.__module__}
         fixed = type(view.__name__, (view,), members)
         return extend_schema_view(**methods)(fixed)
@@ -154,11 +155,13 @@ def annotate(target: str, **methods: Any) -> None:
     type(name, (OpenApiViewExtension,), members)
 
 
-STRING = {"type": "string"}
-INTEGER = {"type": "integer"}
-NUMBER = {"type": "number"}
-BOOLEAN = {"type": "boolean"}
-SELECTION = {
+Schema = dict[str, Any]
+
+STRING: Schema = {"type": "string"}
+INTEGER: Schema = {"type": "integer"}
+NUMBER: Schema = {"type": "number"}
+BOOLEAN: Schema = {"type": "boolean"}
+SELECTION: Schema = {
     "type": "object",
     "description": "A model of a Dify plugin (or the local model): exactly these three members.",
     "properties": {"plugin_id": STRING, "provider": STRING, "model": STRING},

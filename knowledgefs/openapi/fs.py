@@ -3,6 +3,8 @@ for the OpenAPI document (:mod:`knowledgefs.openapi.common`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 
@@ -20,7 +22,7 @@ MISSING = error("`space_not_found`, `fs_path_not_found`, `node_not_found`.")
 BUDGET = error("`fs_scan_budget_exhausted` (find), `fs_grep_deadline_exceeded` (grep).")
 
 
-def q(name: str, description: str, kind=str) -> OpenApiParameter:
+def q(name: str, description: str, kind: type | OpenApiTypes = str) -> OpenApiParameter:
     return OpenApiParameter(name, kind, OpenApiParameter.QUERY, description=description)
 
 
@@ -28,7 +30,7 @@ PATH = q("path", "A path under /knowledge (at most 384 characters, no `.`/`..`/`
 LIMIT = q("limit", "Required page size, 1..100.", OpenApiTypes.INT)
 CURSOR = q("cursor", "The `nextCursor` of the same listing; any other: 400 `invalid_cursor`.")
 
-ROUTES = {
+ROUTES: dict[str, tuple[str, list[OpenApiParameter], dict[str, Any] | None]] = {
     "FsLsView": ("List a directory of the knowledge filesystem", [PATH, LIMIT, CURSOR], PAGE),
     "FsTreeView": (
         "Entries below a path, depth first",

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from drf_spectacular.views import SpectacularJSONAPIView
+
+if TYPE_CHECKING:
+    from rest_framework.authentication import BaseAuthentication
+    from rest_framework.permissions import BasePermission
+    from rest_framework.throttling import BaseThrottle
 
 
 class OpenApiView(SpectacularJSONAPIView):
@@ -10,6 +17,6 @@ class OpenApiView(SpectacularJSONAPIView):
     ``/health``. Rendered as ``application/vnd.oai.openapi+json`` (or ``application/json``
     when asked for)."""
 
-    authentication_classes: list = []
-    permission_classes: list = []
-    throttle_classes: list = []
+    authentication_classes: list[type[BaseAuthentication]] = []
+    permission_classes: list[type[BasePermission]] = []
+    throttle_classes: list[type[BaseThrottle]] = []

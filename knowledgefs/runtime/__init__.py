@@ -48,8 +48,11 @@ class EmbeddingModel(Protocol):
     an index. ``embed_documents`` returns shape ``(len(texts), dimension)``.
     """
 
-    model_id: str
-    dimension: int
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def dimension(self) -> int: ...
 
     def embed_documents(self, texts: list[str]) -> np.ndarray: ...
 
@@ -105,7 +108,7 @@ _lock = threading.Lock()
 _models: dict[tuple[str, object], EmbeddingModel] = {}
 
 
-def _factories() -> dict[str, object]:
+def _factories() -> dict[str, str | Callable[[], EmbeddingModel]]:
     """``{model_id: factory or dotted path}``: the built-in models, then the configured ones."""
     configured = getattr(settings, "KNOWLEDGE_EMBEDDING_MODELS", None) or {}
     return {**_BUILTIN, **configured}
@@ -141,7 +144,9 @@ def get_embedding_model(model_id: str | None = None, *, space: Any = None) -> Em
         with _lock:
             model = _models.get(key)
             if model is None:
-                build = import_string(factory) if isinstance(factory, str) else factory
+                build: Callable[[], EmbeddingModel] = (
+                    import_string(factory) if isinstance(factory, str) else factory
+                )
                 model = build()
                 if model.model_id != model_id:
                     raise RuntimeError(
@@ -153,18 +158,19 @@ def get_embedding_model(model_id: str | None = None, *, space: Any = None) -> Em
 
 
 # The runtime selection and the Dify clients (knowledgefs/runtime/selection.py).
-from .selection import (  # noqa: E402, F401 - re-exported; after the registry
-    CapabilityUnavailable,
-    datasources,
-    model_runtime,
-    runtime_name,
-    uses_dify,
-)
+from . import selection as _selection  # noqa: E402 - after the registry
+
+# Re-exported (importers use knowledgefs.runtime.<name>).
+CapabilityUnavailable = _selection.CapabilityUnavailable
+datasources = _selection.datasources
+model_runtime = _selection.model_runtime
+runtime_name = _selection.runtime_name
+uses_dify = _selection.uses_dify
 
 # --- models served by Dify, per space profile ------------------------------------------------
 
 _dify_lock = threading.Lock()
-_dify_models: OrderedDict[tuple, EmbeddingModel] = OrderedDict()
+_dify_models: OrderedDict[tuple[object, ...], EmbeddingModel] = OrderedDict()
 
 
 def dify_embedding_model(

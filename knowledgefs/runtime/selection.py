@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
 
@@ -70,11 +72,13 @@ def uses_dify() -> bool:
     return runtime_name() == DIFY
 
 
+T = TypeVar("T")
+
 _lock = threading.Lock()
-_clients: dict[tuple, object] = {}
+_clients: dict[tuple[Any, ...], object] = {}
 
 
-def _configuration() -> tuple:
+def _configuration() -> tuple[Any, ...]:
     """What a client is built from; a different tuple (a test's settings) builds a new one.
     The key enters as a digest so the cache key never holds it."""
     key = getattr(settings, "DIFY_INNER_API_KEY", "") or ""
@@ -87,7 +91,7 @@ def _configuration() -> tuple:
     )
 
 
-def _shared(kind: str, build):  # noqa: ANN001, ANN202 - a factory and what it returns
+def _shared(kind: str, build: Callable[[], T]) -> T:
     runtime = runtime_name()
     if runtime != DIFY:
         raise CapabilityUnavailable(kind, runtime)
@@ -98,7 +102,7 @@ def _shared(kind: str, build):  # noqa: ANN001, ANN202 - a factory and what it r
             client = _clients.get(key)
             if client is None:
                 client = _clients[key] = build()
-    return client
+    return client  # type: ignore[return-value]  # stored under a key naming its kind
 
 
 def model_runtime() -> DifyModelRuntime:

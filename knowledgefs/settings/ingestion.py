@@ -10,6 +10,7 @@ longest deadline) and PDF rasterization, OCR and parser isolation. The private `
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from knowledgefs.queue_broker import parse_queue_broker, parse_queue_redis_url
 from knowledgefs.settings.runtime import _workers
@@ -187,7 +188,7 @@ _remote_too_long = bool(UNSTRUCTURED_API_URL) and _job_timeout < _remote_s + 300
 _cluster_timeout = _remote_s + 300 if _remote_too_long and not _job_timeout_given else _job_timeout
 # The ORM broker names its database; the Redis broker its URL and a prefetch of one per worker.
 _on_orm = KNOWLEDGE_QUEUE_BROKER == "orm"
-Q_CLUSTER = {
+Q_CLUSTER: dict[str, Any] = {
     "name": "knowledgefs",
     **({"orm": "default"} if _on_orm else {}),
     "workers": _workers,

@@ -13,6 +13,7 @@ import os
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 import environ
@@ -187,7 +188,7 @@ SPECTACULAR_SETTINGS = {
 DATABASE_ENGINES = ("django.db.backends.postgresql", "django.db.backends.mysql")
 
 
-def database_from_url(name: str) -> dict:
+def database_from_url(name: str) -> dict[str, Any]:
     """``DATABASE_URL`` → Django's ``DATABASES["default"]``; only PostgreSQL (``postgres://``,
     ``postgresql://``, ``pgsql://``) or MySQL/MariaDB (``mysql://``) with a database name is
     accepted. The error names the variable and shows the value without its user, password and
@@ -197,7 +198,7 @@ def database_from_url(name: str) -> dict:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # django-environ warns about unknown schemes
-            config = environ.Env.db_url_config(raw)
+            config: dict[str, Any] = environ.Env.db_url_config(raw)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name}={shown!r} is not a database URL: {exc}") from None
     if config.get("ENGINE") not in DATABASE_ENGINES or not config.get("NAME"):

@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from functools import lru_cache
+from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -21,12 +22,12 @@ def private_key(name: str = "current") -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def public_jwk(name: str = "current", kid: str | None = None, **extra) -> dict:
+def public_jwk(name: str = "current", kid: str | None = None, **extra) -> dict[str, Any]:
     jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(private_key(name).public_key()))
     return {**jwk, "kid": kid or f"kid-{name}", "use": "sig", "alg": "RS256", **extra}
 
 
-def private_jwk(name: str = "current") -> dict:
+def private_jwk(name: str = "current") -> dict[str, Any]:
     jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(private_key(name)))
     return {**jwk, "kid": f"kid-{name}", "use": "sig", "alg": "RS256"}
 
@@ -49,12 +50,12 @@ def claims(
     *,
     namespace: str = "tenant-a",
     action: str,
-    resource: dict,
+    resource: dict[str, Any],
     caller_kind: str = "service",
     now: float | None = None,
     lifetime: int = 60,
     **overrides,
-) -> dict:
+) -> dict[str, Any]:
     """A complete, valid claim set for ``action`` on ``resource``; ``overrides`` replace or,
     with value ``...`` (Ellipsis), remove a claim."""
     issued = int(time.time() if now is None else now)
@@ -86,7 +87,9 @@ def claims(
     return body
 
 
-def sign(payload: dict, *, key: str = "current", headers: dict | None = None) -> str:
+def sign(
+    payload: dict[str, Any], *, key: str = "current", headers: dict[str, Any] | None = None
+) -> str:
     head = {"kid": f"kid-{key}", "typ": "JWT", **(headers or {})}
     # pyjwt adds typ=JWT itself unless told typ is empty
     head = {k: v for k, v in head.items() if v is not ... or k == "typ"}
@@ -102,23 +105,23 @@ def token(**kwargs) -> str:
     return sign(claims(**kwargs), key=key, headers=headers)
 
 
-def unsigned(payload: dict, header: dict) -> str:
+def unsigned(payload: dict[str, Any], header: dict[str, Any]) -> str:
     """A compact JWS with any header and an empty signature (for ``alg=none`` attacks)."""
 
-    def part(value: dict) -> str:
+    def part(value: dict[str, Any]) -> str:
         raw = json.dumps(value, separators=(",", ":")).encode()
         return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
     return f"{part(header)}.{part(payload)}."
 
 
-def space_resource(space_id) -> dict:
+def space_resource(space_id) -> dict[str, Any]:
     return {"type": "knowledge_space", "id": str(space_id), "parent_id": None}
 
 
-def namespace_resource(namespace: str = "tenant-a") -> dict:
+def namespace_resource(namespace: str = "tenant-a") -> dict[str, Any]:
     return {"type": "namespace", "id": namespace, "parent_id": None}
 
 
-def child_resource(kind: str, ident, space_id) -> dict:
+def child_resource(kind: str, ident, space_id) -> dict[str, Any]:
     return {"type": kind, "id": str(ident), "parent_id": str(space_id)}

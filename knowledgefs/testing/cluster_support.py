@@ -14,8 +14,10 @@ import hashlib
 import os
 import re
 import time
+from typing import Any
 
 import numpy as np
+from django.core.files import File
 from django.core.files.storage import FileSystemStorage
 
 from knowledgefs.runtime import DEFAULT_MODEL_ID
@@ -49,6 +51,6 @@ class SlowEmbedder:
 
 
 class SlowFileSystemStorage(FileSystemStorage):
-    def _open(self, name, mode="rb"):
+    def open(self, name: str, mode: str = "rb") -> File[Any]:
         time.sleep(float(os.environ.get("KFS_TEST_READ_DELAY", "0")))
-        return super()._open(name, mode)
+        return super().open(name, mode)

@@ -45,22 +45,24 @@ class BridgeStore:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.vectors: dict[str, dict[str, dict]] = {}  # collection → id → point
-        self.texts: dict[str, dict[str, dict]] = {}
-        self.scopes: dict[str, dict] = {}  # collection → its scope
+        self.vectors: dict[str, dict[str, dict[str, Any]]] = {}  # collection → id → point
+        self.texts: dict[str, dict[str, dict[str, Any]]] = {}
+        self.scopes: dict[str, dict[str, Any]] = {}  # collection → its scope
         self.unavailable = False
         self.retry_after = 1
         self.quota_points: int | None = None
 
     # -- observations --------------------------------------------------------------------------
 
-    def collections(self, *, texts: bool = False) -> dict[str, dict]:
+    def collections(self, *, texts: bool = False) -> dict[str, dict[str, Any]]:
         """Collection name → scope, for the vector (or text) collections that exist."""
         with self.lock:
             names = self.texts if texts else self.vectors
             return {name: self.scopes[name] for name in names}
 
-    def points(self, *, texts: bool = False, space_id: str | None = None) -> dict[str, dict]:
+    def points(
+        self, *, texts: bool = False, space_id: str | None = None
+    ) -> dict[str, dict[str, Any]]:
         """Every stored point by id (of one knowledge space when ``space_id``)."""
         with self.lock:
             store = self.texts if texts else self.vectors
@@ -73,7 +75,7 @@ class BridgeStore:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def execute(self, body: Any, *, texts: bool) -> dict:
+    def execute(self, body: Any, *, texts: bool) -> dict[str, Any]:
         request = self._validate(body, texts=texts)
         name = self._collection(request["scope"], texts)
         with self.lock:
@@ -87,24 +89,24 @@ class BridgeStore:
                 for point in request["points"]:
                     collection[point["id"].lower()] = dict(point, id=point["id"].lower())
                 return {"points": [], "matches": []}
-            collection = store.get(name)
+            existing = store.get(name)
             ids = [i.lower() for i in request["ids"]]
             if operation == "search":
-                if collection is None:
-                    raise BridgeRefusal(503, "unavailable", "collection is missing")
+                if existing is None:
+                    raise BridgeRefusal(503, "unavailable", "existing is missing")
                 matches = self._text_search if texts else self._vector_search
-                return {"points": [], "matches": matches(collection, request, ids)}
-            if collection is None:
+                return {"points": [], "matches": matches(existing, request, ids)}
+            if existing is None:
                 return {"points": [], "matches": []}
             if operation == "get":
-                return {"points": [collection[i] for i in ids if i in collection], "matches": []}
+                return {"points": [existing[i] for i in ids if i in existing], "matches": []}
             for i in ids:
-                collection.pop(i, None)
-            if any(i in collection for i in ids):  # delete verifies invisibility
+                existing.pop(i, None)
+            if any(i in existing for i in ids):  # delete verifies invisibility
                 raise BridgeRefusal(503, "unavailable", "deletion not yet visible")
             return {"points": [], "matches": []}
 
-    def _admit(self, request: dict) -> None:
+    def _admit(self, request: dict[str, Any]) -> None:
         if self.quota_points is None:
             return
         tenant = request["scope"]["tenant_id"]
@@ -120,14 +122,14 @@ class BridgeStore:
             raise BridgeRefusal(413, "vector_space_quota_exceeded", "vector-space quota exceeded")
 
     @staticmethod
-    def _collection(scope: dict, texts: bool) -> str:
+    def _collection(scope: dict[str, Any], texts: bool) -> str:
         identity = json.dumps(scope, sort_keys=True, separators=(",", ":"))
         prefix = "knowledgefs_v1_fts_" if texts else "knowledgefs_v1_"
         return prefix + hashlib.sha256(identity.encode()).hexdigest()[:32]
 
     # -- validation (400 for anything the contract refuses) ------------------------------------
 
-    def _validate(self, body: Any, *, texts: bool) -> dict:
+    def _validate(self, body: Any, *, texts: bool) -> dict[str, Any]:
         def refuse(message: str) -> BridgeRefusal:
             return BridgeRefusal(400, "invalid_request", message)
 
@@ -171,7 +173,7 @@ class BridgeStore:
                 raise refuse("get and delete take ids only")
         return {**body, "scope": scope, "points": points, "ids": ids, "limit": limit}
 
-    def _scope(self, scope: Any, texts: bool, refuse) -> dict:  # noqa: ANN001
+    def _scope(self, scope: Any, texts: bool, refuse) -> dict[str, Any]:  # noqa: ANN001
         keys = {"tenant_id", "knowledge_space_id"}
         keys |= {"index_version"} if texts else {"vector_space_id", "kind", "dimension"}
         if not isinstance(scope, dict) or set(scope) != keys:
@@ -193,7 +195,7 @@ class BridgeStore:
         return {k: (v.lower() if k.endswith("_id") and k != "vector_space_id" else v)
                 for k, v in scope.items()}  # fmt: skip
 
-    def _point(self, point: Any, scope: dict, texts: bool, refuse) -> None:  # noqa: ANN001
+    def _point(self, point: Any, scope: dict[str, Any], texts: bool, refuse) -> None:  # noqa: ANN001
         keys = {"id", "generation_id", "content_hash", "text" if texts else "vector"}
         if not isinstance(point, dict) or set(point) != keys:
             raise refuse("point fields")
@@ -225,7 +227,9 @@ class BridgeStore:
     # -- search --------------------------------------------------------------------------------
 
     @staticmethod
-    def _vector_search(collection: dict, request: dict, ids: list[str]) -> list[dict]:
+    def _vector_search(
+        collection: dict[str, Any], request: dict[str, Any], ids: list[str]
+    ) -> list[dict]:
         query = request["query_vector"]
         query_norm = math.sqrt(sum(v * v for v in query))
         scored = []
@@ -241,7 +245,9 @@ class BridgeStore:
         return scored[: request["limit"]]
 
     @staticmethod
-    def _text_search(collection: dict, request: dict, ids: list[str]) -> list[dict]:
+    def _text_search(
+        collection: dict[str, Any], request: dict[str, Any], ids: list[str]
+    ) -> list[dict]:
         """BM25 as Elasticsearch ranks English text (k1 1.2, b 0.75, stemmed words), computed by
         an in-memory SQLite FTS5 table (Porter stemming) over the whole collection, so two
         requests on one collection have comparable scores; the words of the query are OR-ed."""

@@ -10,6 +10,7 @@ import re
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,10 +165,10 @@ def _local_onnx() -> Any:
         return _local_model
 
 
-def wait_until(predicate, timeout: float = 5.0) -> bool:  # noqa: ANN001
+def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return True
         time.sleep(0.01)
-    return predicate()
+    return bool(predicate())

@@ -7,6 +7,8 @@ started :class:`DifyTestServer`, stopped after the test; ``dify_transport`` is a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from knowledgefs.dify.transport import DifyTransport
@@ -14,7 +16,7 @@ from knowledgefs.testing.dify_server import TEST_INNER_KEY, DifyTestServer
 
 
 @pytest.fixture
-def dify_server():
+def dify_server() -> Iterator[DifyTestServer]:
     server = DifyTestServer().start()
     try:
         yield server
@@ -23,5 +25,5 @@ def dify_server():
 
 
 @pytest.fixture
-def dify_transport(dify_server) -> DifyTransport:
+def dify_transport(dify_server: DifyTestServer) -> DifyTransport:
     return DifyTransport(dify_server.url, TEST_INNER_KEY, backoff_base=0.01, backoff_max=0.05)

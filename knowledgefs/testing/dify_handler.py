@@ -6,7 +6,7 @@ import base64
 import json
 import socket
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 from urllib.parse import parse_qs, urlsplit
 
 from .dify_bridge import BridgeRefusal, BridgeStore
@@ -240,7 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- models --------------------------------------------------------------------------------
 
-    def _model_request(self, raw: bytes, model_type: str) -> dict | None:
+    def _model_request(self, raw: bytes, model_type: str) -> dict[str, Any] | None:
         body = json.loads(raw)
         problems = []
         if not isinstance(body.get("tenant_id"), str) or not body["tenant_id"]:
@@ -263,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
         wrong = self._fault("dimension")
         return self.dify.embed(texts, wrong.dimension if wrong else self.dify.dimension)
 
-    def _text_embedding(self, query: dict, raw: bytes) -> None:
+    def _text_embedding(self, query: dict[str, Any], raw: bytes) -> None:
         body = self._model_request(raw, "text-embedding")
         if body is None:
             return
@@ -278,7 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = {"model": body["model"], "embeddings": self._vectors(texts), "usage": {"tokens": 1}}
         self._json(200, {"data": data, "error": ""})
 
-    def _multimodal_embedding(self, query: dict, raw: bytes) -> None:
+    def _multimodal_embedding(self, query: dict[str, Any], raw: bytes) -> None:
         body = self._model_request(raw, "text-embedding")
         if body is None:
             return
@@ -290,7 +290,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = {"model": identity, "embeddings": vectors, "usage": {"tokens": 1}}
         self._json(200, {"data": data, "error": ""})
 
-    def _rerank(self, query: dict, raw: bytes) -> None:
+    def _rerank(self, query: dict[str, Any], raw: bytes) -> None:
         body = self._model_request(raw, "rerank")
         if body is None:
             return
@@ -312,7 +312,7 @@ class _Handler(BaseHTTPRequestHandler):
             scored = scored[: body["top_n"]]
         self._json(200, {"data": {"model": body["model"], "docs": scored}, "error": ""})
 
-    def _llm(self, query: dict, raw: bytes) -> None:
+    def _llm(self, query: dict[str, Any], raw: bytes) -> None:
         body = self._model_request(raw, "llm")
         if body is None:
             return
@@ -381,7 +381,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         self._write(b"0\r\n\r\n")
 
-    def _catalog(self, query: dict, raw: bytes) -> None:
+    def _catalog(self, query: dict[str, Any], raw: bytes) -> None:
         body = self._model_request(raw, "catalog")
         if body is None:
             return
@@ -404,7 +404,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- datasources ---------------------------------------------------------------------------
 
-    def _datasource(self, query: dict, raw: bytes) -> None:
+    def _datasource(self, query: dict[str, Any], raw: bytes) -> None:
         body = json.loads(raw)
         credential = body.get("credential_id")
         if set(body) - {
@@ -469,7 +469,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- storage -------------------------------------------------------------------------------
 
-    def _valid_key(self, key: str | None) -> bool:
+    def _valid_key(self, key: str | None) -> TypeGuard[str]:
         return bool(
             key
             and not key.startswith("/")
@@ -479,7 +479,7 @@ class _Handler(BaseHTTPRequestHandler):
             and len(key.encode()) <= 1024
         )
 
-    def _info(self, key: str, obj: StoredObject) -> dict:
+    def _info(self, key: str, obj: StoredObject) -> dict[str, Any]:
         return {
             "key": key,
             "sizeBytes": len(obj.data),
@@ -488,7 +488,7 @@ class _Handler(BaseHTTPRequestHandler):
             "metadata": obj.metadata,
         }
 
-    def _object(self, query: dict, raw: bytes) -> None:
+    def _object(self, query: dict[str, Any], raw: bytes) -> None:
         key = query.get("key")
         if not self._valid_key(key):
             return self._json(400, {"code": "invalid_request", "message": "key"})
@@ -543,15 +543,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.dify.stopping.wait(late.seconds)
         self._json(200, self._info(key, obj))
 
-    def _object_metadata(self, query: dict, raw: bytes) -> None:
+    def _object_metadata(self, query: dict[str, Any], raw: bytes) -> None:
         key = query.get("key")
         with self.dify.lock:
             obj = self.dify.objects.get(key or "")
-        if obj is None:
+        if obj is None or key is None:
             return self._json(404, {"code": "not_found", "message": "no such object"})
         self._json(200, self._info(key, obj))
 
-    def _objects(self, query: dict, raw: bytes) -> None:
+    def _objects(self, query: dict[str, Any], raw: bytes) -> None:
         prefix, cursor = query.get("prefix", ""), query.get("cursor")
         limit = int(query.get("limit", 100))
         if not 1 <= limit <= 100:
@@ -564,14 +564,14 @@ class _Handler(BaseHTTPRequestHandler):
         next_cursor = page[-1][0] if len(keys) > limit else None
         self._json(200, {"objects": [self._info(k, o) for k, o in page], "nextCursor": next_cursor})
 
-    def _storage_health(self, query: dict, raw: bytes) -> None:
+    def _storage_health(self, query: dict[str, Any], raw: bytes) -> None:
         if self.dify.storage_healthy:
             return self._json(200, {"ok": True})
         self._json(503, {"ok": False})
 
     # -- the vector and text bridge ------------------------------------------------------------
 
-    def _bridge(self, query: dict, raw: bytes) -> None:
+    def _bridge(self, query: dict[str, Any], raw: bytes) -> None:
         bridge = self.dify.bridge
         if self.command != "POST":
             return self._json(405, {"code": "method_not_allowed", "message": self.command})

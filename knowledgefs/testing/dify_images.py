@@ -29,6 +29,7 @@ import binascii
 import hashlib
 import io
 import math
+from typing import Any
 
 MAX_DOCUMENTS = 8
 MAX_BATCH_BYTES = 32 * 1024 * 1024
@@ -114,12 +115,13 @@ def decode_documents(documents: object) -> list[tuple[str, bytes]]:
     return decoded
 
 
-def serve_query_image(handler, query: dict) -> None:
+def serve_query_image(handler: Any, query: dict[str, str]) -> None:
     """The query-image route of the simulated Dify (see the module docstring)."""
     key = (query.get("tenantId", ""), query.get("uploadFileId", ""))
     found = handler.dify.query_images.get(key)
     if found is None or (found[2] is not None and found[2] != query.get("subjectId")):
-        return handler._json(404, {"code": "query_image_not_found", "message": "not found"})
+        handler._json(404, {"code": "query_image_not_found", "message": "not found"})
+        return
     data, mime_type, _owner = found
     handler._start(
         200,

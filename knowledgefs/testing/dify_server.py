@@ -65,7 +65,6 @@ from .dify_contract import (  # noqa: F401
     OBJECTS,
     RERANK,
     STORAGE_HEALTH,
-    TEST_INNER_KEY,
     TEXT_EMBEDDING,
     TEXTS,
     VECTORS,
@@ -79,6 +78,9 @@ from .dify_contract import (  # noqa: F401
     hashed_embedding,
     overlap_score,
     wait_until,
+)
+from .dify_contract import (
+    TEST_INNER_KEY as TEST_INNER_KEY,
 )
 from .dify_datasource import FakeProvider
 from .dify_handler import _Handler
@@ -134,7 +136,7 @@ class DifyTestServer(LoopbackServerMixin):
         # test changed (drift: ``{model: {"identity": …, "capabilities": {…}}}``), and what the
         # route received (images embedded, the largest raw bytes of one request).
         self.multimodal_identity: str | None = None
-        self.catalog_overrides: dict[str, dict] = {}
+        self.catalog_overrides: dict[str, dict[str, Any]] = {}
         # "pixels" (the image embedder) or "digest" (a vector from the bytes' SHA-256, for
         # benchmarks that send large non-image payloads and measure the client, not the server).
         self.image_vectors = "pixels"
@@ -166,7 +168,7 @@ class DifyTestServer(LoopbackServerMixin):
             dify = server
 
         class Server(ThreadingHTTPServer):
-            def handle_error(self, request, client_address) -> None:  # noqa: ANN001
+            def handle_error(self, request: Any, client_address: Any) -> None:
                 if not server.stopping.is_set():  # connections cut by stop() are expected
                     super().handle_error(request, client_address)
 
@@ -256,7 +258,9 @@ class DifyTestServer(LoopbackServerMixin):
             return [[float(v) * self.scale for v in row] for row in vectors]
         return [[v * self.scale for v in hashed_embedding(t, dimension)] for t in texts]
 
-    def embed_documents(self, body: dict, wrong: Fault | None = None) -> list[list[float]]:
+    def embed_documents(
+        self, body: dict[str, Any], wrong: Fault | None = None
+    ) -> list[list[float]]:
         """The multimodal route: images by :func:`dify_images.image_vector` (bytes that are no
         image, as before, by the bag-of-words of their Latin-1 text), ``text`` documents as the
         text route; within the route's limits (ImageRefusal)."""
@@ -282,7 +286,7 @@ class DifyTestServer(LoopbackServerMixin):
         return vectors
 
     @staticmethod
-    def summarise_images(body: dict) -> dict:
+    def summarise_images(body: dict[str, Any]) -> dict[str, Any]:
         """A large request's body as recorded: each document's content replaced by its size."""
         if not isinstance(body, dict) or not isinstance(body.get("documents"), list):
             return body
@@ -293,15 +297,15 @@ class DifyTestServer(LoopbackServerMixin):
         ]  # fmt: skip
         return {**body, "documents": documents}
 
-    def catalog_capabilities(self, item: dict) -> dict:
+    def catalog_capabilities(self, item: dict[str, Any]) -> dict[str, Any]:
         override = self.catalog_overrides.get(item["model"], {})
         return dict(override.get("capabilities", item.get("capabilities", {})))
 
-    def catalog_identity(self, item: dict) -> str:
+    def catalog_identity(self, item: dict[str, Any]) -> str:
         override = self.catalog_overrides.get(item["model"], {})
         return override.get("identity", f"{item['plugin_id']}:1.0.0@sha256:abc")
 
-    def count_llm_images(self, body: dict) -> dict | None:
+    def count_llm_images(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """Count the image parts of an LLM request; a model the catalog does not mark vision
         refuses them (the error body), as Dify does."""
         parts = [

@@ -23,7 +23,7 @@ BOUNDED = {
 }
 
 
-def setup_django(code: str = "", **overrides: str) -> subprocess.CompletedProcess:
+def setup_django(code: str = "", **overrides: str) -> subprocess.CompletedProcess[str]:
     """Run ``django.setup()`` then ``code`` in a child with the bounded settings unset and
     ``overrides`` set; returns the finished process (60 s at most)."""
     env = {k: v for k, v in os.environ.items() if k not in BOUNDED}

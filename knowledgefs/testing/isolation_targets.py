@@ -6,26 +6,31 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from ingestion.parsing import ParseReport
 
 #: The grandchild ``sleep`` a spinning parse leaves behind (found by its command line).
 MARKER = "987653"
 
 
-def spin_forever(data: bytes, mime_type: str):
+def spin_forever(data: bytes, mime_type: str) -> NoReturn:
     """Start a grandchild in a process group of its own, then loop like pypdf #1825."""
     subprocess.Popen(["sleep", MARKER], process_group=0)
     while True:
         pass
 
 
-def crash(data: bytes, mime_type: str):
+def crash(data: bytes, mime_type: str) -> NoReturn:
     """Die of SIGSEGV, as a crash in a native library would."""
     os.kill(os.getpid(), signal.SIGSEGV)
+    raise RuntimeError("still alive after SIGSEGV")
 
 
-def eat_memory(data: bytes, mime_type: str):
+def eat_memory(data: bytes, mime_type: str) -> NoReturn:
     """Allocate 64 MiB blocks until the address-space cap stops it."""
-    hoard = []
+    hoard: list[bytearray] = []
     while True:
         hoard.append(bytearray(64 * 1024 * 1024))
 
@@ -34,7 +39,7 @@ def eat_memory(data: bytes, mime_type: str):
 TEMP_MARKER = "kfs-leak-987655-"
 
 
-def spin_with_temp_files(data: bytes, mime_type: str):
+def spin_with_temp_files(data: bytes, mime_type: str) -> NoReturn:
     """Write a copy of the document to a temporary file and directory (as the PDF parser and
     pytesseract do), then loop until killed."""
     import tempfile
@@ -46,15 +51,16 @@ def spin_with_temp_files(data: bytes, mime_type: str):
         pass
 
 
-def hold_the_interpreter(data: bytes, mime_type: str):
+def hold_the_interpreter(data: bytes, mime_type: str) -> NoReturn:
     """A parse stuck in native code that never releases the GIL (the child's own watchdog
     thread can then never run): libc ``sleep`` called through ``ctypes.PyDLL``."""
     import ctypes
 
     ctypes.PyDLL(None).sleep(600)
+    raise RuntimeError("libc sleep returned")
 
 
-def parse_measuring_memory(data: bytes, mime_type: str):
+def parse_measuring_memory(data: bytes, mime_type: str) -> ParseReport:
     """The real parse (:func:`ingestion.parsing.parse_with_report`), then this child's peak
     resident set (``VmHWM``, KiB) appended to the report's warnings as ``"peak_rss_kib=N"``."""
     from ingestion.parsing import parse_with_report

@@ -31,7 +31,7 @@ def require_ocr() -> None:
     pytest.skip(message)
 
 
-def text_image(text: str, size=(1400, 360), font_size: int = 120) -> Image.Image:
+def text_image(text: str, size: tuple[int, int] = (1400, 360), font_size: int = 120) -> Image.Image:
     """A white RGB image with ``text`` drawn in black by Pillow (a "scan" without text layer)."""
     image = Image.new("RGB", size, "white")
     draw = ImageDraw.Draw(image)
@@ -45,7 +45,7 @@ def png_bytes(image: Image.Image, fmt: str = "PNG") -> bytes:
     return buffer.getvalue()
 
 
-def text_pdf(pages: list[list[str]], pagesize=(612, 792)) -> bytes:
+def text_pdf(pages: list[list[str]], pagesize: tuple[float, float] = (612, 792)) -> bytes:
     """One page per entry, each line drawn as text (a real text layer)."""
     buffer = io.BytesIO()
     pdf = canvas.Canvas(buffer, pagesize=pagesize)

@@ -31,7 +31,7 @@ class QClusterProcess:
             **env,
         }
         self.log = log
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> QClusterProcess:
         """Start the child (this process's database connections are closed first, so the

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,12 @@ import pytest
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
 
 
 @pytest.fixture(scope="session")
-def redis_url(tmp_path_factory) -> str:
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Start ``redis-server`` on 127.0.0.1 (no persistence) for the session; yield its URL."""
     binary = shutil.which("redis-server")
     if binary is None:

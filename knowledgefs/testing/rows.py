@@ -7,10 +7,11 @@ import hashlib
 import uuid
 
 from ingestion.models import Document, DocumentState
+from spaces.models import KnowledgeSpace
 
 
 def published_document(
-    space,
+    space: KnowledgeSpace,
     name: str,
     *,
     generation: uuid.UUID,

@@ -61,7 +61,7 @@ class Recorded:
     status: int | None = None
 
 
-def default_elements(filename: str, size: int) -> list[dict]:
+def default_elements(filename: str, size: int) -> list[dict[str, Any]]:
     """What the server answers for an upload without :attr:`elements` set."""
     meta = {"filename": filename, "page_number": 1}
     return [
@@ -80,7 +80,7 @@ class UnstructuredTestServer(LoopbackServerMixin):
 
     def __init__(self, *, api_key: str = "") -> None:
         self.api_key = api_key
-        self.elements: list[dict] | None = None
+        self.elements: list[dict[str, Any]] | None = None
         self.requests: list[Recorded] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -98,7 +98,7 @@ class UnstructuredTestServer(LoopbackServerMixin):
             owner = server
 
         class Server(ThreadingHTTPServer):
-            def handle_error(self, request, client_address) -> None:  # noqa: ANN001
+            def handle_error(self, request: Any, client_address: Any) -> None:
                 if not server.stopping.is_set():
                     super().handle_error(request, client_address)
 
@@ -245,13 +245,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
 
-    def _raw(self, status: int, body: bytes, content_type: str, extra: dict | None = None) -> None:
+    def _raw(
+        self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None
+    ) -> None:
         headers = {"Content-Type": content_type, "Content-Length": str(len(body)), **(extra or {})}
         self._start(status, headers)
         self.wfile.write(body)
         self.wfile.flush()
 
-    def _json(self, status: int, value: Any, extra: dict | None = None) -> None:
+    def _json(self, status: int, value: Any, extra: dict[str, str] | None = None) -> None:
         self._raw(status, json.dumps(value).encode(), "application/json", extra)
 
     def _huge(self, size: int) -> None:

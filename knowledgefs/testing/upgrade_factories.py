@@ -10,8 +10,10 @@ publish").
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -30,7 +32,7 @@ class Legacy:
     name: str
     text: str
     desired_enabled: bool = True
-    metadata: dict | list | str | None = None
+    metadata: dict[str, Any] | list[Any] | str | None = None
     handed_off: bool = True  # False: the hand-off failed (no new document)
 
 
@@ -113,7 +115,7 @@ class SteppingClock:
         self.now = start
         self.step = step
         self.calls = 0
-        self.hooks: dict[int, callable] = {}
+        self.hooks: dict[int, Callable[..., Any]] = {}
 
     def __call__(self) -> datetime:
         self.calls += 1

@@ -4,6 +4,7 @@ that delivers the queued step messages of the ORM broker one by one."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
@@ -22,7 +23,9 @@ def inner() -> APIClient:
     return api
 
 
-def legacy_file(name: str, data: bytes, *, doc_id: str | None = None, **fields) -> dict:
+def legacy_file(
+    name: str, data: bytes, *, doc_id: str | None = None, **fields: Any
+) -> dict[str, Any]:
     """Put ``data`` into the object storage as a legacy upload; returns its snapshot entry."""
     upload_file_id = fields.pop("upload_file_id", None) or f"uf-{uuid.uuid4().hex[:12]}"
     key = fields.pop("storage_key", None) or f"upload_files/tenant-a/{upload_file_id}"
@@ -42,7 +45,7 @@ def legacy_file(name: str, data: bytes, *, doc_id: str | None = None, **fields) 
     }
 
 
-def snapshot_body(documents: list[dict], **overrides) -> dict:
+def snapshot_body(documents: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
     body = {
         "namespace_id": "tenant-a",
         "dataset_id": "ds-1",
@@ -59,7 +62,7 @@ def snapshot_body(documents: list[dict], **overrides) -> dict:
     return body
 
 
-def messages(func: str = STEP_FUNC) -> list[tuple[int, tuple]]:
+def messages(func: str = STEP_FUNC) -> list[tuple[int, tuple[Any, ...]]]:
     """(message id, args) of the waiting ORM broker messages of ``func``."""
     found = []
     for message in OrmQ.objects.order_by("id"):
@@ -74,7 +77,7 @@ def deliver_all(limit: int = 200) -> list[str]:
     returns each delivery's result."""
     from upgrades.tasks import run_upgrade_step
 
-    results = []
+    results: list[Any] = []
     for _ in range(limit):
         waiting = messages()
         if not waiting:

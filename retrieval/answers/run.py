@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 from django.conf import settings
 
@@ -164,7 +164,7 @@ class GenerationFailed(Exception):
         return body
 
 
-def events(run: AnswerRun) -> Iterator[tuple[str, dict]]:
+def events(run: AnswerRun) -> Generator[tuple[str, dict], None, None]:
     """Generate the answer of ``run``: ``("answer.delta", {delta, trace_id})``… then
     ``("answer.done", {...})`` or ``("answer.error", {error {code, message}, trace_id})``;
     between deltas, ``(HEARTBEAT, {})`` whenever the model has been silent for

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 from django.db import connection
 
@@ -102,6 +103,7 @@ def document_states(ids: list) -> dict:
     if not ids:
         return {}
     _, _, documents = _tables()
+    params: list[Any]
     if connection.vendor == "sqlite":
         condition, params = "id IN (SELECT value FROM json_each(%s))", [json.dumps(ids)]
     else:
@@ -121,6 +123,7 @@ def visible_hex(node_hex: list[str]) -> set[str]:
     if not node_hex:
         return set()
     _, nodes, documents = _tables()
+    params: list[Any]
     if connection.vendor == "sqlite":
         condition = "n.id IN (SELECT value FROM json_each(%s))"
         params = ["[" + ",".join(f'"{h}"' for h in node_hex) + "]"]

@@ -151,12 +151,13 @@ def _fs_input(name: str, args: list[str]) -> dict:
             if i + 1 >= len(args):
                 raise refuse(f"{arg} needs a value", "shell_invalid_argument", arg)
             member, integer = FLAGS[arg]
-            value = args[i + 1]
+            given = args[i + 1]
             if integer:
-                if not re.fullmatch(r"[0-9]{1,9}", value):
-                    raise refuse(f"{arg} needs an integer", "shell_invalid_argument", value)
-                value = int(value)
-            values[member] = value
+                if not re.fullmatch(r"[0-9]{1,9}", given):
+                    raise refuse(f"{arg} needs an integer", "shell_invalid_argument", given)
+                values[member] = int(given)
+            else:
+                values[member] = given
             i += 2
         else:
             positional.append(arg)
@@ -233,7 +234,9 @@ def execute(space, command, caller=None) -> dict:
     for step in planned["steps"][1:]:
         value = _transform(step["command"], step["input"], value)
     raw = isinstance(value, str) and planned["steps"][-1]["command"] in ("head", "tail")
-    text = value if raw else json.dumps(value, ensure_ascii=False, indent=1)
+    text = (
+        value if raw and isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=1)
+    )
     data = text.encode()
     truncated = len(data) > MAX_OUTPUT_BYTES
     if truncated:

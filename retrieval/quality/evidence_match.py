@@ -233,7 +233,7 @@ def bulk_import(space: KnowledgeSpace, body) -> dict:
     limit = settings.KNOWLEDGE_GOLDEN_MAX_QUESTIONS_PER_SPACE
     items, active = [], 0
     with transaction.atomic():
-        lock_for_update(KnowledgeSpace.objects).filter(id=space.id).first()
+        lock_for_update(KnowledgeSpace.objects.all()).filter(id=space.id).first()
         held = GoldenQuestion.objects.filter(space=space).count()
         if held + len(checked) > limit:
             raise Conflict(

@@ -74,7 +74,8 @@ def _jsonl_rows(text: str) -> list[dict]:
         try:
             row = json.loads(line)
         except ValueError as exc:
-            raise _bad(f"line {number}: not JSON ({exc.msg})") from None
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise _bad(f"line {number}: not JSON ({reason})") from None
         if not isinstance(row, dict):
             raise _bad(f"line {number}: each line must be a JSON object")
         rows.append(row)

@@ -12,6 +12,7 @@ the same tenant whose own scope covers ``permission_scope`` (:mod:`retrieval.qua
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db import models
 from django.utils import timezone
@@ -35,7 +36,7 @@ class Provenance(models.Model):
     class Meta:
         abstract = True
 
-    def provenance(self) -> dict:
+    def provenance(self) -> dict[str, Any]:
         return {
             "tenant_id": self.tenant_id,
             "requester_kind": self.requester_kind,
@@ -104,7 +105,7 @@ class FailedQuery(Provenance):
     def __str__(self) -> str:
         return f"failed query {self.id} ({self.trigger}, {self.status})"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "id": str(self.id),
             "space_id": str(self.space_id),
@@ -156,7 +157,7 @@ class BadCase(Provenance):
     def __str__(self) -> str:
         return f"bad case {self.id} ({self.status})"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "id": str(self.id),
             "space_id": str(self.space_id),
@@ -213,7 +214,7 @@ class BadCaseEvent(models.Model):
     def delete(self, *args, **kwargs):
         raise ImmutableRow("bad case history rows are immutable")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "action": self.action,
             "actor_subject_id": self.actor,
@@ -311,7 +312,7 @@ class ReplayItem(models.Model):
     def __str__(self) -> str:
         return f"item {self.ordinal} ({self.state})"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "golden_question_id": str(self.golden_question_id),
             "ordinal": self.ordinal,

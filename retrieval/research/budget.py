@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import reasoning
 
@@ -149,7 +150,7 @@ class _Run:
                 timeout_ms=int(left * 1000),
                 should_stop=self.should_stop,
             )
-            outcome = {"status": "ok", "output": answer.output}
+            outcome: dict[str, Any] = {"status": "ok", "output": answer.output}
         except reasoning.ReasoningCanceled:
             raise ResearchCanceled("the research run was canceled during a model call") from None
         except reasoning.ReasoningError as exc:

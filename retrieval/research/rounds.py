@@ -144,11 +144,11 @@ class _Retrieval:
         if record:
             for leg in LEGS:
                 count = sum(q.dense if leg == "dense" else q.keyword for q in queries)
-                ms = ran.get(f"{leg}_ms")
+                leg_ms = ran.get(f"{leg}_ms")
                 run.stages.append(
-                    {"name": leg, "status": "executed" if ms is not None else "skipped",
+                    {"name": leg, "status": "executed" if leg_ms is not None else "skipped",
                      "candidate_count": count, "filtered_count": 0,
-                     "duration_ms": round(ms or 0.0, 2)}
+                     "duration_ms": round(leg_ms or 0.0, 2)}
                 )  # fmt: skip
 
     def _add_timing(self, name: str, t0: float) -> None:
@@ -173,7 +173,7 @@ class _Retrieval:
                 self.run_.stage("rerank", "skipped", 0, t0)
             return
         self.nodes.update(load_nodes([i for i in new if i not in self.nodes]))
-        pool = [(i, 0.0, {}) for i in new if i in self.nodes]
+        pool: Ranked = [(i, 0.0, {}) for i in new if i in self.nodes]
         ranked = rerank(self.run_.space, self.rerank, self.query, pool, self.nodes)
         for node_id, score, _ in ranked:
             self.reranked[node_id] = score

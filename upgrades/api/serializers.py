@@ -179,7 +179,8 @@ class UpgradeJobSerializer(serializers.ModelSerializer):
 
     space_id = serializers.UUIDField(allow_null=True, read_only=True)
     namespace_id = serializers.CharField(source="tenant_id")
-    errors = serializers.SerializerMethodField()
+    # A declared field: DRF's metaclass moves it into `fields`, so `.errors` stays the property.
+    errors = serializers.SerializerMethodField()  # type: ignore[assignment]
 
     class Meta:
         model = UpgradeJob

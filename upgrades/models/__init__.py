@@ -4,7 +4,7 @@
 alive. ``cutover``: the per-workspace cutover ledger and the cleanup authorizations.
 """
 
-from .cutover import (  # noqa: F401
+from .cutover import (
     CUT_OVER_PHASES,
     SWITCHES,
     CleanupAuthorization,
@@ -12,7 +12,7 @@ from .cutover import (  # noqa: F401
     CutoverPhase,
     WorkspaceCutoverLedger,
 )
-from .jobs import (  # noqa: F401
+from .jobs import (
     ACTIVE_JOB_STATUSES,
     DocumentStatus,
     FileLeaseStatus,
@@ -22,3 +22,20 @@ from .jobs import (  # noqa: F401
     UpgradeFileLease,
     UpgradeJob,
 )
+
+__all__ = [
+    "ACTIVE_JOB_STATUSES",
+    "CUT_OVER_PHASES",
+    "CleanupAuthorization",
+    "CleanupStatus",
+    "CutoverPhase",
+    "DocumentStatus",
+    "FileLeaseStatus",
+    "JobStage",
+    "JobStatus",
+    "SWITCHES",
+    "UpgradeDocument",
+    "UpgradeFileLease",
+    "UpgradeJob",
+    "WorkspaceCutoverLedger",
+]

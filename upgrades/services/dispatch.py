@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Q
@@ -68,7 +69,7 @@ def _due(now) -> Q:
     return Q(next_step_at__isnull=True) | Q(next_step_at__lte=now)
 
 
-def _failed_fields(code: str, message: str, now) -> dict:
+def _failed_fields(code: str, message: str, now) -> dict[str, Any]:
     """A failed job has no next step and is completed; ``code`` ≤ 128 characters, ``message``
     ≤ 4,000 (I8, G3: a stale worker cannot fail a healthy job)."""
     return {

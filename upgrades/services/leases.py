@@ -10,9 +10,10 @@ it deletes legacy bytes.
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from upgrades.models import DocumentStatus, FileLeaseStatus, UpgradeDocument, UpgradeFileLease
@@ -21,7 +22,7 @@ FILE_LEASE_TTL = timedelta(days=7)
 """Bridge specification §1.4: 7 days from the snapshot, from every delivery and every retry."""
 
 
-def extend_leases(job_id: uuid.UUID, now=None) -> int:
+def extend_leases(job_id: uuid.UUID, now: datetime | None = None) -> int:
     """Move every unreleased lease of the job to ``now`` + 7 days (expired ones become active
     again); returns the number of leases moved."""
     now = now or timezone.now()
@@ -32,7 +33,9 @@ def extend_leases(job_id: uuid.UUID, now=None) -> int:
     )
 
 
-def release_if_unreferenced(job_id: uuid.UUID, upload_file_id: str | None, now=None) -> bool:
+def release_if_unreferenced(
+    job_id: uuid.UUID, upload_file_id: str | None, now: datetime | None = None
+) -> bool:
     """Release the job's lease on ``upload_file_id`` once no document of the job that references
     the file is still to be handed off (every one ``succeeded``); returns whether it was
     released. Call inside the transaction that marked a document ``succeeded``."""
@@ -53,7 +56,9 @@ def release_if_unreferenced(job_id: uuid.UUID, upload_file_id: str | None, now=N
     )
 
 
-def live_leases(tenant_id: str, upload_file_id: str, now=None):
+def live_leases(
+    tenant_id: str, upload_file_id: str, now: datetime | None = None
+) -> QuerySet[UpgradeFileLease]:
     """Active, unexpired leases on a legacy file of the tenant."""
     now = now or timezone.now()
     return UpgradeFileLease.objects.filter(
@@ -64,7 +69,7 @@ def live_leases(tenant_id: str, upload_file_id: str, now=None):
     )
 
 
-def reserve_file_cleanup(tenant_id: str, upload_file_id: str) -> dict:
+def reserve_file_cleanup(tenant_id: str, upload_file_id: str) -> dict[str, Any]:
     """Dify asks before deleting a legacy uploaded file's bytes.
 
     Returns ``{"upload_file_id", "leased": bool, "expires_at": datetime | None}``: ``leased``

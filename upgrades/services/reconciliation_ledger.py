@@ -19,6 +19,7 @@ job's ``failed_documents`` and does not hold the gate.
 from __future__ import annotations
 
 import logging
+import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -32,7 +33,7 @@ from upgrades.models import DocumentStatus, UpgradeDocument, UpgradeJob
 logger = logging.getLogger("knowledgefs.upgrades.reconciliation")
 
 
-def owed_documents(job_id) -> QuerySet[UpgradeDocument]:
+def owed_documents(job_id: uuid.UUID) -> QuerySet[UpgradeDocument]:
     """The job's document checkpoints still owed: handed off, not reconciled, not dead-lettered."""
     return UpgradeDocument.objects.filter(
         job_id=job_id,
@@ -42,7 +43,7 @@ def owed_documents(job_id) -> QuerySet[UpgradeDocument]:
     )
 
 
-def due_documents(job_id, now: datetime) -> QuerySet[UpgradeDocument]:
+def due_documents(job_id: uuid.UUID, now: datetime) -> QuerySet[UpgradeDocument]:
     """Owed documents a delivery may try now: never tried, or whose last failed attempt is at
     least ``KNOWLEDGE_UPGRADE_RECONCILE_RETRY_DELAY_SECONDS`` old (``updated_at``), so one
     failing document cannot spend its capped attempts on back-to-back continuations."""
@@ -52,7 +53,7 @@ def due_documents(job_id, now: datetime) -> QuerySet[UpgradeDocument]:
     )
 
 
-def dead_lettered_documents(job_id) -> QuerySet[UpgradeDocument]:
+def dead_lettered_documents(job_id: uuid.UUID) -> QuerySet[UpgradeDocument]:
     """The job's handed-off documents that exhausted their attempts and are not reconciled."""
     return UpgradeDocument.objects.filter(
         job_id=job_id,
@@ -63,7 +64,7 @@ def dead_lettered_documents(job_id) -> QuerySet[UpgradeDocument]:
 
 
 # --- operator: dead letter ----------------------------------------------------------------------
-def rearm_dead_lettered(job_id, *, now: datetime | None = None) -> int:
+def rearm_dead_lettered(job_id: uuid.UUID, *, now: datetime | None = None) -> int:
     """Give a job's dead-lettered documents a fresh set of attempts and clear the job's dead
     letter, so the next recovery tick re-issues its lease; returns the documents re-armed.
 

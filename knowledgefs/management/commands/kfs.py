@@ -9,8 +9,9 @@ becomes a :class:`CommandError` ``"<code>: <message>"`` (exit status 1)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ingestion import cli as ingestion_cli
 from knowledgefs import cli as core_cli
@@ -57,19 +58,19 @@ class Command(BaseCommand):
         "downgrade-check, cutover, upgrade, answer, eval, reindex, fs, mcp, golden, quality."
     )
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
         for name, module in COMMANDS:
             module.add_parser(sub, name)
 
-    def handle(self, *args, **options) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         module = dict(COMMANDS)[options["command"]]
         try:
             module.handle(self, options)
         except ServiceError as exc:
             raise CommandError(f"{exc.code}: {exc.message}") from exc
 
-    def emit(self, options: dict, payload, text: str) -> None:
+    def emit(self, options: dict[str, Any], payload: Any, text: str) -> None:
         """Write ``payload`` as indented JSON under ``--json``, else ``text``."""
         self.stdout.write(
             json.dumps(payload, ensure_ascii=False, indent=2) if options.get("json") else text

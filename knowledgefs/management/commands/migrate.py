@@ -10,6 +10,8 @@ is Django's command unchanged.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.management.commands.migrate import Command as DjangoMigrate
 from django.db import connections
 
@@ -19,7 +21,7 @@ from knowledgefs import downgrades
 class Command(DjangoMigrate):
     """Django's ``migrate``; ``--plan`` also reports the downgrade refusals (module notes)."""
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> str | None:
         result = super().handle(*args, **options)
         # Only a named target can be behind the applied state; a plan to the leaves is forwards.
         if options["plan"] and options.get("app_label") and options.get("migration_name"):

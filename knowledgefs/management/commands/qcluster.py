@@ -8,13 +8,16 @@ worker").
 
 from __future__ import annotations
 
+from typing import Any
+
 from django_q.management.commands.qcluster import Command as QClusterCommand
 
 from knowledgefs.jobs.worker_runtime import Cluster
 
 
-class Command(QClusterCommand):
-    def handle(self, *args, **options):
+# django-q2 ships no type information: its command is Any to mypy.
+class Command(QClusterCommand):  # type: ignore[misc]
+    def handle(self, *args: Any, **options: Any) -> None:
         import os
 
         from django.conf import settings
