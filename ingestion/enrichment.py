@@ -140,8 +140,10 @@ def parse_description(text: str) -> dict[str, str]:
     :data:`FIELD_LIMITS`."""
     try:
         value = json.loads(text.strip())
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise MalformedDescription(f"not JSON ({exc.msg} at character {exc.pos})") from None
+    except ValueError as exc:  # well-formed but not convertible: an integer of 5,000 digits
+        raise MalformedDescription(f"not JSON ({exc})") from None
     if not isinstance(value, dict):
         raise MalformedDescription(f"a JSON {type(value).__name__}, not an object")
     missing = [k for k in FIELD_LIMITS if k not in value]
@@ -220,9 +222,12 @@ def describe_images(
         logger.info("job %s: images not described (%s)", job.id, reason)
         _record(artifact, report)
         return report
+    document_id = job.document_id
+    if document_id is None:  # deleted since: the deletion canceled the job (CompilationJob)
+        raise EnrichmentCanceled("the document was deleted")
     kept = set(
         KnowledgeNode.objects.filter(
-            document_id=job.document_id, generation=job.id, kind=IMAGE_NODE_KIND
+            document_id=document_id, generation=job.id, kind=IMAGE_NODE_KIND
         ).values_list("chunk_index", flat=True)
     )
     todo = [(i, a) for i, a in wanted if IMAGE_CHUNK_BASE + i not in kept]
@@ -234,7 +239,7 @@ def describe_images(
         raise EnrichmentCanceled("canceled before the image descriptions were written")
     report.described = len(descriptions)
     if descriptions:
-        _write(job, assets, descriptions)
+        _write(job, document_id, assets, descriptions)
     report.nodes = report.reused + report.described
     _record(artifact, report)
     return report
@@ -313,6 +318,8 @@ def _ask(profile, mime_type: str, data: bytes) -> str:
     from spaces.selection import Selection
 
     selection = Selection.of(profile.retrieval_reasoning_model)
+    if selection is None:  # reasoning_vision chose a profile with a reasoning model
+        raise ValueError("the space has no reasoning model to describe the image with")
     runtime = DifyModelRuntime(
         transport=model_runtime().transport,
         timeout_ms=settings.KNOWLEDGE_MULTIMODAL_ENRICHMENT_TIMEOUT_MS,
@@ -342,13 +349,15 @@ def _ask(profile, mime_type: str, data: bytes) -> str:
     return "".join(pieces)
 
 
-def _anchors(job: CompilationJob) -> tuple[dict[int, tuple[int, int]], tuple[int, int]]:
+def _anchors(
+    job: CompilationJob, document_id: uuid.UUID
+) -> tuple[dict[int, tuple[int, int]], tuple[int, int]]:
     """Where an image sits in the canonical text: the first chunk of its page (``{page: (start,
     end)}``), else the document's first chunk."""
     pages: dict[int, tuple[int, int]] = {}
     first = None
     for page, start, end in (
-        KnowledgeNode.objects.filter(document_id=job.document_id, generation=job.id)
+        KnowledgeNode.objects.filter(document_id=document_id, generation=job.id)
         .exclude(kind=IMAGE_NODE_KIND)
         .order_by("chunk_index")
         .values_list("page_number", "start_offset", "end_offset")
@@ -359,9 +368,12 @@ def _anchors(job: CompilationJob) -> tuple[dict[int, tuple[int, int]], tuple[int
     return pages, first or (0, 1)
 
 
-def _write(job: CompilationJob, assets: list[dict], descriptions: dict[int, dict]) -> None:
-    """Store the image nodes and index them for every index version, in one transaction."""
-    pages, first = _anchors(job)
+def _write(
+    job: CompilationJob, document_id: uuid.UUID, assets: list[dict], descriptions: dict[int, dict]
+) -> None:
+    """Store the image nodes of ``job``'s generation of the document ``document_id`` and index
+    them for every index version, in one transaction."""
+    pages, first = _anchors(job, document_id)
     nodes = []
     for index, description in sorted(descriptions.items()):
         asset = assets[index]
@@ -371,7 +383,7 @@ def _write(job: CompilationJob, assets: list[dict], descriptions: dict[int, dict
             KnowledgeNode(
                 id=image_node_id(job.id, index),
                 space_id=job.space_id,
-                document_id=job.document_id,
+                document_id=document_id,
                 generation=job.id,
                 chunk_index=IMAGE_CHUNK_BASE + index,
                 kind=IMAGE_NODE_KIND,

@@ -71,7 +71,9 @@ class Read:
     last_edited: str = ""
 
 
-def mark(run: SourceRun, task_id: str, run_item: SourceRunItem, state: str, **fields) -> None:
+def mark(
+    run: SourceRun, task_id: str, run_item: SourceRunItem, state: RunItemState, **fields
+) -> None:
     """Record ``run_item``'s outcome under the delivery's fence (inside a transaction)."""
     now = timezone.now()
     fenced = dispatch.held(run.id, task_id).update(
@@ -101,6 +103,8 @@ def process(run: SourceRun, task_id: str, run_item: SourceRunItem, client) -> st
     """Materialize one pending item; returns its state. Retryable Dify failures and a 403 are
     raised to the run (back-off, or failure)."""
     source = run.source
+    if source is None:  # a bulk run's items are applied by bulk.deliver, never read here
+        raise ValueError(f"source run {run.id} ({run.kind}) has no source to read items from")
     payload = run_item.payload
     item = SourceItem.objects.filter(source=source, item_digest=run_item.item_digest).first()
     if payload.get("gone"):
@@ -212,8 +216,7 @@ def _set_enabled(document_id, enabled: bool) -> None:
     read in this transaction)."""
     if not document_id:
         return
-    version = Document.objects.filter(id=document_id).values_list("row_version", flat=True)
-    version = version.first()
+    version = Document.objects.filter(id=document_id).values_list("row_version", flat=True).first()
     if version is not None:
         availability.set_document_availability(document_id, enabled, version)
 
@@ -243,7 +246,8 @@ def _admit(run, task_id, run_item, item: SourceItem | None, read: Read, sha256: 
             _set_enabled(document.id, True)
 
     try:
-        if state == RunItemState.UPDATED:
+        # UPDATED: the item has a document (``state`` above).
+        if state == RunItemState.UPDATED and item is not None and item.document_id is not None:
             document = Document.objects.filter(id=item.document_id).first()
             if document is None:
                 state = RunItemState.IMPORTED

@@ -79,7 +79,7 @@ class Source(models.Model):
 
     @property
     def datasource_type(self) -> str:
-        return DATASOURCE_TYPE[self.kind]
+        return DATASOURCE_TYPE[SourceKind(self.kind)]
 
 
 class ItemState(models.TextChoices):

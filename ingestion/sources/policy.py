@@ -119,6 +119,8 @@ def start_due(*, now=None, batch: int | None = None) -> dict[str, int]:
     )
     started = busy = 0
     for source_id, next_run_at, mode, custom in due:
+        if next_run_at is None:  # not due; next_run_at__lte never matches NULL anyway
+            continue
         interval = interval_of(mode, custom) or DEFAULT_INTERVAL_SECONDS
         following = max(next_run_at + timedelta(seconds=interval), now)
         # Claim this turn by compare-and-set, so two schedulers never start it twice.

@@ -61,8 +61,11 @@ def start_preview(source: Source, *, trigger: str = "api") -> SourceRun:
 
 def list_into(run: SourceRun, task_id: str, datasources) -> None:
     """The preview's provider read: crawl once, record each page (no content), fenced."""
+    if run.source is None:  # start_preview always names the website source
+        raise ValueError(f"crawl preview run {run.id} has no source to crawl")
     pages = crawled_pages(run.source, datasources)
-    rows, seen = [], set()
+    rows: list[SourceRunItem] = []
+    seen: set[str] = set()
     for page in pages:
         key = digest(page["source_url"])
         if key in seen:

@@ -93,7 +93,9 @@ def _stage(run, task_id: str, datasources) -> None:
         ):
             raise dispatch.ClaimLost(str(run.id))
         if run.kind == RunKind.SYNC:
-            rows = []
+            if listing is None:  # read above for every sync
+                raise ValueError(f"sync run {run.id} has no provider listing to stage against")
+            rows: list[SourceRunItem] = []
             for item in staged_items(source):
                 found = listing.get(item.provider_item_id)
                 if found is None and item.state != ItemState.ACTIVE:

@@ -73,7 +73,7 @@ def check_items(source: Source, body) -> list[dict]:
             code="too_many_items" if isinstance(items, list) and items else "invalid_items",
             details={"field": "items", "max": MAX_ITEMS},
         )
-    members, required = ITEM_MEMBERS[source.kind]
+    members, required = ITEM_MEMBERS[SourceKind(source.kind)]
     checked = []
     for n, item in enumerate(items):
         field = f"items[{n}]"
@@ -131,7 +131,7 @@ def start_import(source: Source, body, *, trigger: str = "api") -> SourceRun:
             kind=RunKind.IMPORT, trigger=trigger, progress_total=None,
         )  # fmt: skip
         seen: set[str] = set()
-        rows = []
+        rows: list[SourceRunItem] = []
         for item in items:
             pid = provider_item_id(locked.kind, item)
             if digest(pid) in seen:
@@ -205,7 +205,7 @@ def retry_run(run: SourceRun) -> SourceRun:
     """Queue a failed or canceled run again: its pending and failed items run, the finished
     ones are kept (a sync re-reads the provider when it never got past its provider read)."""
     with transaction.atomic():
-        if run.source_id is not None:  # a bulk run names no source of its own
+        if run.source is not None:  # a bulk run names no source of its own
             lock_idle(run.source)
         now = timezone.now()
         changed = SourceRun.objects.filter(

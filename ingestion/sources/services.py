@@ -70,8 +70,11 @@ def check_create(body) -> dict:
     kind = body.get("kind")
     if kind not in SourceKind.values:
         raise _invalid("kind", f"one of {', '.join(SourceKind.values)}")
+    provider = body.get("provider")
     try:
-        provider = canonical_provider(body.get("provider"), DatasourceError)
+        if not isinstance(provider, str):
+            raise DatasourceError.of("input", "the provider must be a string")
+        provider = canonical_provider(provider, DatasourceError)
     except DatasourceError:
         raise _invalid(
             "provider", "must be '<org>/<plugin>/<provider>' (langgenius/notion_datasource/notion)",

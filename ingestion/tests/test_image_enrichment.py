@@ -292,6 +292,7 @@ def test_a_cancel_while_images_are_described_stops_the_rest_and_writes_nothing(
     ("answer", "reason"),
     [
         ('```json\n{"caption": "a", "ocr_text": "", "summary": ""}\n```', "not JSON"),
+        ('{"caption": "a", "ocr_text": "", "summary": ' + "1" * 5000 + "}", "not JSON"),
         ('["caption"]', "a JSON list, not an object"),
         ('{"caption": "a", "ocr_text": ""}', "members: missing summary"),
         ('{"caption": "a", "ocr_text": "", "summary": "", "x": 1}', "members: unexpected x"),

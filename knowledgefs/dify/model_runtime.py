@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from dataclasses import dataclass, field
@@ -359,7 +359,7 @@ class DifyModelRuntime:
         completion_params: Mapping[str, Any] | None = None,
         stop: Sequence[str] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Generator[dict[str, Any], None, None]:
         """Stream an LLM answer: yields each frame's ``data`` (``{"delta": {"message":
         {"content": …}, "finish_reason": …, "usage": …}}``) as its bytes arrive.
 
@@ -381,7 +381,9 @@ class DifyModelRuntime:
         inputs = [m.get("content") for m in prompt_messages if isinstance(m.get("content"), str)]
         return self._llm_stream(payload, inputs)
 
-    def _llm_stream(self, payload: dict[str, Any], inputs: list[str]) -> Iterator[dict[str, Any]]:
+    def _llm_stream(
+        self, payload: dict[str, Any], inputs: list[str]
+    ) -> Generator[dict[str, Any], None, None]:
         stream = self.transport.open_stream(
             "POST",
             LLM,

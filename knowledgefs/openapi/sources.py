@@ -30,7 +30,7 @@ KEY = OpenApiParameter(
 DIFY = "`datasource_unavailable` (retry later), `datasources_unavailable` (not configured)."
 
 
-def _query(name: str, description: str, kind=str) -> OpenApiParameter:
+def _query(name: str, description: str, kind: type = str) -> OpenApiParameter:
     return OpenApiParameter(name, kind, OpenApiParameter.QUERY, description=description)
 
 

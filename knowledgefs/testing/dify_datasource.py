@@ -25,6 +25,7 @@ import hashlib
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 WORKSPACE = "ws-kfs"
 
@@ -54,8 +55,8 @@ class FakeProvider:
     sites: dict[str, Item] = field(default_factory=dict)
     oversize: set[str] = field(default_factory=set)
     send_checksums: bool = True
-    calls: Counter = field(default_factory=Counter)
-    item_calls: Counter = field(default_factory=Counter)
+    calls: Counter[str | None] = field(default_factory=Counter)
+    item_calls: Counter[tuple[str, str]] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def change(self, kind: str, item_id: str, content: bytes) -> None:
@@ -67,7 +68,7 @@ class FakeProvider:
     def serves(self, credential: str | None) -> bool:
         return credential in self.credentials
 
-    def answer(self, body: dict) -> tuple[int, list]:
+    def answer(self, body: dict[str, Any]) -> tuple[int, list[Any]]:
         """``(HTTP status, [frame data])`` for one request."""
         owner = self.credentials[body["credential_id"]]
         operation = body.get("operation")
@@ -91,7 +92,7 @@ class FakeProvider:
     def _body(self, item_id: str, item: Item) -> bytes:
         return b"x" * (9 * 1024 * 1024) if item_id in self.oversize else item.content
 
-    def _get_online_document_pages(self, body: dict) -> list:
+    def _get_online_document_pages(self, body: dict[str, Any]) -> list[Any]:
         pages = [
             {"page_id": pid, "page_name": p.name, "type": "page", "parent_id": None,
              "last_edited_time": p.edited()}
@@ -100,7 +101,7 @@ class FakeProvider:
         workspace = {"workspace_id": WORKSPACE, "workspace_name": "KFS", "total": len(pages)}
         return [{"result": [{**workspace, "pages": pages}]}]
 
-    def _get_online_document_page_content(self, body: dict) -> list:
+    def _get_online_document_page_content(self, body: dict[str, Any]) -> list[Any]:
         page_id = body["page"]["page_id"]
         self._count("get_online_document_page_content", page_id)
         item = self.pages.get(page_id)
@@ -109,7 +110,7 @@ class FakeProvider:
         content = self._body(page_id, item).decode()
         return [{"result": {"workspace_id": WORKSPACE, "page_id": page_id, "content": content}}]
 
-    def _online_drive_browse_files(self, body: dict) -> list:
+    def _online_drive_browse_files(self, body: dict[str, Any]) -> list[Any]:
         request = body["request"]
         start = int((request.get("next_page_parameters") or {}).get("offset", 0))
         ids = sorted(i for i, f in self.files.items() if f.name.startswith(request["prefix"]))
@@ -131,7 +132,7 @@ class FakeProvider:
         }
         return [{"result": [result]}]
 
-    def _online_drive_download_file(self, body: dict) -> list:
+    def _online_drive_download_file(self, body: dict[str, Any]) -> list[Any]:
         file_id = body["request"]["id"]
         self._count("online_drive_download_file", file_id)
         item = self.files.get(file_id)
@@ -141,7 +142,7 @@ class FakeProvider:
         result = {"file_name": item.name, "mime_type": item.mime_type, "content_base64": data}
         return [{"result": result}]
 
-    def _get_website_crawl(self, body: dict) -> list:
+    def _get_website_crawl(self, body: dict[str, Any]) -> list[Any]:
         pages = []
         for url, item in sorted(self.sites.items()):
             self._count("get_website_crawl", url)

@@ -29,7 +29,10 @@ import binascii
 import hashlib
 import io
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .dify_server import DifyTestServer
 
 MAX_DOCUMENTS = 8
 MAX_BATCH_BYTES = 32 * 1024 * 1024
@@ -142,7 +145,7 @@ _COLOURS = {
 }  # fmt: skip
 
 
-def describe_request(body: dict, dify) -> str | None:
+def describe_request(body: dict[str, Any], dify: DifyTestServer) -> str | None:
     """The JSON answer of an image-description request (module docstring), ``None`` for any
     other LLM request."""
     import json
@@ -164,7 +167,7 @@ def describe_request(body: dict, dify) -> str | None:
     return json.dumps(describe_image(data, dify.image_captions))
 
 
-def describe_image(data: bytes, known: list[tuple[bytes, dict]]) -> dict:
+def describe_image(data: bytes, known: list[tuple[bytes, dict[str, Any]]]) -> dict[str, Any]:
     """``{caption, ocr_text, summary}`` of one picture: a registered description of the nearest
     registered picture (cosine of the embedder's vectors at least 0.5), else one from its size
     and main colour."""
@@ -184,9 +187,11 @@ def describe_image(data: bytes, known: list[tuple[bytes, dict]]) -> dict:
         return dict(best)
     with Image.open(io.BytesIO(data)) as image:
         width, height = image.size
-        red, green, blue = (
-            image.convert("RGB").resize((1, 1), Image.Resampling.BOX).getpixel((0, 0))
-        )
+        pixel = image.convert("RGB").resize((1, 1), Image.Resampling.BOX).getpixel((0, 0))
+    # An RGB image's pixel is an (r, g, b) tuple; Pillow types getpixel for every mode.
+    if not isinstance(pixel, tuple) or len(pixel) != 3:
+        raise ValueError(f"an RGB pixel is not (r, g, b): {pixel!r}")
+    red, green, blue = pixel
     colour = min(
         _COLOURS,
         key=lambda n: sum(

@@ -27,6 +27,7 @@ import hashlib
 import re
 import uuid
 from collections import Counter
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Count, F
@@ -82,8 +83,11 @@ def verdict_for(space, query: str, selection=None) -> tuple[str, dict]:
     for filename in filenames:
         names |= ev.query_terms(" ".join(_WORD.findall(filename.rsplit(".", 1)[0])))
     title_overlap = len(words & names)
-    signals = {"keyword_coverage": round(best, 3), "keyword_hits": len(result.items),
-               "title_overlap": title_overlap}  # fmt: skip
+    signals: dict[str, Any] = {
+        "keyword_coverage": round(best, 3),
+        "keyword_hits": len(result.items),
+        "title_overlap": title_overlap,
+    }
     verdict = _by_keywords(best, title_overlap, bool(result.items))
     if selection is None:
         return verdict, signals

@@ -8,9 +8,12 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import reasoning
+
+if TYPE_CHECKING:
+    from spaces.models import KnowledgeSpace
 
 STEPS = ("image_expansion", "planner", "judge", "supplemental")
 ROUNDS_KEY = "rounds"
@@ -45,7 +48,7 @@ DURABLE = Policy("durable", 3, 180.0, 1, True)
 
 @dataclass
 class _Run:
-    space: object
+    space: KnowledgeSpace
     profile: object
     policy: Policy
     checkpoint: dict

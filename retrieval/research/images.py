@@ -77,7 +77,8 @@ def expand_images(run: _Run, query: str, references: list[str], subject: str) ->
         run.calls += 1
         run.calls_reused += 1
         plan.images = [_record(r) for r in saved.get("images") or [] if isinstance(r, dict)]
-        output = saved.get("output") if isinstance(saved.get("output"), dict) else {}
+        output = saved.get("output")
+        output = output if isinstance(output, dict) else {}
         if saved["status"] == "ok" and isinstance(output.get("text"), str):
             plan.expanded_query = output["text"]
         else:
