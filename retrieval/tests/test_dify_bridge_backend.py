@@ -122,6 +122,10 @@ def _published(space_id) -> set[str]:
 
 
 def test_compiled_through_the_bridge_answers_like_the_database(client, settings, dify_server):
+    # Deep's local rerank serves the fused order when it passes its deadline; on a loaded machine
+    # that happened on one side only and the two orders differed. The comparison is of the
+    # backends, so the rerank gets all the time it needs on both.
+    settings.KNOWLEDGE_LOCAL_RERANK_TIMEOUT_MS = 60000
     files = _files()
     database = _space_with_documents(client, files, "Database")
     expected = {
