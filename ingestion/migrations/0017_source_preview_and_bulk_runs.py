@@ -20,13 +20,14 @@ class Migration(migrations.Migration):
             name="kind",
             field=models.CharField(
                 choices=[
-                    ("import", "Import"),
+                    ("online-document-import", "Online-document import"),
+                    ("online-drive-import", "Online-drive import"),
                     ("sync", "Sync"),
                     ("crawl-preview", "Crawl preview (pages listed, no content kept)"),
                     ("crawl-import", "Crawl import (a preview's frozen selection)"),
                     ("bulk", "Bulk action over sources"),
                 ],
-                max_length=16,
+                max_length=32,
             ),
         ),
         migrations.AlterField(

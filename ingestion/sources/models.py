@@ -121,7 +121,8 @@ class SourceItem(models.Model):
 
 
 class RunKind(models.TextChoices):
-    IMPORT = "import", "Import"
+    ONLINE_DOCUMENT_IMPORT = "online-document-import", "Online-document import"
+    ONLINE_DRIVE_IMPORT = "online-drive-import", "Online-drive import"
     SYNC = "sync", "Sync"
     CRAWL_PREVIEW = "crawl-preview", "Crawl preview (pages listed, no content kept)"
     CRAWL_IMPORT = "crawl-import", "Crawl import (a preview's frozen selection)"
@@ -159,7 +160,7 @@ class SourceRun(models.Model):
     source = models.ForeignKey(
         Source, null=True, blank=True, on_delete=models.CASCADE, related_name="runs"
     )
-    kind = models.CharField(max_length=16, choices=RunKind.choices)
+    kind = models.CharField(max_length=32, choices=RunKind.choices)
     trigger = models.CharField(max_length=16, default="api")  # api | schedule | bulk
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
     checkpoint = models.CharField(

@@ -36,6 +36,12 @@ from .services import check_public_url
 
 MAX_ITEMS = 200
 
+#: The run kind of an import, per source kind (a website imports through a crawl preview).
+IMPORT_KINDS = {
+    SourceKind.ONLINE_DOCUMENT: RunKind.ONLINE_DOCUMENT_IMPORT,
+    SourceKind.ONLINE_DRIVE: RunKind.ONLINE_DRIVE_IMPORT,
+}
+
 #: Per kind: the members of an import item, the required ones.
 ITEM_MEMBERS = {
     SourceKind.ONLINE_DOCUMENT: (
@@ -128,7 +134,7 @@ def start_import(source: Source, body, *, trigger: str = "api") -> SourceRun:
         locked = lock_idle(source)
         run = SourceRun.objects.create(
             tenant_id=locked.tenant_id, space_id=locked.space_id, source=locked,
-            kind=RunKind.IMPORT, trigger=trigger, progress_total=None,
+            kind=IMPORT_KINDS[SourceKind(locked.kind)], trigger=trigger, progress_total=None,
         )  # fmt: skip
         seen: set[str] = set()
         rows: list[SourceRunItem] = []

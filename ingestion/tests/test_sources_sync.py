@@ -165,7 +165,7 @@ def test_import_then_sync_updates_exactly_what_changed(
     assert deliver(run["id"]) == "completed"
     assert not provider.item_calls and CompilationJob.objects.count() == jobs_before
     listed = client.get(url(space, "source-runs"), {"source_id": source_id}).json()
-    assert [r["kind"] for r in listed["results"]] == ["sync", "sync", "import"]
+    assert [r["kind"] for r in listed["results"]] == ["sync", "sync", "online-document-import"]
 
 
 def test_a_rerun_after_a_killed_delivery_imports_only_the_pending_items(
