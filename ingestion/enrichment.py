@@ -313,7 +313,7 @@ def _ask(profile, mime_type: str, data: bytes) -> str:
     """One call of the reasoning model with the image; returns its whole answer text."""
     import base64
 
-    from knowledgefs.dify.model_runtime import DifyModelRuntime
+    from knowledgefs.dify.model_runtime import DifyModelRuntime, streamed_text
     from knowledgefs.runtime import model_runtime
     from spaces.selection import Selection
 
@@ -338,15 +338,7 @@ def _ask(profile, mime_type: str, data: bytes) -> str:
         prompt_messages=[{"role": "user", "content": [{"type": "text", "data": PROMPT}, image]}],
         completion_params={"max_tokens": MAX_OUTPUT_TOKENS, "temperature": 0},
     )
-    pieces = []
-    try:
-        for frame in stream:
-            message = (frame.get("delta") or {}).get("message") or {}
-            if isinstance(message.get("content"), str):
-                pieces.append(message["content"])
-    finally:
-        stream.close()
-    return "".join(pieces)
+    return streamed_text(stream)
 
 
 def _anchors(

@@ -365,7 +365,7 @@ def expand(space, profile, images: list[QueryImage], *, timeout_ms: int | None =
     :data:`MAX_EXPANSION_CHARS`)."""
     import json
 
-    from knowledgefs.dify.model_runtime import DifyModelRuntime
+    from knowledgefs.dify.model_runtime import DifyModelRuntime, streamed_text
     from knowledgefs.runtime import model_runtime
     from spaces.selection import Selection
 
@@ -382,15 +382,7 @@ def expand(space, profile, images: list[QueryImage], *, timeout_ms: int | None =
         prompt_messages=[{"role": "user", "content": content}],
         completion_params={"max_tokens": EXPANSION_OUTPUT_TOKENS, "temperature": 0},
     )
-    pieces = []
-    try:
-        for frame in stream:
-            message = (frame.get("delta") or {}).get("message") or {}
-            if isinstance(message.get("content"), str):
-                pieces.append(message["content"])
-    finally:
-        stream.close()
-    text = "".join(pieces).strip()
+    text = streamed_text(stream).strip()
     try:
         value = json.loads(text[text.index("{") : text.rindex("}") + 1])
         words = value.get("keywords") if isinstance(value.get("keywords"), list) else []

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 from django.conf import settings
 
-from . import config
+from . import config, embedding_response
 from .envelope import parse_json, unwrap_envelope
 from .errors import DifyError, ModelRuntimeError
 from .frames import iter_frames
@@ -193,9 +193,13 @@ class DifyModelRuntime:
             data = self._unary(
                 TEXT_EMBEDDING, {**common, "texts": batch, "input_type": input_type}, batch
             )
-            return _embeddings(data, len(batch), TEXT_EMBEDDING, expected_dimension)
+            return embedding_response.embeddings(
+                data, len(batch), TEXT_EMBEDDING, expected_dimension
+            )
 
-        return _stack(self._map(call, batches), expected_dimension, TEXT_EMBEDDING)
+        return embedding_response.stacked(
+            self._map(call, batches), expected_dimension, TEXT_EMBEDDING
+        )
 
     def embed_multimodal(
         self,
@@ -246,9 +250,13 @@ class DifyModelRuntime:
                 parts.append((document.content, extra))
             body, size = streamed_body(common, parts, input_type)
             data = self._unary(MULTIMODAL_EMBEDDING, None, body=body, body_size=size)
-            return _embeddings(data, len(batch), MULTIMODAL_EMBEDDING, expected_dimension)
+            return embedding_response.embeddings(
+                data, len(batch), MULTIMODAL_EMBEDDING, expected_dimension
+            )
 
-        return _stack(self._map(call, batches), expected_dimension, MULTIMODAL_EMBEDDING)
+        return embedding_response.stacked(
+            self._map(call, batches), expected_dimension, MULTIMODAL_EMBEDDING
+        )
 
     def embedding_probe(
         self,
@@ -276,7 +284,7 @@ class DifyModelRuntime:
             encoded = {"content": base64.b64encode(image).decode(), "content_type": "image"}
             payload = {**common, "documents": [encoded], "input_type": input_type}
         data = self._unary(route, payload)
-        matrix = _embeddings(data, 1, route, None)
+        matrix = embedding_response.embeddings(data, 1, route, None)
         identity = data.get("model") if isinstance(data, dict) else None
         if not isinstance(identity, str) or not identity.strip():
             identity = ""
@@ -513,66 +521,6 @@ class DifyModelRuntime:
                 raise
 
 
-def _embeddings(data: Any, count: int, route: str, expected_dimension: int | None) -> np.ndarray:
-    """Validate one batch's ``{"embeddings": [[…], …]}`` and return it as float32."""
-    rows = data.get("embeddings") if isinstance(data, dict) else None
-    if not isinstance(rows, list) or len(rows) != count:
-        got = len(rows) if isinstance(rows, list) else "no"
-        raise ModelRuntimeError.of(
-            "invalid", f"{route}: {got} embeddings for {count} inputs", route=route
-        )
-    if not rows or not all(isinstance(row, list) for row in rows):
-        raise ModelRuntimeError.of("invalid", f"{route}: an embedding is not a list", route=route)
-    dimensions = {len(row) for row in rows}
-    if len(dimensions) != 1:
-        raise ModelRuntimeError.of(
-            "dimension",
-            f"{route}: one batch holds vectors of dimensions {sorted(dimensions)}",
-            route=route,
-        )
-    dimension = dimensions.pop()
-    if dimension == 0:
-        raise ModelRuntimeError.of("invalid", f"{route}: empty vectors", route=route)
-    if expected_dimension is not None and dimension != expected_dimension:
-        raise ModelRuntimeError.of(
-            "dimension",
-            f"{route}: the model returned {dimension}-d vectors, {expected_dimension}-d expected",
-            route=route,
-        )
-    # JSON numbers only: numpy would turn "0.5", "1e0" or true into numbers.
-    if not all(type(v) is float or type(v) is int for row in rows for v in row):
-        raise ModelRuntimeError.of(
-            "invalid", f"{route}: an embedding holds a value that is not a number", route=route
-        )
-    try:
-        matrix = np.array(rows, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
-        raise ModelRuntimeError.of(
-            "invalid", f"{route}: an embedding holds a non-number", route=route
-        ) from None
-    if matrix.ndim != 2 or not np.isfinite(matrix).all():
-        raise ModelRuntimeError.of(
-            "invalid", f"{route}: an embedding holds a non-finite value", route=route
-        )
-    return matrix
-
-
-def _stack(parts: list[np.ndarray], expected: int | None, route: str) -> np.ndarray:
-    """Join batches (all of one dimension) and L2-normalise each row to float32."""
-    dimensions = sorted({part.shape[1] for part in parts})
-    if len(dimensions) != 1:
-        raise ModelRuntimeError.of(
-            "dimension",
-            f"{route}: batches of one call returned dimensions {dimensions}",
-            route=route,
-        )
-    matrix = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    if (norms == 0).any():
-        raise ModelRuntimeError.of("invalid", f"{route}: a zero vector was returned", route=route)
-    return (matrix / norms).astype(np.float32)
-
-
 def _catalog_item(value: Any) -> CatalogItem:
     if not isinstance(value, dict):
         raise ModelRuntimeError.of("invalid", f"{MODEL_CATALOG}: an item is not an object")
@@ -599,3 +547,17 @@ def _catalog_item(value: Any) -> CatalogItem:
     return CatalogItem(
         model_type=model_type, capabilities=capabilities, token_limits=token_limits, **strings
     )
+
+
+def streamed_text(stream: Generator[dict[str, Any], None, None]) -> str:
+    """The text of an :meth:`DifyModelRuntime.invoke_llm` stream: every frame's
+    ``delta.message.content`` string joined, the stream closed however the read ends."""
+    pieces = []
+    try:
+        for frame in stream:
+            message = (frame.get("delta") or {}).get("message") or {}
+            if isinstance(message.get("content"), str):
+                pieces.append(message["content"])
+    finally:
+        stream.close()
+    return "".join(pieces)
