@@ -10,6 +10,8 @@ Nothing here can be deleted.
 
 from __future__ import annotations
 
+from typing import cast
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
@@ -65,7 +67,8 @@ class CleanupRequestForm(forms.ModelForm):
         fields = ("ledger", "reason")
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data  # what ModelForm.clean returns (typed optional by the stubs)
         ledger = data.get("ledger")
         if ledger is not None and not self.errors:
             try:
@@ -118,7 +121,10 @@ class CleanupAuthorizationAdmin(admin.ModelAdmin):
     actions = ("approve_authorizations", "start_cleanups", "complete_cleanups")
 
     def get_form(self, request, obj=None, change=False, **kwargs):
-        form = super().get_form(request, obj, change=change, **kwargs)
+        # a subclass of self.form, CleanupRequestForm, made by modelform_factory
+        form = cast(
+            type[CleanupRequestForm], super().get_form(request, obj, change=change, **kwargs)
+        )
         form.requested_by = request.user.get_username()
         return form
 

@@ -46,7 +46,7 @@ def _operator(name: Any, field: str) -> str:
     return name.strip()
 
 
-def _evidence(value: Any, field: str) -> dict:
+def _evidence(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, dict) or not value:
         raise InvalidInput(f"{field} must be a non-empty JSON object", code="invalid_evidence")
     size = len(json.dumps(value, ensure_ascii=False).encode())
@@ -100,7 +100,7 @@ def _transition(
     return CleanupAuthorization.objects.get(id=authorization.id)
 
 
-def _expect(authorization_id, status: str, row_version: int) -> CleanupAuthorization:
+def _expect(authorization_id: Any, status: str, row_version: int) -> CleanupAuthorization:
     found = get_authorization(authorization_id)
     if found.row_version != row_version:
         raise StaleVersion(
@@ -145,7 +145,11 @@ def request_cleanup(
 
 
 def approve(
-    authorization_id, *, expected_row_version: int, approved_by: str, now=None
+    authorization_id: Any,
+    *,
+    expected_row_version: int,
+    approved_by: str,
+    now: dt.datetime | None = None,
 ) -> CleanupAuthorization:
     """Approve a requested authorization; the approver must differ from the requester (403
     ``four_eyes_required``). The approval expires ``KNOWLEDGE_CLEANUP_APPROVAL_SECONDS`` later."""
@@ -164,12 +168,12 @@ def approve(
 
 
 def start(
-    authorization_id,
+    authorization_id: Any,
     *,
     expected_row_version: int,
     started_by: str,
-    evidence: dict,
-    now=None,
+    evidence: dict[str, Any],
+    now: dt.datetime | None = None,
 ) -> CleanupAuthorization:
     """Start an approved cleanup while its approval is unexpired (else 409).
 
@@ -182,9 +186,11 @@ def start(
     started_by = _operator(started_by, "started_by")
     evidence = _evidence(evidence, "evidence")
     found = _expect(authorization_id, CleanupStatus.APPROVED, expected_row_version)
-    if found.approval_expires_at <= now:
+    expires_at = found.approval_expires_at
+    assert expires_at is not None  # an approved authorization has it (check constraint)
+    if expires_at <= now:
         raise Conflict(
-            f"the approval expired at {found.approval_expires_at.isoformat()}; request and "
+            f"the approval expired at {expires_at.isoformat()}; request and "
             "approve the cleanup again",
             code="approval_expired",
         )
@@ -216,12 +222,12 @@ def start(
 
 
 def complete(
-    authorization_id,
+    authorization_id: Any,
     *,
     expected_row_version: int,
     completed_by: str,
-    evidence: dict,
-    now=None,
+    evidence: dict[str, Any],
+    now: dt.datetime | None = None,
 ) -> CleanupAuthorization:
     """Record a started cleanup as done with its evidence (a non-empty object of at most
     16 KiB) and the ledger's current version."""
@@ -229,6 +235,8 @@ def complete(
     completed_by = _operator(completed_by, "completed_by")
     evidence = _evidence(evidence, "evidence")
     found = _expect(authorization_id, CleanupStatus.STARTED, expected_row_version)
+    started_at = found.started_at
+    assert started_at is not None  # a started authorization has it (check constraint)
     ledger_version = (
         WorkspaceCutoverLedger.objects.filter(id=found.ledger_id)
         .values_list("cas_version", flat=True)
@@ -237,7 +245,7 @@ def complete(
     values = {
         "status": CleanupStatus.COMPLETED,
         "completed_by": completed_by,
-        "completed_at": max(now, found.started_at),
+        "completed_at": max(now, started_at),
         "completion_evidence": evidence,
         "completed_ledger_cas_version": ledger_version,
     }

@@ -26,7 +26,7 @@ mismatched one 409 ``ack_mismatch``; neither changes anything.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -39,8 +39,8 @@ from spaces.services import validate_tenant_id
 
 from ..models import CUT_OVER_PHASES, SWITCHES, CutoverPhase, WorkspaceCutoverLedger
 
-#: The forward order; each step goes to the next phase only.
-FORWARD = {
+#: The forward order; each step goes to the next phase only (keyed by the ledger's phase text).
+FORWARD: dict[str, CutoverPhase] = {
     CutoverPhase.INVENTORY: CutoverPhase.BACKFILL,
     CutoverPhase.BACKFILL: CutoverPhase.SHADOW,
     CutoverPhase.SHADOW: CutoverPhase.FROZEN,
@@ -249,7 +249,7 @@ def _expect(tenant_id: str, expected_phase: str, expected_version: Any) -> Works
 # --- acks -------------------------------------------------------------------------------------
 
 
-def _ack_text(ack: dict, key: str) -> str:
+def _ack_text(ack: dict[str, Any], key: str) -> str:
     value = ack[key]
     if not isinstance(value, str) or not 1 <= len(value) <= 128:
         raise InvalidInput(f"ack.{key} must be a string of 1-128 characters", code="invalid_ack")
@@ -258,7 +258,7 @@ def _ack_text(ack: dict, key: str) -> str:
     return value
 
 
-def _ack_int(ack: dict, key: str, low: int) -> int:
+def _ack_int(ack: dict[str, Any], key: str, low: int) -> int:
     value = ack[key]
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= BIGINT_MAX:
         raise InvalidInput(
@@ -286,6 +286,14 @@ def _check_ack(ack: Any, keys: frozenset[str], ledger: WorkspaceCutoverLedger) -
 
 
 # --- forward steps ----------------------------------------------------------------------------
+
+
+class _Step(Protocol):
+    """One forward step past ``shadow``: checks its ack or smoke results, then writes."""
+
+    def __call__(
+        self, ledger: WorkspaceCutoverLedger, *, ack: Any, smoke_results: Any, now: dt.datetime
+    ) -> WorkspaceCutoverLedger: ...
 
 
 def advance(
@@ -322,16 +330,18 @@ def advance(
                 code="invalid_smoke_results" if field == "smoke_results" else "invalid_ack",
             )
         return _cas(ledger, {"phase": to_phase}, now=now)
-    step = {
+    steps: dict[str, _Step] = {
         CutoverPhase.FROZEN: _freeze,
         CutoverPhase.CUTOVER: _cut_over,
         CutoverPhase.OBSERVING: _observe,
         CutoverPhase.READY_FOR_CLEANUP: _ready,
-    }[to_phase]
-    return step(ledger, ack=ack, smoke_results=smoke_results, now=now)
+    }
+    return steps[to_phase](ledger, ack=ack, smoke_results=smoke_results, now=now)
 
 
-def _freeze(ledger, *, ack, smoke_results, now):
+def _freeze(
+    ledger: WorkspaceCutoverLedger, *, ack: Any, smoke_results: Any, now: dt.datetime
+) -> WorkspaceCutoverLedger:
     _check_ack(ack, FREEZE_ACK_KEYS, ledger)
     values = {
         "phase": CutoverPhase.FROZEN,
@@ -343,7 +353,9 @@ def _freeze(ledger, *, ack, smoke_results, now):
     return _cas(ledger, values, now=now)
 
 
-def _cut_over(ledger, *, ack, smoke_results, now):
+def _cut_over(
+    ledger: WorkspaceCutoverLedger, *, ack: Any, smoke_results: Any, now: dt.datetime
+) -> WorkspaceCutoverLedger:
     """Frozen → cutover (first or again after a rollback): the four switches, the activation
     evidence and the time fences in one UPDATE; ``rolled_back_at``, the observation window and
     the smoke results are cleared (written as NULL) in that same UPDATE."""
@@ -383,13 +395,13 @@ def _open_gate_guard() -> Q:
     return Q(rolled_back_at__isnull=True, cutover_at__isnull=False, **dict.fromkeys(SWITCHES, True))
 
 
-def _require_open(ledger) -> None:
+def _require_open(ledger: WorkspaceCutoverLedger) -> None:
     state = gate_state(ledger)
     if not state.open:
         raise Conflict(f"the runtime gate is closed: {state.reason}", code="gate_closed")
 
 
-def _validate_smoke(results: Any) -> list[dict]:
+def _validate_smoke(results: Any) -> list[dict[str, Any]]:
     checks = results.get("checks") if isinstance(results, dict) else None
     if (
         not isinstance(results, dict)
@@ -416,7 +428,9 @@ def _validate_smoke(results: Any) -> list[dict]:
     return checks
 
 
-def _observe(ledger, *, ack, smoke_results, now):
+def _observe(
+    ledger: WorkspaceCutoverLedger, *, ack: Any, smoke_results: Any, now: dt.datetime
+) -> WorkspaceCutoverLedger:
     checks = _validate_smoke(smoke_results)
     _require_open(ledger)
     window = dt.timedelta(seconds=settings.KNOWLEDGE_CUTOVER_OBSERVATION_SECONDS)
@@ -430,7 +444,9 @@ def _observe(ledger, *, ack, smoke_results, now):
     return _cas(ledger, values, guard=_open_gate_guard(), now=now)
 
 
-def _ready(ledger, *, ack, smoke_results, now):
+def _ready(
+    ledger: WorkspaceCutoverLedger, *, ack: Any, smoke_results: Any, now: dt.datetime
+) -> WorkspaceCutoverLedger:
     _require_open(ledger)
     if ledger.observation_ends_at is None or ledger.observation_ends_at > now:
         raise Conflict(

@@ -24,7 +24,8 @@ The step claim is the job's ``task_id`` (bridge specification §3.1-§3.3, invar
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -53,23 +54,23 @@ class ClaimLost(claims.ClaimLost):
     """A fenced write found the job no longer ``running`` under this delivery's ``task_id``."""
 
 
-def _now():
+def _now() -> datetime:
     return timezone.now()
 
 
-def _broker():
+def _broker() -> Any:  # a django-q2 broker (untyped library), or None
     """The broker for step messages: ``KNOWLEDGE_UPGRADE_BROKER_CLASS`` when set (a dotted
     django-q2 broker class, instantiated per publish), else ``None`` (the cluster's broker)."""
     dotted = getattr(settings, "KNOWLEDGE_UPGRADE_BROKER_CLASS", "")
     return import_string(dotted)() if dotted else None
 
 
-def _due(now) -> Q:
+def _due(now: datetime) -> Q:
     """A queued job is claimed only once its ``next_step_at`` (a countdown) is absent or due."""
     return Q(next_step_at__isnull=True) | Q(next_step_at__lte=now)
 
 
-def _failed_fields(code: str, message: str, now) -> dict[str, Any]:
+def _failed_fields(code: str, message: str, now: datetime) -> dict[str, Any]:
     """A failed job has no next step and is completed; ``code`` ≤ 128 characters, ``message``
     ≤ 4,000 (I8, G3: a stale worker cannot fail a healthy job)."""
     return {
@@ -88,7 +89,7 @@ def _exhausted_message(job: UpgradeJob) -> str:
     )
 
 
-def _extend_leases(job_uuid, now) -> None:
+def _extend_leases(job_uuid: uuid.UUID, now: datetime) -> None:
     """A started delivery extends the job's unreleased file leases to now + 7 days."""
     from .leases import extend_leases
 
@@ -133,7 +134,9 @@ fail = QUEUE.fail
 sweep = QUEUE.sweep
 
 
-def checkpoint(job_id, task_id: str, *, delay_seconds: int = 0, **fields) -> None:
+def checkpoint(
+    job_id: uuid.UUID | str, task_id: str, *, delay_seconds: int = 0, **fields: Any
+) -> None:
     """Commit a step's job fields and hand the job back: ``queued``, no claim, attempts reset,
     ``next_step_at`` now + ``delay_seconds`` (None when 0), in one fenced UPDATE (I5, I8).
 
@@ -155,6 +158,6 @@ def checkpoint(job_id, task_id: str, *, delay_seconds: int = 0, **fields) -> Non
         raise ClaimLost(str(job_id))
 
 
-def ensure_sweep_schedule():
+def ensure_sweep_schedule() -> Any:  # a django_q Schedule row (untyped library)
     """Create or repair the sweep's django-q2 schedule (:data:`SWEEP`); returns it."""
     return schedules.ensure(SWEEP_SCHEDULE)

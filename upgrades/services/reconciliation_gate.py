@@ -8,9 +8,13 @@ and after it until every owed document is applied (:func:`require_reconciled`).
 
 from __future__ import annotations
 
-from django.db import connection
+import uuid
+from typing import Any
+
+from django.db import connection, models
 
 from knowledgefs.errors import Conflict
+from spaces.models import KnowledgeSpace
 from upgrades.models import JobStatus, UpgradeJob
 from upgrades.services.reconciliation_ledger import dead_lettered_documents, owed_documents
 
@@ -24,12 +28,12 @@ class ReconciliationPending(Conflict):
 
 
 # --- retrieval gate -----------------------------------------------------------------------------
-def servable_gate(space) -> None:
+def servable_gate(space: KnowledgeSpace) -> None:
     """:func:`require_reconciled` as the servability gate of :mod:`spaces.readiness`."""
     require_reconciled(space.id)
 
 
-def require_reconciled(space_id) -> None:
+def require_reconciled(space_id: uuid.UUID) -> None:
     """Refuse retrieval on a space whose upgrade is not reconciled: 409
     ``space_reconciliation_pending`` naming the job, its status and how many documents are owed
     or dead-lettered. One indexed query (``upgrade_job.space_id``) when the space is not an
@@ -66,21 +70,34 @@ def require_reconciled(space_id) -> None:
     )
 
 
-def _unreconciled_job(space_id) -> tuple | None:
+def _field(name: str) -> models.Field[Any, Any]:
+    """A concrete field of :class:`UpgradeJob` (never a reverse relation)."""
+    field = UpgradeJob._meta.get_field(name)
+    assert isinstance(field, models.Field)  # the names below are the model's own columns
+    return field
+
+
+def _column(name: str) -> str:
+    """The quoted database column of an :class:`UpgradeJob` field."""
+    column = _field(name).column
+    assert column is not None  # only a many-to-many field has no column; the model has none
+    return connection.ops.quote_name(column)
+
+
+def _unreconciled_job(space_id: uuid.UUID) -> tuple[uuid.UUID, str] | None:
     """``(job id, status)`` of an upgrade job of the space without ``reconcile_completed_at``
     (the first by id), else ``None``."""
-    meta = UpgradeJob._meta
-    q = connection.ops.quote_name
-    column = q(meta.get_field("space").column)
-    key = meta.get_field("space").get_db_prep_value(space_id, connection)
+    table = UpgradeJob._meta.db_table
+    key = _field("space").get_db_prep_value(space_id, connection)
     sql = (
-        f"SELECT {q(meta.pk.column)}, {q(meta.get_field('status').column)} FROM {q(meta.db_table)} "
-        f"WHERE {column} = %s AND {q(meta.get_field('reconcile_completed_at').column)} IS NULL "
-        f"ORDER BY {q(meta.pk.column)} LIMIT 1"
+        f"SELECT {_column('id')}, {_column('status')} FROM "
+        f"{connection.ops.quote_name(table)} "
+        f"WHERE {_column('space')} = %s AND {_column('reconcile_completed_at')} IS NULL "
+        f"ORDER BY {_column('id')} LIMIT 1"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [key])
         row = cursor.fetchone()
     if row is None:
         return None
-    return meta.pk.to_python(row[0]), row[1]
+    return _field("id").to_python(row[0]), row[1]

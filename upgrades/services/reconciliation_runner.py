@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -115,7 +116,7 @@ class DeliveryOutcome:
     next_token: uuid.UUID | None = None
     stopped_early: bool = False
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "reconciled": self.reconciled,
@@ -133,7 +134,7 @@ class RecoveryReport:
     candidates: int = 0
     issued: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"candidates": self.candidates, "issued": self.issued}
 
 
@@ -150,7 +151,7 @@ def hard_timeout_seconds() -> int:
 
 # --- lease issue and publish --------------------------------------------------------------------
 def issue_lease(
-    job_id,
+    job_id: uuid.UUID,
     *,
     seen_token: uuid.UUID | None,
     seen_expires_at: datetime | None,
@@ -190,14 +191,14 @@ def issue_lease(
     return token if issued else None
 
 
-def publish(job_id, token: uuid.UUID) -> bool:
+def publish(job_id: uuid.UUID, token: uuid.UUID) -> bool:
     """Put one delivery ``(job id, token)`` on the queue; ``False`` (logged) when the broker
     refused it: the lease then simply expires and recovery re-issues (nothing to undo)."""
     from django_q.tasks import async_task
 
     from upgrades.services import dispatch
 
-    options = {}
+    options: dict[str, Any] = {}
     broker = dispatch._broker()  # the staged run's broker seam (KNOWLEDGE_UPGRADE_BROKER_CLASS)
     if broker is not None:
         options["broker"] = broker
@@ -217,13 +218,15 @@ def publish(job_id, token: uuid.UUID) -> bool:
     return True
 
 
-def publish_on_commit(job_id, token: uuid.UUID) -> None:
+def publish_on_commit(job_id: uuid.UUID, token: uuid.UUID) -> None:
     """:func:`publish` once the surrounding transaction commits (at once outside of one)."""
     transaction.on_commit(lambda: publish(job_id, token))
 
 
 # --- one delivery -------------------------------------------------------------------------------
-def run_delivery(job_id, lease_token, *, clock: Clock = timezone.now) -> DeliveryOutcome:
+def run_delivery(
+    job_id: uuid.UUID | str, lease_token: uuid.UUID | str, *, clock: Clock = timezone.now
+) -> DeliveryOutcome:
     """Handle one delivery of ``(job_id, lease_token)``: at most
     ``KNOWLEDGE_UPGRADE_RECONCILE_BATCH_SIZE`` due documents (owed, and not within the retry
     delay of a failed attempt: :func:`due_documents`), in id order, within
@@ -266,7 +269,7 @@ def run_delivery(job_id, lease_token, *, clock: Clock = timezone.now) -> Deliver
     return _finish(lease, outcome, clock)
 
 
-def _accept(job_id, lease_token, now: datetime) -> Lease | None:
+def _accept(job_id: uuid.UUID | str, lease_token: uuid.UUID | str, now: datetime) -> Lease | None:
     try:
         job_uuid = uuid.UUID(str(job_id))
         token = uuid.UUID(str(lease_token))
@@ -306,20 +309,21 @@ class _Group:
     owed: list[UpgradeDocument]
 
 
-def _groups(job_id, batch: list[UpgradeDocument]) -> list[_Group]:
+def _groups(job_id: uuid.UUID, batch: list[UpgradeDocument]) -> list[_Group]:
     """The batch as groups by new document: two legacy documents with the same bytes are
     deduplicated onto one document at hand-off, so every succeeded hand-off of the job linking
     it (also outside the batch, and already reconciled ones) takes part in its merged state,
     and all of them that are owed are checkpointed together. One query."""
     linked = {item.document_id for item in batch if item.document_id}
-    siblings: dict = {}
+    siblings: dict[uuid.UUID, list[UpgradeDocument]] = {}
     rows = UpgradeDocument.objects.filter(
         job_id=job_id, status=DocumentStatus.SUCCEEDED, document_id__in=linked
     ).order_by("id")
     for row in rows:
+        assert row.document_id is not None  # filtered on document_id__in
         siblings.setdefault(row.document_id, []).append(row)
     groups: list[_Group] = []
-    seen: set = set()
+    seen: set[uuid.UUID] = set()
     for item in batch:
         if item.document_id is None:
             groups.append(_Group(None, [item], [item]))
@@ -336,7 +340,7 @@ def _groups(job_id, batch: list[UpgradeDocument]) -> list[_Group]:
 
 
 def _checkpoint(
-    lease: Lease, group: _Group, document: Document | None, space_id, clock: Clock
+    lease: Lease, group: _Group, document: Document | None, space_id: uuid.UUID | None, clock: Clock
 ) -> bool:
     """Apply one document's merged state under the lease and checkpoint every owed hand-off of
     it together; ``True`` when reconciled, ``False`` when the attempt failed and was recorded on
@@ -368,7 +372,7 @@ def _deleted_note(group: _Group) -> str:
     )
 
 
-def _apply(group: _Group, document: Document | None, space_id) -> str | None:
+def _apply(group: _Group, document: Document | None, space_id: uuid.UUID | None) -> str | None:
     """Metadata first, then availability when it differs, chaining the row versions; returns the
     note recorded with the checkpoint (``None``, or why it was reconciled without a write).
 
@@ -397,7 +401,7 @@ def _apply(group: _Group, document: Document | None, space_id) -> str | None:
     return note
 
 
-def _merged_state(group: _Group) -> tuple[bool, object, str | None]:
+def _merged_state(group: _Group) -> tuple[bool, dict[str, Any], str | None]:
     """``(enabled, metadata patch, note)`` of a group. One hand-off: its own desired state.
     Several (legacy documents deduplicated onto one document): enabled when ANY of them is
     desired enabled (the shared content is served if one legacy document served it); metadata is
@@ -406,10 +410,14 @@ def _merged_state(group: _Group) -> tuple[bool, object, str | None]:
     ``invalid_metadata`` for a snapshot that is not an object."""
     if len(group.members) == 1:
         only = group.members[0]
-        return only.desired_enabled, _metadata_patch(only.metadata_snapshot), None
+        return (
+            only.desired_enabled,
+            validate_metadata_patch(_metadata_patch(only.metadata_snapshot)),
+            None,
+        )
     enabled = any(m.desired_enabled for m in group.members)
-    merged: dict = {}
-    source: dict = {}
+    merged: dict[str, Any] = {}
+    source: dict[str, str] = {}
     conflicts: list[str] = []
     for member in group.members:
         patch = validate_metadata_patch(_metadata_patch(member.metadata_snapshot))
@@ -432,9 +440,10 @@ def _merged_state(group: _Group) -> tuple[bool, object, str | None]:
     return enabled, merged, note
 
 
-def _metadata_patch(snapshot) -> dict:
+def _metadata_patch(snapshot: object) -> object:
     """The snapshot as a ``{name: value}`` patch; a list of ``{"name", "value"}`` entries (the
-    legacy field-list shape) is accepted too. Anything else is passed on and refused there."""
+    legacy field-list shape) is accepted too. Anything else is passed on and refused by
+    :func:`ingestion.availability.validate_metadata_patch`."""
     if isinstance(snapshot, list) and all(
         isinstance(e, dict) and isinstance(e.get("name"), str) for e in snapshot
     ):
@@ -448,7 +457,7 @@ def _record_attempt(item: UpgradeDocument, exc: Exception, now: datetime) -> Non
         message = f"{exc.code}: {exc}"
     else:
         message = f"{type(exc).__name__}: {exc}"
-    values = {
+    values: dict[str, Any] = {
         "state_reconcile_attempt_count": attempts,
         "state_reconcile_error": message[:MAX_ERROR_CHARS],
         "updated_at": now,
@@ -560,6 +569,6 @@ def recover_reconciliations(
     return report
 
 
-def ensure_recovery_schedule():
+def ensure_recovery_schedule() -> Any:  # a django_q Schedule row (untyped library)
     """Create or repair the recovery tick's django-q2 schedule (:data:`RECOVERY`); returns it."""
     return schedules.ensure(RECOVERY_SCHEDULE)

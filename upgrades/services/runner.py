@@ -19,6 +19,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import SuspiciousOperation
@@ -29,6 +30,7 @@ from knowledgefs import storage
 from knowledgefs.auth.principal import Principal
 from knowledgefs.dify.errors import DifyError, ObjectStorageError
 from knowledgefs.errors import Conflict, ServiceError
+from spaces.models import KnowledgeSpace
 from upgrades.models import DocumentStatus, JobStage, JobStatus, UpgradeDocument, UpgradeJob
 
 from . import dispatch
@@ -64,7 +66,7 @@ class Outcome:
     dispatch_next: bool = True
 
 
-def run_step(job_id, task_id: str) -> str:
+def run_step(job_id: uuid.UUID | str, task_id: str) -> str:
     """Run one step of the job for the delivery ``task_id``; returns what happened:
     ``stale`` (not this delivery's job: nothing written), ``lost`` (the claim was taken away
     during the step: nothing of it committed), ``failed``, or the step's result
@@ -117,7 +119,7 @@ def space_slug(job: UpgradeJob, generation: int = 1) -> str:
     return base if generation == 1 else f"{base}-{generation}"
 
 
-def _provision(job: UpgradeJob):
+def _provision(job: UpgradeJob) -> KnowledgeSpace:
     """The job's space: the first slug of :func:`space_slug`'s sequence whose space is not being
     deleted (created when missing, so a repeat of the step finds the same one)."""
     from spaces.services import provision_space
@@ -161,7 +163,7 @@ def _validate(job: UpgradeJob, task_id: str) -> Outcome:
     return Outcome("space_created")
 
 
-def _map_embedding(space, job: UpgradeJob) -> dict:
+def _map_embedding(space: KnowledgeSpace, job: UpgradeJob) -> dict[str, Any]:
     """Give the space the Dataset's embedding model when the runtime can use it.
 
     Under ``KNOWLEDGE_MODEL_RUNTIME=dify`` a snapshot with ``embedding_model_provider``
@@ -299,12 +301,15 @@ def _admit(job: UpgradeJob, document: UpgradeDocument) -> Admitted:
     from ingestion.documents import admit_document
     from ingestion.models import CompilationJob
 
-    if not document.source_key:
+    key = document.source_key
+    if not key:
         raise DocumentFailure("missing_file_reference", "the document has no storage key")
+    space = job.space
+    assert space is not None  # run_step fails a step past validating without a space
     try:
-        data = _read_legacy(document)
+        data = _read_legacy(document, key)
         admission = admit_document(
-            job.space, filename=document.name, data=data, metadata=document.metadata_snapshot
+            space, filename=document.name, data=data, metadata=document.metadata_snapshot
         )
     except Conflict as exc:
         if exc.code != "duplicate_document":
@@ -359,8 +364,8 @@ def _unreadable(document: UpgradeDocument, exc: Exception) -> DocumentFailure:
     )
 
 
-def _read_legacy(document: UpgradeDocument) -> bytes:
-    """The legacy bytes under the document's storage key.
+def _read_legacy(document: UpgradeDocument, key: str) -> bytes:
+    """The legacy bytes under the document's storage key ``key``.
 
     Per-object failures raise :class:`DocumentFailure` (``legacy_file_missing``,
     ``file_too_large`` over ``KNOWLEDGE_UPLOAD_MAX_BYTES``, ``legacy_file_unreadable`` for a key
@@ -371,7 +376,7 @@ def _read_legacy(document: UpgradeDocument) -> bytes:
     """
     limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
     try:
-        return storage.read_object(document.source_key, max_bytes=limit)
+        return storage.read_object(key, max_bytes=limit)
     except FileNotFoundError as exc:
         raise DocumentFailure(
             "legacy_file_missing",
@@ -390,13 +395,13 @@ def _read_legacy(document: UpgradeDocument) -> bytes:
         raise StepFailure(*_storage_failure(exc)) from exc
 
 
-def _per_object(exc: Exception) -> bool:
+def _per_object(exc: DifyError | OSError) -> bool:
     if isinstance(exc, DifyError):
         return isinstance(exc, ObjectStorageError) and not exc.retryable
     return exc.errno in PER_OBJECT_ERRNOS
 
 
-def _counts(job: UpgradeJob) -> dict:
+def _counts(job: UpgradeJob) -> dict[str, int]:
     rows = UpgradeDocument.objects.filter(job=job)
     return {
         "completed_documents": rows.filter(status=DocumentStatus.SUCCEEDED).count(),
@@ -418,7 +423,7 @@ def _finish_document(
         locked = held(job.id, task_id).select_for_update().first()
         if locked is None:
             raise ClaimLost(str(job.id))
-        fields: dict = {}
+        fields: dict[str, Any] = {}
         if admitted is not None:
             UpgradeDocument.objects.filter(id=document.id).update(
                 status=DocumentStatus.SUCCEEDED,
@@ -444,6 +449,7 @@ def _finish_document(
                 )
                 fields["resolved_configuration"] = {**resolved, "deduplicated_documents": linked}
         else:
+            assert failure is not None  # the callers pass either admitted or failure
             UpgradeDocument.objects.filter(id=document.id).update(
                 status=DocumentStatus.FAILED,
                 last_error_code=failure.code[:128],
@@ -521,10 +527,10 @@ def _finalize(job: UpgradeJob, task_id: str) -> Outcome:
     return Outcome("succeeded", dispatch_next=False)
 
 
-def _succeed(job: UpgradeJob, task_id: str, counts: dict) -> None:
+def _succeed(job: UpgradeJob, task_id: str, counts: dict[str, int]) -> None:
     now = timezone.now()
     token = uuid.uuid4() if job.total_documents else None
-    fields = {
+    fields: dict[str, Any] = {
         **counts,
         "status": JobStatus.SUCCEEDED,
         "stage": JobStage.COMPLETED,
@@ -556,7 +562,7 @@ def _succeed(job: UpgradeJob, task_id: str, counts: dict) -> None:
             transaction.on_commit(lambda: publish_reconcile(job.id, token))
 
 
-def publish_reconcile(job_id, token) -> bool:
+def publish_reconcile(job_id: uuid.UUID, token: uuid.UUID) -> bool:
     """Publish the first reconciliation delivery carrying its lease token
     (:func:`upgrades.services.reconciliation_runner.publish`, with the delivery's hard timeout); a
     failure is logged and swallowed: the lease expires and the reconciliation recovery schedule

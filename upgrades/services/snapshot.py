@@ -18,6 +18,7 @@ Product rules (docs/upgrades.md, "Staged run"):
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
@@ -60,7 +61,7 @@ def _conflict(code: str, message: str, job: UpgradeJob) -> Conflict:
     return Conflict(message, code=code, details={"upgrade_id": str(job.id), "status": job.status})
 
 
-def _check_documents(documents: list[dict], tenant: str) -> None:
+def _check_documents(documents: list[dict[str, Any]], tenant: str) -> None:
     """Refuse the whole snapshot when a document cannot be upgraded as given (source type,
     file reference, storage key, metadata); every error names the documents."""
     unsupported = [d for d in documents if d["data_source_type"] not in SUPPORTED_SOURCE_TYPES]
@@ -89,7 +90,9 @@ def _check_documents(documents: list[dict], tenant: str) -> None:
         _check_metadata(index, document)
 
 
-def _refuse_document(index: int, document: dict, field: str, code: str, reason: str):
+def _refuse_document(
+    index: int, document: dict[str, Any], field: str, code: str, reason: str
+) -> InvalidInput:
     return InvalidInput(
         f"documents.{index}.{field} of document {document['id']} {reason}",
         code=code,
@@ -97,7 +100,7 @@ def _refuse_document(index: int, document: dict, field: str, code: str, reason: 
     )
 
 
-def _check_storage_key(index: int, document: dict, tenant: str) -> None:
+def _check_storage_key(index: int, document: dict[str, Any], tenant: str) -> None:
     """Refuse a storage key that could leave the upload area (400 ``invalid_storage_key``):
     absolute, with a ``..`` or empty segment, a backslash or a control character; and a key under
     Dify's upload layout ``upload_files/<tenant id>/…`` that names another tenant."""
@@ -114,7 +117,7 @@ def _check_storage_key(index: int, document: dict, tenant: str) -> None:
         raise _refuse_document(index, document, "storage_key", "invalid_storage_key", reason)
 
 
-def _check_metadata(index: int, document: dict) -> None:
+def _check_metadata(index: int, document: dict[str, Any]) -> None:
     """Refuse metadata reconciliation would refuse (400 ``invalid_metadata``): the same
     :func:`ingestion.availability.validate_metadata_patch` rules, per key so the
     error names it."""
@@ -136,7 +139,7 @@ def _check_metadata(index: int, document: dict) -> None:
             ) from None
 
 
-def _existing_for_dataset(tenant: str, data: dict) -> None:
+def _existing_for_dataset(tenant: str, data: dict[str, Any]) -> None:
     """Refuse a new upgrade of a Dataset that already has one (see the module's rules).
 
     Before any 409 the idempotency key is looked up again: a concurrent replay of the same key
@@ -169,7 +172,7 @@ class _Replay(Exception):
 
 
 def _conflict_or_replay(
-    tenant: str, data: dict, code: str, message: str, job: UpgradeJob | None = None
+    tenant: str, data: dict[str, Any], code: str, message: str, job: UpgradeJob | None = None
 ) -> Exception:
     replay = UpgradeJob.objects.filter(
         tenant_id=tenant, idempotency_key=data["idempotency_key"]
@@ -188,7 +191,7 @@ def _conflict_or_replay(
     return _conflict(code, message, job)
 
 
-def create_upgrade(data: dict) -> tuple[UpgradeJob, bool]:
+def create_upgrade(data: dict[str, Any]) -> tuple[UpgradeJob, bool]:
     """Snapshot a Dataset and queue its upgrade; returns ``(job, created)``.
 
     ``data`` is :class:`upgrades.api.serializers.SnapshotSerializer`'s validated data. In one
@@ -214,12 +217,12 @@ def create_upgrade(data: dict) -> tuple[UpgradeJob, bool]:
             raise _conflict_or_replay(
                 tenant, data, "upgrade_in_progress", "an upgrade of this dataset is in progress"
             ) from None
-    except _Replay as replay:  # a concurrent replay of the same key won
-        return _replayed(replay.job, data), False
+    except _Replay as won:  # a concurrent replay of the same key won
+        return _replayed(won.job, data), False
     return job, True
 
 
-def _replayed(job: UpgradeJob, data: dict) -> UpgradeJob:
+def _replayed(job: UpgradeJob, data: dict[str, Any]) -> UpgradeJob:
     if job.dataset_id != data["dataset_id"]:
         raise Conflict(
             "this idempotency key was used for another dataset's upgrade",
@@ -229,7 +232,7 @@ def _replayed(job: UpgradeJob, data: dict) -> UpgradeJob:
     return job
 
 
-def _insert(tenant: str, data: dict) -> UpgradeJob:
+def _insert(tenant: str, data: dict[str, Any]) -> UpgradeJob:
     now = timezone.now()
     documents = data["documents"]
     job = UpgradeJob.objects.create(
@@ -280,7 +283,7 @@ def _insert(tenant: str, data: dict) -> UpgradeJob:
 # --- reading ------------------------------------------------------------------------------------
 
 
-def get_upgrade(tenant_id: str, upgrade_id) -> UpgradeJob:
+def get_upgrade(tenant_id: str, upgrade_id: uuid.UUID | str) -> UpgradeJob:
     """The tenant's upgrade job, else 404 ``upgrade_not_found`` (also for another tenant's)."""
     tenant = validate_tenant_id(tenant_id)
     try:
@@ -305,7 +308,7 @@ def list_upgrades(
     return jobs.order_by("-created_at", "-id")
 
 
-def discovery(tenant_id: str, dataset_id: str) -> dict:
+def discovery(tenant_id: str, dataset_id: str) -> dict[str, str | None]:
     """What Dify may offer for a Dataset (bridge specification §2.8): ``{"state", "upgrade_id"}``
     with state ``can_upgrade`` (no job), ``upgrade_in_progress`` (queued or running),
     ``retry_required`` (failed) or ``already_upgraded`` (succeeded); a failed and abandoned
@@ -313,19 +316,22 @@ def discovery(tenant_id: str, dataset_id: str) -> dict:
     latest = list_upgrades(tenant_id, dataset_id=dataset_id).first()
     if latest is None or latest.last_error_code == ABANDONED:
         return {"state": "can_upgrade", "upgrade_id": None}
-    state = {
+    states: dict[str, str] = {
         JobStatus.QUEUED: "upgrade_in_progress",
         JobStatus.RUNNING: "upgrade_in_progress",
         JobStatus.FAILED: "retry_required",
         JobStatus.SUCCEEDED: "already_upgraded",
-    }[latest.status]
+    }
+    state = states[latest.status]
     return {"state": state, "upgrade_id": str(latest.id)}
 
 
 # --- retry --------------------------------------------------------------------------------------
 
 
-def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJob, bool]:
+def retry_upgrade(
+    upgrade_id: uuid.UUID | str, *, tenant_id: str | None = None
+) -> tuple[UpgradeJob, bool]:
     """Retry a failed upgrade; returns ``(job, retried)``.
 
     Only ``failed`` jobs are retried: failed documents go back to ``pending`` (documents left
@@ -340,12 +346,7 @@ def retry_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJ
     ``queued``/``running`` jobs are returned unchanged (``retried`` false); a succeeded or
     abandoned job, or one whose Dataset has another active upgrade meanwhile, is refused (409).
     """
-    if tenant_id is not None:
-        job = get_upgrade(tenant_id, upgrade_id)
-    else:
-        job = UpgradeJob.objects.filter(id=upgrade_id).first()
-        if job is None:
-            raise NotFound("upgrade not found", code="upgrade_not_found")
+    job = _find(upgrade_id, tenant_id)
     if job.status == JobStatus.SUCCEEDED:
         raise _conflict("upgrade_already_succeeded", "a succeeded upgrade cannot be retried", job)
     if job.status != JobStatus.FAILED:
@@ -369,7 +370,8 @@ def _space_gone(job: UpgradeJob) -> bool:
     """Whether the job's space is missing or being deleted after the job had created it."""
     if job.stage == JobStage.VALIDATING:
         return False
-    return job.space_id is None or job.space.deleting_at is not None
+    space = job.space  # None without a query when space_id is None
+    return space is None or space.deleting_at is not None
 
 
 def _rearm(job: UpgradeJob) -> bool:
@@ -431,7 +433,9 @@ def _rearm(job: UpgradeJob) -> bool:
 # --- abandon ------------------------------------------------------------------------------------
 
 
-def abandon_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[UpgradeJob, bool]:
+def abandon_upgrade(
+    upgrade_id: uuid.UUID | str, *, tenant_id: str | None = None
+) -> tuple[UpgradeJob, bool]:
     """Abandon a failed upgrade so its Dataset can be upgraded again; returns ``(job, changed)``.
 
     The job stays ``failed`` with ``last_error_code`` :data:`ABANDONED`; its file leases are
@@ -469,7 +473,7 @@ def abandon_upgrade(upgrade_id, *, tenant_id: str | None = None) -> tuple[Upgrad
     return job, bool(changed)
 
 
-def _find(upgrade_id, tenant_id: str | None) -> UpgradeJob:
+def _find(upgrade_id: uuid.UUID | str, tenant_id: str | None) -> UpgradeJob:
     if tenant_id is not None:
         return get_upgrade(tenant_id, upgrade_id)
     job = UpgradeJob.objects.filter(id=upgrade_id).first()
