@@ -22,9 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.apps import AppConfig
+from django.apps.registry import Apps
 from django.core.management.base import CommandError
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.migrations.exceptions import AmbiguityError
 from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.migration import Migration
 from django.db.models import Q
 
 # How many key prefixes a refusal lists (the count is always exact).
@@ -76,6 +80,12 @@ class Refusal:
         }
 
 
+#: ``blockers(apps, alias)``: identifiers of the rows that make a reversal unsafe now.
+Blockers = Callable[[Apps, str], list[str]]
+#: A migration plan as ``MigrationExecutor.migration_plan`` returns it: ``(migration, backwards)``.
+Plan = list[tuple[Migration, bool]]
+
+
 @dataclass(frozen=True)
 class Guard:
     """The reversal of ``app_label.migration`` is refused while ``blockers(apps, alias)`` returns
@@ -85,14 +95,14 @@ class Guard:
     migration: str
     code: str
     message: str
-    blockers: Callable
+    blockers: Blockers
     sql_only_message: str
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.app_label, self.migration)
 
-    def evaluate(self, apps, alias: str) -> Refusal | None:
+    def evaluate(self, apps: Apps, alias: str) -> Refusal | None:
         """The refusal if the condition holds now, else None."""
         found = self.blockers(apps, alias)
         if not found:
@@ -106,7 +116,7 @@ class Guard:
         )
 
 
-def space_only_api_keys(apps, alias: str) -> list[str]:
+def space_only_api_keys(apps: Apps, alias: str) -> list[str]:
     """Prefixes of live (unrevoked) API keys with at least one ``knowledge_fs_space`` binding and
     no ``dataset`` binding. Reversing ``spaces.0003`` deletes space bindings; such a key would be
     left with no binding at all, and a key with none reaches the whole tenant."""
@@ -155,7 +165,7 @@ register(
 )
 
 
-def disabled_documents(apps, alias: str) -> list[str]:
+def disabled_documents(apps: Apps, alias: str) -> list[str]:
     """Ids of documents whose availability is off. Reversing ``ingestion.0007`` drops
     ``Document.enabled``; applied again, it comes back ``True``, so these documents would be
     retrievable after a downgrade and upgrade."""
@@ -175,7 +185,7 @@ SWITCH_FIELDS = (
 )
 
 
-def closed_or_cleaning_ledgers(apps, alias: str) -> list[str]:
+def closed_or_cleaning_ledgers(apps: Apps, alias: str) -> list[str]:
     """Tenant ids of cutover ledgers whose runtime gate is closed (not cut over, rolled back or
     a switch off; the rule of ``upgrades.services.cutover.gate_state``) or whose irreversible
     cleanup started. Reversing ``upgrades.0002`` drops the ledgers, which reopens the product
@@ -189,7 +199,7 @@ def closed_or_cleaning_ledgers(apps, alias: str) -> list[str]:
     return list(Ledger.objects.using(alias).filter(closed).values_list("tenant_id", flat=True))
 
 
-def unfinished_upgrade_jobs(apps, alias: str) -> list[str]:
+def unfinished_upgrade_jobs(apps: Apps, alias: str) -> list[str]:
     """Ids of upgrade jobs queued or running, or succeeded with their reconciliation not done.
     Reversing ``upgrades.0001`` drops the jobs; the spaces of such jobs would keep a retrieval
     gate nothing can open any more (and running work would be lost)."""
@@ -201,7 +211,7 @@ def unfinished_upgrade_jobs(apps, alias: str) -> list[str]:
     ]
 
 
-def nothing_blocks_live(apps, alias: str) -> list[str]:
+def nothing_blocks_live(apps: Apps, alias: str) -> list[str]:
     """No live condition: the migration reverses itself correctly through ``migrate``; only its
     printed SQL (``sqlmigrate --backwards``) is refused."""
     return []
@@ -282,10 +292,10 @@ register(
 )
 
 
-def refusals_for_plan(plan, apps, alias: str) -> list[Refusal]:
+def refusals_for_plan(plan: Plan | None, apps: Apps, alias: str) -> list[Refusal]:
     """Every refusal that applies to the backwards steps of ``plan`` (``[(Migration,
     backwards)]``, as ``MigrationExecutor.migration_plan`` returns), in plan order."""
-    refusals = []
+    refusals: list[Refusal] = []
     for migration, backwards in plan or ():
         guard = GUARDS.get((migration.app_label, migration.name)) if backwards else None
         if guard is not None:
@@ -301,7 +311,14 @@ def refusal_message(refusals: list[Refusal]) -> str:
     return f"downgrade refused before any migration ran; nothing was changed:\n{lines}"
 
 
-def refuse_guarded_plan(sender, app_config=None, using="default", apps=None, plan=None, **kwargs):
+def refuse_guarded_plan(
+    sender: Any,
+    app_config: AppConfig | None = None,
+    using: str = "default",
+    apps: Apps | None = None,
+    plan: Plan | None = None,
+    **kwargs: Any,
+) -> None:
     """``pre_migrate`` receiver: raise :class:`DowngradeRefused` when the plan reverses a guarded
     migration whose condition holds. Acts once per ``migrate`` (for this app's signal); ``apps``
     are the models of the applied migrations (the schema as it stands)."""
@@ -351,7 +368,7 @@ def resolve_target(executor: MigrationExecutor, app_label: str, name: str) -> tu
     return (app_label, migration.name)
 
 
-def check_downgrade(connection, app_label: str, name: str) -> DowngradeCheck:
+def check_downgrade(connection: BaseDatabaseWrapper, app_label: str, name: str) -> DowngradeCheck:
     """The plan ``migrate APP NAME`` would run and every guard refusal, changing nothing.
 
     Reads the applied migrations and the guarded rows only. Raises ``CommandError`` for an

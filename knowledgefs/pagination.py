@@ -16,23 +16,33 @@ the default; the limit is not bound to the cursor (a client may change it betwee
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core import signing
-from django.db.models import Q
+from django.db.models import Field, Model, Q, QuerySet
 from rest_framework.pagination import BasePagination
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 
 from .errors import InvalidInput
 
+if TYPE_CHECKING:  # annotations only: the views import this module
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
+
 SALT_PREFIX = "knowledgefs.pagination"
 
+_M = TypeVar("_M", bound=Model)
+#: A cursor's ordering key: one JSON-ready value per ordering field.
+CursorValue = int | float | str | None
 
-def page_size(request, param: str, default: int, maximum: int) -> int:
+
+def page_size(request: Request, param: str, default: int, maximum: int) -> int:
     """The requested page size: ``default`` when ``param`` is absent, else an integer within
     ``1..maximum`` (400 ``invalid_limit`` otherwise, the message naming the range)."""
     raw = request.query_params.get(param)
@@ -65,7 +75,7 @@ def listing_salt(listing: str, binding: dict[str, Any]) -> str:
     return f"{SALT_PREFIX}:{listing}:{digest}"
 
 
-def _encode_value(value):
+def _encode_value(value: object) -> CursorValue:
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, int | float | str) or value is None:
@@ -78,7 +88,9 @@ def encode_cursor(key: list[Any], backwards: bool, salt: str) -> str:
     return signing.dumps({"k": key, "b": int(backwards)}, salt=salt)
 
 
-def decode_cursor(raw: str | None, salt: str, ordering, model) -> tuple[list | None, bool]:
+def decode_cursor(
+    raw: str | None, salt: str, ordering: Sequence[str], model: type[Model]
+) -> tuple[list[Any] | None, bool]:
     """``(key, backwards)`` of a cursor issued under ``salt`` (``(None, False)`` for none or
     an empty one); 400 ``invalid_cursor`` unless its signature, salt and shape hold."""
     if raw is None or raw == "":
@@ -94,9 +106,11 @@ def decode_cursor(raw: str | None, salt: str, ordering, model) -> tuple[list | N
         and len(payload["k"]) == len(ordering)
     ):
         raise invalid_cursor()
-    key = []
+    key: list[Any] = []
     for name, raw_value in zip(ordering, payload["k"], strict=True):
         field = model._meta.get_field(name.lstrip("-"))
+        if not isinstance(field, Field):  # a reverse relation reads no value
+            raise invalid_cursor()
         try:
             key.append(field.to_python(raw_value))
         except Exception:  # noqa: BLE001 - any unreadable value is an invalid cursor
@@ -104,7 +118,7 @@ def decode_cursor(raw: str | None, salt: str, ordering, model) -> tuple[list | N
     return key, bool(payload["b"])
 
 
-def after(ordering, key: list[Any], backwards: bool = False) -> Q:
+def after(ordering: Sequence[str], key: list[Any], backwards: bool = False) -> Q:
     """Rows strictly after ``key`` in the reading direction (a lexicographic keyset over
     ``ordering``, e.g. ``created_at < t OR (created_at = t AND id < i)`` newest first)."""
     condition = Q()
@@ -118,20 +132,20 @@ def after(ordering, key: list[Any], backwards: bool = False) -> Q:
     return condition
 
 
-def row_key(row, ordering) -> list[Any]:
+def row_key(row: object, ordering: Sequence[str]) -> list[Any]:
     """The JSON-ready ordering key of ``row``."""
     return [_encode_value(getattr(row, name.lstrip("-"))) for name in ordering]
 
 
 def page_of(
-    queryset,
+    queryset: QuerySet[_M],
     *,
     limit: int | None,
     cursor: str | None,
     listing: str,
     binding: dict[str, Any],
-    ordering=("-created_at", "-id"),
-) -> tuple[list, str | None]:
+    ordering: Sequence[str] = ("-created_at", "-id"),
+) -> tuple[list[_M], str | None]:
     """One forward page for callers without a request (the ``kfs`` listings): ``(rows,
     next_cursor)``; ``limit=None`` reads every row after the cursor. The cursor is signed as the
     API's, bound to ``listing`` and ``binding`` (its filters); 400 ``invalid_cursor`` (a
@@ -145,11 +159,11 @@ def page_of(
         rows = rows.filter(after(ordering, key))
     if limit is None:
         return list(rows), None
-    rows = list(rows[: limit + 1])
-    if len(rows) <= limit:
-        return rows, None
-    rows = rows[:limit]
-    return rows, encode_cursor(row_key(rows[-1], ordering), False, salt)
+    page = list(rows[: limit + 1])
+    if len(page) <= limit:
+        return page, None
+    page = page[:limit]
+    return page, encode_cursor(row_key(page[-1], ordering), False, salt)
 
 
 class KeysetPagination(BasePagination):
@@ -166,15 +180,20 @@ class KeysetPagination(BasePagination):
     page_size_query_param = "limit"
     cursor_query_param = "cursor"
     ordering: tuple[str, ...] = ("-created_at", "-id")
+    # Set by paginate_queryset for the page's links.
+    request: Request
+    _salt: str
+    next_key: list[Any] | None
+    previous_key: list[Any] | None
 
-    def __init__(self, listing: str | None = None, page_size: int | None = None):
+    def __init__(self, listing: str | None = None, page_size: int | None = None) -> None:
         self.listing = listing
         if page_size is not None:
             self.page_size = page_size
 
     # The cursor.
 
-    def salt(self, request) -> str:
+    def salt(self, request: Request) -> str:
         """The salt binding a cursor to this route, its path arguments and filters and the
         caller's tenant."""
         match = getattr(request, "resolver_match", None)
@@ -197,7 +216,7 @@ class KeysetPagination(BasePagination):
     def encode_cursor(self, key: list[Any], backwards: bool) -> str:
         return encode_cursor(key, backwards, self._salt)
 
-    def decode_cursor(self, request, model) -> tuple[list | None, bool]:
+    def decode_cursor(self, request: Request, model: type[Model]) -> tuple[list[Any] | None, bool]:
         """``(key, backwards)`` of the request's cursor (``(None, False)`` without one); 400
         ``invalid_cursor`` unless its signature, salt and shape are this listing's."""
         raw = request.query_params.get(self.cursor_query_param)
@@ -205,11 +224,18 @@ class KeysetPagination(BasePagination):
 
     # The query.
 
-    def get_page_size(self, request) -> int:
+    def get_page_size(self, request: Request) -> int:
         """``?limit=`` 1..max (400 ``invalid_limit`` outside), else the default."""
         return page_size(request, self.page_size_query_param, self.page_size, self.max_page_size)
 
-    def paginate_queryset(self, queryset, request, view=None):
+    def paginate_queryset(
+        self,
+        queryset: QuerySet[Any, Any] | Sequence[Any],
+        request: Request,
+        view: APIView | None = None,
+    ) -> list[Any]:
+        if not isinstance(queryset, QuerySet):
+            raise TypeError("keyset pagination reads a queryset, not a sequence")
         self.request = request
         self._salt = self.salt(request)
         limit = self.get_page_size(request)
@@ -217,10 +243,10 @@ class KeysetPagination(BasePagination):
         ordering = self.ordering
         if backwards:
             ordering = tuple(n[1:] if n.startswith("-") else f"-{n}" for n in ordering)
-        rows = queryset.order_by(*ordering)
+        ordered = queryset.order_by(*ordering)
         if key is not None:
-            rows = rows.filter(after(self.ordering, key, backwards))
-        rows = list(rows[: limit + 1])
+            ordered = ordered.filter(after(self.ordering, key, backwards))
+        rows = list(ordered[: limit + 1])
         more = len(rows) > limit
         rows = rows[:limit]
         if backwards:
@@ -247,7 +273,7 @@ class KeysetPagination(BasePagination):
     def get_previous_link(self) -> str | None:
         return self._link(self.previous_key, True)
 
-    def get_paginated_response(self, data):
+    def get_paginated_response(self, data: Any) -> Response:
         return Response(
             {
                 "next": self.get_next_link(),
@@ -269,7 +295,7 @@ class NewestFirstPagination(KeysetPagination):
 CLI_MAX_LIMIT = 1000
 
 
-def add_page_arguments(parser, default: int) -> None:
+def add_page_arguments(parser: argparse.ArgumentParser, default: int) -> None:
     """``--limit N`` (1..:data:`CLI_MAX_LIMIT`, default ``default``), ``--all`` and
     ``--cursor C`` of a ``kfs`` listing; its output carries ``next_cursor``."""
     parser.add_argument(
@@ -283,8 +309,8 @@ def add_page_arguments(parser, default: int) -> None:
 
 
 def cli_page(
-    queryset, options: dict[str, Any], *, listing: str, binding: dict[str, Any]
-) -> tuple[list, str | None]:
+    queryset: QuerySet[_M], options: dict[str, Any], *, listing: str, binding: dict[str, Any]
+) -> tuple[list[_M], str | None]:
     """The page a ``kfs`` listing asked for with :func:`add_page_arguments`' options:
     ``(rows, next_cursor)``; 400-style ``invalid_limit`` / ``invalid_cursor``
     (:class:`~knowledgefs.errors.InvalidInput`, exit status 1 through ``kfs``)."""

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rest_framework import exceptions, permissions
 
 from ..errors import Conflict
 from . import gates, grants
 from .authentication import refuse
-from .capability import CapabilityError
-from .operations import operation_for, same_id
+from .capability import CapabilityClaims, CapabilityError
+from .operations import Operation, operation_for, same_id
+from .principal import Principal
+
+if TYPE_CHECKING:  # DRF loads this class while rest_framework.views is still importing
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
 
 
 class OperationPermission(permissions.BasePermission):
@@ -27,18 +34,20 @@ class OperationPermission(permissions.BasePermission):
       (:func:`spaces.services.get_space`), so a foreign or out-of-scope id is a 404.
     """
 
-    def has_permission(self, request, view) -> bool:
-        operation = operation_for(view, request.method)
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        method = request.method or "GET"  # DRF's request always has its method
+        operation = operation_for(view, method)
         if operation is None:
-            handled = request.method.upper() != "OPTIONS" and hasattr(view, request.method.lower())
+            handled = method.upper() != "OPTIONS" and hasattr(view, method.lower())
             if not handled:  # not a method of this route: 405 whoever asks (with Allow)
-                raise exceptions.MethodNotAllowed(request.method)
+                raise exceptions.MethodNotAllowed(method)
             raise exceptions.PermissionDenied(
-                f"{request.method} has no registered operation on this route",
+                f"{method} has no registered operation on this route",
                 code="operation_not_registered",
             )
+        # Every authenticator answers a Principal; unauthenticated, request.user is None.
         principal = request.user
-        if principal is None or not getattr(principal, "is_authenticated", False):
+        if not isinstance(principal, Principal) or not principal.is_authenticated:
             raise exceptions.NotAuthenticated("authentication credentials were not provided")
         if operation.internal != (principal.kind == "internal"):
             raise exceptions.PermissionDenied(
@@ -51,7 +60,7 @@ class OperationPermission(permissions.BasePermission):
         return True
 
     @staticmethod
-    def _check_workspace_gate(principal) -> None:
+    def _check_workspace_gate(principal: Principal) -> None:
         """Product routes serve only while every tenant gate (:mod:`knowledgefs.auth.gates`) is
         open; the first refusal answers 409 with its code."""
         closed = gates.refusal(principal.tenant_id)
@@ -59,7 +68,9 @@ class OperationPermission(permissions.BasePermission):
             raise Conflict(closed.message, code=closed.code, details=closed.details)
 
     @staticmethod
-    def _check_capability(operation, principal, request, view) -> None:
+    def _check_capability(
+        operation: Operation, principal: Principal, request: Request, view: APIView
+    ) -> None:
         if principal.action != operation.action:
             raise exceptions.PermissionDenied(
                 f"the token's action is not {operation.action!r}", code="action_not_permitted"
@@ -85,7 +96,9 @@ class OperationPermission(permissions.BasePermission):
                     code="resource_not_permitted",
                 )
         # Namespace-wide operations too: a revoked grant never lists or creates anything.
+        claims = request.auth
+        assert isinstance(claims, CapabilityClaims)  # what a capability principal comes with
         try:
-            grants.admit_grant(request.auth)
+            grants.admit_grant(claims)
         except CapabilityError as error:
             raise refuse(error) from None

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from . import config
 from .envelope import parse_json
@@ -44,7 +44,10 @@ def tenant_identifier(tenant_id: str) -> str:
         return str(uuid.uuid5(uuid.NAMESPACE_URL, f"knowledgefs:tenant:{tenant_id}"))
 
 
-def chunks(items: Sequence, size: int) -> list[Sequence]:
+_T = TypeVar("_T")
+
+
+def chunks(items: Sequence[_T], size: int) -> list[Sequence[_T]]:
     """``items`` cut into consecutive pieces of at most ``size``."""
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -237,12 +240,14 @@ class _BridgeStore:
         return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
 
-def _by_size(payload: list[dict], size_of: Callable[[Any], int]) -> list[list[dict]]:
+def _by_size(
+    payload: list[dict[str, Any]], size_of: Callable[[Any], int]
+) -> list[list[dict[str, Any]]]:
     """Consecutive batches of at most 64 points whose encoded size stays under the 32 MiB body
     limit (with 64 KiB left for the rest of the request)."""
     budget = config.BRIDGE_MAX_BODY_BYTES - 64 * 1024
-    batches: list[list[dict]] = []
-    current: list[dict] = []
+    batches: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
     used = 0
     for point in payload:
         size = size_of(point) + 1

@@ -22,7 +22,7 @@ import json
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from django.conf import settings
 from django.core.exceptions import SuspiciousFileOperation
@@ -35,6 +35,13 @@ from .envelope import parse_json
 from .errors import DifyError, ObjectStorageError
 from .stream import CHUNK_BYTES, ResponseStream
 from .transport import DifyTransport
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+    _BytesFile = File[bytes]
+else:  # File is generic in the stubs only (no runtime __class_getitem__)
+    _BytesFile = File
 
 OBJECT = "/inner/api/knowledge-fs/storage/object"
 OBJECT_METADATA = "/inner/api/knowledge-fs/storage/object/metadata"
@@ -156,7 +163,8 @@ class _ObjectReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # noqa: ANN001 - io protocol
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        buffer = memoryview(buffer)  # what BufferedReader hands in; writes go to its memory
         if self._done:
             return 0
         if not self._pending:
@@ -200,7 +208,7 @@ class _ObjectReader(io.RawIOBase):
         super().close()
 
 
-class DifyObjectFile(File):
+class DifyObjectFile(_BytesFile):
     """A read-only object opened from Dify: reads stream from the response (nothing is buffered
     beyond one 64 KiB piece), stop at the byte limit with ``STORAGE_OBJECT_TOO_LARGE``, and
     verify the SHA-256 when the end is reached (``STORAGE_CHECKSUM_MISMATCH``). ``size`` is the
@@ -294,7 +302,7 @@ class DifyObjectStorage(Storage):
             raise SuspiciousFileOperation(f"object key is longer than {max_length} characters")
         return key
 
-    def _save(self, name: str, content: File) -> str:
+    def _save(self, name: str, content: File[bytes]) -> str:
         return self.save_object(
             name, content, content_type=getattr(content, "content_type", None)
         ).key
@@ -302,7 +310,7 @@ class DifyObjectStorage(Storage):
     def save_object(
         self,
         key: str,
-        content: File | bytes,
+        content: File[bytes] | bytes,
         *,
         metadata: Mapping[str, str] | None = None,
         content_type: str | None = None,
@@ -547,7 +555,7 @@ class _Body:
     """A request body streamed from a seekable file: ``read`` for urllib3, ``__len__`` for the
     ``Content-Length`` requests sets."""
 
-    def __init__(self, source: Any, size: int) -> None:
+    def __init__(self, source: IO[bytes], size: int) -> None:
         self._source, self._size = source, size
 
     def read(self, amt: int = -1) -> bytes:
@@ -561,7 +569,7 @@ class _Body:
             yield chunk
 
 
-def _seekable(content: File | bytes, limit: int) -> Any:
+def _seekable(content: File[bytes] | bytes, limit: int) -> IO[bytes]:
     """A seekable binary source for ``content`` (bytes, a Django File, any file object)."""
     if isinstance(content, bytes | bytearray | memoryview):
         return io.BytesIO(bytes(content))

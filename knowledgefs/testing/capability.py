@@ -22,7 +22,7 @@ def private_key(name: str = "current") -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def public_jwk(name: str = "current", kid: str | None = None, **extra) -> dict[str, Any]:
+def public_jwk(name: str = "current", kid: str | None = None, **extra: Any) -> dict[str, Any]:
     jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(private_key(name).public_key()))
     return {**jwk, "kid": kid or f"kid-{name}", "use": "sig", "alg": "RS256", **extra}
 
@@ -54,7 +54,7 @@ def claims(
     caller_kind: str = "service",
     now: float | None = None,
     lifetime: int = 60,
-    **overrides,
+    **overrides: Any,
 ) -> dict[str, Any]:
     """A complete, valid claim set for ``action`` on ``resource``; ``overrides`` replace or,
     with value ``...`` (Ellipsis), remove a claim."""
@@ -98,7 +98,7 @@ def sign(
     return jwt.encode(payload, private_key(key), algorithm="RS256", headers=head)
 
 
-def token(**kwargs) -> str:
+def token(**kwargs: Any) -> str:
     """``claims(**kwargs)`` signed with the current key."""
     key = kwargs.pop("key", "current")
     headers = kwargs.pop("headers", None)
@@ -115,7 +115,7 @@ def unsigned(payload: dict[str, Any], header: dict[str, Any]) -> str:
     return f"{part(header)}.{part(payload)}."
 
 
-def space_resource(space_id) -> dict[str, Any]:
+def space_resource(space_id: object) -> dict[str, Any]:
     return {"type": "knowledge_space", "id": str(space_id), "parent_id": None}
 
 
@@ -123,5 +123,5 @@ def namespace_resource(namespace: str = "tenant-a") -> dict[str, Any]:
     return {"type": "namespace", "id": namespace, "parent_id": None}
 
 
-def child_resource(kind: str, ident, space_id) -> dict[str, Any]:
+def child_resource(kind: str, ident: object, space_id: object) -> dict[str, Any]:
     return {"type": kind, "id": str(ident), "parent_id": str(space_id)}

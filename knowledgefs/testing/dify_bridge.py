@@ -8,6 +8,7 @@ import math
 import re
 import sqlite3
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .dify_contract import _WORD
@@ -22,6 +23,8 @@ class BridgeRefusal(Exception):
         self.code = code
 
 
+#: Builds the 400 refusal naming what the contract refuses (raised by the caller).
+_Refuse = Callable[[str], BridgeRefusal]
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
@@ -173,7 +176,7 @@ class BridgeStore:
                 raise refuse("get and delete take ids only")
         return {**body, "scope": scope, "points": points, "ids": ids, "limit": limit}
 
-    def _scope(self, scope: Any, texts: bool, refuse) -> dict[str, Any]:  # noqa: ANN001
+    def _scope(self, scope: Any, texts: bool, refuse: _Refuse) -> dict[str, Any]:
         keys = {"tenant_id", "knowledge_space_id"}
         keys |= {"index_version"} if texts else {"vector_space_id", "kind", "dimension"}
         if not isinstance(scope, dict) or set(scope) != keys:
@@ -195,7 +198,7 @@ class BridgeStore:
         return {k: (v.lower() if k.endswith("_id") and k != "vector_space_id" else v)
                 for k, v in scope.items()}  # fmt: skip
 
-    def _point(self, point: Any, scope: dict[str, Any], texts: bool, refuse) -> None:  # noqa: ANN001
+    def _point(self, point: Any, scope: dict[str, Any], texts: bool, refuse: _Refuse) -> None:
         keys = {"id", "generation_id", "content_hash", "text" if texts else "vector"}
         if not isinstance(point, dict) or set(point) != keys:
             raise refuse("point fields")
@@ -214,7 +217,7 @@ class BridgeStore:
             self._vector(point["vector"], scope["dimension"], refuse)
 
     @staticmethod
-    def _vector(vector: Any, dimension: int, refuse) -> None:  # noqa: ANN001
+    def _vector(vector: Any, dimension: int, refuse: _Refuse) -> None:
         if not isinstance(vector, list) or len(vector) != dimension:
             raise refuse("vector dimension")
         if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in vector):
@@ -229,7 +232,7 @@ class BridgeStore:
     @staticmethod
     def _vector_search(
         collection: dict[str, Any], request: dict[str, Any], ids: list[str]
-    ) -> list[dict]:
+    ) -> list[dict[str, Any]]:
         query = request["query_vector"]
         query_norm = math.sqrt(sum(v * v for v in query))
         scored = []
@@ -247,7 +250,7 @@ class BridgeStore:
     @staticmethod
     def _text_search(
         collection: dict[str, Any], request: dict[str, Any], ids: list[str]
-    ) -> list[dict]:
+    ) -> list[dict[str, Any]]:
         """BM25 as Elasticsearch ranks English text (k1 1.2, b 0.75, stemmed words), computed by
         an in-memory SQLite FTS5 table (Porter stemming) over the whole collection, so two
         requests on one collection have comparable scores; the words of the query are OR-ed."""

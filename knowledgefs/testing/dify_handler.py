@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, TypeGuard
 from urllib.parse import parse_qs, urlsplit
@@ -123,7 +124,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._json(fault.status, {"code": "unauthorized", "message": message})
                 if fault.kind == "oversize":
                     return self._oversize(fault)
-            handler = {
+            handlers: dict[str, Callable[[dict[str, Any], bytes], None]] = {
                 TEXT_EMBEDDING: self._text_embedding,
                 MULTIMODAL_EMBEDDING: self._multimodal_embedding,
                 RERANK: self._rerank,
@@ -137,7 +138,8 @@ class _Handler(BaseHTTPRequestHandler):
                 VECTORS: self._bridge,
                 TEXTS: self._bridge,
                 QUERY_IMAGE: lambda q, r: serve_query_image(self, q),
-            }.get(route)
+            }
+            handler = handlers.get(route)
             if handler is None:
                 return self._json(404, {"code": "not_found", "message": route})
             return handler(query, raw)
@@ -207,7 +209,7 @@ class _Handler(BaseHTTPRequestHandler):
         )
         self._write(body)
 
-    def _chunked(self, status: int, pieces, content_type: str) -> None:  # noqa: ANN001
+    def _chunked(self, status: int, pieces: Iterable[bytes], content_type: str) -> None:
         self._start(status, {"Content-Type": content_type, "Transfer-Encoding": "chunked"})
         for piece in pieces:
             if piece:
@@ -241,7 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- models --------------------------------------------------------------------------------
 
     def _model_request(self, raw: bytes, model_type: str) -> dict[str, Any] | None:
-        body = json.loads(raw)
+        body: dict[str, Any] = json.loads(raw)
         problems = []
         if not isinstance(body.get("tenant_id"), str) or not body["tenant_id"]:
             problems.append("tenant_id")

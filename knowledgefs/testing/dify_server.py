@@ -150,7 +150,7 @@ class DifyTestServer(LoopbackServerMixin):
         # model answers the description of the nearest picture registered here ``[(image bytes,
         # {caption, ocr_text, summary})]``, else one derived from the image's size and colour
         # (dify_images.describe_image); ``image_descriptions`` counts the answers.
-        self.image_captions: list[tuple[bytes, dict]] = []
+        self.image_captions: list[tuple[bytes, dict[str, Any]]] = []
         self.image_descriptions = 0
         self.peak_image_request_bytes = 0
         self._in_flight: dict[str, int] = defaultdict(int)
@@ -303,7 +303,8 @@ class DifyTestServer(LoopbackServerMixin):
 
     def catalog_identity(self, item: dict[str, Any]) -> str:
         override = self.catalog_overrides.get(item["model"], {})
-        return override.get("identity", f"{item['plugin_id']}:1.0.0@sha256:abc")
+        identity: str = override.get("identity", f"{item['plugin_id']}:1.0.0@sha256:abc")
+        return identity
 
     def count_llm_images(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """Count the image parts of an LLM request; a model the catalog does not mark vision

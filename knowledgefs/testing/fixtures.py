@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from pytest_django.fixtures import Settings
 from rest_framework.test import APIClient
+
+from knowledgefs.auth.principal import Principal
+
+if TYPE_CHECKING:
+    from rest_framework.response import _MonkeyPatchedResponse
+
+    from spaces.models import KnowledgeSpace
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 
@@ -19,14 +28,14 @@ def shared_path(*parts: str) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def integrated_mode(settings):
+def integrated_mode(settings: Settings) -> None:
     """The Workspace provisioning and cutover routes are on in tests (the deployment default is
     off: ``KNOWLEDGE_INTEGRATED_MODE_ENABLED``); a test of the switch turns it off."""
     settings.KNOWLEDGE_INTEGRATED_MODE_ENABLED = True
 
 
 @pytest.fixture(autouse=True)
-def object_storage(settings, tmp_path):
+def object_storage(settings: Settings, tmp_path: Path) -> Path:
     """Each test writes objects into its own temporary folder."""
     root = tmp_path / "objects"
     settings.STORAGES = {
@@ -40,15 +49,16 @@ def object_storage(settings, tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def var_dir(settings, tmp_path, monkeypatch):
+def var_dir(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test keeps its derived files under ``KNOWLEDGE_VAR_DIR`` (the SQLite keyword
     indexes, ``search/keyword/``) in its own temporary folder; the database stays where the
     settings put it. Processes the test starts with ``knowledgefs.testing.cluster_settings``
     (gunicorn, qcluster) read the same folder from ``KFS_TEST_VAR_DIR``."""
-    settings.VAR_DIR = tmp_path / "var"
-    settings.VAR_DIR.mkdir()
-    monkeypatch.setenv("KFS_TEST_VAR_DIR", str(settings.VAR_DIR))
-    return settings.VAR_DIR
+    var = tmp_path / "var"
+    settings.VAR_DIR = var
+    var.mkdir()
+    monkeypatch.setenv("KFS_TEST_VAR_DIR", str(var))
+    return var
 
 
 @pytest.fixture
@@ -57,28 +67,26 @@ def tenant() -> str:
 
 
 @pytest.fixture
-def principal(tenant):
-    from spaces.services import Principal
-
+def principal(tenant: str) -> Principal:
     return Principal(tenant_id=tenant)
 
 
 @pytest.fixture
-def space(db, principal):
+def space(db: None, principal: Principal) -> KnowledgeSpace:
     from spaces.services import create_space
 
     return create_space(principal, name="Test space")
 
 
 @pytest.fixture
-def api_key(db, tenant) -> str:
+def api_key(db: None, tenant: str) -> str:
     from spaces.api_keys import create_api_key
 
     return create_api_key(tenant)[1]
 
 
 @pytest.fixture
-def client(api_key) -> APIClient:
+def client(api_key: str) -> APIClient:
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key}")
     return api
@@ -100,7 +108,9 @@ def multipart_body(filename: str, data: bytes, field: str = "file") -> tuple[byt
     return body, f"multipart/form-data; boundary={boundary}"
 
 
-def upload(client: APIClient, space, filename: str, data: bytes, **params):
+def upload(
+    client: APIClient, space: KnowledgeSpace, filename: str, data: bytes, **params: Any
+) -> _MonkeyPatchedResponse:
     """POST a multipart upload with ``filename`` exactly as given."""
     query = "&".join(f"{k}={v}" for k, v in params.items())
     url = f"/v1/knowledge-spaces/{space.id}/documents" + (f"?{query}" if query else "")

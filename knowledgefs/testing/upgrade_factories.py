@@ -22,6 +22,7 @@ from django.utils import timezone
 from ingestion.documents import admit_document
 from ingestion.models import Document
 from knowledgefs.errors import Conflict
+from spaces.models import KnowledgeSpace
 from upgrades.models import DocumentStatus, JobStage, JobStatus, UpgradeDocument, UpgradeJob
 
 
@@ -36,7 +37,7 @@ class Legacy:
     handed_off: bool = True  # False: the hand-off failed (no new document)
 
 
-def admit(space, legacy: Legacy, enqueue: bool = False) -> Document:
+def admit(space: KnowledgeSpace, legacy: Legacy, enqueue: bool = False) -> Document:
     """Admit the legacy bytes; the same bytes already in the space link to that document, as
     the run's hand-off does (``duplicate_document`` → the existing document)."""
     try:
@@ -50,7 +51,7 @@ def admit(space, legacy: Legacy, enqueue: bool = False) -> Document:
 
 
 def succeeded_job(
-    space,
+    space: KnowledgeSpace,
     legacy: list[Legacy],
     *,
     lease: bool = True,

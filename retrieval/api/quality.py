@@ -3,6 +3,7 @@ cases. Thin wrappers over :mod:`retrieval.quality`."""
 
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from rest_framework import status as http
 from rest_framework.response import Response
 
@@ -218,6 +219,7 @@ class ReplayRunListView(RouteView):
         """``?mode=&state=&from=&to=&limit=(1..100)&cursor=``, newest first, without items."""
         space = get_space(request.user, space_id)
         rows = replay.runs(request.user, space, request.query_params)
+        assert isinstance(rows, QuerySet)  # replay.runs answers a queryset (annotated object)
         paginator = NewestFirstPagination()
         page = paginator.paginate_queryset(rows, request, view=self)
         return paginator.get_paginated_response(

@@ -206,12 +206,12 @@ class BadCaseEvent(models.Model):
     def __str__(self) -> str:
         return f"{self.action} r{self.revision}"
 
-    def save(self, *args, **kwargs):
+    def save(self, *args: Any, **kwargs: Any) -> None:
         if not self._state.adding:
             raise ImmutableRow("bad case history rows are immutable")
-        return super().save(*args, **kwargs)
+        super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise ImmutableRow("bad case history rows are immutable")
 
     def as_dict(self) -> dict[str, Any]:
