@@ -3,7 +3,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.contrib import admin, messages
-from django.contrib.admin.templatetags.admin_list import _boolean_icon
+
+# (a private Django helper the stubs do not declare: the admin's own yes/no icon)
+from django.contrib.admin.templatetags.admin_list import _boolean_icon  # type: ignore[attr-defined]
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
@@ -200,7 +202,14 @@ HISTORY_LIMIT = 50  # attempts shown either side of this one; a chain longer tha
 
 def attempt_chain(job: CompilationJob) -> list[CompilationJob]:
     """Return this job's attempt history: what it retried (backwards) and its retries (forwards)."""
-    fields = ("id", "attempt_number", "stage", "run_state", "error_code", "created_at")
+    fields: tuple[str, ...] = (
+        "id",
+        "attempt_number",
+        "stage",
+        "run_state",
+        "error_code",
+        "created_at",
+    )
     fields += ("finished_at", "retry_of_id")
     chain = [job]
     previous_id = job.retry_of_id
@@ -317,7 +326,10 @@ class CompilationJobAdmin(ServiceActionMixin, admin.ModelAdmin):
             return HttpResponseNotAllowed(["POST"])
         job = self.get_object(request, unquote(object_id))
         if job is None:
-            return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
+            # ModelAdmin's own "does not exist" redirect (private; the stubs do not declare it)
+            return self._get_obj_does_not_exist_redirect(  # type: ignore[attr-defined]
+                request, self.model._meta, object_id
+            )
         if not self.has_change_permission(request, job):
             raise PermissionDenied
         action(request, CompilationJob.objects.filter(pk=job.pk))

@@ -111,8 +111,9 @@ def set_document_availability(document_id, enabled: bool, expected_row_version: 
     expected = _check_version(expected_row_version)
     doc_id = _doc_uuid(document_id)
     with transaction.atomic():
-        row = Document.objects.filter(id=doc_id).values("enabled", "row_version", "space_id")
-        row = row.first()
+        row = (
+            Document.objects.filter(id=doc_id).values("enabled", "row_version", "space_id").first()
+        )
         if row is None:
             raise NotFound("document not found", code="document_not_found")
         if row["row_version"] != expected:
@@ -137,8 +138,9 @@ def patch_document_metadata(document_id, patch: dict, expected_row_version: int)
     expected = _check_version(expected_row_version)
     doc_id = _doc_uuid(document_id)
     with transaction.atomic():
-        row = Document.objects.filter(id=doc_id).values("metadata", "row_version", "space_id")
-        row = row.first()
+        row = (
+            Document.objects.filter(id=doc_id).values("metadata", "row_version", "space_id").first()
+        )
         if row is None:
             raise NotFound("document not found", code="document_not_found")
         if row["row_version"] != expected:

@@ -435,7 +435,7 @@ class MachineSemaphore:
                         ledger["holders"], charge, self.capacity, self.byte_budget
                     ):
                         ledger["waiters"].remove(mine)
-                        lease = self._admit(ledger, ticket, pid, start, charge)
+                        lease = self._admit(ledger, mine["ticket"], pid, start, charge)
                         return lease
                 if deadline is not None:
                     remaining = deadline - time.monotonic()
@@ -458,7 +458,7 @@ class MachineSemaphore:
         return ticket
 
     def _admit(self, ledger: dict, ticket: int, pid: int, start: int | None, charge: int) -> Lease:
-        holder = {"ticket": ticket, "pid": pid, "start": start, "charge": charge}
+        holder: dict[str, Any] = {"ticket": ticket, "pid": pid, "start": start, "charge": charge}
         holder["since"] = time.time()
         ledger["holders"].append(holder)
         return Lease(self, ticket, charge)

@@ -83,6 +83,8 @@ class Source:
 
     def __init__(self, job: CompilationJob) -> None:
         origin = job.revision if job.revision_id else job.document
+        # A compiled job has its document (deleting the document cancels its jobs first).
+        assert origin is not None
         self.id = job.document_id
         self.storage_key = origin.storage_key
         self.mime_type = origin.mime_type
@@ -110,7 +112,11 @@ def swap_published(
     publication's one document UPDATE sets (:data:`SWAPPED_FIELDS`), and the source keys no
     longer referenced, to delete after the commit. The revisions are marked published by one
     UPDATE; jobs of before revisions carry none and change nothing."""
-    by_document = {job.document_id: job.revision_id for job in jobs if job.revision_id}
+    by_document = {
+        job.document_id: job.revision_id
+        for job in jobs
+        if job.revision_id and job.document_id is not None  # (published: it has its document)
+    }
     if not by_document:
         return {}, []
     found = {r.id: r for r in DocumentRevision.objects.filter(id__in=by_document.values())}

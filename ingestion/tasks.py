@@ -6,7 +6,7 @@ from ingestion import storage_sweep, upload_sessions
 from ingestion.compilation import pipeline, recovery
 
 
-def compile_document(job_id: str, delivery_id: str | None = None) -> str:
+def compile_document(job_id: str, delivery_id: str | None = None) -> str | None:
     """Compile the job if ``delivery_id`` still claims it (safe to deliver twice); run state."""
     return pipeline.run_job(job_id, delivery_id)
 

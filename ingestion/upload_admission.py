@@ -43,6 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.http import HttpRequest, HttpResponseBase
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 from knowledgefs.errors import (
     InvalidInput,
@@ -253,7 +256,7 @@ class DeadlineStream:
 
     def _expire(self) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or self._sock is None:  # (the timer runs only with a socket)
                 return
             self._expired = True
             try:  # a read blocked on the socket returns within this once data stops coming
@@ -335,7 +338,7 @@ class _CountingSocket:
     def install(cls, wsgi_input: Any, sock: Any) -> _CountingSocket | None:
         """Wrap gunicorn's socket reader of ``wsgi_input``; None when it is not one."""
         unreader = getattr(getattr(wsgi_input, "reader", None), "unreader", None)
-        if sock is None or getattr(unreader, "sock", None) is not sock:
+        if sock is None or unreader is None or getattr(unreader, "sock", None) is not sock:
             return None
         already = _buffered(unreader) + _buffered(wsgi_input)
         counter = cls(sock, unreader, already)
@@ -449,7 +452,7 @@ def admit_upload(request: Any) -> Admission:
     return Admission(request, lease, stream)
 
 
-class BufferedUploadAdmissionMixin:
+class BufferedUploadAdmissionMixin(APIView):
     """APIView mixin for multipart document-upload routes (the methods in ``upload_methods``).
 
     The admission is taken in ``initial`` — after authentication, permission and throttling,
@@ -459,7 +462,9 @@ class BufferedUploadAdmissionMixin:
 
     upload_methods = frozenset({"POST"})
 
-    def dispatch(self, request, *args, **kwargs):  # noqa: ANN001, ANN201 - DRF signature
+    _upload_admission: Admission | None
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         self._upload_admission = None
         try:
             return super().dispatch(request, *args, **kwargs)
@@ -468,10 +473,12 @@ class BufferedUploadAdmissionMixin:
                 self._upload_admission.release()
                 self._upload_admission = None
 
-    def initial(self, request, *args, **kwargs):  # noqa: ANN001, ANN201 - DRF signature
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         if request.method in self.upload_methods:
-            if request._request._read_started:  # a binding or check read the body: a bug here
+            # A binding or check read the body: a bug here. (HttpRequest._read_started is
+            # Django's own flag; the stubs do not declare it.)
+            if request._request._read_started:  # type: ignore[attr-defined]
                 raise RuntimeError("the upload body was read before its admission")
             self._upload_admission = admit_upload(request._request)
 

@@ -28,6 +28,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 from django.conf import settings
 from django.db import transaction
@@ -74,7 +75,7 @@ class Declared:
     target_document_id: uuid.UUID | None = None
 
 
-def parse_declaration(body: dict) -> Declared:
+def parse_declaration(body: object) -> Declared:
     """Check a create body (400 with the field named, 413 over the per-file limit)."""
     if not isinstance(body, dict):
         raise InvalidInput("the body must be a JSON object", code="invalid_request")
@@ -279,7 +280,7 @@ def wants_bytes(session: UploadSession) -> bool:
     return True
 
 
-def store_bytes(session: UploadSession, data: bytes | bytearray) -> None:
+def store_bytes(session: UploadSession, data: bytes) -> None:
     """Check ``data`` against the declared size and checksum (422
     ``upload_integrity_mismatch``, nothing stored) and write it under the session's key."""
     if len(data) != session.expected_size_bytes:
@@ -389,7 +390,7 @@ def complete(
     return session
 
 
-def _fail(session: UploadSession, error: ServiceError):
+def _fail(session: UploadSession, error: ServiceError) -> NoReturn:
     """Delete the object, then mark the session ``failed`` (quota released); raise ``error``."""
     _discard(session.object_key, session.id)
     _move(session, UploadStatus.FAILED, error_code=error.code, error_message=error.message)

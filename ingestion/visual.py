@@ -219,6 +219,8 @@ def _embed(profile, selection, images: list[bytes]) -> np.ndarray:
 
 
 def _store(job: CompilationJob, profile, vectors) -> None:
+    # A job being compiled or published has its document (deleting it cancels its jobs first).
+    assert job.document_id is not None
     rows = [
         VisualProjection(
             id=projection_id(job.id, index, profile.vector_space_id),
@@ -259,6 +261,8 @@ def backfill_space(space_id, *, cancelled: Callable[[], bool] = lambda: False) -
         return summary
     started = time.monotonic()
     for document in Document.objects.filter(space_id=space_id, active_generation__isnull=False):
+        if document.active_generation is None:  # (excluded by the filter above)
+            continue
         job = CompilationJob.objects.filter(id=document.active_generation).first()
         if job is None:
             continue

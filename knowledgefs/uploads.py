@@ -15,11 +15,20 @@ required".
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import IO, Any
+
 import django.http.multipartparser as django_multipart
 from django.conf import settings
-from django.core.files.uploadhandler import MemoryFileUploadHandler, TemporaryFileUploadHandler
+from django.core.files.uploadedfile import UploadedFile
+from django.core.files.uploadhandler import (
+    FileUploadHandler,
+    MemoryFileUploadHandler,
+    TemporaryFileUploadHandler,
+)
 from django.http.multipartparser import MultiPartParser as DjangoMultiPartParser
 from django.http.multipartparser import MultiPartParserError
+from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import DataAndFiles, MultiPartParser
@@ -50,18 +59,27 @@ def upload_limit_message(limit: int) -> str:
 
 # Django caps one part's headers at 1 KiB, which a 512-character CJK filename (about 1.5 KiB of
 # UTF-8) exceeds; 8 KiB keeps the cap while letting every filename within our own limit through.
-django_multipart.MAX_TOTAL_HEADER_SIZE = max(django_multipart.MAX_TOTAL_HEADER_SIZE, 8 * 1024)
+# (django-stubs does not declare this module constant of Django 5.2's multipartparser.)
+django_multipart.MAX_TOTAL_HEADER_SIZE = max(  # type: ignore[attr-defined]
+    django_multipart.MAX_TOTAL_HEADER_SIZE,  # type: ignore[attr-defined]
+    8 * 1024,
+)
 
 
-class _RawNameMixin:
-    def new_file(self, field_name, file_name, *args, **kwargs):
+class _RawNameMixin(FileUploadHandler):
+    """Put before a Django upload handler class (its methods are reached through ``super()``)."""
+
+    raw_file_name: str
+    received_bytes: int
+
+    def new_file(self, field_name: str, file_name: str, *args: Any, **kwargs: Any) -> None:
         self.raw_file_name = file_name
         self.received_bytes = 0
         super().new_file(field_name, "upload", *args, **kwargs)
 
-    def receive_data_chunk(self, raw_data, start):
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes | None:
         self.received_bytes += len(raw_data)
-        limit = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
+        limit: int = settings.KNOWLEDGE_UPLOAD_MAX_BYTES
         if self.received_bytes > limit:
             part = getattr(self, "file", None)
             if part is not None:
@@ -69,10 +87,11 @@ class _RawNameMixin:
             raise PayloadTooLarge(upload_limit_message(limit), details={"limit_bytes": limit})
         return super().receive_data_chunk(raw_data, start)
 
-    def file_complete(self, file_size):
+    def file_complete(self, file_size: int) -> UploadedFile[Any] | None:
         uploaded = super().file_complete(file_size)
         if uploaded is not None:
-            uploaded.raw_name = self.raw_file_name
+            # An attribute of our own, read back with getattr(upload, "raw_name", upload.name).
+            setattr(uploaded, "raw_name", self.raw_file_name)  # noqa: B010
         return uploaded
 
 
@@ -85,7 +104,7 @@ class RawNameTemporaryUploadHandler(_RawNameMixin, TemporaryFileUploadHandler):
 
 
 class _VerbatimNameParser(DjangoMultiPartParser):
-    def sanitize_file_name(self, file_name):
+    def sanitize_file_name(self, file_name: str) -> str | None:
         # Browsers and HTTP libraries percent-encode exactly these three characters in a
         # multipart filename (WHATWG HTML, "multipart/form-data encoding algorithm").
         if file_name:
@@ -96,15 +115,15 @@ class _VerbatimNameParser(DjangoMultiPartParser):
 class _ClosingDelimiterWatch:
     """A body stream that notes whether the multipart closing delimiter went through it."""
 
-    def __init__(self, stream, boundary: bytes) -> None:
+    def __init__(self, stream: IO[Any], boundary: bytes) -> None:
         self._stream = stream
         self._delimiter = b"--" + boundary + b"--"
         self._tail = b""
         self.read_bytes = 0
         self.closed = False
 
-    def read(self, *args):
-        data = self._stream.read(*args)
+    def read(self, *args: Any) -> bytes:
+        data: bytes = self._stream.read(*args)
         self.read_bytes += len(data)
         if data and not self.closed:
             window = self._tail + data
@@ -118,7 +137,12 @@ class VerbatimMultiPartParser(MultiPartParser):
     closing delimiter (see module docstring); errors are DRF ``ParseError`` (400
     ``malformed_request``)."""
 
-    def parse(self, stream, media_type=None, parser_context=None):
+    def parse(
+        self,
+        stream: IO[Any],
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> DataAndFiles[Any, Any]:
         parser_context = parser_context or {}
         request = parser_context["request"]
         encoding = parser_context.get("encoding", settings.DEFAULT_CHARSET)
@@ -126,7 +150,14 @@ class VerbatimMultiPartParser(MultiPartParser):
         meta["CONTENT_TYPE"] = media_type
         try:
             watch = _ClosingDelimiterWatch(stream, _boundary(media_type))
-            parser = _VerbatimNameParser(meta, watch, request.upload_handlers, encoding)
+            # Django reads the body only through read() (ChunkIter); the stub's protocol also
+            # asks for readline(), readlines() and iteration.
+            parser = _VerbatimNameParser(
+                meta,
+                watch,  # type: ignore[arg-type]
+                request.upload_handlers,
+                encoding,
+            )
             data, files = parser.parse()
         except MultiPartParserError as exc:
             raise ParseError(f"multipart form parse error: {exc}") from exc
@@ -147,7 +178,7 @@ def _boundary(media_type: str | None) -> bytes:
     return params.get("boundary", "").encode("ascii", "ignore")
 
 
-def _close_parts(files) -> None:
+def _close_parts(files: MultiValueDict[str, UploadedFile[Any]] | None) -> None:
     """Close (and so delete, for temporary files) the parts of a refused body."""
     for _, parts in files.lists() if files else ():
         for part in parts:

@@ -29,6 +29,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ROOT / "knowledgefs" / "settings"
@@ -112,12 +113,13 @@ def _sections(source: str) -> list[tuple[int, str]]:
     return found
 
 
-def _constant(node: ast.AST) -> int | str | bool | list | None:
-    """The value of a literal or of integer arithmetic over literals, else ``None``."""
+def _constant(node: ast.AST) -> Any:
+    """The value of a literal (``ast.Constant.value``: any literal type, or a list of them) or
+    of integer arithmetic over literals, else ``None``."""
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.List) and all(isinstance(e, ast.Constant) for e in node.elts):
-        return [e.value for e in node.elts]
+        return [e.value for e in node.elts if isinstance(e, ast.Constant)]  # (all are)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         value = _constant(node.operand)
         return -value if isinstance(value, int) else None
@@ -208,7 +210,10 @@ class _Reader:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             return [node.value]
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_with_alias":
-            pair = tuple(a.value for a in node.args if isinstance(a, ast.Constant))
+            # _with_alias(variable, alias): two string literals
+            pair = cast(
+                tuple[str, str], tuple(a.value for a in node.args if isinstance(a, ast.Constant))
+            )
             self.pairs.add(pair)
             return list(pair)
         if isinstance(node, ast.Name) and node.id in self.aliases:
@@ -223,16 +228,25 @@ class _Reader:
                 and isinstance(node.value, ast.Call)
                 and getattr(node.value.func, "id", None) == "_with_alias"
             ):
-                self.aliases[node.targets[0].id] = tuple(a.value for a in node.value.args)
+                target = node.targets[0]
+                if isinstance(target, ast.Name):  # NAME = _with_alias(variable, alias)
+                    self.aliases[target.id] = cast(
+                        tuple[str, str],
+                        tuple(a.value for a in node.value.args if isinstance(a, ast.Constant)),
+                    )
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 names = self.names(node.value.args[0]) if node.value.args else []
                 target = node.targets[0]
                 if isinstance(target, ast.Name) and names and self.kind(node.value):
                     self.env_of[target.id] = names[0]
-        calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call) and self.kind(n)]
-        for call in sorted(calls, key=lambda c: (c.lineno, c.col_offset)):
+        calls = [
+            (kind, n)
+            for n in ast.walk(self.tree)
+            if isinstance(n, ast.Call) and (kind := self.kind(n))
+        ]
+        for kind, call in sorted(calls, key=lambda kc: (kc[1].lineno, kc[1].col_offset)):
             for name in self.names(call.args[0]) if call.args else []:
-                self.reads.setdefault(name, []).append((self.kind(call), call))
+                self.reads.setdefault(name, []).append((kind, call))
                 self.first.setdefault(name, (call.lineno, self.section(call.lineno)))
 
     @staticmethod
@@ -347,12 +361,20 @@ def _describe(reader: _Reader, name: str) -> tuple[str, str | None, tuple | None
                 f"{name}: cannot show the default {ast.unparse(expr)!r}; describe it in "
                 "DERIVED_DEFAULTS of scripts/settings_table.py"
             )
-        default = _number(name, value) if kind == "bounded" else _show(kind, value)
+        if kind == "bounded":
+            assert value is not None  # bounded_int's default is a literal (checked just above)
+            default = _number(name, value)
+        else:
+            default = _show(kind, value)
     if not bounded:
         return default, None, None
     low, high = bounded[0].args[2:4]
     raw = tuple(
-        _constant(node) if _constant(node) is not None else reader.env_of.get(node.id, "")
+        _constant(node)
+        if _constant(node) is not None
+        else reader.env_of.get(node.id, "")
+        if isinstance(node, ast.Name)
+        else ""
         for node in (low, high)
     )
     return default, f"{reader.bound(name, low)} – {reader.bound(name, high)}", raw
@@ -403,7 +425,7 @@ def split_row(line: str) -> list[str]:
 
 def rows_of(text: str) -> dict[str, list[str]]:
     """``{variable: cells}`` for every table row whose first cell is one backticked name."""
-    rows = {}
+    rows: dict[str, list[str]] = {}
     for line in text.splitlines():
         if line.startswith("| `"):
             cells = split_row(line)

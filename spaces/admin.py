@@ -244,8 +244,9 @@ class ApiKeyBindingInline(admin.TabularInline):
 
     def get_formset(self, request, obj=None, **kwargs):
         formset = super().get_formset(request, obj, **kwargs)
-        if obj is not None and "space" in formset.form.base_fields:
-            formset.form.base_fields["space"].queryset = KnowledgeSpace.objects.filter(
+        field = formset.form.base_fields.get("space")
+        if obj is not None and isinstance(field, forms.ModelChoiceField):  # (the space FK's)
+            field.queryset = KnowledgeSpace.objects.filter(
                 tenant_id=obj.tenant_id, deleting_at__isnull=True
             ).order_by("slug")
         return formset

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -38,6 +38,9 @@ from .selection import (
     local_identity,
     vector_space_id,
 )
+
+if TYPE_CHECKING:
+    from knowledgefs.dify.errors import DifyError
 
 logger = logging.getLogger("knowledgefs.profiles")
 
@@ -249,7 +252,7 @@ def _check_local(profile: SpaceProfile, selection: Selection, frozen: bool) -> d
     }
 
 
-def _dify_failure(exc: Exception, field: str, selection: Selection, call: str) -> ProfileFailure:
+def _dify_failure(exc: DifyError, field: str, selection: Selection, call: str) -> ProfileFailure:
     """Map a :class:`~knowledgefs.dify.errors.DifyError` of one check to a profile failure."""
     from knowledgefs.dify.errors import EmbeddingDimensionMismatch
 

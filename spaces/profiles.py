@@ -171,8 +171,9 @@ def describe(profile: SpaceProfile) -> dict:
 # --- changing profiles ----------------------------------------------------------------------
 
 
-def _required_models(fields: dict) -> dict[str, Selection]:
-    required = {}
+def _required_models(fields: dict) -> dict[str, Selection | None]:
+    """The models the retrieval fields require (``None``: a value that is not a selection)."""
+    required: dict[str, Selection | None] = {}
     if fields.get("retrieval_rerank_enabled") and fields.get("retrieval_rerank_model"):
         required["rerank"] = Selection.of(fields["retrieval_rerank_model"])
     if fields.get("retrieval_reasoning_model"):
@@ -274,7 +275,9 @@ def freeze_for_admission(space: KnowledgeSpace) -> SpaceProfile:
         # Under the profile's row lock, so a concurrent PUT of the embedding profile either
         # committed first (and is checked here) or sees the latch.
         with transaction.atomic():
-            profile = lock_for_update(SpaceProfile.objects.filter(space_id=space.id)).first()
+            locked = lock_for_update(SpaceProfile.objects.filter(space_id=space.id)).first()
+            assert locked is not None  # profile_of created it; it goes only with its space
+            profile = locked
             if profile.state in (Readiness.SETUP_REQUIRED, Readiness.VALIDATION_FAILED):
                 raise not_ready(profile, space.id)
             if profile.embedding_frozen_at is None:
@@ -305,6 +308,8 @@ def index_model_for(space: KnowledgeSpace) -> tuple[str, int]:
         if profile.embedding_dimension != dimension:
             SpaceProfile.objects.filter(space_id=space.pk).update(embedding_dimension=dimension)
         return profile.embedding_model, dimension
+    # A ready Dify profile has the dimension its preflight observed.
+    assert profile.embedding_dimension is not None
     return profile.vector_space_id, profile.embedding_dimension
 
 

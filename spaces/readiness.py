@@ -129,8 +129,11 @@ def _profile_row(space_id: uuid.UUID) -> tuple | None:
     sql = _row_sql.get(connection.vendor)
     if sql is None:
         q = connection.ops.quote_name
-        columns = ", ".join(q(f.column) for f in meta.concrete_fields)
-        sql = f"SELECT {columns} FROM {q(meta.db_table)} WHERE {q(meta.pk.column)} = %s"
+        # (a concrete field is one with a column: the filter drops none)
+        columns = ", ".join(q(f.column) for f in meta.concrete_fields if f.column is not None)
+        pk_column = meta.pk.column
+        assert pk_column is not None  # the primary key is a concrete field
+        sql = f"SELECT {columns} FROM {q(meta.db_table)} WHERE {q(pk_column)} = %s"
         _row_sql[connection.vendor] = sql
     key = meta.pk.get_db_prep_value(space_id, connection)
     with connection.cursor() as cursor:

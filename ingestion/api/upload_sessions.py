@@ -102,8 +102,8 @@ class UploadSessionSmallFileView(APIView):
         with fallback_admission.admitted_body(
             request._request, session.expected_size_bytes
         ) as buffer:
-            upload_sessions.store_bytes(session, buffer)
             data = bytes(buffer)
+            upload_sessions.store_bytes(session, data)
             del buffer[:]  # the copy is what the admission reads
             session = upload_sessions.complete(session, data=data)
         return Response({"session": session_body(session)})

@@ -104,6 +104,8 @@ def chunk_bounds(space_id: uuid.UUID) -> tuple[Callable[[str], int], int, int]:
 
 
 def _node(job: CompilationJob, chunk: Chunk) -> KnowledgeNode:
+    # A compiled job has its document (deleting the document cancels its jobs first).
+    assert job.document_id is not None
     return KnowledgeNode(
         id=uuid.uuid5(_NODE_NAMESPACE, f"{job.id}:{chunk.index}"),
         space_id=job.space_id,

@@ -113,10 +113,13 @@ def cancel_job(job_id) -> CompilationJob:
             error_retryable=False,
             progress={**(job.progress or {}), "phase": "canceled", "operation": "canceled"},
         )
-        _drop_nodes(KnowledgeNode.objects.filter(document_id=job.document_id, generation=job.id))
-        Document.objects.filter(id=job.document_id, active_generation__isnull=True).update(
-            state=DocumentState.CANCELED, updated_at=now
-        )
+        if job.document_id is not None:  # (a deleted document left nothing to drop)
+            _drop_nodes(
+                KnowledgeNode.objects.filter(document_id=job.document_id, generation=job.id)
+            )
+            Document.objects.filter(id=job.document_id, active_generation__isnull=True).update(
+                state=DocumentState.CANCELED, updated_at=now
+            )
     job.refresh_from_db()
     return job
 

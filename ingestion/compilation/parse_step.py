@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
@@ -19,10 +20,13 @@ from ingestion.compilation.assets import store_assets
 from ingestion.compilation.errors import CompilationFailure
 from ingestion.compilation.leases import Held
 from ingestion.compilation.progress import PROGRESS, _progress
-from ingestion.models import CompilationJob, Document, ParseArtifact, Stage
+from ingestion.models import CompilationJob, ParseArtifact, Stage
 from ingestion.parsing.mail_container import is_wrapped
 from ingestion.retained_bytes import estimate_retained_bytes
 from knowledgefs import storage
+
+if TYPE_CHECKING:
+    from ingestion.revisions import Source
 
 
 def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
@@ -69,6 +73,8 @@ def _parse(job: CompilationJob, held: Held | None = None) -> ParseArtifact:
     assets = store_assets(job, report.assets)
     # Ids, not instances: assigning the job would cache the artifact on it (a one-to-one
     # reverse cache) and keep it alive as long as the batch holds the job.
+    # A compiled job has its document (deleting the document cancels its jobs first).
+    assert job.document_id is not None
     return ParseArtifact(
         job_id=job.id,
         document_id=job.document_id,
@@ -150,7 +156,7 @@ def _parse_isolated(
         ) from exc
 
 
-def _parse_remote(data: bytes, document: Document, held: Held | None) -> parsing.ParseReport:
+def _parse_remote(data: bytes, document: Source, held: Held | None) -> parsing.ParseReport:
     """Parse through the Unstructured-compatible service (:mod:`ingestion.unstructured`).
 
     The call is bounded by its own total deadline (600 s, 2,400 s heavy), so the lease keeper

@@ -11,6 +11,7 @@ with its checkpoint (:mod:`.stage_commit`); the two image steps are idempotent i
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -35,7 +36,7 @@ from ingestion.models import CompilationJob, KnowledgeNode, RunState, Stage
 logger = logging.getLogger("knowledgefs.compilation")
 
 
-def run_job(job_id: uuid.UUID | str, delivery_id: str | None = None) -> str:
+def run_job(job_id: uuid.UUID | str, delivery_id: str | None = None) -> str | None:
     """Compile one delivered job plus up to ``KNOWLEDGE_COMPILE_BATCH_DOCUMENTS - 1`` siblings.
 
     The delivered job is claimed only if it is ``queued`` with ``delivery_id`` as its task id
@@ -44,7 +45,8 @@ def run_job(job_id: uuid.UUID | str, delivery_id: str | None = None) -> str:
     later find them taken and do nothing. A job that already started once (a worker died on it,
     or it waits out a retry) is compiled alone and adopts no siblings, so one document that kills
     its worker cannot spend the attempts of a whole batch. Safe to call any number of times.
-    Returns the job's resulting run state (``"missing"`` for an unknown id).
+    Returns the job's resulting run state (``"missing"`` for an unknown id, ``None`` when the
+    job row is gone by the end: its document was deleted meanwhile).
     """
     job_id = uuid.UUID(str(job_id))
     job = CompilationJob.objects.filter(id=job_id).only("space_id", "execution_attempts").first()
@@ -222,8 +224,10 @@ def _chunk_wave(held: Held, wave: dict[uuid.UUID, _Work]) -> dict[uuid.UUID, lis
     ]
     outputs = {}
     for job_id in to_chunk:
+        artifact = wave[job_id].artifact
+        assert artifact is not None  # to_chunk holds only jobs with an artifact
         try:
-            outputs[job_id] = _generate_nodes(jobs[job_id], wave[job_id].artifact)
+            outputs[job_id] = _generate_nodes(jobs[job_id], artifact)
         except Exception as exc:  # noqa: BLE001
             if not isinstance(exc, CompilationFailure):
                 logger.exception("chunking of job %s failed", job_id)
@@ -291,7 +295,8 @@ def _visual(held: Held, jobs, job_ids: list[uuid.UUID]) -> list[uuid.UUID]:
     kept = []
     for job_id in job_ids:
         try:
-            build_visual_projections(jobs[job_id], cancelled=lambda j=job_id: held.is_lost(j))
+            cancelled = functools.partial(held.is_lost, job_id)
+            build_visual_projections(jobs[job_id], cancelled=cancelled)
         except VisualCanceled:
             held.release(job_id)
             continue
@@ -327,7 +332,7 @@ def _enrich(held: Held, jobs, job_ids: list[uuid.UUID]) -> tuple[list, dict[uuid
     for job_id in job_ids:
         try:
             report = describe_images(
-                jobs[job_id], cancelled=lambda j=job_id: held.is_lost(j), touch=held.touch
+                jobs[job_id], cancelled=functools.partial(held.is_lost, job_id), touch=held.touch
             )
         except EnrichmentCanceled:
             held.release(job_id)

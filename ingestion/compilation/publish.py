@@ -76,7 +76,8 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
         )
         published = [job for job, _, _ in items if job.id in done]
         if published:
-            keep = {job.document_id: job.id for job in published}
+            # (every published job's document is in ``present``: none is None)
+            keep = {job.document_id: job.id for job in published if job.document_id is not None}
             # Each published revision becomes its document's active one, in the same UPDATE
             # (ingestion.revisions); replaced source objects are deleted after the commit.
             swapped, orphaned = revisions.swap_published(published, present)
@@ -89,7 +90,7 @@ def publish_many(items: list[tuple[CompilationJob, uuid.UUID, int]]) -> list[uui
                 **columns,
                 active_generation=_per_row(Document, "active_generation", keep),
                 node_count=_per_row(
-                    Document, "node_count", {job.document_id: counts[job.id] for job in published}
+                    Document, "node_count", {d: counts[j] for d, j in keep.items()}
                 ),
                 state=DocumentState.PUBLISHED,
                 error_code="",

@@ -132,8 +132,10 @@ def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
     # (a slow keeper) keeps its job.
     still_expired = Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
     for job_id, token, task_id, attempts, stage in expired:
+        # (A running job always holds a lease token; a ``None`` one matches no lease, so
+        # fail() could not have ended it either.)
         if _timeout_recorded(task_id):
-            if fail(
+            if token is not None and fail(
                 job_id,
                 token,
                 "timeout",
@@ -142,7 +144,7 @@ def recover_jobs(*, batch: int = 200, now=None) -> SweepReport:
             ):
                 report.failed_expired += 1
         elif attempts >= settings.KNOWLEDGE_JOB_MAX_ATTEMPTS:
-            if fail(
+            if token is not None and fail(
                 job_id,
                 token,
                 "worker_lost",

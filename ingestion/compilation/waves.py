@@ -139,7 +139,9 @@ def _admit_wave(
         for job_id in [j for j in parsed if j not in committed]:
             delete_assets(parsed[job_id].assets)  # never checkpointed: nothing half-written stays
     for job_id in [j for j in parsed if j not in committed and j in wave]:
-        wave.pop(job_id).lease.release()
+        lease = wave.pop(job_id).lease
+        if lease is not None:  # (every wave member holds one)
+            lease.release()
     return rest
 
 
@@ -250,6 +252,8 @@ def _resume_charge(job: CompilationJob, gate) -> int:
 
 def _node_charge(job: CompilationJob) -> int:
     """A conservative retained-byte charge for a job resuming after chunking (its node texts)."""
+    if job.document_id is None:  # its document was deleted: no nodes
+        return 0
     agg = KnowledgeNode.objects.filter(document_id=job.document_id, generation=job.id).aggregate(
         chars=Sum(Length("text")), n=Count("id")
     )

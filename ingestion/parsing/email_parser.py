@@ -13,9 +13,10 @@ import datetime as dt
 import email
 import io
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email import policy
-from email.message import EmailMessage
+from email.message import EmailMessage, Message
 from email.parser import HeaderParser
 from typing import Any
 
@@ -87,12 +88,13 @@ def _parse_attachment(att: Attachment, depth: int) -> list[Element]:
         kind = _TEXT_SUFFIXES.get(suffix)
     if kind is None or not att.data or len(att.data) > MAX_ATTACHMENT_PARSE_BYTES:
         return []
-    parser = {
+    parsers: dict[str, Callable[[bytes], ParseReport | list[Element]]] = {
         "txt": text_parser.parse_text,
         "csv": csv_parser.parse_csv,
         "markdown": markdown_parser.parse_markdown,
         "html": html_parser.parse_html,
-    }[kind]
+    }
+    parser = parsers[kind]
     try:
         result = parser(att.data)
     except ParseError:
@@ -200,7 +202,7 @@ def _part_bytes(part: Any) -> bytes:
     return data if isinstance(data, bytes) else b""
 
 
-def _header(msg: EmailMessage, name: str) -> str:
+def _header(msg: Message, name: str) -> str:
     try:
         value = msg.get(name)
     except Exception:  # noqa: BLE001 - a malformed header is dropped, not fatal
@@ -226,7 +228,8 @@ def _eml_content(msg: EmailMessage, transcoded: bool = False) -> MailContent:
             # An attached message is one attachment; its own parts are parsed with it.
             skip.update(id(sub) for sub in part.walk())
             inner = part.get_payload()
-            if not name and isinstance(inner, list) and inner:
+            # (an item that is not a message has no Subject: _header answered "" for it)
+            if not name and isinstance(inner, list) and inner and isinstance(inner[0], Message):
                 subject = _header(inner[0], "Subject")
                 name = f"{subject}.eml" if subject else ""
         elif part.is_multipart():
@@ -272,7 +275,7 @@ def parse_eml(data: bytes) -> ParseReport:
 def _parse_eml(data: bytes, depth: int, transcoded: bool = False) -> ParseReport:
     try:
         msg = email.message_from_bytes(data, policy=policy.default)
-        content = _eml_content(msg, transcoded)  # type: ignore[arg-type]
+        content = _eml_content(msg, transcoded)
     except ParseError:
         raise
     except Exception as exc:

@@ -55,6 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
+from typing import Any
 
 from . import page_progress, rasterize
 from .base import ParseReport
@@ -156,6 +157,8 @@ class _Popen(popen_forkserver.Popen):
     Python 3.11's ``popen_forkserver.Popen._launch``.
     """
 
+    _fds: list[int]  # set by popen_forkserver.Popen.__init__ (typeshed leaves it out)
+
     def _launch(self, process_obj):
         prep_data = spawn.get_preparation_data(process_obj._name)
         prep_data.pop("init_main_from_path", None)
@@ -169,7 +172,9 @@ class _Popen(popen_forkserver.Popen):
             mp_context.set_spawning_popen(None)
         self.sentinel, w = _forkserver().connect_to_new_process(self._fds)
         _parent_w = os.dup(w)
-        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        # typeshed leaves out multiprocessing.util.close_fds (Python 3.11 has it).
+        close_fds = util.close_fds  # type: ignore[attr-defined]
+        self.finalizer = util.Finalize(self, close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
             f.write(buf.getbuffer())
         self.pid = forkserver.read_signed(self.sentinel)
@@ -232,6 +237,8 @@ def parse_isolated(
         )  # fmt: skip
         child = _ParserProcess(target=_child_main, args=(job,), name="kfs-parser", daemon=True)
         child.start()
+        pid = child.pid
+        assert pid is not None  # set by start()
         timed_out = canceled = False
         waited = 0.0
         seen: tuple[int, int] | None = None
@@ -253,7 +260,7 @@ def parse_isolated(
             timed_out = child.exitcode is None and not canceled
         finally:
             if child.exitcode is None:  # timed out, or this thread was interrupted
-                kill_session(child.pid)
+                kill_session(pid)
                 child.join()
         if canceled:
             raise ParseCanceled("the parse was stopped on request")
@@ -392,6 +399,7 @@ def _child_main(job: _ChildJob) -> None:
     page_progress.track(job.pages)
     module, _, name = job.target.partition(":")
     memory_bytes, result = job.memory_bytes, job.result
+    outcome: tuple[str, Any] | tuple[str, str, str]
     try:
         with open(job.source, "rb") as handle:
             data = handle.read()

@@ -9,7 +9,7 @@ Each frame: byte 0 magic ``0x0f``, byte 1 reserved, bytes 2-3 header length (uin
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 from .envelope import parse_json
@@ -98,7 +98,9 @@ class FrameDecoder:
             )
 
 
-def iter_frames(stream: ResponseStream, *, errors: type[DifyError], route: str) -> Iterator[Any]:
+def iter_frames(
+    stream: ResponseStream, *, errors: type[DifyError], route: str
+) -> Generator[Any, None, None]:
     """Parse frames as their bytes arrive and yield each payload's JSON value.
 
     The stream's own cap bounds the total; each frame is bounded by the same cap. The stream is

@@ -29,7 +29,7 @@ from .envelope import parse_json, unwrap_envelope
 from .errors import DifyError, ModelRuntimeError
 from .frames import iter_frames
 from .multimodal_body import streamed_body
-from .transport import DifyTransport
+from .transport import Body, DifyTransport
 
 TEXT_EMBEDDING = "/inner/api/invoke/text-embedding"
 MULTIMODAL_EMBEDDING = "/inner/api/invoke/multimodal-embedding"
@@ -47,6 +47,13 @@ R = TypeVar("R")
 
 def _input_error(message: str) -> ModelRuntimeError:
     return ModelRuntimeError.of("input", message)  # type: ignore[return-value]
+
+
+def _int_setting(name: str, default: int) -> int:
+    """The integer setting ``name`` (``bounded_int`` in knowledgefs/settings), ``default``
+    when it is not set."""
+    value: int = getattr(settings, name, default)
+    return value
 
 
 def checked_identifier(value: Any, name: str, max_length: int) -> str:
@@ -138,18 +145,14 @@ class DifyModelRuntime:
         user_id: str = config.USER_ID,
     ) -> None:
         self.transport = transport or DifyTransport()
-        self.timeout_ms = timeout_ms or getattr(
-            settings, "DIFY_MODEL_RUNTIME_TIMEOUT_MS", config.MODEL_RUNTIME_TIMEOUT_MS
+        self.timeout_ms: int = timeout_ms or _int_setting(
+            "DIFY_MODEL_RUNTIME_TIMEOUT_MS", config.MODEL_RUNTIME_TIMEOUT_MS
         )
-        self.max_response_bytes = max_response_bytes or getattr(
-            settings,
-            "DIFY_MODEL_RUNTIME_MAX_RESPONSE_BYTES",
-            config.MODEL_RUNTIME_MAX_RESPONSE_BYTES,
+        self.max_response_bytes: int = max_response_bytes or _int_setting(
+            "DIFY_MODEL_RUNTIME_MAX_RESPONSE_BYTES", config.MODEL_RUNTIME_MAX_RESPONSE_BYTES
         )
-        self.concurrency = concurrency or getattr(
-            settings,
-            "KNOWLEDGE_EMBEDDING_REQUEST_CONCURRENCY",
-            config.EMBEDDING_REQUEST_CONCURRENCY,
+        self.concurrency: int = concurrency or _int_setting(
+            "KNOWLEDGE_EMBEDDING_REQUEST_CONCURRENCY", config.EMBEDDING_REQUEST_CONCURRENCY
         )
         if not 1 <= self.timeout_ms <= config.MODEL_RUNTIME_TIMEOUT_MS_MAX:
             raise ValueError(f"timeout_ms={self.timeout_ms} is outside 1..600000")
@@ -280,6 +283,7 @@ class DifyModelRuntime:
             route = TEXT_EMBEDDING
             payload = {**common, "texts": [text], "input_type": input_type}
         else:
+            assert image is not None  # exactly one of text and image (checked above)
             route = MULTIMODAL_EMBEDDING
             encoded = {"content": base64.b64encode(image).decode(), "content_type": "image"}
             payload = {**common, "documents": [encoded], "input_type": input_type}
@@ -386,7 +390,7 @@ class DifyModelRuntime:
             "mode": "chat",
             "stream": True,
         }
-        inputs = [m.get("content") for m in prompt_messages if isinstance(m.get("content"), str)]
+        inputs = [c for m in prompt_messages if isinstance(c := m.get("content"), str)]
         return self._llm_stream(payload, inputs)
 
     def _llm_stream(
@@ -465,7 +469,7 @@ class DifyModelRuntime:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _common(self, tenant_id: str, provider: str, model: str, model_type: str) -> dict:
+    def _common(self, tenant_id: str, provider: str, model: str, model_type: str) -> dict[str, Any]:
         return {
             "tenant_id": checked_identifier(tenant_id, "tenant_id", 512),
             "user_id": self.user_id,
@@ -480,7 +484,7 @@ class DifyModelRuntime:
         payload: dict[str, Any] | None,
         inputs: Sequence[str] = (),
         *,
-        body=None,  # noqa: ANN001 - a streamed JSON body factory (multimodal_body)
+        body: Body = None,  # a streamed JSON body factory (multimodal_body)
         body_size: int | None = None,
     ) -> Any:
         reply = self.transport.request(

@@ -29,13 +29,15 @@ import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Model, Q, QuerySet
 from django.utils import timezone
+
+RowT = TypeVar("RowT", bound=Model)
 
 UNCLAIMED_SETTLE_SECONDS = 5
 """An unclaimed queued row is dispatched by the sweep only once unchanged this long, so the sweep
@@ -61,7 +63,7 @@ class SweepReport:
         return asdict(self)
 
 
-def locked_batch(queryset: QuerySet, batch: int) -> list:
+def locked_batch(queryset: QuerySet[RowT], batch: int) -> list[RowT]:
     """Up to ``batch`` rows of ``queryset``, least recently updated first, locked ``FOR UPDATE
     SKIP LOCKED`` where the database has it (PostgreSQL, MySQL 8, MariaDB 10.6), else ``FOR
     UPDATE`` (SQLite ignores row locks; its write transactions serialise), so concurrent sweeps
@@ -73,11 +75,11 @@ def locked_batch(queryset: QuerySet, batch: int) -> list:
     return list(queryset.order_by("updated_at")[:batch])
 
 
-def _no_fields(*_args) -> dict:
+def _no_fields(*_args: object) -> dict[str, Any]:
     return {}
 
 
-def _nothing(*_args) -> None:
+def _nothing(*_args: object) -> None:
     return None
 
 
@@ -108,7 +110,7 @@ class ClaimedRunQueue:
     stale_setting: str
     attempts_setting: str
     timeout: Callable[[Any], int]
-    failed_fields: Callable[[str, str, Any], dict]
+    failed_fields: Callable[[str, str, Any], dict[str, Any]]
     """``(code, message, now)`` → the model's error and finish fields of a failed row."""
     exhausted_message: Callable[[Any], str]
     """The row (read by the sweep) → the ``attempts_exhausted`` message."""
@@ -117,22 +119,27 @@ class ClaimedRunQueue:
     """``now`` → the condition a queued row must meet to be claimed (a countdown). A queue with
     one claims at the sweep's clock (one clock for the due check and the claim); without one, a
     sweep's dispatch claims at the wall clock."""
-    begin_fields: Callable[[Any], dict] = _no_fields
+    begin_fields: Callable[[Any], dict[str, Any]] = _no_fields
     """``now`` → further fields the start's compare-and-set writes."""
     after_begin: Callable[[uuid.UUID, Any], None] = _nothing
     """``(row uuid, now)`` after a start that matched (inside its transaction when atomic)."""
     begin_atomic: bool = False
     load: Callable[[uuid.UUID], Any] | None = None
     """Row uuid → the running row :meth:`begin` returns (default ``objects.get``)."""
-    requeue_fields: dict = field(default_factory=dict)
+    requeue_fields: dict[str, Any] = field(default_factory=dict)
     """Further fields the sweep writes when it puts a stale run back to queued."""
 
-    def _state(self, value: str) -> dict:
+    def _state(self, value: str) -> dict[str, str]:
         return {self.state_field: value}
+
+    def _rows(self) -> QuerySet[Any]:
+        """All rows of :attr:`model` (its default manager). The queue serves several models,
+        so a row is typed ``Any``: it has the fields the module docstring names."""
+        return self.model._default_manager.all()
 
     # --- claim and publish ----------------------------------------------------------------------
 
-    def dispatch(self, pk: uuid.UUID | str, *, now=None) -> str | None:
+    def dispatch(self, pk: uuid.UUID | str, *, now: datetime | None = None) -> str | None:
         """Claim a queued unclaimed (due) row with a fresh task id, commit, then publish it.
 
         Returns the task id, or ``None`` when there was nothing to claim or the publish failed
@@ -143,7 +150,7 @@ class ClaimedRunQueue:
             raise RuntimeError("dispatch() must run after the commit: use dispatch_on_commit()")
         task_id = uuid.uuid4().hex
         now = now or timezone.now()
-        rows = self.model.objects.filter(id=pk, **self._state(self.queued), task_id__isnull=True)
+        rows = self._rows().filter(id=pk, **self._state(self.queued), task_id__isnull=True)
         if self.due is not None:
             rows = rows.filter(self.due(now))
         if not rows.update(task_id=task_id, claimed_at=now, updated_at=now):
@@ -155,13 +162,13 @@ class ClaimedRunQueue:
         the row stays queued and the sweep dispatches it)."""
         transaction.on_commit(lambda: self.dispatch(pk), robust=True)
 
-    def _publish(self, pk, task_id: str) -> bool:
+    def _publish(self, pk: uuid.UUID | str, task_id: str) -> bool:
         """Publish ``(pk, task id)``; on failure release the claim if it is still ours."""
         from django_q.tasks import async_task
 
         timeout = self.timeout(pk)
         try:
-            options = {"task_name": f"{self.group}:{task_id}", "group": self.group}
+            options: dict[str, Any] = {"task_name": f"{self.group}:{task_id}", "group": self.group}
             options["timeout"] = timeout
             broker = self.broker()
             if broker is not None:
@@ -173,17 +180,17 @@ class ClaimedRunQueue:
             return False
         return True
 
-    def release_claim(self, pk, task_id: str) -> bool:
+    def release_claim(self, pk: uuid.UUID | str, task_id: str) -> bool:
         """Clear the claim only if the row is still queued under ``task_id``; returns whether."""
         return bool(
-            self.model.objects.filter(id=pk, **self._state(self.queued), task_id=task_id).update(
-                task_id=None, claimed_at=None, updated_at=timezone.now()
-            )
+            self._rows()
+            .filter(id=pk, **self._state(self.queued), task_id=task_id)
+            .update(task_id=None, claimed_at=None, updated_at=timezone.now())
         )
 
     # --- delivery start and fenced writes --------------------------------------------------------
 
-    def begin(self, pk, task_id: str):
+    def begin(self, pk: uuid.UUID | str, task_id: str) -> Any:
         """Start a delivery: compare-and-set queued → running with this ``task_id``.
 
         Sets ``step_started_at``, counts ``attempt_count`` (plus :attr:`begin_fields`), then runs
@@ -196,25 +203,35 @@ class ClaimedRunQueue:
             return None
         now = timezone.now()
         with transaction.atomic() if self.begin_atomic else nullcontext():
-            started = self.model.objects.filter(
-                id=row_uuid, **self._state(self.queued), task_id=task_id
-            ).update(
-                **self._state(self.running),
-                **self.begin_fields(now),
-                step_started_at=now,
-                attempt_count=F("attempt_count") + 1,
-                updated_at=now,
+            started = (
+                self._rows()
+                .filter(id=row_uuid, **self._state(self.queued), task_id=task_id)
+                .update(
+                    **self._state(self.running),
+                    **self.begin_fields(now),
+                    step_started_at=now,
+                    attempt_count=F("attempt_count") + 1,
+                    updated_at=now,
+                )
             )
             if not started:
                 return None
             self.after_begin(row_uuid, now)
-        return self.load(row_uuid) if self.load else self.model.objects.get(id=row_uuid)
+        return self.load(row_uuid) if self.load else self._rows().get(id=row_uuid)
 
-    def held(self, pk, task_id: str) -> QuerySet:
+    def held(self, pk: uuid.UUID | str, task_id: str) -> QuerySet[Any]:
         """The queryset matching the row only while this delivery owns it."""
-        return self.model.objects.filter(id=pk, **self._state(self.running), task_id=task_id)
+        return self._rows().filter(id=pk, **self._state(self.running), task_id=task_id)
 
-    def fail(self, pk, task_id: str, code: str, message: str, *, condition: Q | None = None):
+    def fail(
+        self,
+        pk: uuid.UUID | str,
+        task_id: str,
+        code: str,
+        message: str,
+        *,
+        condition: Q | None = None,
+    ) -> bool:
         """Fail the row with ``code`` and ``message`` only while this delivery owns it (and
         ``condition`` holds); clears the claim. Returns whether the row was failed."""
         now = timezone.now()
@@ -234,12 +251,12 @@ class ClaimedRunQueue:
 
     # --- the sweep ------------------------------------------------------------------------------
 
-    def sweep(self, *, batch: int = 200, now=None) -> SweepReport:
+    def sweep(self, *, batch: int = 200, now: datetime | None = None) -> SweepReport:
         """One pass of recovery (see the module docstring); at most ``batch`` rows per part."""
         now = now or timezone.now()
         report = SweepReport()
         to_dispatch: list[uuid.UUID] = []
-        rows = self.model.objects
+        rows = self._rows()
         grace = timedelta(seconds=getattr(settings, self.grace_setting))
         stale = timedelta(seconds=getattr(settings, self.stale_setting))
         with transaction.atomic():

@@ -15,9 +15,10 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import Direction
 from rest_framework import serializers
 
-from knowledgefs.auth.operations import operation_for
+from knowledgefs.auth.operations import Operation, operation_for
 
 CUTOVER_CLOSED = "`workspace_cutover_closed`: the tenant's cutover gate is closed (`details.gate`)."
 # Error statuses every product operation may answer, whatever the route (docs/api.md, "Errors"):
@@ -57,7 +58,7 @@ TAGS = {
 }
 
 
-class ErrorEnvelopeSerializer(serializers.Serializer):
+class ErrorEnvelopeSerializer(serializers.Serializer[Any]):
     """The body of every error (:func:`knowledgefs.errors.api_exception_handler`)."""
 
     code = serializers.CharField(help_text="Stable machine-readable code, e.g. `not_found`.")
@@ -79,7 +80,7 @@ class KnowledgeAutoSchema(AutoSchema):
       product 409 also names ``workspace_cutover_closed``).
     """
 
-    def _operation(self):
+    def _operation(self) -> Operation | None:
         return operation_for(self.view, self.method)
 
     def get_operation_id(self) -> str:
@@ -95,7 +96,9 @@ class KnowledgeAutoSchema(AutoSchema):
                 return [TAGS[part]]
         return super().get_tags()
 
-    def get_description(self) -> str:
+    # drf-spectacular's AutoSchema narrows DRF's get_description(path, method) to
+    # get_description() (with its own ignore[override]); this override keeps its signature.
+    def get_description(self) -> str:  # type: ignore[override]
         text = super().get_description() or ""
         operation = self._operation()
         if operation is None:
@@ -110,7 +113,7 @@ class KnowledgeAutoSchema(AutoSchema):
             )
         return f"{text}\n\n{who}".strip()
 
-    def _get_response_bodies(self, direction="response") -> dict[str, Any]:
+    def _get_response_bodies(self, direction: Direction = "response") -> dict[str, Any]:
         responses = super()._get_response_bodies(direction)
         operation = self._operation()
         errors = INTERNAL_ERRORS if operation is not None and operation.internal else PRODUCT_ERRORS
@@ -119,7 +122,8 @@ class KnowledgeAutoSchema(AutoSchema):
                 if status == 409 and errors is PRODUCT_ERRORS:  # the gate closes every route
                     responses["409"]["description"] += f" Also {CUTOVER_CLOSED}"
                 continue
-            response = self._get_response_for_code(
+            # drf-spectacular leaves _get_response_for_code unannotated.
+            response = self._get_response_for_code(  # type: ignore[no-untyped-call]
                 ErrorEnvelopeSerializer, str(status), ["application/json"], direction
             )
             response["description"] = description
@@ -127,14 +131,16 @@ class KnowledgeAutoSchema(AutoSchema):
         return dict(sorted(responses.items()))
 
 
-class ApiKeyScheme(OpenApiAuthenticationExtension):
+# drf-spectacular's extension registry (__init_subclass__ of OpenApiGeneratorExtension) is
+# unannotated, hence the ignore[no-untyped-call] on each extension class.
+class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     """``Authorization: Bearer kfs_…`` (:class:`spaces.authentication.ApiKeyAuthentication`)."""
 
     target_class = "spaces.authentication.ApiKeyAuthentication"
     name = "apiKey"
     priority = 1
 
-    def get_security_definition(self, auto_schema):
+    def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:
         return {
             "type": "http",
             "scheme": "bearer",
@@ -146,7 +152,7 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
         }
 
 
-class CapabilityTokenScheme(OpenApiAuthenticationExtension):
+class CapabilityTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     """``Authorization: Bearer <JWT>``
     (:class:`knowledgefs.auth.authentication.CapabilityTokenAuthentication`)."""
 
@@ -154,7 +160,7 @@ class CapabilityTokenScheme(OpenApiAuthenticationExtension):
     name = "capabilityToken"
     priority = 1
 
-    def get_security_definition(self, auto_schema):
+    def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:
         return {
             "type": "http",
             "scheme": "bearer",
@@ -168,14 +174,14 @@ class CapabilityTokenScheme(OpenApiAuthenticationExtension):
         }
 
 
-class InnerApiKeyScheme(OpenApiAuthenticationExtension):
+class InnerApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     """``X-Inner-Api-Key`` (:class:`knowledgefs.auth.authentication.InnerApiKeyAuthentication`)."""
 
     target_class = "knowledgefs.auth.authentication.InnerApiKeyAuthentication"
     name = "innerApiKey"
     priority = 1
 
-    def get_security_definition(self, auto_schema):
+    def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:
         return {
             "type": "apiKey",
             "in": "header",
@@ -184,7 +190,11 @@ class InnerApiKeyScheme(OpenApiAuthenticationExtension):
         }
 
 
-def only_api_routes(endpoints: list) -> list:
+Endpoint = tuple[str, str, str, Any]
+"""drf-spectacular's endpoint: path, path regex, HTTP method, view callback."""
+
+
+def only_api_routes(endpoints: list[Endpoint]) -> list[Endpoint]:
     """Preprocessing hook: the schema covers ``/v1/`` and ``/internal/`` and nothing else
     (not the probes, the admin, or the schema view itself)."""
     return [endpoint for endpoint in endpoints if endpoint[0].startswith(("/v1/", "/internal/"))]
