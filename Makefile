@@ -200,7 +200,8 @@ openapi: install
 # SQLite, PostgreSQL and MariaDB, the eval gate, the OpenAPI export, the migrations and their
 # downgrade plans, the Compose render, the image build and its smoke test (`$(MAKE) image
 # image-smoke`: the Makefile targets that build the Dockerfile and run scripts/image_smoke.sh),
-# git diff --check. RELEASE_CHECK_ARGS="--skip image" leaves a step out.
+# git diff --check. RELEASE_CHECK_ARGS="--skip image" leaves a step out; "--parallel" runs the
+# test steps side by side as `make test` does (scripts/run_passes.py).
 RELEASE_CHECK_ARGS ?=
 release-check: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)

@@ -1,6 +1,7 @@
 """Run the test passes of ``make test`` side by side (docs/testing.md, "Running the tests").
 
-Usage: ``python scripts/run_passes.py [--serial] [--only LANE ...] [--list]``.
+Usage: ``python scripts/run_passes.py [--serial] [--only LANE ...] [--skip TARGET ...] [--list]``
+(``scripts/release_check.py --parallel`` runs its test steps through it).
 
 Three lanes run at the same time, each a chain of Makefile targets run one after the other:
 
@@ -39,13 +40,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MAKE = os.environ.get("MAKE", "make")
-LOGS = ROOT / "var" / "test-logs"
-PASSES = ROOT / "var" / "passes"
 LANES: dict[str, tuple[str, ...]] = {
     "sqlite": ("test-sqlite",),
     "postgres": ("test-postgres",),
     "mariadb": ("test-mariadb", "eval-gate"),
 }
+TARGETS = [target for targets in LANES.values() for target in targets]
 TAIL_LINES = 80
 # pytest -q's last line: "2 failed, 1200 passed, 31 skipped, 3 warnings in 1402.11s (0:23:22)"
 SUMMARY = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s")
@@ -63,6 +63,7 @@ class Result:
 
 @dataclass
 class Runner:
+    var: Path = ROOT / "var"  # logs in var/test-logs, the lanes' var dirs in var/passes
     serial: bool = False
     results: list[Result] = field(default_factory=list)
     children: set[subprocess.Popen] = field(default_factory=set)
@@ -70,7 +71,7 @@ class Runner:
     stopping: bool = False
 
     def lane(self, name: str, targets: tuple[str, ...]) -> None:
-        var_dir = PASSES / name
+        var_dir = self.var / "passes" / name
         shutil.rmtree(var_dir, ignore_errors=True)
         var_dir.mkdir(parents=True)
         # Short folders under /tmp: a Unix socket path has at most 107 bytes.
@@ -91,7 +92,7 @@ class Runner:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def target(self, target: str, env: dict[str, str]) -> bool:
-        log = LOGS / f"{target}.log"
+        log = self.var / "test-logs" / f"{target}.log"
         command = [MAKE, "--no-print-directory", "-o", ".venv/.installed", target]
         started = time.monotonic()
         with log.open("w") as out:
@@ -118,10 +119,10 @@ class Runner:
         return status == 0
 
     def run(self, lanes: dict[str, tuple[str, ...]]) -> int:
-        LOGS.mkdir(parents=True, exist_ok=True)
+        (self.var / "test-logs").mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         print(f"test passes: {', '.join(' → '.join(t) for t in lanes.values())}", flush=True)
-        print(f"logs in {LOGS.relative_to(ROOT)}/<target>.log", flush=True)
+        print(f"logs in {self.var / 'test-logs'}/<target>.log", flush=True)
         threads = [
             threading.Thread(target=self.lane, args=(name, targets), name=name)
             for name, targets in lanes.items()
@@ -169,23 +170,32 @@ def report(result: Result) -> None:
     print(f"{result.target} → {result.seconds:.0f} s → {outcome}{counts}", flush=True)
     if result.status != 0:
         tail = result.log.read_text(errors="replace").splitlines()[-TAIL_LINES:]
-        print(f"--- last {len(tail)} lines of {result.log.relative_to(ROOT)} ---", flush=True)
+        print(f"--- last {len(tail)} lines of {result.log} ---", flush=True)
         print("\n".join(tail), flush=True)
-        print(f"--- end of {result.log.relative_to(ROOT)} ---", flush=True)
+        print(f"--- end of {result.log} ---", flush=True)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serial", action="store_true", help="one lane after the other")
     parser.add_argument("--only", action="append", choices=sorted(LANES), help="run this lane")
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=TARGETS, help="leave this target out"
+    )
+    parser.add_argument("--var", type=Path, default=ROOT / "var", help="logs and lane folders")
     parser.add_argument("--list", action="store_true", help="print the lanes and exit")
     args = parser.parse_args(argv)
-    lanes = {name: LANES[name] for name in LANES if not args.only or name in args.only}
+    lanes = {
+        name: kept
+        for name, targets in LANES.items()
+        if (not args.only or name in args.only)
+        and (kept := tuple(t for t in targets if t not in args.skip))
+    }
     if args.list:
         for name, targets in lanes.items():
             print(f"{name}: {' → '.join(targets)}")
         return 0
-    runner = Runner(serial=args.serial)
+    runner = Runner(var=args.var.resolve(), serial=args.serial)
 
     def terminate(signum: int, frame: object) -> None:
         runner.stop()
