@@ -14,8 +14,11 @@ Each lane is isolated from the others: its own ``KNOWLEDGE_VAR_DIR`` (``var/pass
 the object store, the auth epoch, the SQLite test database, the keyword indexes, the gates
 files), its own ``XDG_RUNTIME_DIR`` (gunicorn's control socket, the embedded PostgreSQL lock)
 and its own ``TMPDIR`` (pytest's ``tmp_path`` base, whose numbered folders another pytest would
-otherwise prune). The throw-away servers already take fresh data folders and free ports
-(scripts/with_postgres.py, scripts/with_mariadb.py) and the eval gate its own ``var/eval-gate``.
+otherwise prune); side by side, ``KNOWLEDGE_EMBEDDING_THREADS`` and
+``KNOWLEDGE_LOCAL_RERANK_THREADS`` default to half the cores (each model would otherwise run a
+thread per core in each pass), unless set. The throw-away servers already take fresh data
+folders and free ports (scripts/with_postgres.py, scripts/with_mariadb.py) and the eval gate
+its own ``var/eval-gate``.
 
 Each target's output goes to ``var/test-logs/<target>.log``; when a target ends one line is
 printed, ``target → seconds → result`` (pytest's counts), and the tail of its log when it
@@ -45,6 +48,9 @@ LANES: dict[str, tuple[str, ...]] = {
     "postgres": ("test-postgres",),
     "mariadb": ("test-mariadb", "eval-gate"),
 }
+# Side by side, the two long passes each get half the cores for the local embedding and
+# reranking models (0, every core, by default: two passes would each spin on both), unless set.
+THREAD_SETTINGS = ("KNOWLEDGE_EMBEDDING_THREADS", "KNOWLEDGE_LOCAL_RERANK_THREADS")
 TARGETS = [target for targets in LANES.values() for target in targets]
 TAIL_LINES = 80
 # pytest -q's last line: "2 failed, 1200 passed, 31 skipped, 3 warnings in 1402.11s (0:23:22)"
@@ -83,6 +89,9 @@ class Runner:
             XDG_RUNTIME_DIR=str(runtime),
             TMPDIR=str(scratch),
         )
+        if not self.serial:  # the ONNX models' threads: a share of the cores, not every core
+            for name in THREAD_SETTINGS:
+                env.setdefault(name, str(max(1, (os.cpu_count() or 1) // 2)))
         try:
             for target in targets:
                 if self.stopping or not self.target(target, env):

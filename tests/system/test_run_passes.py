@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 STAND_IN = """#!/bin/sh
 target=$4 start=$(date +%s.%N)
-echo "target=$target var=$KNOWLEDGE_VAR_DIR runtime=$XDG_RUNTIME_DIR tmp=$TMPDIR start=$start"
+echo "target=$target var=$KNOWLEDGE_VAR_DIR runtime=$XDG_RUNTIME_DIR tmp=$TMPDIR start=$start \
+threads=$KNOWLEDGE_EMBEDDING_THREADS"
 [ -d "$KNOWLEDGE_VAR_DIR" ] && [ -d "$XDG_RUNTIME_DIR" ] && [ -d "$TMPDIR" ] || exit 9
 sleep 1
 echo "end=$(date +%s.%N)"
@@ -68,6 +69,9 @@ def test_the_lanes_run_side_by_side_isolated_and_a_failure_fails_the_run(tmp_pat
     assert all(len(values) == 3 for values in folders.values()), folders  # one per lane
     assert seen["test-sqlite"]["var"] == str(tmp_path / "var" / "passes" / "sqlite")
     assert seen["eval-gate"]["var"] == seen["test-mariadb"]["var"]  # one lane, one after the other
+    # the local models' threads: half the cores each, unless set
+    threads = os.environ.get("KNOWLEDGE_EMBEDDING_THREADS") or str(max(1, os.cpu_count() // 2))
+    assert {t["threads"] for t in seen.values()} == {threads}
     # the runtime and tmp folders are gone with their lane
     assert not any(Path(p).exists() for t in seen.values() for p in (t["runtime"], t["tmp"]))
 
