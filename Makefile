@@ -179,7 +179,15 @@ eval-gate: install
 		tests/fixtures/eval-mini --mode $(EVAL_MODES) --json --max-drop $(EVAL_MAX_DROP) \
 		--baseline tests/fixtures/eval-mini/baseline.json > $(EVAL_VAR)/report.json
 
-test: lint test-sqlite test-postgres test-mariadb eval-gate
+# lint first, then three lanes side by side, each with its own KNOWLEDGE_VAR_DIR, XDG_RUNTIME_DIR
+# and TMPDIR (scripts/run_passes.py; docs/testing.md): test-sqlite, test-postgres, and
+# test-mariadb followed by eval-gate. Each target's output goes to var/test-logs/<target>.log;
+# one line per target when it ends (target → seconds → counts), the log's tail when it failed,
+# non-zero exit when any failed. PASSES_ARGS="--serial" runs the lanes one after the other.
+PASSES_ARGS ?=
+test: lint
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
+	$(BIN)/python scripts/run_passes.py $(PASSES_ARGS)
 
 # The OpenAPI document of the API as committed (docs/openapi.json), checked by release-check
 # against a fresh export. Rewrite it after changing a route, a serializer or a schema hook.
@@ -192,7 +200,8 @@ openapi: install
 # SQLite, PostgreSQL and MariaDB, the eval gate, the OpenAPI export, the migrations and their
 # downgrade plans, the Compose render, the image build and its smoke test (`$(MAKE) image
 # image-smoke`: the Makefile targets that build the Dockerfile and run scripts/image_smoke.sh),
-# git diff --check. RELEASE_CHECK_ARGS="--skip image" leaves a step out.
+# git diff --check. RELEASE_CHECK_ARGS="--skip image" leaves a step out; "--parallel" runs the
+# test steps side by side as `make test` does (scripts/run_passes.py).
 RELEASE_CHECK_ARGS ?=
 release-check: install
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
@@ -260,7 +269,7 @@ bench-fast-cost: install
 	$(BIN)/python bench/fast_cost.py --sizes $(FLOOR_SIZES) --code $(FAST_COST_CODE)
 
 clean:
-	rm -rf var/test-* var/pg-test* var/mariadb-test-* var/eval-gate var/load-*
+	rm -rf var/test-* var/passes var/pg-test* var/mariadb-test-* var/eval-gate var/load-*
 
 # --- the image, built offline, and its smoke test (docs/production-deployment.md, "Building the
 # image offline"). Debian's Docker engine runs without a container bridge: every build and

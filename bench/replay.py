@@ -192,7 +192,7 @@ def replay_under_kill(space, questions: int, kill_at: float, env: dict, log: Pat
         requeued = wait(
             lambda: ReplayRun.objects.get(id=run.id).attempt_count >= 2,
             300,
-            sweep=replay_dispatch.sweep,
+            sweep=replay_dispatch.QUEUE.sweep,
         )
         resumed_at = wait(lambda: done_count(run) > len(finished) and time.monotonic(), 300)
         ended = wait(lambda: ReplayRun.objects.get(id=run.id).state in ReplayRun.TERMINAL, 3600)

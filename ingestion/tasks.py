@@ -36,7 +36,7 @@ def sweep_source_runs() -> dict[str, int]:
     """The recovery sweep of source runs (every minute: ``ingestion.sources.dispatch.SWEEP``)."""
     from ingestion.sources import dispatch
 
-    return dispatch.sweep().as_dict()
+    return dispatch.QUEUE.sweep().as_dict()
 
 
 def start_due_source_syncs() -> dict[str, int]:

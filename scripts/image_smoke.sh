@@ -89,12 +89,11 @@ echo "$checks" | grep -q "^tesseract " || fail "tesseract missing"
 
 # --- 2. migrations, as the migrate service runs them ---------------------------------------------
 chown 10001:10001 "$VAR" && chmod 0750 "$VAR"
-# KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS=15: the worker stopped below hands its job back and
-# dispatches it again at once, but the stopping cluster's own pusher can still take that message
-# from the ORM broker (locked there until the cluster's retry time); the recovery sweep (every
-# minute) then dispatches the job again once the grace has passed: 15 s here, 300 s by default.
+# The worker stopped below hands its job back and dispatches it again at once (its cluster stops
+# its pusher first, so the message is left for the next worker): the dispatch grace stays at its
+# default (300 s), longer than the wait for the next worker to publish the job.
 common=(--network host -v "$VAR:/var/lib/knowledgefs"
-  -e DATABASE_URL -e KNOWLEDGE_VAR_DIR=/var/lib/knowledgefs -e KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS=15
+  -e DATABASE_URL -e KNOWLEDGE_VAR_DIR=/var/lib/knowledgefs
   -e SECRET_KEY="image-smoke-$RUN_ID-$RANDOM$RANDOM" -e ALLOWED_HOSTS=127.0.0.1,localhost
   -e LOG_LEVEL=INFO --label kfs-image-smoke="$RUN_ID")
 log "migrate: python manage.py migrate --noinput"

@@ -13,7 +13,9 @@ Steps: ``lint`` (ruff, import contracts, import graph, mypy), ``test-sqlite``, `
 migrated to the leaves, ``migrate --plan APP PREVIOUS`` of every app's last migration: the
 downgrade plan renders, refused or not, exit 0 or 3), ``compose`` (the Compose file rendered by
 ``docker-compose``), ``image`` (``make image image-smoke``: the image build and its bundle smoke
-test) and ``git-diff-check``.
+test) and ``git-diff-check``. ``--parallel`` runs the chosen test steps (``test-sqlite``,
+``test-postgres``, ``test-mariadb``, ``eval-gate``) as one step ``tests``, side by side and
+isolated from each other, as ``make test`` does (``scripts/run_passes.py``).
 """
 
 from __future__ import annotations
@@ -165,10 +167,18 @@ STEPS: dict[str, Callable[[], int]] = {
 }
 
 
+TEST_STEPS = ("test-sqlite", "test-postgres", "test-mariadb", "eval-gate")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("only", nargs="*", help=f"run these steps only: {', '.join(STEPS)}")
     parser.add_argument("--skip", action="append", default=[], choices=list(STEPS))
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="the test steps side by side, isolated, as `make test` runs them (run_passes.py)",
+    )
     parser.add_argument("--list", action="store_true", help="print the steps and exit")
     args = parser.parse_args(argv)
     unknown = [s for s in args.only if s not in STEPS]
@@ -178,12 +188,20 @@ def main(argv: list[str]) -> int:
         print("\n".join(STEPS))
         return 0
     chosen = [s for s in STEPS if (not args.only or s in args.only) and s not in args.skip]
+    steps: dict[str, Callable[[], int]] = dict(STEPS)
+    tests = [s for s in chosen if s in TEST_STEPS] if args.parallel else []
+    if tests:  # one step in place of the test steps: the chosen ones side by side
+        left_out = [f"--skip={s}" for s in TEST_STEPS if s not in tests]
+        steps["tests"] = lambda: _run([PYTHON, "scripts/run_passes.py", *left_out])
+        first = chosen.index(tests[0])
+        chosen = [s for s in chosen if s not in tests]
+        chosen.insert(first, "tests")
     results: list[tuple[str, float, str]] = []
     status = 0
     for name in chosen:
         print(f"=== {name}", flush=True)
         started = time.monotonic()
-        status = STEPS[name]()
+        status = steps[name]()
         seconds = time.monotonic() - started
         result = "ok" if status == 0 else f"FAILED (exit {status})"
         results.append((name, seconds, result))
@@ -193,7 +211,7 @@ def main(argv: list[str]) -> int:
     print("\nrelease check:")
     for name, seconds, result in results:
         print(f"  {name:<16} {seconds:>8.1f} s  {result}")
-    skipped = [s for s in STEPS if s not in chosen]
+    skipped = [s for s in STEPS if s not in chosen and s not in tests]
     not_run = chosen[len(results) :]
     if skipped:
         print(f"  skipped: {', '.join(skipped)}")

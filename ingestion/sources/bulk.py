@@ -72,7 +72,7 @@ def start_bulk(space: KnowledgeSpace, body, *, trigger: str = "api") -> SourceRu
             )  # fmt: skip
             for n, source_id in enumerate(ids)
         )
-        dispatch.dispatch_on_commit(run.id)
+        dispatch.QUEUE.dispatch_on_commit(run.id)
     run.refresh_from_db()
     return run
 

@@ -1,12 +1,12 @@
 """Claims, fenced writes and the recovery sweep of source runs: a configuration of the jobs
 kernel :class:`knowledgefs.jobs.claims.ClaimedRunQueue` (as replay and triage runs).
 
-* claim before enqueue (:func:`dispatch`, :func:`dispatch_on_commit`), only once due
+* claim before enqueue (``QUEUE.dispatch``, ``QUEUE.dispatch_on_commit``), only once due
   (``retry_at``: the back-off after a retryable Dify failure);
-* start (:func:`begin`): ``queued`` → ``running`` with the delivery's own ``task_id``;
-* fenced writes (:func:`held`, :func:`fail`): each item's result is written only while the run
+* start (``QUEUE.begin``): ``queued`` → ``running`` with the delivery's own ``task_id``;
+* fenced writes (``QUEUE.held``, ``QUEUE.fail``): each item's result is written only while the run
   is ``running`` under that ``task_id``;
-* sweep (:func:`sweep`, every minute from :data:`SWEEP`): a claim never delivered, a run whose
+* sweep (``QUEUE.sweep``, every minute from :data:`SWEEP`): a claim never delivered, a run whose
   delivery has not written for ``KNOWLEDGE_SOURCE_RUN_STALE_SECONDS`` (the worker was killed)
   put back to ``queued`` and dispatched (its finished items kept: the next delivery runs only
   the pending ones), or failed ``attempts_exhausted`` after
@@ -64,10 +64,4 @@ QUEUE = claims.ClaimedRunQueue(
     load=lambda pk: SourceRun.objects.select_related("source", "space").get(id=pk),
 )
 
-dispatch = QUEUE.dispatch
-dispatch_on_commit = QUEUE.dispatch_on_commit
-begin = QUEUE.begin
-held = QUEUE.held
-fail = QUEUE.fail
-sweep = QUEUE.sweep
 ClaimLost = claims.ClaimLost

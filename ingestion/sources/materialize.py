@@ -76,7 +76,7 @@ def mark(
 ) -> None:
     """Record ``run_item``'s outcome under the delivery's fence (inside a transaction)."""
     now = timezone.now()
-    fenced = dispatch.held(run.id, task_id).update(
+    fenced = dispatch.QUEUE.held(run.id, task_id).update(
         step_started_at=now, updated_at=now, **{PROGRESS[state]: F(PROGRESS[state]) + 1}
     )
     if not fenced:

@@ -20,6 +20,8 @@ from django.db import models
 from django.utils import timezone
 
 from knowledgefs.db import SpaceScopedQuerySet
+from knowledgefs.jobs.run_states import LIVE_RUN_STATES as LIVE_RUN_STATES
+from knowledgefs.jobs.run_states import RunState as RunState
 from spaces.models import KnowledgeSpace
 
 
@@ -127,18 +129,6 @@ class RunKind(models.TextChoices):
     CRAWL_PREVIEW = "crawl-preview", "Crawl preview (pages listed, no content kept)"
     CRAWL_IMPORT = "crawl-import", "Crawl import (a preview's frozen selection)"
     BULK = "bulk", "Bulk action over sources"
-
-
-class RunState(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELED = "canceled", "Canceled"
-
-
-LIVE_RUN_STATES = (RunState.QUEUED, RunState.RUNNING)
-TERMINAL_RUN_STATES = (RunState.COMPLETED, RunState.FAILED, RunState.CANCELED)
 
 
 class Checkpoint(models.TextChoices):

@@ -55,7 +55,7 @@ def start_preview(source: Source, *, trigger: str = "api") -> SourceRun:
             tenant_id=locked.tenant_id, space_id=locked.space_id, source=locked,
             kind=RunKind.CRAWL_PREVIEW, trigger=trigger,
         )  # fmt: skip
-        dispatch.dispatch_on_commit(run.id)
+        dispatch.QUEUE.dispatch_on_commit(run.id)
     return run
 
 
@@ -87,7 +87,7 @@ def list_into(run: SourceRun, task_id: str, datasources) -> None:
         )  # fmt: skip
     with transaction.atomic():
         now = timezone.now()
-        if not dispatch.held(run.id, task_id).update(
+        if not dispatch.QUEUE.held(run.id, task_id).update(
             checkpoint=Checkpoint.PROVIDER_READ, step_started_at=now, updated_at=now,
             progress_total=len(rows), progress_completed=len(rows),
         ):  # fmt: skip
@@ -213,6 +213,6 @@ def start_crawl_import(source: Source, body, *, trigger: str = "api") -> SourceR
             )  # fmt: skip
             for n, url in enumerate(urls)
         )
-        dispatch.dispatch_on_commit(run.id)
+        dispatch.QUEUE.dispatch_on_commit(run.id)
     run.refresh_from_db()
     return run

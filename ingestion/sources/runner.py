@@ -44,7 +44,7 @@ logger = logging.getLogger("knowledgefs.sources")
 
 def run_delivery(run_pk: str, task_id: str) -> str:
     """Run the source run if ``task_id`` still claims it; returns what happened."""
-    run = dispatch.begin(run_pk, task_id)
+    run = dispatch.QUEUE.begin(run_pk, task_id)
     if run is None:
         return "skipped"
     try:
@@ -68,12 +68,12 @@ def run_delivery(run_pk: str, task_id: str) -> str:
     except dispatch.ClaimLost:
         return "lost"
     except RunFailure as exc:
-        dispatch.fail(run.id, task_id, exc.code, exc.message)
+        dispatch.QUEUE.fail(run.id, task_id, exc.code, exc.message)
         return "failed"
     except DatasourceError as exc:
         return _dify_failed(run, task_id, exc)
     except ServiceError as exc:  # datasources_unavailable: Dify not configured
-        dispatch.fail(run.id, task_id, exc.code, exc.message)
+        dispatch.QUEUE.fail(run.id, task_id, exc.code, exc.message)
         return "failed"
 
 
@@ -88,7 +88,7 @@ def _stage(run, task_id: str, datasources) -> None:
                                  datasources)  # fmt: skip
     with transaction.atomic():
         now = timezone.now()
-        if not dispatch.held(run.id, task_id).update(
+        if not dispatch.QUEUE.held(run.id, task_id).update(
             checkpoint=Checkpoint.PROVIDER_READ, step_started_at=now, updated_at=now
         ):
             raise dispatch.ClaimLost(str(run.id))
@@ -111,7 +111,7 @@ def _stage(run, task_id: str, datasources) -> None:
                     )
                 )
             SourceRunItem.objects.bulk_create(rows, batch_size=500)
-            dispatch.held(run.id, task_id).update(progress_total=len(rows))
+            dispatch.QUEUE.held(run.id, task_id).update(progress_total=len(rows))
         elif listing is not None:
             for run_item in SourceRunItem.objects.filter(run=run, state=RunItemState.PENDING):
                 found = listing.get(run_item.provider_item_id)
@@ -150,17 +150,17 @@ def _refused(source: Source, datasources) -> RunFailure:
 
 def _dify_failed(run, task_id: str, exc: DatasourceError) -> str:
     if exc.status == 403:
-        dispatch.fail(
+        dispatch.QUEUE.fail(
             run.id, task_id, "source_credential_forbidden",
             "Dify refused this datasource connection to this workspace (403); nothing was changed",
         )  # fmt: skip
         return "failed"
     if not exc.retryable:
-        dispatch.fail(run.id, task_id, "source_provider_error", f"Dify answered {exc.code}")
+        dispatch.QUEUE.fail(run.id, task_id, "source_provider_error", f"Dify answered {exc.code}")
         return "failed"
     attempts = run.attempt_count
     if attempts >= settings.KNOWLEDGE_SOURCE_RUN_MAX_ATTEMPTS:
-        dispatch.fail(
+        dispatch.QUEUE.fail(
             run.id, task_id, "datasource_unavailable",
             f"Dify's datasource kept failing ({exc.code}) after {attempts} attempts; retry the "
             "run later",
@@ -171,7 +171,7 @@ def _dify_failed(run, task_id: str, exc: DatasourceError) -> str:
         settings.KNOWLEDGE_SOURCE_RETRY_BASE_SECONDS * 2 ** max(0, attempts - 1),
     )
     now = timezone.now()
-    dispatch.held(run.id, task_id).update(
+    dispatch.QUEUE.held(run.id, task_id).update(
         state=RunState.QUEUED, task_id=None, claimed_at=None, step_started_at=None,
         retry_at=now + timedelta(seconds=delay), error_code="datasource_unavailable",
         error_message=f"Dify's datasource failed ({exc.code}); retrying in {delay} s",
@@ -184,7 +184,7 @@ def _dify_failed(run, task_id: str, exc: DatasourceError) -> str:
 def _finish(run, task_id: str) -> None:
     now = timezone.now()
     with transaction.atomic():
-        if not dispatch.held(run.id, task_id).update(
+        if not dispatch.QUEUE.held(run.id, task_id).update(
             state=RunState.COMPLETED, checkpoint=Checkpoint.SOURCE_COMMITTED, task_id=None,
             claimed_at=None, step_started_at=None, completed_at=now, updated_at=now,
             error_code="", error_message="",

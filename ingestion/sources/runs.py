@@ -154,7 +154,7 @@ def start_import(source: Source, body, *, trigger: str = "api") -> SourceRun:
             )
         SourceRunItem.objects.bulk_create(rows)
         SourceRun.objects.filter(id=run.id).update(progress_total=len(rows))
-        dispatch.dispatch_on_commit(run.id)
+        dispatch.QUEUE.dispatch_on_commit(run.id)
     run.refresh_from_db()
     return run
 
@@ -168,7 +168,7 @@ def start_sync(source: Source, *, trigger: str = "api") -> SourceRun:
             tenant_id=locked.tenant_id, space_id=locked.space_id, source=locked,
             kind=RunKind.SYNC, trigger=trigger,
         )  # fmt: skip
-        dispatch.dispatch_on_commit(run.id)
+        dispatch.QUEUE.dispatch_on_commit(run.id)
     return run
 
 
@@ -232,7 +232,7 @@ def retry_run(run: SourceRun) -> SourceRun:
             from django.db.models import F
 
             SourceRun.objects.filter(id=run.id).update(progress_failed=F("progress_failed") - count)
-        dispatch.dispatch_on_commit(run.id)
+        dispatch.QUEUE.dispatch_on_commit(run.id)
     run.refresh_from_db()
     return run
 

@@ -95,7 +95,7 @@ def test_a_killed_bulk_delivery_resumes_without_redoing_finished_sources(
     ids = [make_source(client, space) for _ in range(3)]
     run = start_bulk(client, space, capture, {"action": "sync", "source_ids": ids})
     row = SourceRun.objects.get(id=run["id"])
-    assert dispatch.begin(row.id, row.task_id) is not None  # a worker started it ...
+    assert dispatch.QUEUE.begin(row.id, row.task_id) is not None  # a worker started it ...
     row = SourceRun.objects.select_related("source", "space").get(id=row.id)
     first = SourceRunItem.objects.filter(run=row).order_by("ordinal").first()
     with capture(execute=True):
@@ -104,7 +104,7 @@ def test_a_killed_bulk_delivery_resumes_without_redoing_finished_sources(
     # ... and was killed: the sweep puts it back and dispatches it again
     SourceRun.objects.filter(id=row.id).update(step_started_at=row.started_at - timedelta(hours=1))
     with capture(execute=True):
-        report = dispatch.sweep()
+        report = dispatch.QUEUE.sweep()
     assert report.stale_requeued == 1 and report.dispatched == 1
     with capture(execute=True):
         assert deliver(row.id) == "completed"

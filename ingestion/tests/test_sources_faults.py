@@ -30,7 +30,7 @@ def redeliver(run_id, capture) -> str:
     past = timezone.now() - timedelta(minutes=1)
     SourceRun.objects.filter(id=run_id).update(retry_at=past, updated_at=past)
     with capture(execute=True):
-        assert dispatch.sweep().dispatched == 1
+        assert dispatch.QUEUE.sweep().dispatched == 1
     return deliver(run_id)
 
 

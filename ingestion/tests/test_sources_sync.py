@@ -176,7 +176,7 @@ def test_a_rerun_after_a_killed_delivery_imports_only_the_pending_items(
     items = [{"page_id": p, "workspace_id": WORKSPACE} for p in ("p-leave", "p-travel")]
     run = start(client, space, source_id, "imports", capture, {"items": items})
     row = SourceRun.objects.get(id=run["id"])
-    assert dispatch.begin(row.id, row.task_id) is not None  # a worker started it ...
+    assert dispatch.QUEUE.begin(row.id, row.task_id) is not None  # a worker started it ...
     row.refresh_from_db()
     first = SourceRunItem.objects.filter(run=row).order_by("ordinal").first()
     row = SourceRun.objects.select_related("source", "space").get(id=row.id)
@@ -185,7 +185,7 @@ def test_a_rerun_after_a_killed_delivery_imports_only_the_pending_items(
     # ... and was killed: the sweep puts it back and dispatches it again
     SourceRun.objects.filter(id=row.id).update(step_started_at=row.started_at - timedelta(hours=1))
     with capture(execute=True):
-        report = dispatch.sweep()
+        report = dispatch.QUEUE.sweep()
     assert report.stale_requeued == 1 and report.dispatched == 1
     dify.provider.item_calls.clear()
     assert deliver(row.id) == "completed"
@@ -210,12 +210,12 @@ def test_429_and_5xx_back_off_and_the_run_resumes(
     # the sweep dispatches it once due (the test's back-off is 0 s)
     SourceRun.objects.filter(id=row.id).update(updated_at=row.updated_at - timedelta(minutes=1))
     with capture(execute=True):
-        assert dispatch.sweep().dispatched == 1
+        assert dispatch.QUEUE.sweep().dispatched == 1
     dify.fail_next(1, status=503, route=DATASOURCE)
     assert deliver(row.id) == "retry"
     SourceRun.objects.filter(id=row.id).update(updated_at=row.updated_at - timedelta(minutes=1))
     with capture(execute=True):
-        dispatch.sweep()
+        dispatch.QUEUE.sweep()
     assert deliver(row.id) == "completed"
     done = run_of(client, space, source_id, run["id"])
     assert done["progress_completed"] == 2 and done["error_code"] is None

@@ -16,11 +16,17 @@ init, ``scripts/serve.sh``). django-q2 1.11 alone survives neither:
 :class:`Cluster` (used by our ``qcluster`` command) fixes both:
 
 * its sentinel ignores SIGTERM (it is stopped through its stop event, by the main process) and,
-  when stopping, sends SIGTERM to each worker first;
+  when stopping, first stops the pusher (no more broker reads: waits at most
+  :data:`PUSHER_STOP_SECONDS`, then kills it) and only then sends SIGTERM to each worker;
 * a worker's first SIGTERM raises :class:`WorkerShutdown` (a ``SystemExit``) in its main thread,
   once (later ones are ignored, so the hand-back itself is not interrupted): the task running
   unwinds, and compilation hands its held jobs back (``queued``, lease cleared, dispatched
-  again) before the worker exits; an idle worker just exits;
+  again) before the worker exits; an idle worker just exits. Before raising, the worker waits
+  (at most :data:`HAND_BACK_WAIT_SECONDS`) until its sentinel has stopped the pusher: with a
+  SIGTERM to the whole group the workers get it as early as the main process, and the
+  stopping cluster's own pusher would otherwise take the message a job is handed back with
+  (on the ORM broker that message then stays locked until the retry time, and the job waits
+  for the recovery sweep instead of starting at once on another worker);
 * the pusher and the monitor ignore SIGTERM and stop the normal way (the pusher stops taking
   messages, the monitor saves the results already produced);
 * the main process sets the stop event from a helper thread and waits at most
@@ -53,12 +59,28 @@ from django_q.signals import post_spawn
 logger = logging.getLogger("knowledgefs.worker")
 
 
+# How long a stopping sentinel waits for its pusher to stop taking messages before killing it,
+# and how long a worker told to stop waits for that before it hands its jobs back anyway (a
+# SIGTERM to one worker alone, a sentinel that died).
+PUSHER_STOP_SECONDS = 5.0
+HAND_BACK_WAIT_SECONDS = 10.0
+
+# 1 once the sentinel's pusher has stopped: shared memory without a lock (a process that dies
+# while reading it blocks nobody), made by the sentinel before it forks its workers.
+_pusher_stopped: Any = None
+
+
 class WorkerShutdown(SystemExit):
     """Raised in a worker's main thread by the first SIGTERM: stop the task, hand work back."""
 
 
 def _on_worker_term(signum: int, frame: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: never interrupt the hand-back
+    flag = _pusher_stopped
+    if flag is not None:
+        deadline = time.monotonic() + HAND_BACK_WAIT_SECONDS
+        while not flag.value and time.monotonic() < deadline:
+            time.sleep(0.05)
     raise WorkerShutdown(0)
 
 
@@ -80,15 +102,34 @@ class Sentinel(q_cluster.Sentinel):  # type: ignore[misc]  # django-q2: no type 
         super().__init__(*args, **kwargs)  # restores SIGTERM's default action
         # Stopped through the stop event only; the pusher and monitor inherit this.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        global _pusher_stopped
+        _pusher_stopped = q_cluster.get_mp_context().RawValue("b", 0)  # inherited by the workers
         post_spawn.connect(_install_worker_handler, dispatch_uid="kfs-worker-sigterm")
         self.start()
 
     def stop(self) -> None:
+        self.stop_pusher()
         for process in list(self.pool):
             if process.is_alive():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGTERM)
-        super().stop()
+        super().stop()  # the pusher is gone: its own wait for it returns at once
+
+    def stop_pusher(self) -> None:
+        """No more broker reads: stop the pusher (killed after :data:`PUSHER_STOP_SECONDS`),
+        then let the workers hand their jobs back."""
+        self.event_out.set()
+        pusher = self.pusher
+        deadline = time.monotonic() + PUSHER_STOP_SECONDS
+        while pusher is not None and pusher.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pusher is not None and pusher.is_alive():
+            logger.warning("the pusher did not stop within %s s; killing it", PUSHER_STOP_SECONDS)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pusher.pid, signal.SIGKILL)
+            pusher.join(5)
+        if _pusher_stopped is not None:
+            _pusher_stopped.value = 1
 
 
 class Cluster(q_cluster.Cluster):  # type: ignore[misc]  # django-q2: no type information

@@ -37,7 +37,7 @@ Q_CLUSTER = {
     "workers": int(os.environ.get("KFS_TEST_WORKERS", "2")),
     "timeout": int(os.environ.get("KFS_TEST_Q_TIMEOUT", Q_CLUSTER["timeout"])),
     "retry": int(os.environ.get("KFS_TEST_Q_RETRY", Q_CLUSTER["retry"])),
-    "poll": 0.2,
+    "poll": float(os.environ.get("KFS_TEST_Q_POLL", "0.2")),
 }
 if os.environ.get("KFS_TEST_GZIP"):  # a deployment that compresses responses in Django
     MIDDLEWARE = ["django.middleware.gzip.GZipMiddleware", *MIDDLEWARE]

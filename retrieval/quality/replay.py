@@ -191,7 +191,7 @@ def create_run(principal, space, body, *, idempotency_key: str | None = None):
                 )  # fmt: skip
                 for n, q in enumerate(questions, 1)
             )
-            replay_dispatch.dispatch_on_commit(run.id)
+            replay_dispatch.QUEUE.dispatch_on_commit(run.id)
     except IntegrityError:  # the same key, created concurrently
         existing = ReplayRun.objects.get(
             tenant_id=principal.tenant_id, requester=provenance["requester"], idempotency_key=key
@@ -301,7 +301,7 @@ def retry_run(principal, run: ReplayRun, body) -> ReplayRun:
         ):  # fmt: skip
             raise revision_conflict(run, expected)
         run.items.update(state="pending", result={}, metrics={}, completed_at=None)
-        replay_dispatch.dispatch_on_commit(run.id)
+        replay_dispatch.QUEUE.dispatch_on_commit(run.id)
     run.refresh_from_db()
     return run
 

@@ -1,12 +1,12 @@
 """Claims, fenced writes and the recovery sweep of replay runs: a configuration of the jobs
 kernel :class:`knowledgefs.jobs.claims.ClaimedRunQueue` (as research tasks and upgrade jobs).
 
-* claim before enqueue (:func:`dispatch`, :func:`dispatch_on_commit`);
-* start (:func:`begin`): ``queued`` → ``running`` with the delivery's own ``task_id``;
-* fenced writes (:func:`held`, :func:`fail`): each item's result is written only while the run
+* claim before enqueue (``QUEUE.dispatch``, ``QUEUE.dispatch_on_commit``);
+* start (``QUEUE.begin``): ``queued`` → ``running`` with the delivery's own ``task_id``;
+* fenced writes (``QUEUE.held``, ``QUEUE.fail``): each item's result is written only while the run
   is ``running`` under that ``task_id`` (a cancel or a sweep that took it back makes them match
   nothing);
-* sweep (:func:`sweep`, every minute from the registered schedule :data:`SWEEP`): a claim never
+* sweep (``QUEUE.sweep``, every minute from the registered schedule :data:`SWEEP`): a claim never
   delivered, a run whose delivery has not written for ``KNOWLEDGE_QUALITY_REPLAY_STALE_SECONDS``
   (the worker was killed) put back to ``queued`` and dispatched (its finished items are kept:
   the next delivery runs only the pending ones), or failed ``attempts_exhausted`` after
@@ -30,10 +30,4 @@ QUEUE = run_queue(
     ReplayRun, kind="replay", task_path=RUN_TASK, after_exhausted="retry it once the cause is fixed"
 )
 
-dispatch = QUEUE.dispatch
-dispatch_on_commit = QUEUE.dispatch_on_commit
-begin = QUEUE.begin
-held = QUEUE.held
-fail = QUEUE.fail
-sweep = QUEUE.sweep
 ClaimLost = claims.ClaimLost

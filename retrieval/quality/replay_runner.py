@@ -27,9 +27,9 @@ from retrieval.golden import matches
 from retrieval.modes import retrieve
 from retrieval.recall import resolve_snapshot
 
-from . import replay_dispatch as queue
 from .frozen import FrozenPublication, SnapshotGone
 from .models import ReplayItem, ReplayRun
+from .replay_dispatch import QUEUE, ClaimLost
 
 logger = logging.getLogger("knowledgefs.quality")
 
@@ -131,7 +131,7 @@ def summary_of(run: ReplayRun) -> dict:
 
 def run_delivery(pk: str, task_id: str) -> str:
     """Run the replay if ``task_id`` still claims it; returns what happened."""
-    run = queue.begin(pk, task_id)
+    run = QUEUE.begin(pk, task_id)
     if run is None:
         return "skipped"
     try:
@@ -140,24 +140,24 @@ def run_delivery(pk: str, task_id: str) -> str:
             state, result, metrics = replay_item(run, item, publication)
             now = timezone.now()
             with transaction.atomic():
-                if not queue.held(run.id, task_id).update(step_started_at=now, updated_at=now):
-                    raise queue.ClaimLost(str(run.id))
+                if not QUEUE.held(run.id, task_id).update(step_started_at=now, updated_at=now):
+                    raise ClaimLost(str(run.id))
                 ReplayItem.objects.filter(id=item.id, state="pending").update(
                     state=state, result=result, metrics=metrics, completed_at=now
                 )
-    except queue.ClaimLost:
+    except ClaimLost:
         return "claim_lost"
     except SnapshotGone as exc:
-        queue.fail(run.id, task_id, "frozen_snapshot_unavailable", str(exc))
+        QUEUE.fail(run.id, task_id, "frozen_snapshot_unavailable", str(exc))
         ReplayRun.objects.filter(id=run.id).update(summary=summary_of(run))
         return "failed"
     except ServiceError as exc:
-        queue.fail(run.id, task_id, exc.code, exc.message)
+        QUEUE.fail(run.id, task_id, exc.code, exc.message)
         ReplayRun.objects.filter(id=run.id).update(summary=summary_of(run))
         return "failed"
     summary = summary_of(run)
     now = timezone.now()
-    finished = queue.held(run.id, task_id).update(
+    finished = QUEUE.held(run.id, task_id).update(
         state="passed" if summary["failed"] == 0 else "failed", summary=summary,
         task_id=None, claimed_at=None, step_started_at=None, completed_at=now, updated_at=now,
     )  # fmt: skip

@@ -12,7 +12,7 @@ def run_replay(run_pk: str, delivery: str) -> str:
 
 def sweep_replay_runs() -> dict[str, int]:
     """The recovery sweep (every minute: ``replay_dispatch.SWEEP``)."""
-    return replay_dispatch.sweep().as_dict()
+    return replay_dispatch.QUEUE.sweep().as_dict()
 
 
 def run_triage(run_pk: str, delivery: str) -> str:
@@ -22,4 +22,4 @@ def run_triage(run_pk: str, delivery: str) -> str:
 
 def sweep_triage_runs() -> dict[str, int]:
     """The recovery sweep of triage runs (every minute: ``triage_dispatch.SWEEP``)."""
-    return triage_dispatch.sweep().as_dict()
+    return triage_dispatch.QUEUE.sweep().as_dict()

@@ -29,10 +29,4 @@ QUEUE = run_queue(
     after_exhausted="start a new one once the cause is fixed",
 )
 
-dispatch = QUEUE.dispatch
-dispatch_on_commit = QUEUE.dispatch_on_commit
-begin = QUEUE.begin
-held = QUEUE.held
-fail = QUEUE.fail
-sweep = QUEUE.sweep
 ClaimLost = claims.ClaimLost

@@ -32,12 +32,12 @@ from django.utils import timezone
 
 from knowledgefs.errors import Conflict, InvalidInput, ServiceError
 
-from . import triage_dispatch as queue
 from . import triage_judge
 from .models import FailedQuery, TriageRun
 from .replay import check_idempotency_key, expected_revision, revision_conflict, same_request
 from .scope import one, provenance_of, readable
 from .triage import VERDICTS, bounded_limit, move, verdict_for
+from .triage_dispatch import QUEUE, ClaimLost
 
 logger = logging.getLogger("knowledgefs.quality")
 
@@ -88,7 +88,7 @@ def create_run(principal, space, body, *, idempotency_key: str | None = None):
                 **provenance, space=space, row_limit=limit, idempotency_key=key,
                 request_fingerprint=fingerprint, summary=_empty_summary(),
             )  # fmt: skip
-            queue.dispatch_on_commit(run.id)
+            QUEUE.dispatch_on_commit(run.id)
     except IntegrityError:  # the same key, created concurrently
         existing = TriageRun.objects.get(
             tenant_id=principal.tenant_id, requester=provenance["requester"], idempotency_key=key
@@ -153,7 +153,7 @@ def retry_run(principal, run: TriageRun, body) -> TriageRun:
             completed_at=None, updated_at=now,
         ):  # fmt: skip
             raise revision_conflict(run, expected, "triage")
-        queue.dispatch_on_commit(run.id)
+        QUEUE.dispatch_on_commit(run.id)
     run.refresh_from_db()
     return run
 
@@ -180,7 +180,7 @@ def pending(run: TriageRun, seen: set):
 
 def run_delivery(pk: str, task_id: str) -> str:
     """Run the triage if ``task_id`` still claims it; returns what happened."""
-    run = queue.begin(pk, task_id)
+    run = QUEUE.begin(pk, task_id)
     if run is None:
         return "skipped"
     summary = run.summary or _empty_summary()
@@ -198,19 +198,19 @@ def run_delivery(pk: str, task_id: str) -> str:
                 verdict, signals = verdict_for(run.space, row.query, selection)
                 now = timezone.now()
                 with transaction.atomic():
-                    if not queue.held(run.id, task_id).update(step_started_at=now, updated_at=now):
-                        raise queue.ClaimLost(str(run.id))
+                    if not QUEUE.held(run.id, task_id).update(step_started_at=now, updated_at=now):
+                        raise ClaimLost(str(run.id))
                     if move(row, verdict, signals):
                         summary["triaged"] += 1
                         summary["verdicts"][verdict] += 1
-                        queue.held(run.id, task_id).update(summary=summary)
-    except queue.ClaimLost:
+                        QUEUE.held(run.id, task_id).update(summary=summary)
+    except ClaimLost:
         return "claim_lost"
     except ServiceError as exc:
-        queue.fail(run.id, task_id, exc.code, exc.message)
+        QUEUE.fail(run.id, task_id, exc.code, exc.message)
         return "failed"
     now = timezone.now()
-    finished = queue.held(run.id, task_id).update(
+    finished = QUEUE.held(run.id, task_id).update(
         state="succeeded", summary=summary, task_id=None, claimed_at=None,
         step_started_at=None, completed_at=now, updated_at=now,
     )  # fmt: skip

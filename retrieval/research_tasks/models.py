@@ -27,19 +27,9 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from knowledgefs.jobs.run_states import LIVE_RUN_STATES as LIVE_RUN_STATES
+from knowledgefs.jobs.run_states import RunState as RunState
 from spaces.models import KnowledgeSpace
-
-
-class RunState(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELED = "canceled", "Canceled"
-
-
-LIVE_RUN_STATES = (RunState.QUEUED, RunState.RUNNING)
-TERMINAL_RUN_STATES = (RunState.COMPLETED, RunState.FAILED, RunState.CANCELED)
 
 
 class Stage(models.TextChoices):

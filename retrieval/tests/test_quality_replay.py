@@ -254,14 +254,14 @@ def test_the_sweep_requeues_a_dead_delivery_and_keeps_finished_items(
     run = create(client, corpus, {"selection": "all-active"}, django_capture_on_commit_callbacks)
     run_id = run.json()["id"]
     row = ReplayRun.objects.get(id=run_id)
-    assert replay_dispatch.begin(run_id, row.task_id) is not None  # a worker started it ...
+    assert replay_dispatch.QUEUE.begin(run_id, row.task_id) is not None  # a worker started it ...
     first = ReplayItem.objects.get(run_id=run_id, ordinal=1)
     ReplayItem.objects.filter(id=first.id).update(
         state="passed", result={"passed": True, "marker": "kept"}
     )  # ... finished item 1, and was killed
     ReplayRun.objects.filter(id=run_id).update(step_started_at=timezone.now() - timedelta(hours=1))
     with django_capture_on_commit_callbacks(execute=True):
-        report = replay_dispatch.sweep()
+        report = replay_dispatch.QUEUE.sweep()
     assert report.stale_requeued == 1 and report.dispatched == 1
     assert deliver(run_id) == "finished"
     items = {i.ordinal: i for i in ReplayItem.objects.filter(run_id=run_id)}

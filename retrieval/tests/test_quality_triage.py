@@ -183,13 +183,13 @@ def test_the_sweep_requeues_an_expired_lease_and_the_run_resumes(
     second = failed(corpus, "How is parental leave paid?", 2)
     run_id = queued(corpus, {}).json()["id"]
     row = TriageRun.objects.get(id=run_id)
-    assert triage_dispatch.begin(run_id, row.task_id) is not None  # a worker started it ...
+    assert triage_dispatch.QUEUE.begin(run_id, row.task_id) is not None  # a worker started it ...
     FailedQuery.objects.filter(id=first.id).update(
         status="triaged", verdict="uncertain", triage_signals={"marker": "kept"}, revision=2
     )  # ... labelled the first row, and was killed
     TriageRun.objects.filter(id=run_id).update(step_started_at=timezone.now() - timedelta(hours=1))
     with django_capture_on_commit_callbacks(execute=True):
-        report = triage_dispatch.sweep()
+        report = triage_dispatch.QUEUE.sweep()
     assert report.stale_requeued == 1 and report.dispatched == 1
     assert TriageRun.objects.get(id=run_id).state == "queued"
     assert deliver(run_id) == "finished"

@@ -42,7 +42,7 @@ def _wait(condition, seconds: float, sweep: bool = False):
         if value:
             return value
         if sweep:
-            replay_dispatch.sweep()
+            replay_dispatch.QUEUE.sweep()
         time.sleep(0.2)
     return None
 

@@ -49,7 +49,7 @@ def _wait(condition, seconds: float, sweep: bool = False):
         if value:
             return value
         if sweep:
-            dispatch.sweep()
+            dispatch.QUEUE.sweep()
         time.sleep(0.2)
     return None
 

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,66 @@ def test_sigterm_stops_the_cluster_in_its_grace_period_and_hands_the_job_back(
         "keyword": expected,
         "dense": expected,
     }
+
+
+def test_a_handed_back_job_starts_at_once_on_another_cluster(space, object_storage, tmp_path):
+    """The stopping cluster's own pusher must not take the message its worker hands the job
+    back with: it would stay locked in the ORM broker until the retry time, and the job would
+    wait for the recovery sweep (KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS, 300 s by default)
+    instead of starting at once on the next cluster. A pusher polling every 20 ms and a main
+    process that acts on the group's SIGTERM a second after the workers make the window wide:
+    the pusher must be stopped before any job is handed back."""
+    from django.conf import settings
+    from django.utils import timezone
+    from django_q.models import OrmQ
+
+    assert settings.KNOWLEDGE_JOB_DISPATCH_GRACE_SECONDS >= 300
+    text = "\n\n".join(f"Paragraph {p}: tides and volcanoes, claim {p}." * 8 for p in range(40))
+    job = admit_document(space, filename="long.txt", data=text.encode()).job
+    log = tmp_path / "qcluster.log"
+    polling = {"KFS_TEST_Q_POLL": "0.02"}
+    cluster = QClusterProcess(object_storage, log, KFS_TEST_EMBED_DELAY="0.2", **polling).start()
+    pgid = cluster.process.pid
+    try:
+        assert _wait(
+            lambda: (CompilationJob.objects.get(id=job.id).progress or {}).get("nodes_embedded"),
+            90,
+        ), log.read_text()
+        # A group SIGTERM as a loaded machine may deliver it: the workers (and the pusher)
+        # act on it a second before the main process does.
+        sent = timezone.now()
+        for pid, _ in _group(pgid):
+            if pid != pgid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        time.sleep(1)
+        os.kill(pgid, signal.SIGTERM)
+        assert _wait(lambda: not _group(pgid), GRACE_S, step=0.2), log.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    job.refresh_from_db()
+    assert (job.run_state, job.lease_token) == ("queued", None)
+    # The pusher locks a message it takes until now + retry: none was taken after the SIGTERM.
+    retry = timedelta(seconds=settings.Q_CLUSTER["retry"])
+    taken_late = [
+        (pk, lock - retry)
+        for pk, lock in OrmQ.objects.values_list("id", "lock")
+        if lock - retry >= sent
+    ]
+    assert not taken_late, (sent, taken_late, log.read_text()[-3000:])
+    restarted = QClusterProcess(object_storage, log, **polling).start()
+    started = time.monotonic()
+    try:
+        published = _wait(
+            lambda: CompilationJob.objects.filter(id=job.id, run_state="succeeded").exists(), 60
+        )
+        took = time.monotonic() - started
+    finally:
+        restarted.stop()
+    job.refresh_from_db()
+    assert published, (job.run_state, took, log.read_text()[-3000:])
+    assert Document.objects.get(id=job.document_id).state == "published"
 
 
 def test_serve_sh_stops_the_api_and_the_worker_when_it_alone_gets_sigterm(tmp_path):
