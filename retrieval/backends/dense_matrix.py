@@ -167,7 +167,7 @@ class DenseMatrix:
     compact_fraction: float = 0.25
     compact_min_rows: int = 1024
     compact_in_background: bool = True
-    view: View = None  # type: ignore[assignment]
+    view: View = field(init=False)  # set by __post_init__
     lock: threading.RLock = field(default_factory=threading.RLock)
     last_id: int = 0
     by_raw_document: dict = field(default_factory=dict)  # document id as the database gives it
