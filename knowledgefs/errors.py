@@ -38,6 +38,8 @@ class ServiceError(Exception):
 
     status = 400
     code = "invalid_request"
+    #: The answer run a failure ended (sent back as ``X-Query-Run-Id``), when one was started.
+    trace_id: str | None = None
 
     def __init__(self, message: str, *, code: str | None = None, details: Any = None) -> None:
         super().__init__(message)

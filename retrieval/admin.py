@@ -73,11 +73,17 @@ class GoldenQuestionForm(forms.ModelForm):
                   "match_policy")  # fmt: skip
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data  # what ModelForm.clean() returns
         space = data.get("space") or getattr(self.instance, "space", None)
+
+        def evidence(value):
+            assert space is not None  # the loop below skips the evidence without a space
+            return golden.validate_evidence(space, value)
+
         checks = {
             "question": golden.validate_question,
-            "expected_evidence": lambda v: golden.validate_evidence(space, v),
+            "expected_evidence": evidence,
             "tags": golden.validate_tags,
             "metadata": golden.validate_metadata,
             "status": golden.validate_status,

@@ -138,7 +138,10 @@ def _reindex(command, options: dict) -> None:
         options.get("space"), tenant=options.get("tenant"), every=options.get("all", False)
     )
     if connection.vendor == "postgresql":
+        from .backends.postgres import PostgresSearchBackend
+
         backend = get_search_backend()
+        assert isinstance(backend, PostgresSearchBackend)  # the database backend on PostgreSQL
         for space in spaces_:
             count = backend.rebuild_keywords(space.id)
             command.stdout.write(

@@ -68,7 +68,11 @@ def update_space_and_model(
         space,
         fields,
         expected_revision,
-        also=(lambda space: change_embedding_model(space, model_id)) if model_change else None,
+        also=(
+            (lambda space: change_embedding_model(space, model_id))
+            if model_id is not None and model_change
+            else None
+        ),
     )
 
 
@@ -153,6 +157,7 @@ def _holds_vectors(space_id: uuid.UUID) -> bool:
 def _frozen(profile: SpaceProfile, space_id) -> Conflict:
     """409 ``embedding_profile_frozen`` for another selection of a space that holds vectors; the
     message names what works on this runtime."""
+    assert profile.embedding_frozen_at is not None  # the caller checked the latch
     since = profile.embedding_frozen_at.isoformat()
     if runtime_name() == "local":
         way = (

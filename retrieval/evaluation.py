@@ -73,6 +73,7 @@ def load_dataset(dataset_dir: Path, split: str) -> tuple[Path, list[dict], dict[
     ):
         if required is None or not Path(required).exists():
             raise InvalidInput(f"{dataset_dir} has no {label}", code="dataset_incomplete")
+    assert corpus_path is not None  # refused in the loop above
     with _open_text(corpus_path) as handle:
         corpus = [json.loads(line) for line in handle if line.strip()]
     with queries_path.open(encoding="utf-8") as handle:
@@ -163,7 +164,9 @@ def prepare_space(
             )
         except Conflict as exc:  # identical text under two ids: both ids map to one document
             with transaction.atomic():
-                doc = lock_for_update(Document.objects).get(id=exc.details["existing_document_id"])
+                doc = lock_for_update(Document.objects.all()).get(
+                    id=exc.details["existing_document_id"]
+                )
                 doc.metadata["corpus_ids"].append(corpus_id)
                 doc.save(update_fields=["metadata"])
         except InvalidInput:

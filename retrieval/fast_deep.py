@@ -27,7 +27,9 @@ leaves them out. A space whose profile is not ``ready`` is refused.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .calibration import fuse_legs
 from .recall import (
@@ -46,6 +48,10 @@ from .recall import (
 )
 from .reranking import local_rerank_applies, rerank_locally
 
+if TYPE_CHECKING:
+    from .filters import Allowed, Filters
+    from .query_images import ImagePlan
+
 #: Deep without a reranker: an expanded chunk scores its source hit's score times this factor,
 #: so it ranks strictly below the hit it came from and never reorders the base hits.
 DEEP_EXPANSION_FACTOR = 0.5
@@ -63,8 +69,8 @@ class FastDeepRequest:
     mode: str
     legs: tuple[str, ...]
     fusion: str
-    filters: object
-    images: object = None  # retrieval.query_images.ImagePlan
+    filters: Filters | Allowed | None
+    images: ImagePlan | None = None
 
 
 #: Reads of the legs and their nodes when a publication removed nodes in between.
@@ -282,7 +288,8 @@ def _expand(base, nodes: dict, allowed, *, limit: int):
         if allowed is None or node.document_id in allowed.document_ids:
             groups.setdefault((node.document_id, node.generation), {})[node.chunk_index] = node
     taken = {node_id for node_id, _, _ in base}
-    expanded, contexts = [], {}
+    expanded: list[tuple[uuid.UUID, float, dict]] = []
+    contexts: dict[uuid.UUID, dict] = {}
     for node_id, score, _ in base:
         anchor = nodes.get(node_id)
         if anchor is None:

@@ -54,6 +54,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
+from typing import NoReturn
 
 from knowledgefs.errors import InvalidInput
 
@@ -99,14 +100,19 @@ NEGATIONS = {
 }
 
 
+#: A condition's parsed value: a string or a tuple of strings (``in``), a float, a datetime, a
+#: bool; ``None`` for ``is empty`` and ``is not empty``.
+ConditionValue = str | tuple[str, ...] | float | datetime | bool | None
+
+
 @dataclass(frozen=True)
 class Condition:
-    """One checked metadata condition; ``value`` is parsed (float, datetime, bool, tuple)."""
+    """One checked metadata condition; ``value`` is parsed (:data:`ConditionValue`)."""
 
     name: str
     field_type: str
     operator: str
-    value: object
+    value: ConditionValue
     date_only: bool = False
 
     def matches(self, metadata: dict) -> bool:
@@ -157,7 +163,7 @@ class Allowed:
         return self.considered - len(self.document_ids)
 
 
-def parse(raw) -> Filters | None:
+def parse(raw) -> Filters | Allowed | None:
     """Check a request's ``filters``; ``None`` (or ``{}``) means no filter.
 
     Raises :class:`InvalidInput` with the codes of the module docstring. An :class:`Allowed`
@@ -253,10 +259,11 @@ def _query(space, filters: Filters, started: float) -> Allowed:
     if filters.conditions:
         pairs = list(rows.values_list("id", "metadata"))
         allowed = frozenset(i for i, meta in pairs if filters.matches_metadata(meta or {}))
+        matched = len(pairs)
     else:
-        pairs = list(rows.values_list("id", flat=True))
-        allowed = frozenset(pairs)
-    considered = _considered(space, filters, len(pairs))
+        allowed = frozenset(rows.values_list("id", flat=True))
+        matched = len(allowed)
+    considered = _considered(space, filters, matched)
     return Allowed(allowed, considered, _since(started))
 
 
@@ -281,7 +288,7 @@ def _considered(space, filters: Filters, matched_in_sql: int) -> int:
 # --- checking --------------------------------------------------------------------------------
 
 
-def _fail(field: str, problem: str, code: str = "invalid_filter") -> None:
+def _fail(field: str, problem: str, code: str = "invalid_filter") -> NoReturn:
     raise InvalidInput(f"{field} {problem}", code=code, details={"field": field})
 
 
@@ -442,13 +449,15 @@ def _string(condition: Condition, stored) -> bool:
     value, op = condition.value, condition.operator
     if op == "is":
         return stored == value
+    if op == "in":
+        assert isinstance(value, tuple)  # _string_value: a tuple of strings for "in"
+        return stored in value
+    assert isinstance(value, str)  # _string_value: a string for the other operators
     if op == "contains":
         return value in stored
     if op == "starts with":
         return stored.startswith(value)
-    if op == "ends with":
-        return stored.endswith(value)
-    return stored in value  # "in"
+    return stored.endswith(value)  # "ends with"
 
 
 def _number(condition: Condition, stored) -> bool:
@@ -470,6 +479,7 @@ def _date(condition: Condition, stored) -> bool:
     if moment is None:
         return False
     value, op = condition.value, condition.operator
+    assert isinstance(value, datetime)  # _condition: a date's value is parsed to a datetime
     if op == "before":
         return moment < value
     if op == "after":

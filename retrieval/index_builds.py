@@ -19,6 +19,7 @@ import uuid
 import numpy as np
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.expressions import Combinable
 from django.utils import timezone
 
 from ingestion.models import KnowledgeNode
@@ -47,7 +48,8 @@ def _missing(version: IndexVersion, served_by: IndexVersion | None = None):
     has_vector = Exists(
         DenseVector.objects.filter(node_id=OuterRef("id"), index_version=version.number)
     )
-    wanted = Q(generation=F("document__active_generation"))
+    # Q | Exists is a Q at run time; the stubs type it through Exists.__ror__ (Combinable)
+    wanted: Q | Combinable = Q(generation=F("document__active_generation"))
     if served_by is not None:
         wanted |= Exists(
             DenseVector.objects.filter(node_id=OuterRef("id"), index_version=served_by.number)

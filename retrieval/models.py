@@ -9,6 +9,7 @@ belong to an :class:`IndexVersion` of their space: one embedding model, one dime
 from __future__ import annotations
 
 import uuid
+from typing import Any, TypedDict
 
 from django.db import models
 from django.db.models import Q
@@ -24,8 +25,45 @@ class IndexState(models.TextChoices):
     RETIRED = "retired", "Retired"
 
 
-class IndexVersionQuerySet(models.QuerySet):
-    def summary(self) -> dict:
+class IndexVersionInfo(TypedDict):
+    """An index version as the API shows it (:meth:`IndexVersion.as_dict`)."""
+
+    number: int
+    model_id: str
+    dimension: int
+
+
+class IndexVersionSummary(TypedDict):
+    """The live versions of a space (:meth:`IndexVersionQuerySet.summary`)."""
+
+    active: IndexVersionInfo | None
+    building: IndexVersionInfo | None
+
+
+class AnswerTraceInfo(TypedDict):
+    """An answer trace as the API shows it (:meth:`AnswerTrace.as_dict`)."""
+
+    id: str
+    tenant_id: str
+    space_id: str
+    requester_kind: str
+    source: str
+    requested_mode: str | None
+    mode: str
+    query_sha256: str
+    query_chars: int
+    steps: list[dict[str, Any]]
+    evidence_node_ids: list[str]
+    answerability: str | None
+    finish_reason: str | None
+    error_code: str | None
+    completed: bool
+    created_at: str | None
+    completed_at: str | None
+
+
+class IndexVersionQuerySet(models.QuerySet["IndexVersion"]):
+    def summary(self) -> IndexVersionSummary:
         """``{"active": {number, model_id, dimension} | None, "building": … | None}`` of the
         live versions among these (a prefetched ``space.index_versions`` is not queried again)."""
         live = (IndexState.ACTIVE, IndexState.BUILDING)
@@ -86,7 +124,7 @@ class IndexVersion(models.Model):
     def __str__(self) -> str:
         return f"index v{self.number} ({self.model_id}, {self.state}) of {self.space_id}"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> IndexVersionInfo:
         return {"number": self.number, "model_id": self.model_id, "dimension": self.dimension}
 
 
@@ -162,7 +200,7 @@ class AnswerTrace(models.Model):
     def __str__(self) -> str:
         return f"answer trace {self.id} ({self.mode}, {self.answerability or 'running'})"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> AnswerTraceInfo:
         return {
             "id": str(self.id),
             "tenant_id": self.tenant_id,

@@ -20,7 +20,7 @@ PROFILE = object()  # a ``score_threshold`` left to the space's retrieval profil
 
 def retrieve(
     space: KnowledgeSpace,
-    query: str,
+    query: str | None,
     *,
     top_k: int | None = None,
     score_threshold: float | None | object = PROFILE,

@@ -301,6 +301,7 @@ def _embed(space, profile, images: list[QueryImage]) -> list[np.ndarray]:
     from spaces.selection import embedding_selection
 
     selection = embedding_selection(profile)
+    assert selection is not None  # an image-capable embedding profile names its model
     runtime = model_runtime()
     vectors = []
     for image in images:
@@ -370,6 +371,7 @@ def expand(space, profile, images: list[QueryImage], *, timeout_ms: int | None =
     from spaces.selection import Selection
 
     selection = Selection.of(profile.retrieval_reasoning_model)
+    assert selection is not None  # an image-capable reasoning model is set (space_modalities)
     runtime = DifyModelRuntime(
         transport=model_runtime().transport,
         timeout_ms=timeout_ms or settings.KNOWLEDGE_QUERY_IMAGE_EXPANSION_TIMEOUT_MS,

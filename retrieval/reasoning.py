@@ -446,8 +446,12 @@ def _collect(stream, cancellation=None) -> tuple[str, dict]:
         for data in stream:
             if cancellation is not None and cancellation.cancelled:
                 raise ReasoningCanceled("the reasoning call was canceled while in flight")
-            delta = data.get("delta") if isinstance(data.get("delta"), dict) else {}
-            message = delta.get("message") if isinstance(delta.get("message"), dict) else {}
+            delta = data.get("delta")
+            if not isinstance(delta, dict):
+                delta = {}
+            message = delta.get("message")
+            if not isinstance(message, dict):
+                message = {}
             content = message.get("content")
             if isinstance(content, list):  # content parts: keep the text ones
                 content = "".join(

@@ -247,6 +247,7 @@ def embed_queries(space: KnowledgeSpace, snapshot: Snapshot, texts: list[str]) -
     ``embedding_model_unavailable`` when the model is not served, makes vectors of another
     dimension, or Dify refuses the call. ``snapshot.version`` must not be ``None``.
     """
+    assert snapshot.version is not None  # every caller checks it (the docstring's contract)
     number, model_id, dimension = snapshot.version
     try:
         model = get_embedding_model(model_id, space=space)
@@ -415,7 +416,7 @@ class NodeRecord:
 
     id: uuid.UUID
     document_id: uuid.UUID
-    generation: object
+    generation: uuid.UUID | str
     chunk_index: int
     text: str
     page_number: int | None
@@ -484,7 +485,7 @@ def _image_of(metadata) -> dict | None:
     return image if isinstance(image, dict) else None
 
 
-def db_uuid(value) -> object:
+def db_uuid(value: uuid.UUID | str) -> uuid.UUID | str:
     """A UUID as the database stores it (SQLite: 32 hex characters); a value read back from the
     database is returned unchanged."""
     from django.db import connection
@@ -505,6 +506,7 @@ def load_nodes(ids: list[uuid.UUID]) -> dict[uuid.UUID, NodeRecord]:
 
     if not ids:
         return {}
+    params: list[object]
     if connection.vendor == "sqlite":
         where, params = (
             "n.id IN (SELECT value FROM json_each(%s))",
@@ -554,6 +556,7 @@ def hydrate(
 def image_citation(node: NodeRecord) -> dict:
     """The ``citation.image`` of an image-description node: the asset it describes (the same
     shape as a visual hit's, with ``source: "description"``)."""
+    assert node.image is not None  # called for image-description nodes only
     index = node.image.get("asset_index")
     space_id = _as_uuid(node.space_id)
     return {

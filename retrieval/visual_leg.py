@@ -25,16 +25,16 @@ def visual_search(
     space, vector_space_id: str, vectors: list[np.ndarray], *, depth: int, documents=None
 ) -> tuple[list[ScoredNode], dict[uuid.UUID, dict]]:
     """``(fused visual hits, {node_id: image citation})`` (module docstring)."""
-    rows = VisualProjection.objects.filter(
+    projections = VisualProjection.objects.filter(
         space_id=space.pk,
         vector_space_id=vector_space_id,
         document__enabled=True,
         generation=F("document__active_generation"),
     )
     if documents is not None:
-        rows = rows.filter(document_id__in=documents)
+        projections = projections.filter(document_id__in=documents)
     rows = list(
-        rows.values_list(
+        projections.values_list(
             "document_id", "generation", "asset_index", "page_number", "kind", "vector", "dimension"
         )
     )
@@ -81,9 +81,9 @@ def visual_search(
     return [ScoredNode(node_id, score) for node_id, score, _ in fused], citations
 
 
-def _page_nodes(rows) -> dict[tuple, uuid.UUID]:
+def _page_nodes(rows) -> dict[tuple, uuid.UUID | None]:
     """``{(document, generation, page): node id}``: the first chunk of each page (``page``
-    ``None``: of the document)."""
+    ``None``: of the document; ``None`` when the generation has no chunk)."""
     documents = {r[0] for r in rows}
     generations = {r[1] for r in rows}
     found: dict[tuple, uuid.UUID] = {}
@@ -96,9 +96,9 @@ def _page_nodes(rows) -> dict[tuple, uuid.UUID]:
         first.setdefault((document_id, generation), node_id)
         if page is not None:
             found.setdefault((document_id, generation, page), node_id)
-    out = {}
+    out: dict[tuple, uuid.UUID | None] = {}
     for document_id, generation, _asset, page, *_ in rows:
         key = (document_id, generation, page)
-        node_id = found.get(key) if page is not None else None
-        out[key] = node_id or first.get((document_id, generation))
+        on_page = found.get(key) if page is not None else None
+        out[key] = on_page or first.get((document_id, generation))
     return out

@@ -16,6 +16,8 @@ import json
 import logging
 import re
 import unicodedata
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.db import transaction
@@ -42,7 +44,7 @@ def _invalid(field: str, message: str, code: str = "invalid_source") -> InvalidI
     return InvalidInput(f"{field}: {message}", code=code, details={"field": field})
 
 
-def _string(body: dict, field: str, limit: int) -> str:
+def _string(body: dict[str, Any], field: str, limit: int) -> str:
     value = body.get(field)
     if not isinstance(value, str) or not value.strip():
         raise _invalid(field, "required, a non-empty string")
@@ -52,7 +54,7 @@ def _string(body: dict, field: str, limit: int) -> str:
     return value
 
 
-def check_create(body) -> dict:
+def check_create(body: object) -> dict[str, Any]:
     """The checked fields of a create request ``{name, kind, provider, datasource,
     credential_id, parameters?}`` (400 naming the member otherwise)."""
     if not isinstance(body, dict):
@@ -110,7 +112,7 @@ def check_create(body) -> dict:
     }
 
 
-def _urls(value, path: str, depth: int = 0):
+def _urls(value: object, path: str, depth: int = 0) -> Iterator[tuple[str, str]]:
     """Every string of ``value`` that looks like a URL, with where it is."""
     if isinstance(value, str):
         if "://" in value or value.lower().startswith(("localhost", "www.")):
@@ -147,7 +149,7 @@ def check_public_url(url: str, field: str) -> None:
         )
 
 
-def create_source(space: KnowledgeSpace, body) -> Source:
+def create_source(space: KnowledgeSpace, body: object) -> Source:
     fields = check_create(body)
     if fields["kind"] == SourceKind.WEBSITE:
         for field, url in _urls(fields["parameters"], "parameters"):
@@ -159,7 +161,7 @@ def sources_in(space: KnowledgeSpace) -> QuerySet[Source]:
     return Source.objects.filter(space=space).order_by("-created_at", "-id")
 
 
-def get_source(space: KnowledgeSpace, source_id) -> Source:
+def get_source(space: KnowledgeSpace, source_id: object) -> Source:
     return Source.objects.get_in_space(space, source_id, what="source")
 
 
@@ -204,7 +206,7 @@ def client() -> DifyDatasources:
         ) from None
 
 
-def call_args(source: Source) -> dict:
+def call_args(source: Source) -> dict[str, Any]:
     return {
         "tenant_id": source.tenant_id,
         "provider": source.provider,
@@ -225,7 +227,7 @@ def credential_forbidden() -> Forbidden:
     )
 
 
-def test_source(source: Source) -> dict:
+def test_source(source: Source) -> dict[str, Any]:
     """Validate the connection through Dify: ``{valid, code?, error?}``. A connection Dify
     knows but the plugin refuses (expired, revoked) is ``valid: false`` with
     ``source_credential_invalid``; Dify's 403 is raised as 403

@@ -3,7 +3,7 @@ the question asks, each followed by its marker."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 
 from django.conf import settings
 
@@ -110,7 +110,7 @@ def extract(bundle: ev.Bundle, query: str, limit: int) -> list[tuple[str, str]]:
     return chosen
 
 
-def _extractive_deltas(run: AnswerRun) -> Iterator[str]:
+def _extractive_deltas(run: AnswerRun) -> Generator[str, None, None]:
     pairs = extract(run.bundle, run.query, settings.KNOWLEDGE_ANSWER_EXTRACTIVE_SENTENCES)
     if not pairs:
         if run.bundle.answerability == ev.ANSWERABLE:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import queue
 import threading
 import weakref
@@ -56,6 +57,7 @@ def _llm_deltas(run: AnswerRun) -> Iterator[str]:
     from .traces import _now, step
 
     selection = run.generator.selection
+    assert selection is not None  # an llm generator has its model (_generator)
     began = _now()
     GATE.acquire()  # image loading and the call: one answer-image lifecycle
     try:
@@ -73,7 +75,7 @@ def _llm_deltas(run: AnswerRun) -> Iterator[str]:
     except BaseException:
         GATE.release()
         raise
-    released = []
+    released: list[bool] = []
 
     def release_once() -> None:  # by the stream's end, or when an unread stream is collected
         if not released:
@@ -99,7 +101,9 @@ def _contents(stream, release=None) -> Iterator[str]:
             release()
 
 
-def paced(source: Iterator[str], interval: float) -> Iterator[str | None]:
+def paced(
+    source: Iterator[str], interval: float
+) -> collections.abc.Generator[str | None, None, None]:
     """``source``'s items, read by a helper thread, with ``None`` whenever ``interval`` seconds
     pass without one (a heartbeat is due: the stream is idle while the model thinks).
 

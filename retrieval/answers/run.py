@@ -264,7 +264,7 @@ def no_evidence_message(bundle: ev.Bundle) -> str:
 def _deltas(run: AnswerRun, normaliser: CitationNormaliser) -> Iterator[str | None]:
     """Normalised deltas; ``None`` when the model has been silent for
     ``KNOWLEDGE_ANSWER_HEARTBEAT_SECONDS`` (the caller sends a heartbeat)."""
-    source = None
+    source: Generator[str | None, None, None] | None = None
     try:
         if run.generator.kind == "llm":
             source = paced(_llm_deltas(run), settings.KNOWLEDGE_ANSWER_HEARTBEAT_SECONDS)
@@ -343,7 +343,7 @@ def _done(run: AnswerRun, answer: str, normaliser, finish_reason: str) -> dict:
 
 def answer(run: AnswerRun) -> tuple[str, dict]:
     """Run :func:`events` to the end; returns the last event ``(name, payload)``."""
-    outcome = ("answer.error", {})
+    outcome: tuple[str, dict] = ("answer.error", {})
     for event in events(run):
         if event[0] != HEARTBEAT:
             outcome = event

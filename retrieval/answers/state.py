@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from retrieval import evidence as ev
 from retrieval.models import AnswerTrace
+
+if TYPE_CHECKING:
+    from spaces.models import KnowledgeSpace
+    from spaces.selection import Selection
+
+    from ..recall import RetrievalResult
 
 
 @dataclass
@@ -43,7 +50,7 @@ class Generator:
     """How the answer is written: ``kind`` ``llm`` (with ``selection``) or ``extractive``."""
 
     kind: str
-    selection: object = None
+    selection: Selection | None = None
 
     @property
     def model(self) -> str | None:
@@ -55,9 +62,9 @@ class AnswerRun:
     """One answer in progress: the request, the retrieval result, the packed bundle, the
     generator, and the trace row (``trace.id`` is the query run id)."""
 
-    space: object
+    space: KnowledgeSpace
     query: str
-    result: object
+    result: RetrievalResult
     bundle: ev.Bundle
     generator: Generator
     trace: AnswerTrace

@@ -12,7 +12,6 @@ rate limit of that operation) and the space lookup, so a space-bound key reaches
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import anyio
 from django.http import HttpResponse, JsonResponse
@@ -20,8 +19,11 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
+from rest_framework.views import APIView
 
+from knowledgefs.auth.operations import Operation
 from knowledgefs.auth.permissions import OperationPermission
+from knowledgefs.auth.principal import Principal
 from knowledgefs.auth.throttling import OperationThrottle
 from knowledgefs.errors import InvalidInput, ServiceError
 from spaces.api.views import KnowledgeSpaceDetailView
@@ -66,6 +68,16 @@ def _refused(error: APIException) -> Refused:
     return refused
 
 
+class _ToolRoute(APIView):
+    """What the permission and the throttle read of a route, for one tool call: the tool's
+    operation under the request's method and the space the call names."""
+
+    def __init__(self, method: str | None, operation: Operation, space_id: str) -> None:
+        super().__init__()
+        self.operations = {method: operation}
+        self.kwargs = {"space_id": space_id}
+
+
 def authorizer(request: Request):
     def authorize(tool, arguments: dict):
         space_id = arguments.get("knowledgeSpaceId")
@@ -75,15 +87,15 @@ def authorizer(request: Request):
                 details={"field": "knowledgeSpaceId"},
             )  # fmt: skip
         operation = OPERATIONS[tool.action]
-        shim = SimpleNamespace(
-            operations={request.method: operation}, kwargs={"space_id": space_id}
-        )
+        route = _ToolRoute(request.method, operation, space_id)
         try:
-            OperationPermission().has_permission(request, shim)
-            OperationThrottle().allow_request(request, shim)
+            OperationPermission().has_permission(request, route)
+            OperationThrottle().allow_request(request, route)
         except APIException as error:
             raise _refused(error) from None
-        return get_space(request.user, space_id), Caller.of(request.user)
+        principal = request.user
+        assert isinstance(principal, Principal)  # _authenticate() let only a Principal through
+        return get_space(principal, space_id), Caller.of(principal)
 
     return authorize
 
@@ -91,7 +103,8 @@ def authorizer(request: Request):
 def _authenticate(django_request) -> tuple[Request | None, JsonResponse | None]:
     request = Request(
         django_request,
-        authenticators=[cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES],
+        # the stub types the setting as import strings; api_settings gives the classes
+        authenticators=[cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES],  # type: ignore[operator]
     )
     try:
         principal = request.user
@@ -102,7 +115,7 @@ def _authenticate(django_request) -> tuple[Request | None, JsonResponse | None]:
              "message": str(error.detail)},
             status=error.status_code,
         )  # fmt: skip
-    if principal is None or not getattr(principal, "is_authenticated", False):
+    if not isinstance(principal, Principal) or not principal.is_authenticated:
         return None, JsonResponse(
             {"code": "not_authenticated", "message": "an API key or capability token is required"},
             status=401,
@@ -130,6 +143,7 @@ def endpoint(django_request):
     request, refusal = _authenticate(django_request)
     if refusal is not None:
         return refusal
+    assert request is not None  # _authenticate() returns the request or a refusal
     body = django_request.body
     if len(body) > MAX_BODY_BYTES:
         return JsonResponse(

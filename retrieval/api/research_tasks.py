@@ -37,7 +37,9 @@ def task_dict(task: ResearchTask, *, full: bool = True) -> dict:
     of documents disabled or deleted since are left out and listed in ``redacted``."""
     # A checkpoint damaged outside the service (the run then fails internal_error) still reads.
     checkpoint = task.checkpoint if isinstance(task.checkpoint, dict) else {}
-    spent = checkpoint.get("spent") if isinstance(checkpoint.get("spent"), dict) else {}
+    spent = checkpoint.get("spent")
+    if not isinstance(spent, dict):
+        spent = {}
     body = {
         "id": str(task.id),
         "space_id": str(task.space_id),

@@ -47,6 +47,7 @@ import gc
 import logging
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,7 +96,7 @@ class View:
     generations: np.ndarray  # int32 generation code
     node_keys: np.ndarray  # uint64, the node id's first 16 hex digits (finds re-embeddings)
     mask: np.ndarray  # uint8 DEAD | HIDDEN
-    document_codes: dict  # uuid.UUID → code
+    document_codes: dict[uuid.UUID, int]  # document id → code
 
     def scores(self, query: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Dot products of ``query`` with every row (or with ``rows``, positions), float32."""
@@ -133,7 +134,22 @@ def _resized(view: View, capacity: int, upto: int | None = None) -> View:
         out = np.empty((capacity, *array.shape[1:]), dtype=array.dtype)
         out[:upto] = array[:upto]
         arrays.append(out)
-    return View(view.count, view.revision, view.epoch, *arrays, view.document_codes)
+    return _view(view.count, view.revision, view.epoch, arrays, view.document_codes)
+
+
+def _view(
+    count: int,
+    revision: int,
+    epoch: int,
+    arrays: Sequence[np.ndarray],
+    document_codes: dict[uuid.UUID, int],
+) -> View:
+    """A :class:`View` of the per-row ``arrays`` in :class:`View` order (:func:`_arrays`)."""
+    matrix, row_ids, node_hex, documents, generations, node_keys, mask = arrays
+    return View(
+        count, revision, epoch, matrix, row_ids, node_hex, documents, generations, node_keys,
+        mask, document_codes,
+    )  # fmt: skip
 
 
 def _target(rows: int) -> int:
@@ -151,7 +167,7 @@ class DenseMatrix:
     compact_fraction: float = 0.25
     compact_min_rows: int = 1024
     compact_in_background: bool = True
-    view: View = None  # type: ignore[assignment]
+    view: View = field(init=False)  # set by __post_init__
     lock: threading.RLock = field(default_factory=threading.RLock)
     last_id: int = 0
     by_raw_document: dict = field(default_factory=dict)  # document id as the database gives it
@@ -379,12 +395,11 @@ class DenseMatrix:
                     out = np.empty(capacity, dtype=array.dtype)
                     out[: len(kept)] = array[kept]
                     arrays.append(out)
-                self.view = View(
+                self.view = _view(
                     len(kept),
                     current.revision,
                     current.epoch + 1,
-                    matrix,
-                    *arrays,
+                    [matrix, *arrays],
                     current.document_codes,
                 )
                 self.hidden = set(np.flatnonzero(arrays[-1][: len(kept)] & HIDDEN).tolist())
@@ -440,7 +455,13 @@ class DenseMatrix:
         }
 
 
-def _arrays(view: View) -> tuple:
+_Arrays = tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+    dict[uuid.UUID, int],
+]  # fmt: skip
+
+
+def _arrays(view: View) -> _Arrays:
     """The per-row arrays in :class:`View` order, then the document codes."""
     return (
         view.matrix,
@@ -514,7 +535,7 @@ def search(
         if len(hits) == limit or window >= live:
             break
         window = min(window * 4, live)
-    learnt = {r: v for r, v in verdicts.items() if v is not True}
+    learnt: dict[int, bool | None] = {r: v for r, v in verdicts.items() if v is not True}
     if learnt:
         matrix.mark(view, learnt, revision)
     return [(view.node_hex[r], float(scores[p])) for r, p in hits]
@@ -522,8 +543,8 @@ def search(
 
 def _rows(picked: list[int], positions: np.ndarray | None) -> np.ndarray:
     """Matrix rows of score positions (the same unless the scores are of ``positions``)."""
-    picked = np.asarray(picked, dtype=np.int64)
-    return picked if positions is None else positions[picked]
+    rows = np.asarray(picked, dtype=np.int64)
+    return rows if positions is None else positions[rows]
 
 
 def _best(scores: np.ndarray, window: int, view: View, positions: np.ndarray | None) -> list[int]:

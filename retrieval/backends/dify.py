@@ -46,6 +46,7 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -201,7 +202,7 @@ class DifyBridgeBackend(SearchBackend):
         client = self.texts()
         for space_id, points in by_space.items():
             scope = self.text_scope(space_id)
-            _call("texts upsert", lambda s=scope, p=points: client.upsert(s, p))
+            _call("texts upsert", partial(client.upsert, scope, points))
 
     def index_dense(
         self,
@@ -238,7 +239,7 @@ class DifyBridgeBackend(SearchBackend):
         client = self.vectors()
         for space_id, points in by_space.items():
             scope = self.vector_scope(space_id, index_version, dimension)
-            _call("vectors upsert", lambda s=scope, p=points: client.upsert(s, p))
+            _call("vectors upsert", partial(client.upsert, scope, points))
         DenseVector.objects.bulk_create(
             [
                 DenseVector(
@@ -269,7 +270,7 @@ class DifyBridgeBackend(SearchBackend):
         vectors = self.vectors()
         for (space_id, number, dimension), ids in scopes.items():
             scope = self.vector_scope(space_id, number, dimension)
-            _call("vectors delete", lambda s=scope, i=ids: vectors.delete(s, i))
+            _call("vectors delete", partial(vectors.delete, scope, ids))
         self._delete_keywords(node_ids)
         DenseVector.objects.filter(node_id__in=node_ids).delete()
 
@@ -282,7 +283,7 @@ class DifyBridgeBackend(SearchBackend):
         client = self.texts()
         for space_id, ids in by_space.items():
             scope = self.text_scope(space_id)
-            _call("texts delete", lambda s=scope, i=ids: client.delete(s, i))
+            _call("texts delete", partial(client.delete, scope, ids))
 
     def delete_version_vectors(
         self, space_id: uuid.UUID, index_version: int, rows: list[tuple[uuid.UUID, int]]
@@ -295,7 +296,7 @@ class DifyBridgeBackend(SearchBackend):
         client = self.vectors()
         for dimension, ids in by_dimension.items():
             scope = self.vector_scope(space_id, index_version, dimension)
-            _call("vectors delete", lambda s=scope, i=ids: client.delete(s, i))
+            _call("vectors delete", partial(client.delete, scope, ids))
 
     def _keyword_row_count(self, space_id: uuid.UUID) -> int:
         """Text points stored for the space's nodes: a ``get`` per 64 nodes (diagnostics)."""

@@ -412,11 +412,12 @@ def search(
     *,
     trace: dict | None = None,
     bounded: bool = True,
-) -> list[tuple[uuid.UUID, float]]:
-    """The BM25 top ``limit`` visible nodes of the space for ``terms`` (``prefix[i]``: the term is
-    a lone CJK character), ``documents`` (ids as strings) restricting them: exact when proved
-    within the postings budget (``bounded=False``: always). ``trace`` (optional) receives the
-    work done: rounds, postings read, candidates resolved, budget, whether proved exact."""
+) -> list[tuple[str, float]]:
+    """The BM25 top ``limit`` visible nodes of the space for ``terms`` as ``(node id as text,
+    score)`` (``prefix[i]``: the term is a lone CJK character), ``documents`` (ids as strings)
+    restricting them: exact when proved within the postings budget (``bounded=False``: always).
+    ``trace`` (optional) receives the work done: rounds, postings read, candidates resolved,
+    budget, whether proved exact."""
     stats = space_statistics(cursor, space_id)
     if stats is None or stats[0] <= 0 or limit <= 0:
         return []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Literal, overload
 
 import numpy as np
 from django.conf import settings
@@ -224,6 +225,34 @@ class PostgresSearchBackend(SearchBackend):
             )
             logger.info("dense search of space %s: %s", space_id, hits.exact_fallback)
         return hits
+
+    @overload
+    def _dense_query(
+        self,
+        space_id: uuid.UUID,
+        query: str,
+        model_id: str,
+        dimension: int,
+        index_version: int,
+        limit: int,
+        documents: frozenset | None,
+        *,
+        indexed: Literal[False],
+    ) -> list[ScoredNode]: ...
+
+    @overload
+    def _dense_query(
+        self,
+        space_id: uuid.UUID,
+        query: str,
+        model_id: str,
+        dimension: int,
+        index_version: int,
+        limit: int,
+        documents: frozenset | None,
+        *,
+        indexed: bool,
+    ) -> list[ScoredNode] | None: ...
 
     def _dense_query(
         self,

@@ -89,6 +89,7 @@ def page(space, caller, after, size: int) -> list[Entry]:
 
 def key(entry: Entry) -> list:
     trace = entry.payload
+    assert isinstance(trace, AnswerTrace)  # a trace entry (trace_entry) carries its trace
     return [trace.created_at.isoformat(), trace.id.hex]
 
 
@@ -159,6 +160,7 @@ def render(space, entry: Entry) -> str:
     """The JSON text of ``query.json`` or of an evidence item."""
     if entry.resource_type == "trace_query":
         t = entry.payload
+        assert isinstance(t, AnswerTrace)  # children(): query.json carries its trace
         body = {
             "traceId": str(t.id),
             "query": {"sha256": t.query_sha256, "chars": t.query_chars},
@@ -172,6 +174,7 @@ def render(space, entry: Entry) -> str:
             "itemCount": len(t.evidence_node_ids or []),
         }
         return json.dumps(body, ensure_ascii=False, indent=1)
+    assert isinstance(entry.payload, tuple)  # children(): an item is (trace, rank, node id)
     trace, rank, node_id = entry.payload
     body = {"traceId": str(trace.id), "rank": rank, "nodeId": str(node_id)}
     body.update(item(space, node_id))

@@ -86,8 +86,10 @@ def _scope(space, normal: str):
     view = entry.document
     kind = entry.resource_type
     if kind == "section":
+        assert isinstance(entry.payload, tree.Section)  # DocumentView.children() set it
         ids = {r[0] for r in entry.payload.nodes}
     elif kind == "table":
+        assert isinstance(entry.payload, tuple)  # DocumentView.children(): the node row
         ids = {entry.payload[0]}
     elif kind == "page_text":
         ids = {r[0] for r in view.node_rows if r[3] == entry.payload}
@@ -163,6 +165,7 @@ def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
             if time.monotonic() > deadline:
                 stopped = True
                 break
+            assert last is not None  # a full batch was read
             rows = base.filter(
                 Q(document_id__gt=last[1]) | Q(document_id=last[1], chunk_index__gt=last[2])
             ).order_by("document_id", "chunk_index")
@@ -185,7 +188,7 @@ def grep(space, q, path, limit, cursor=None, timeout_ms=None) -> dict:
             code="fs_grep_deadline_exceeded",
             details={"timeoutMs": timeout_ms},
         )
-    body = {"path": normal, "matches": _matches(page), "scan": scan}
+    body: dict[str, object] = {"path": normal, "matches": _matches(page), "scan": scan}
     body["truncated"] = next_key is not None
     if stopped:
         body["deadlineReached"] = True

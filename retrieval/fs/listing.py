@@ -135,6 +135,7 @@ def ls(space, path, limit, cursor=None, caller=None) -> dict:
     normal = _normal(path)
     listing = listing_id(space, "ls", normal, limit, caller=caller)
     after = read_cursor(cursor, listing)
+    next_key: list | str | None
     if normal == evidence.ROOT:
         items = evidence.page(space, caller, after, limit + 1)
         more = len(items) > limit
@@ -142,9 +143,9 @@ def ls(space, path, limit, cursor=None, caller=None) -> dict:
         next_key = evidence.key(items[-1]) if more else None
     elif normal == DOCS:
         views = document_page(space, after, limit + 1)
-        page, more = views[:limit], len(views) > limit
-        items = [v.entry() for v in page]
-        next_key = _key(page[-1]) if more else None
+        shown, more = views[:limit], len(views) > limit
+        items = [v.entry() for v in shown]
+        next_key = _key(shown[-1]) if more else None
     else:
         entries = children_of(space, normal, caller)
         if after is not None:
@@ -165,8 +166,12 @@ def children_of(space, normal: str, caller=None) -> list[Entry]:
     if entry.resource_type in ("trace", "evidence_items"):
         rest = entry.path[len(evidence.ROOT) + 1 :].split("/")[1:]
         return evidence.children(_trace_of(entry), rest)
-    rel = entry.path[len(entry.document.path) + 1 :] if entry.document else ""
-    return entry.document.children(rel.split("/") if rel else [])
+    view = entry.document
+    # every other directory is a document's: the fixed ones, /knowledge/docs and /evidence are
+    # listed above or by the caller (ls)
+    assert view is not None
+    rel = entry.path[len(view.path) + 1 :]
+    return view.children(rel.split("/") if rel else [])
 
 
 def _normal(path: str) -> str:
@@ -250,8 +255,10 @@ def walk(space, normal: str, depth: int, budget: Budget, caller=None):
         rest = entry.path[len(evidence.ROOT) + 1 :].split("/")[1:]
         yield from _walk_trace(_trace_of(entry), rest, depth)
     elif entry.kind == "directory":
-        rel = entry.path[len(entry.document.path) + 1 :]
-        yield from _walk_document(entry.document, rel.split("/") if rel else [], depth)
+        document = entry.document
+        assert document is not None  # the fixed directories and /knowledge/docs are walked above
+        rel = entry.path[len(document.path) + 1 :]
+        yield from _walk_document(document, rel.split("/") if rel else [], depth)
 
 
 def _walk_trace(trace, rest: list[str], depth: int):

@@ -11,12 +11,16 @@ import difflib
 import hashlib
 import json
 import re
+from typing import TYPE_CHECKING
 
 from ingestion.models import KnowledgeNode
 from knowledgefs.errors import InvalidInput, NotFound
 
 from . import evidence, listing, paths, tree
 from .tree import DocumentView, Entry
+
+if TYPE_CHECKING:
+    from ingestion.parsing import Element
 
 DEFAULT_PAGE_CHARS = 16_384
 MAX_PAGE_CHARS = 65_536
@@ -83,20 +87,25 @@ def render(space, entry: Entry) -> tuple[str, str, dict]:
     view = entry.document
     if entry.resource_type in ("trace_query", "evidence_item"):
         return "application/json", evidence.render(space, entry), {}
+    if view is None:  # a fixed or evidence directory: every other file is a document's
+        raise InvalidInput(f"{entry.path} is a directory", code="fs_is_directory")
     if entry.resource_type == "outline":
         return "application/json", json.dumps(outline(view), ensure_ascii=False, indent=1), {}
     if entry.resource_type == "section":
         section = entry.payload
+        assert isinstance(section, tree.Section)  # DocumentView.children() set it
         heading = " / ".join(section.path)
         text = merged_text(view, section.nodes)
         return "text/markdown", (f"# {heading}\n\n{text}" if heading else text), {}
     if entry.resource_type == "table":
         row = entry.payload
+        assert isinstance(row, tuple)  # DocumentView.children(): the table's node row
         table = _table_elements(view, row)
         text = "\n\n".join(_markdown_table(t) for t in table) or merged_text(view, [row])
         return "text/markdown", text, {"table": table}
     if entry.resource_type in ("figure", "page_image"):
         asset = entry.payload
+        assert isinstance(asset, dict)  # DocumentView.children(): the asset record
         descriptor = {
             "objectKey": asset.get("key"),
             "kind": asset.get("kind"),
@@ -115,7 +124,7 @@ def render(space, entry: Entry) -> tuple[str, str, dict]:
     raise InvalidInput(f"{entry.path} is a directory", code="fs_is_directory")
 
 
-def _elements(view: DocumentView, kind: str) -> list[tuple[int, int, object]]:
+def _elements(view: DocumentView, kind: str) -> list[tuple[int, int, Element]]:
     """``(start, end, element)`` of the generation's parsed elements of type ``kind``, their
     ranges in the canonical text (read from the parse artifact)."""
     from ingestion.chunking import canonical_text
@@ -237,7 +246,7 @@ def stat(space, path, caller=None) -> dict:
     """Metadata of a path; files add the sha256 and UTF-8 size of their rendered content."""
     paths.check_path(path)
     entry = evidence.resolve(space, listing._normal(path), caller)
-    body = {
+    body: dict[str, object] = {
         "path": entry.path,
         "kind": entry.kind,
         "resourceType": entry.resource_type,
@@ -256,6 +265,7 @@ def stat(space, path, caller=None) -> dict:
         }
         body["documentId"] = str(view.document.id)
     if entry.resource_type == "document":
+        assert view is not None  # DocumentView.entry()
         body.update(
             contentType=view.document.mime_type,
             sha256=view.document.sha256,
@@ -300,7 +310,7 @@ def diff(space, old_path, new_path, mode=None) -> dict:
     stats = {"equal": 0, "insert": 0, "delete": 0}
     matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        parts = []
+        parts: list[tuple[str, str, int | None, int | None, int | None, int | None]] = []
         if tag == "equal":
             parts.append(("equal", "".join(old[i1:i2]), i1, i2, j1, j2))
         if tag in ("delete", "replace"):
@@ -309,7 +319,7 @@ def diff(space, old_path, new_path, mode=None) -> dict:
             parts.append(("insert", "".join(new[j1:j2]), None, None, j1, j2))
         for kind, text, a, b, c, d in parts:
             stats[kind] += 1
-            op = {"kind": kind, "text": text}
+            op: dict[str, object] = {"kind": kind, "text": text}
             if a is not None:
                 op.update(oldStart=a, oldEnd=b)
             if c is not None:

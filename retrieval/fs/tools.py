@@ -58,6 +58,7 @@ def _search(space, a: dict, caller=None, evidence: bool = False) -> dict:
     result = retrieve(space, query, top_k=top_k, mode=mode)
     if not evidence:
         return result.as_dict()
+    assert isinstance(query, str)  # retrieve() refused anything else (400 invalid_query)
     items = from_retrieval(result.items, query)
     return {"query": query, "mode": result.mode, "evidence": [e.as_dict() for e in items]}
 

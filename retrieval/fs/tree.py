@@ -77,7 +77,10 @@ class DocumentView:
 
     def __init__(self, document: Document) -> None:
         self.document = document
-        self.generation = document.active_generation
+        # Only readable documents are viewed: published_documents(), find_document(), or the
+        # document of a visible node (its generation is the active one).
+        assert document.active_generation is not None
+        self.generation: uuid.UUID = document.active_generation
         self.name = paths.document_name(document.filename, document.id)
         self.path = f"{DOCS}/{self.name}"
 

@@ -117,11 +117,11 @@ def term_queries(
         for token in analyzer.analyze(term):
             if token not in seen:
                 seen.add(token)
-                term = tantivy.Query.term_query(schema, "text", token)
+                clause = tantivy.Query.term_query(schema, "text", token)
                 if searcher is not None:
                     boost = idf_boost(searcher.num_docs, searcher.doc_freq("text", token))
-                    term = tantivy.Query.boost_query(term, boost)
-                queries.append(term)
+                    clause = tantivy.Query.boost_query(clause, boost)
+                queries.append(clause)
     return queries
 
 

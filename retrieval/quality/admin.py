@@ -5,6 +5,8 @@ which reads a CSV or JSONL file and calls the same bulk import as the API."""
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from django import forms
 from django.contrib import admin, messages
 from django.http import HttpResponseRedirect
@@ -32,7 +34,7 @@ class GoldenImportForm(forms.Form):
     minimum_similarity = forms.FloatField(min_value=0, max_value=1, initial=0.7)
 
 
-class GoldenImportMixin:
+class GoldenImportMixin(admin.ModelAdmin):
     """The ``import/`` page of the golden-question admin (add permission)."""
 
     def get_urls(self):
@@ -151,13 +153,21 @@ class BadCaseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     show_full_result_count = False
 
 
+class RunService(Protocol):
+    """A run's service module (:mod:`.replay`, :mod:`.triage_runs`): what the actions call."""
+
+    def cancel_run(self, run: Any, body: Any) -> Any: ...
+
+    def retry_run(self, principal: Any, run: Any, body: Any) -> Any: ...
+
+
 class RunActionsAdmin(ServiceActionMixin, admin.ModelAdmin):
     """Read-only durable runs with *cancel* and *retry* actions (change permission): each calls
     the run's service with the revision just read, as the API's compare-and-set; a refused run
     (already finished, still running, changed meanwhile) becomes a warning naming it."""
 
     actions = ["cancel_runs", "retry_runs"]
-    service = None  # the module with cancel_run(run, body) and retry_run(principal, run, body)
+    service: RunService  # set by each run's admin
     kind = "run"
 
     def has_add_permission(self, request) -> bool:

@@ -245,6 +245,7 @@ def bulk_import(space: KnowledgeSpace, body) -> dict:
             best = match["candidates"][0] if match["candidates"] else None
             item: dict = {"row_index": n}
             if match["matched"]:
+                assert best is not None  # matched: the best candidate passed the minimum
                 snippet = " ".join(best["text"].split())[:SNIPPET_CHARS].strip()
                 expected = [{"document_id": best["document_id"], "text": snippet}]
                 status = "active"

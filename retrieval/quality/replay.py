@@ -65,7 +65,7 @@ def freeze(space) -> dict:
     }
 
 
-def _request(space, body) -> tuple[str, str, list]:
+def _request(space, body) -> tuple[str, str | None, list[GoldenQuestion]]:
     if not isinstance(body, dict):
         raise InvalidInput("body must be a JSON object", code="invalid_request")
     unknown = sorted(set(body) - set(CREATE_MEMBERS))

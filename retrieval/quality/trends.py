@@ -12,7 +12,8 @@ day of the window: ``{day, pass_rate, failed_queries{verdict: n}}``.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from datetime import timedelta
+from datetime import date, datetime, timedelta
+from typing import TypedDict
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -26,17 +27,25 @@ from .triage import cluster_key
 WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 
 
-def _window(params) -> tuple[str, timedelta, object]:
+class _Day(TypedDict):
+    """One day of :func:`_daily`: the replay runs finished on it and its failed queries."""
+
+    runs: list[ReplayRun]
+    failed: Counter[str]
+
+
+def _window(params) -> tuple[str, timedelta, datetime]:
     name = params.get("window") or "7d"
     if name not in WINDOWS:
         raise InvalidInput("window must be 24h, 7d or 30d", code="invalid_window",
                            details={"field": "window"})  # fmt: skip
     end = timezone.now()
     if params.get("to"):
-        end = parse_datetime(params["to"])
-        if end is None:
+        to = parse_datetime(params["to"])
+        if to is None:
             raise InvalidInput("to must be an ISO 8601 time", code="invalid_time",
                                details={"field": "to"})  # fmt: skip
+        end = to
     return name, WINDOWS[name], end
 
 
@@ -103,10 +112,12 @@ def trends(principal, space, params) -> dict:
     }
 
 
-def _daily(current: dict, end, width) -> list[dict]:
+def _daily(current: dict, end: datetime, width: timedelta) -> list[dict]:
     days = max(1, round(width / timedelta(days=1)))
     first = (end - timedelta(days=days - 1)).date()
-    series = {first + timedelta(days=n): {"runs": [], "failed": Counter()} for n in range(days)}
+    series: dict[date, _Day] = {
+        first + timedelta(days=n): {"runs": [], "failed": Counter()} for n in range(days)
+    }
     for run in current["_runs"]:
         day = timezone.localtime(run.completed_at).date()
         if day in series:
