@@ -188,9 +188,13 @@ def features(legs: dict, depth: int = 100) -> tuple[list[str], np.ndarray, np.nd
     return nodes, cos, kw
 
 
-def fused_order(legs, alpha, shares=None, boost_over_scale=0.0):
+def cut(legs: dict, depth: int) -> dict:
+    return {name: hits[:depth] for name, hits in legs.items()}
+
+
+def fused_order(legs, alpha, shares=None, boost_over_scale=0.0, depth=100):
     """Nodes best first and their ranking feature (plus the exact boost in feature units)."""
-    nodes, cos, kw = features(legs)
+    nodes, cos, kw = features(cut(legs, depth), depth)
     f = alpha * cos + (1 - alpha) * kw
     if shares and boost_over_scale:
         f = f + boost_over_scale * np.array([shares.get(n, 0.0) for n in nodes])
@@ -227,11 +231,77 @@ def logistic(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 NAMESPACE = uuid.NAMESPACE_URL
+BOOSTS = (0.0, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5)  # the exact boost in feature units
 
 
-def product_fused(fusion: str, legs: dict, query: str, texts_of: dict, model_id: str) -> list:
+def fit_ranking(legs: dict, split: tuple, texts_of: dict, node_doc: dict, depth: int, metrics):
+    """The ranking on train at ``depth`` candidates per leg: ``alpha`` by a grid over nDCG@10,
+    then the exact boost (feature units): the largest within 0.002 of the best train nDCG@10
+    (exact matches first is the product's promise; SciFact's claims barely use it)."""
+    queries = split[0]
+    grid = {}
+    for alpha in np.round(np.arange(0.0, 1.0001, 0.05), 2):
+        orders = {q: fused_order(legs[q], alpha, depth=depth)[0] for q in legs}
+        grid[float(alpha)] = metrics("train", orders)["ndcg@10"]
+    alpha = max(grid, key=lambda a: (grid[a], -abs(a - 0.5)))
+    shares = {q: exact_shares(queries[q], cut(legs[q], depth), texts_of) for q in legs}
+    boost_grid = {}
+    for boost in BOOSTS:
+        orders = {q: fused_order(legs[q], alpha, shares[q], boost, depth)[0] for q in legs}
+        boost_grid[boost] = metrics("train", orders)["ndcg@10"]
+    top = max(boost_grid.values())
+    boost = max(b for b, v in boost_grid.items() if v >= top - 0.002)
+    return {
+        "depth": depth,
+        "alpha": float(alpha),
+        "boost_feature": boost,
+        "train_ndcg@10": boost_grid[boost],
+        "alpha_grid_train_ndcg@10": grid,
+        "boost_grid_train_ndcg@10": boost_grid,
+        "queries_with_exact_targets": sum(1 for v in shares.values() if v),
+    }
+
+
+def fit_output(legs: dict, qrels: dict, node_doc: dict, alpha: float, depth: int, keep: float):
+    """The displayed score's map ``sigma(scale * (f - centre))`` of the ranking feature ``f``:
+    ``scale`` the slope of a logistic regression of "relevant" on ``f`` over every train
+    candidate; ``centre`` the train feature at which 0.5 keeps ``keep`` of the relevant
+    candidates (their (1 - keep) quantile). Also the train shares kept at 0.5."""
+    xs, ys, top1 = [], [], []
+    for q, lg in legs.items():
+        nodes, cos, kw = features(cut(lg, depth), depth)
+        f = alpha * cos + (1 - alpha) * kw
+        rel = qrels[q]
+        top1.append(float(f.max()))
+        for n, value in zip(nodes, f, strict=True):
+            xs.append(float(value))
+            ys.append(1.0 if any(rel.get(d, 0) > 0 for d in node_doc.get(n, [])) else 0.0)
+    x, y = np.array(xs), np.array(ys)
+    scale, bias = logistic(x, y)
+    centre = float(np.quantile(x[y == 1], 1 - keep))
+    return {
+        "scale": scale,
+        "centre": round(centre, 4),
+        "logistic_bias": bias,
+        "logistic_p50_at": round(-bias / scale, 4),
+        "base_rate": round(float(y.mean()), 5),
+        "relevant_kept_at_0.5": round(float((x[y == 1] >= centre).mean()), 4),
+        "non_relevant_kept_at_0.5": round(float((x[y == 0] >= centre).mean()), 4),
+        "queries_whose_best_candidate_passes": round(float(np.mean(np.array(top1) >= centre)), 4),
+        "relevant_feature_quantiles": {
+            str(k): round(float(np.quantile(x[y == 1], k)), 4) for k in (0.05, 0.1, 0.25, 0.5)
+        },
+        "non_relevant_feature_quantiles": {
+            str(k): round(float(np.quantile(x[y == 0], k)), 4) for k in (0.5, 0.9, 0.99)
+        },
+    }
+
+
+def product_fused(
+    fusion: str, legs: dict, query: str, texts_of: dict, model_id: str, depth: int = 100
+) -> list:
     """``[(doc, score)]`` best first: the product's own fusion (:mod:`retrieval.recall`,
-    :func:`retrieval.calibration.calibrated_fusion`) over the cached legs, depth 100."""
+    :func:`retrieval.calibration.calibrated_fusion`) over the cached legs cut to ``depth``."""
     from retrieval.backends.base import ScoredNode
     from retrieval.calibration import calibrated_fusion
     from retrieval.recall import FUSIONS
@@ -240,7 +310,7 @@ def product_fused(fusion: str, legs: dict, query: str, texts_of: dict, model_id:
     scored = {}
     for name, hits in legs.items():
         scored[name] = []
-        for doc, score in hits:
+        for doc, score in hits[:depth]:
             node = uuid.uuid5(NAMESPACE, doc)
             doc_of[node] = doc
             scored[name].append(ScoredNode(node, float(score)))
@@ -249,7 +319,7 @@ def product_fused(fusion: str, legs: dict, query: str, texts_of: dict, model_id:
             scored,
             query=query,
             model_id=model_id,
-            depth=100,
+            depth=depth,
             texts=lambda ids: {n: texts_of[doc_of[n]] for n in ids},
         )
     else:
@@ -287,8 +357,26 @@ def main() -> int:
     parser.add_argument("--model", choices=["default", "bge-small"], default="default")
     parser.add_argument("--cache", default=str(CACHE), help="where legs and logits are kept")
     parser.add_argument("--legs-only", action="store_true")
+    parser.add_argument("--rerank-skip", type=int, default=0, help="train claims skipped first")
+    parser.add_argument("--train-first", action="store_true", help="cross-encoder: train first")
+    parser.add_argument("--fit-only", action="store_true", help="stop before the cross-encoder")
     parser.add_argument("--ce-budget-s", type=float, default=float("inf"))
     parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--depths",
+        default="50,100",
+        type=lambda v: [int(x) for x in v.split(",")],
+        help="candidates per leg tried on train (the product reads 50 for Fast at top_k 10)",
+    )
+    parser.add_argument(
+        "--keep-share",
+        type=float,
+        default=0.95,
+        help="share of train relevant candidates at or above 0.5 (the output map's centre)",
+    )
+    parser.add_argument(
+        "--mix-depths", default="20,30", type=lambda v: [int(x) for x in v.split(",")]
+    )
     args = parser.parse_args()
     CACHE = Path(args.cache)
     dataset = Path(args.dataset)
@@ -315,34 +403,27 @@ def main() -> int:
         }
 
     # -- fit the calibrated fusion on train ----------------------------------------------------
-    grid = {}
-    for alpha in np.round(np.arange(0.0, 1.0001, 0.05), 2):
-        orders = {q: fused_order(legs["train"][q], alpha)[0] for q in legs["train"]}
-        grid[float(alpha)] = metrics("train", orders)["ndcg@10"]
-    alpha = max(grid, key=lambda a: (grid[a], -abs(a - 0.5)))
-    xs, ys = [], []
-    for q, lg in legs["train"].items():
-        nodes, cos, kw = features(lg)
-        rel = splits["train"][1][q]
-        for n, c, k in zip(nodes, cos, kw, strict=True):
-            xs.append(alpha * c + (1 - alpha) * k)
-            ys.append(1.0 if any(rel.get(d, 0) > 0 for d in node_doc.get(n, [])) else 0.0)
-    scale, bias = logistic(np.array(xs), np.array(ys))
-    shares = {
-        (split, q): exact_shares(splits[split][0][q], legs[split][q], texts_of)
-        for split in legs
-        for q in legs[split]
-    }
-    boost_grid = {}
-    for boost in (0.0, 1.0, 2.0, 3.0, 4.0):
-        orders = {
-            q: fused_order(legs["train"][q], alpha, shares[("train", q)], boost / scale)[0]
-            for q in legs["train"]
-        }
-        boost_grid[boost] = metrics("train", orders)["ndcg@10"]
-    boost = max(boost_grid, key=lambda b: (boost_grid[b], b))
+    # The ranking: alpha and the exact boost (in feature units) by grids over train nDCG@10, for
+    # each candidate depth per leg. The displayed score: a monotone map of the ranking feature,
+    # p = sigma(scale * (f - centre)), scale by a logistic regression of "relevant" over every
+    # train candidate, centre the train feature at which a threshold of 0.5 keeps
+    # --keep-share of the relevant documents the first stage retrieves (fit_output).
+    report_fit: dict = {}
+    best_fit = None
+    for depth in args.depths:
+        fit = fit_ranking(legs["train"], splits["train"], texts_of, node_doc, depth, metrics)
+        report_fit[f"depth={depth}"] = fit
+        if best_fit is None or fit["train_ndcg@10"] > best_fit["train_ndcg@10"] + 1e-9:
+            best_fit = fit
+    alpha, boost_f, depth = best_fit["alpha"], best_fit["boost_feature"], best_fit["depth"]
+    out = fit_output(legs["train"], splits["train"][1], node_doc, alpha, depth, args.keep_share)
+    scale = out["scale"]
     fitted = calibration.Calibration(
-        float(alpha), round(scale, 4), round(bias, 4), float(boost), "SciFact train"
+        float(alpha),
+        round(scale, 4),
+        round(-scale * out["centre"], 4),
+        round(boost_f * scale, 4),
+        "SciFact train",
     )
     calibration.CALIBRATIONS[model_id] = fitted  # the product's fusion runs with the fit below
     report = {
@@ -352,22 +433,21 @@ def main() -> int:
             "scale": fitted.scale,
             "bias": fitted.bias,
             "boost": fitted.boost,
+            "depth_per_leg": depth,
         },
-        "alpha_grid_train_ndcg@10": grid,
-        "boost_grid_train_ndcg@10": boost_grid,
-        "queries_with_exact_targets": {
-            split: sum(1 for (s, _), v in shares.items() if s == split and v) for split in legs
-        },
+        "output_map": out,
+        "ranking_fits": report_fit,
         "train": {},
         "test": {},
     }
-
     # -- first stage by the product's fusions, every query of both splits ---------------------
     first = {}
     for fusion in calibration.FUSION_NAMES:
         for split in ("train", "test"):
             first[(fusion, split)] = {
-                q: product_fused(fusion, legs[split][q], splits[split][0][q], texts_of, model_id)
+                q: product_fused(
+                    fusion, legs[split][q], splits[split][0][q], texts_of, model_id, depth
+                )
                 for q in legs[split]
             }
             orders = {q: [d for d, _ in r] for q, r in first[(fusion, split)].items()}
@@ -375,6 +455,9 @@ def main() -> int:
 
     if args.out:  # the fusion's part, before the slow cross-encoder
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.fit_only:
+        print(json.dumps(report, indent=2))
+        return 0
 
     # -- cross-encoder logits, cached per (split, query, doc) and saved as they come ------------
     # Train and test queries alternate; past --ce-budget-s no query is started, and only the
@@ -385,7 +468,7 @@ def main() -> int:
     timings: list[float] = []
     fusions = [f for f in args.rerank_fusions.split(",") if f]
     wanted = {
-        "train": list(legs["train"])[: args.rerank_queries],
+        "train": list(legs["train"])[args.rerank_skip : args.rerank_skip + args.rerank_queries],
         "test": list(legs["test"])[: args.test_rerank_queries],
     }
     plan = [
@@ -394,6 +477,8 @@ def main() -> int:
         for split in ("train", "test")
         if i < len(wanted[split])
     ]
+    if args.train_first:  # the mix is fitted on train: its claims first, test with what is left
+        plan = [(s, q) for s, q in plan if s == "train"] + [(s, q) for s, q in plan if s == "test"]
     chosen: dict[str, list[str]] = {"train": [], "test": []}
     started = time.monotonic()
     for count, (split, q) in enumerate(plan, 1):
@@ -428,13 +513,13 @@ def main() -> int:
         }
 
     # -- the mix and N per fusion on train, applied once to test -------------------------------
-    depths = [d for d in (10, 15, 20, 25, 30) if d <= args.rerank_depth]
+    depths = [d for d in args.mix_depths if d <= args.rerank_depth]
     report["rerank"] = {}
     for fusion in fusions if chosen["train"] else []:
         mix_grid, best = {}, None
         for depth in depths:
-            for w in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0):
-                for temp in (1.0, 2.0, 4.0):
+            for w in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0):
+                for temp in (1.0, 2.0, 4.0, 8.0):
                     value = metrics("train", reranked(fusion, "train", w, temp, depth))["ndcg@10"]
                     mix_grid[f"N={depth} w={w} T={temp}"] = value
                     if best is None or value > best[0]:

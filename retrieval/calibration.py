@@ -2,16 +2,28 @@
 
 Min-max normalisation (:func:`retrieval.recall.fuse`) makes every leg's best candidate 1.0, so
 the best hit of an off-topic query scores like a perfect match and a lone exact keyword hit ties
-with a weak semantic one. The ``calibrated`` fusion maps each node's *raw* leg scores through a
-fixed function per embedding model, to be learned on SciFact's train split by
-``bench/calibrate_fusion.py`` (the shipped values are provisional, :data:`CALIBRATIONS`):
+with a weak semantic one. The ``calibrated`` fusion (the default, :data:`DEFAULT_FUSION`) maps
+each node's *raw* leg scores through fixed functions per embedding model, learned on SciFact's
+train split by ``bench/calibrate_fusion.py`` (:data:`CALIBRATIONS`). Two separate parts:
 
-``p = σ(bias + scale · (α · cos + (1 − α) · log1p(bm25) / KEYWORD_REFERENCE) + boost · exact)``
+- **The ranking** depends only on the per-leg combination
+  ``f = α · cos + (1 − α) · log1p(bm25) / KEYWORD_REFERENCE + (boost / scale) · exact``:
+  ``α`` and the exact boost by grids over train nDCG@10.
+- **The displayed score** is a fixed monotone map of ``f``, ``p = σ(scale · (f − centre))``,
+  computed as ``σ(bias + scale · f₀ + boost · exact)`` (``f₀`` the combination without the
+  boost, ``bias = −scale · centre``): ``scale`` is the slope of a logistic regression of "the
+  document is relevant" on ``f`` over every train candidate; ``centre`` is the train feature
+  at which ``p = 0.5``, chosen so that a threshold of 0.5 keeps a stated share of the train
+  relevant documents the first stage retrieves (the logistic's own intercept is not used: it
+  is the probability at SciFact's base rate, under 1 relevant in 100 candidates, so a clear hit
+  scored far below 0.5). The map
+  changes no order; it only says what a threshold means.
 
 - ``cos`` is the dense leg's cosine (-1..1), ``bm25`` the keyword leg's BM25 score. A node one
   leg did not return takes that leg's last score when the leg returned a full list (it ranked
   below it, so its score is at most that), else the leg's floor (0: no keyword match, or the
-  dense leg saw every node).
+  dense leg saw every node). A leg that returned nothing (not run, or no query term in the
+  space) gives nothing to weigh: the other leg's feature alone is ``f`` (the order is the same).
 - ``exact`` (0..1) is the share of the query's exact targets the node's text holds: quoted
   phrases (``"…"`` or ``“…”``) and identifier-like tokens holding a digit (``EX-1234``,
   ``v2.3``, ``10.1038``), compared case-insensitively with word boundaries. A query without
@@ -32,10 +44,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 KEYWORD_REFERENCE = math.log1p(40.0)
-#: The fusion of Fast, Deep and Research (``kfs eval --fusion`` compares the others). Min-max
-#: until the calibrated fusion's parameters are learned on SciFact train: with the provisional
-#: ones it measured 0.7219 nDCG@10 on the gate's eval-mini against min-max's 0.761.
-DEFAULT_FUSION = "minmax"
+#: The fusion of Fast, Deep and Research (``kfs eval --fusion`` compares the others): calibrated,
+#: which beat min-max on SciFact test with the train fit (offline legs over whole abstracts,
+#: first stage: nDCG@10 0.7443 against 0.7357, rrf 0.7234; docs/benchmarks.md).
+DEFAULT_FUSION = "calibrated"
 FUSION_NAMES = ("calibrated", "minmax", "rrf")
 
 
@@ -53,14 +65,23 @@ class Calibration:
 MINILM_ID = "local/all-MiniLM-L6-v2-int8-onnx"
 BGE_SMALL_ID = "local/bge-small-en-v1.5-int8-onnx"
 
-#: Per embedding model. PROVISIONAL: set by hand (equal leg shares; σ = 0.5 at a cosine of 0.75
-#: alone or a strong keyword match with a moderate cosine; an off-topic cosine of 0.1 gives 0.07),
-#: not yet learned: the SciFact train fit (bench/calibrate_fusion.py) could not finish on the
-#: shared machine. Replace with the fit's output for MiniLM and bge-small (docs/benchmarks.md).
+#: Per embedding model. bge-small-en-v1.5 int8 (the embedded default): learned on SciFact train
+#: (809 claims, offline legs over whole abstracts, 100 candidates per leg) by
+#: ``bench/calibrate_fusion.py --fit-only --depths 50,100 --keep-share 0.95``, 2026-12-03:
+#: ranking ``α`` 0.8 (grid 0-1, train nDCG@10 0.7761; 50 per leg 0.7752), exact boost 0.05 in
+#: feature units (the largest within 0.002 of the best train nDCG@10: 0 → 0.7761, 0.025 → 0.7766,
+#: 0.05 → 0.7753, 0.1 → 0.7730), so ``boost`` = 0.05 · scale; output map: ``scale`` 37.9952 (the
+#: train logistic's slope), ``centre`` 0.6711 (the 5th percentile of the relevant candidates'
+#: feature: a threshold of 0.5 keeps 95 % of the train relevant documents the first stage
+#: retrieves, and 39 % of the non-relevant candidates), ``bias`` = −scale · centre.
+#: MiniLM-L6 (selectable): PROVISIONAL, set by hand (equal leg shares; σ = 0.5 at a cosine of
+#: 0.75 alone or a strong keyword match with a moderate cosine), not learned.
 CALIBRATIONS: dict[str, Calibration] = {
     MINILM_ID: Calibration(0.5, 8.0, -3.0, 3.0, "provisional, hand-set"),
+    BGE_SMALL_ID: Calibration(0.8, 37.9952, -25.4986, 1.8998, "SciFact train, 2026-12-03"),
 }
-DEFAULT = CALIBRATIONS[MINILM_ID]
+#: A model without its own parameters (a Dify model) uses the embedded default's.
+DEFAULT = CALIBRATIONS[BGE_SMALL_ID]
 
 
 def calibration_for(model_id: str | None) -> Calibration:
@@ -142,14 +163,16 @@ def calibrated_fusion(
     found = texts(ids) if targets and texts is not None else {}
     dense_missing = _imputed(legs.get("dense"), depth, 0.0)
     keyword_missing = _imputed(legs.get("keyword"), depth, 0.0)
-    one_leg = ("dense" in legs) != ("keyword" in legs)
+    # A leg that found nothing (not run, or no node matched: no query term in the space) gives
+    # no evidence to weigh: the other leg's feature alone is the score (the order is the same).
+    one_leg = not (dense and keyword)
     ranked = []
     for node_id in ids:
         cos = dense.get(node_id, dense_missing)
         bm25 = max(keyword.get(node_id, keyword_missing), 0.0)
         kw = math.log1p(bm25) / KEYWORD_REFERENCE
         if one_leg:
-            feature = cos if "dense" in legs else kw
+            feature = cos if dense else kw
         else:
             feature = cal.alpha * cos + (1.0 - cal.alpha) * kw
         per_leg: dict = {}

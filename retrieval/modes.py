@@ -37,7 +37,7 @@ def retrieve(
     space's retrieval profile; ``score_threshold=None`` turns the threshold off. ``filters`` is
     the request's filter object (:mod:`retrieval.filters`; ``None``: none), checked before any
     work. ``legs`` and ``fusion`` are for evaluation (``("keyword",)``, ``("dense",)`` or both;
-    ``"minmax"``, the default, ``"calibrated"`` or ``"rrf"``). The search backend is checked
+    ``"calibrated"``, the default, ``"minmax"`` or ``"rrf"``). The search backend is checked
     first (503 on MySQL/MariaDB), then the space's servability
     (:func:`spaces.readiness.require_servable`); a failing reranker or embedding model is a 503,
     never a silent fallback. ``query_images`` is the

@@ -11,6 +11,7 @@ test says.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from io import StringIO
 from types import SimpleNamespace
@@ -620,7 +621,16 @@ def test_items_carry_the_raw_dense_cosine_and_keep_their_order(corpus):
     top = result.items[0]
     assert top.citation["filename"] == "leave.md"
     assert 0.4 < top.scores["dense_raw"] <= 1.0  # a cosine, not a min-max score
-    assert top.scores["final"] == (top.scores["dense"] + top.scores["keyword"]) / 2
+    # The default fusion's score is the calibrated map of the raw leg scores (no exact target).
+    from retrieval.calibration import BGE_SMALL_ID, KEYWORD_REFERENCE, calibration_for
+
+    cal = calibration_for(BGE_SMALL_ID)  # the embedded default model
+    feature = cal.alpha * top.scores["dense_raw"] + (1 - cal.alpha) * (
+        math.log1p(top.scores["keyword_raw"]) / KEYWORD_REFERENCE
+    )
+    assert top.scores["final"] == pytest.approx(
+        1 / (1 + math.exp(-(cal.bias + cal.scale * feature)))
+    )
 
 
 @pytest.mark.django_db
@@ -789,9 +799,13 @@ def test_kfs_answer_filters_and_threshold(corpus):
     payload = json.loads(kfs_answer("--filters", json.dumps(NO_MATCH), "--json"))
     assert payload["answerability"] == "not-enough-evidence"
     assert payload["answer"] == answers.FILTERS_MATCHED_NOTHING_MESSAGE
-    # A threshold of 1.0 keeps only the top item (its relative score is 1).
+    # The default (calibrated) score is absolute: 0.5 keeps the real hit, 1.0 keeps nothing (a
+    # relative min-max score would make the best candidate 1.0 whatever it is).
+    payload = json.loads(kfs_answer("--threshold", "0.5", "--json"))
+    assert payload["evidence"] and payload["answerability"] == "answerable"
+    assert payload["evidence"][0]["citation"]["filename"] == "leave.md"
     payload = json.loads(kfs_answer("--threshold", "1", "--json"))
-    assert len(payload["evidence"]) == 1 and payload["answerability"] == "answerable"
+    assert payload["evidence"] == [] and payload["answerability"] == "not-enough-evidence"
     payload = json.loads(kfs_answer("--threshold", "off", "--top-k", "3", "--json"))
     assert len(payload["evidence"]) == 3
     text = kfs_answer("--top-k", "2")

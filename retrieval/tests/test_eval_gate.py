@@ -107,7 +107,7 @@ def test_committed_baseline_holds_fast_for_both_engines():
         "split": "test",
         "top_k": 100,
         "legs": "dense+keyword",
-        "fusion": "minmax",
+        "fusion": "calibrated",  # the default fusion
     }
     for name in ("sqlite", "postgresql"):
         assert baseline["engines"][name]["fast"]["queries"] == 30

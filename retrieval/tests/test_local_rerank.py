@@ -274,3 +274,26 @@ def test_bc35_an_off_topic_question_gets_no_evidence_at_threshold_one_half(facts
     # A real hit still passes the same threshold.
     real = retrieve(facts, QUERY, top_k=5, score_threshold=0.5, fusion="calibrated")
     assert names(real)[:1] == ["paris.txt"]
+
+
+@pytest.mark.django_db
+def test_bc35_an_off_topic_question_answers_no_retrieval_evidence_with_the_default_fusion(
+    facts, settings
+):
+    """The default fusion's scores are absolute: with threshold 0.5 an off-topic question keeps
+    no evidence and the answer ends ``no-retrieval-evidence``; a real question still answers."""
+    from retrieval import answers
+    from spaces.services import Principal
+
+    settings.KNOWLEDGE_LOCAL_RERANK_ENABLED = False
+    requester = answers.Requester.of(Principal(tenant_id=facts.tenant_id))
+
+    def done(question: str) -> dict:
+        run = answers.start(requester, facts, question, mode="fast", top_k=5, score_threshold=0.5)
+        return list(answers.events(run))[-1][1]
+
+    off = done("Which opera did Verdi compose for the Cairo opera house?")
+    assert off["finish_reason"] == "no-retrieval-evidence" and off["citations"] == [], off
+    real = done(QUERY)
+    assert real["finish_reason"] == "retrieval-evidence", real
+    assert real["citations"][0]["citation"]["filename"] == "paris.txt"

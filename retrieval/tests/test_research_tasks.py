@@ -704,23 +704,23 @@ def test_the_profile_threshold_and_top_k_are_frozen_at_creation(
 ):
     from spaces.models import SpaceProfile
 
-    # Fused scores without a reranker: the best candidate scores 1 (min-max), the others less.
+    # Fused scores without a reranker: absolute (calibrated), at most 1.
     settings.KNOWLEDGE_LOCAL_RERANK_ENABLED = False
     url = f"{SPACES}/{corpus.id}/retrieval-profile"
     # A profile stored before a threshold needed rerank in every mode (PUT now refuses a
     # threshold without a Dify reranker).
     SpaceProfile.objects.filter(space=corpus).update(
-        retrieval_default_mode="research", retrieval_score_threshold=0.99, retrieval_top_k=2
+        retrieval_default_mode="research", retrieval_score_threshold=0.5, retrieval_top_k=2
     )
     created = create(client, corpus, django_capture_on_commit_callbacks)
-    assert (created["top_k"], created["score_threshold"]) == (2, 0.99)
+    assert (created["top_k"], created["score_threshold"]) == (2, 0.5)
     later = {"default_mode": "research", "score_threshold": None}
     assert client.put(url, later, format="json").status_code == 200
     assert deliver(created["id"]) == "completed"
     result = client.get(f"{TASKS}/{created['id']}").json()["result"]
-    # Only the best-ranked candidate reaches the frozen 0.99 (scores are at most 1);
-    # under the profile's threshold now (off) top_k 2 would return two.
-    assert len(result["items"]) == 1 and result["items"][0]["score"] >= 0.99
+    # The frozen 0.5 applies (the profile's threshold now is off): every item reaches it and
+    # candidates below it were filtered.
+    assert len(result["items"]) <= 2 and all(i["score"] >= 0.5 for i in result["items"])
     assert result["metrics"]["threshold_filtered_candidates"] >= 1
 
 

@@ -83,7 +83,11 @@ def corpus(space):
 
 @pytest.mark.django_db
 def test_hybrid_ranks_the_matching_document_first_with_a_citation(corpus):
-    result = retrieve(corpus, "how do rocket engines make thrust?", top_k=3)
+    # The default (calibrated) fusion: the match first with an absolute score in (0.5, 1).
+    default = retrieve(corpus, "how do rocket engines make thrust?", top_k=3).items[0]
+    assert default.citation["filename"] == "rockets.txt" and 0.5 <= default.score < 1.0
+    # Min-max (selectable): the best of each leg scores 1.
+    result = retrieve(corpus, "how do rocket engines make thrust?", top_k=3, fusion="minmax")
     assert result.mode == "fast"
     top = result.items[0]
     assert top.citation["filename"] == "rockets.txt"
@@ -114,7 +118,10 @@ def test_threshold_null_is_off_and_zero_is_a_real_threshold(corpus):
     assert len(everything) == 3
     zero = retrieve(corpus, "bread dough yeast", top_k=3, score_threshold=0).items
     assert len(zero) == 3  # every fused score is >= 0
-    strict = retrieve(corpus, "bread dough yeast", top_k=3, score_threshold=0.99).items
+    # Min-max: the best candidate scores 1, so 0.99 keeps it alone.
+    strict = retrieve(
+        corpus, "bread dough yeast", top_k=3, score_threshold=0.99, fusion="minmax"
+    ).items
     assert [i.citation["filename"] for i in strict] == ["bread.txt"]
     assert all(i.score >= 0.99 for i in strict)
 
