@@ -32,7 +32,8 @@ train split by ``bench/calibrate_fusion.py`` (:data:`CALIBRATIONS`). Two separat
 ``p`` is in (0, 1) and does not depend on the other candidates, so a threshold on it means the
 same on every query (case BC-35: a lone hit keeps its score, tied hits tie, an off-topic query's
 best hit stays low). The parameters are keyed by the embedding model's id
-(:data:`CALIBRATIONS`); a model without its own (a Dify model) uses :data:`DEFAULT`.
+(:data:`CALIBRATIONS`). A space on a model whose maps were not learned (a Dify model, MiniLM)
+ranks by ``minmax`` under the ``calibrated`` fusion (:data:`LEARNED`, :func:`fuse_legs`).
 """
 
 from __future__ import annotations
@@ -80,8 +81,14 @@ CALIBRATIONS: dict[str, Calibration] = {
     MINILM_ID: Calibration(0.5, 8.0, -3.0, 3.0, "provisional, hand-set"),
     BGE_SMALL_ID: Calibration(0.8, 37.9952, -25.4986, 1.8998, "SciFact train, 2026-12-03"),
 }
-#: A model without its own parameters (a Dify model) uses the embedded default's.
+#: ``calibrated_fusion`` called without a model (the fitting script, unit tests) uses the
+#: embedded default's parameters.
 DEFAULT = CALIBRATIONS[BGE_SMALL_ID]
+#: Models whose parameters were learned: the ``calibrated`` fusion of a space on any other model
+#: (a Dify model, MiniLM with its provisional hand-set values) ranks by ``minmax`` instead,
+#: because a cosine's scale is the model's own (bge-small's relevant cosines sit near 0.8,
+#: MiniLM's near 0.5) and one model's fitted maps would misrank another's.
+LEARNED = frozenset({BGE_SMALL_ID})
 
 
 def calibration_for(model_id: str | None) -> Calibration:
@@ -193,14 +200,19 @@ def calibrated_fusion(
 
 
 def fuse_legs(fusion: str, results: dict, query: str, snapshot, depth: int) -> list:
-    """The fused candidates of ``results`` by ``fusion`` (``calibrated``, ``minmax``, ``rrf``)."""
+    """The fused candidates of ``results`` by ``fusion`` (``calibrated``, ``minmax``, ``rrf``);
+    ``calibrated`` on a space whose model has no learned maps (not in :data:`LEARNED`) is
+    ``minmax``."""
     if not results:
         return []
     if fusion == "calibrated":
         model_id = snapshot.version[1] if snapshot.version is not None else None
-        return calibrated_fusion(
-            results, query=query, model_id=model_id, depth=depth, texts=node_texts
-        )
+        if model_id not in LEARNED:
+            fusion = "minmax"  # no learned maps for this model (LEARNED)
+        else:
+            return calibrated_fusion(
+                results, query=query, model_id=model_id, depth=depth, texts=node_texts
+            )
     from .recall import FUSIONS
 
     return FUSIONS[fusion](results)
