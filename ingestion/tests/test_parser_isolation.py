@@ -4,7 +4,10 @@ the budget through compilation while the worker stays available."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -137,7 +140,7 @@ def _session_of(pid: int) -> int | None:
     return int(stat[stat.rfind(")") + 2 :].split()[3])
 
 
-def test_a_parse_dies_with_its_worker_when_the_worker_is_sigkilled(tmp_path):
+def test_a_parse_dies_with_its_worker_when_the_worker_is_sigkilled():
     """The worker (a real process calling parse_isolated with a 60 s limit) is SIGKILLed while
     its parse spins: within a few seconds no process of that parse's session remains, and its
     per-parse directory (with the copy of the document) is gone too."""
@@ -155,8 +158,10 @@ def test_a_parse_dies_with_its_worker_when_the_worker_is_sigkilled(tmp_path):
     )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     stale = set(processes_with(f"sleep\x00{MARKER}"))
-    temp_root = tmp_path / "tmp-root"
-    temp_root.mkdir()
+    # A short root of its own, not under tmp_path: the forkserver's listening socket lives in
+    # TMPDIR/pymp-*/listener-*, and an AF_UNIX path has at most 107 bytes (a test pass's own
+    # TMPDIR plus pytest's folders passed it).
+    temp_root = Path(tempfile.mkdtemp(prefix="iso-", dir="/tmp"))
     env = {**os.environ, "TMPDIR": str(temp_root)}
     worker = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env)
     try:
@@ -181,6 +186,7 @@ def test_a_parse_dies_with_its_worker_when_the_worker_is_sigkilled(tmp_path):
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+        shutil.rmtree(temp_root, ignore_errors=True)
 
 
 def test_a_parse_killed_at_its_timeout_leaves_no_temporary_files(tmp_path, monkeypatch):
