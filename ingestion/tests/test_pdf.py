@@ -392,7 +392,7 @@ def test_sample_loremipsum_flat_scan_is_ocrd_and_searchable(space):
     assert hits and hits[0].citation["page_number"] == 1
 
 
-def _sleeping_tesseract(directory, marker: int):
+def _sleeping_tesseract(directory, marker: str):
     """A ``tesseract`` that never returns; its child ``sleep <marker>`` holds the pipe too."""
     stub = directory / "tesseract"
     stub.write_text(f"#!/bin/sh\nsleep {marker} &\nsleep {marker}\n")
@@ -422,10 +422,12 @@ def tesseract_on_path(tmp_path):
 def test_an_ocr_timeout_fails_the_document_retryably_and_kills_tesseracts_children(
     space, settings, tesseract_on_path
 ):
+    from knowledgefs.testing.isolation_targets import lane_marker
     from knowledgefs.testing.pdf_fixtures import processes_with, wait_gone
 
     require_ocr()
-    _sleeping_tesseract(tesseract_on_path, 987657)
+    marker = lane_marker(988_000_000)  # not another test pass's tesseract
+    _sleeping_tesseract(tesseract_on_path, marker)
     # One budget serves pdftoppm and tesseract: 3 s leaves pdftoppm room on a loaded machine
     # (1 s was exceeded by the rasterizer itself there), while this tesseract never ends.
     settings.KNOWLEDGE_PDF_RASTERIZER_TIMEOUT_MS = 3000
@@ -433,14 +435,14 @@ def test_an_ocr_timeout_fails_the_document_retryably_and_kills_tesseracts_childr
     with pytest.raises(ParseError) as exc:
         parse_with_report(bc14_pdf(), "application/pdf")
     assert (exc.value.code, exc.value.message) == ("ocr_timeout", "OCR timed out after 3 s")
-    assert wait_gone(processes_with("sleep\x00987657")) == []
+    assert wait_gone(processes_with(f"sleep\x00{marker}")) == []
     admission = admit_document(space, filename="bc14.pdf", data=bc14_pdf(), enqueue=False)
     run_job(admission.job.id)
     document = Document.objects.get(id=admission.document.id)
     assert (document.state, document.error_code) == ("failed", "ocr_timeout")
     assert document.node_count == 0  # never published with page 2 missing
     assert "ocr_timeout" in RETRYABLE_PARSE_CODES
-    assert wait_gone(processes_with("sleep\x00987657")) == []
+    assert wait_gone(processes_with(f"sleep\x00{marker}")) == []
 
 
 @pytest.fixture
