@@ -232,9 +232,14 @@ def _text(label: str, size: int) -> bytes:
 def _stored_files(root: Path) -> list[Path]:
     """Files under ``root``, without the readiness probe's short-lived ``_probe/`` objects
     (``/health`` starts that check in the background)."""
-    if not root.exists():
-        return []
-    return [p for p in root.rglob("*") if p.is_file() and "_probe" not in p.relative_to(root).parts]
+    files: list[Path] = []
+    # os.walk, not rglob: the probe's folder can vanish while it is read (the server deletes
+    # its object and prunes the empty folder), and os.walk skips a folder that went away.
+    for directory, folders, names in os.walk(root):
+        if Path(directory) == root:
+            folders[:] = [name for name in folders if name != "_probe"]
+        files.extend(Path(directory) / name for name in names)
+    return files
 
 
 def _idle(state: dict) -> bool:
