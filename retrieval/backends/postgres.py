@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Literal, overload
+from typing import Any
 
 import numpy as np
 from django.conf import settings
@@ -203,10 +203,10 @@ class PostgresSearchBackend(SearchBackend):
         query = pgvector.vector_literal(query_vector)
         args = (space_id, query, model_id, dimension, index_version, limit, documents)
         indexed = pgvector.index_type(dimension) is not None
-        hits = self._dense_query(*args, indexed=indexed)
+        hits = self._hnsw_query(*args) if indexed else self._exact_query(*args)
         if hits is None:
             # The HNSW attempt ran past HNSW_ATTEMPT_TIMEOUT_MS and was cancelled.
-            hits = DenseHits(self._dense_query(*args, indexed=False))
+            hits = DenseHits(self._exact_query(*args))
             hits.exact_fallback = (
                 f"the HNSW scan was cancelled after {HNSW_ATTEMPT_TIMEOUT_MS} ms; "
                 f"answered by the full scan ({len(hits)} rows)"
@@ -217,7 +217,7 @@ class PostgresSearchBackend(SearchBackend):
             # or the candidates the iterative scan could reach): never a short answer, and
             # never silently: reported in the log and in the result's metrics.
             found = len(hits)
-            hits = DenseHits(self._dense_query(*args, indexed=False))
+            hits = DenseHits(self._exact_query(*args))
             hits.exact_fallback = (
                 f"the HNSW scan returned {found} of {limit} rows "
                 f"(hnsw.max_scan_tuples {settings.KNOWLEDGE_PG_HNSW_MAX_SCAN_TUPLES}); "
@@ -226,57 +226,20 @@ class PostgresSearchBackend(SearchBackend):
             logger.info("dense search of space %s: %s", space_id, hits.exact_fallback)
         return hits
 
-    @overload
-    def _dense_query(
-        self,
-        space_id: uuid.UUID,
-        query: str,
-        model_id: str,
-        dimension: int,
-        index_version: int,
-        limit: int,
-        documents: frozenset | None,
-        *,
-        indexed: Literal[False],
-    ) -> list[ScoredNode]: ...
+    def _exact_query(self, *args: Any) -> list[ScoredNode]:
+        """Run :data:`DENSE_SQL` ordered by the uncast column, which no index serves (an exact
+        scan); ``args`` as :func:`dense_statement`'s positional ones."""
+        sql, params = dense_statement(*args, indexed=False)
+        with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return [ScoredNode(row[0], float(row[1])) for row in cursor.fetchall()]
 
-    @overload
-    def _dense_query(
-        self,
-        space_id: uuid.UUID,
-        query: str,
-        model_id: str,
-        dimension: int,
-        index_version: int,
-        limit: int,
-        documents: frozenset | None,
-        *,
-        indexed: bool,
-    ) -> list[ScoredNode] | None: ...
-
-    def _dense_query(
-        self,
-        space_id: uuid.UUID,
-        query: str,
-        model_id: str,
-        dimension: int,
-        index_version: int,
-        limit: int,
-        documents: frozenset | None,
-        *,
-        indexed: bool,
-    ) -> list[ScoredNode] | None:
-        """Run :data:`DENSE_SQL` ordered by the indexed expression (``indexed``) or by the
-        uncast column, which no index serves (an exact scan). ``None`` when the indexed attempt
+    def _hnsw_query(self, *args: Any) -> list[ScoredNode] | None:
+        """Run :data:`DENSE_SQL` ordered by the indexed expression. ``None`` when the attempt
         ran past :data:`HNSW_ATTEMPT_TIMEOUT_MS` (cancelled inside a savepoint, so the caller's
         transaction goes on)."""
-        sql, params = dense_statement(
-            space_id, query, model_id, dimension, index_version, limit, documents, indexed=indexed
-        )
-        if not indexed:
-            with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                return [ScoredNode(row[0], float(row[1])) for row in cursor.fetchall()]
+        limit = args[5]
+        sql, params = dense_statement(*args, indexed=True)
         try:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(
