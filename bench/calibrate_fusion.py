@@ -518,7 +518,7 @@ def main() -> int:
     for fusion in fusions if chosen["train"] else []:
         mix_grid, best = {}, None
         for depth in depths:
-            for w in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0):
+            for w in (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0):
                 for temp in (1.0, 2.0, 4.0, 8.0):
                     value = metrics("train", reranked(fusion, "train", w, temp, depth))["ndcg@10"]
                     mix_grid[f"N={depth} w={w} T={temp}"] = value

@@ -1,4 +1,4 @@
-"""What one Fast query costs in process on the scale curve's SQLite data, wall clock and CPU.
+"""What one Fast (or Deep) query costs in process on the scale curve's SQLite data, wall and CPU.
 
 Per size, a child process opens ``STATE/sqlite-<size>`` (``bench/scale_curve.py prepare`` and
 ``generate --engine sqlite``; ``KFS_SCALE_VAR``) with the code of ``--code`` (default: this
@@ -10,12 +10,15 @@ the claim's precomputed vector (the same vectors ``bench/floor.py`` gets). Per q
 the wall time and this thread's CPU time (``time.thread_time``): on a shared machine whose load
 average is above its core count the wall time mostly measures waiting, the CPU time does not
 (``bench/floorpeers/floor_child.py`` records both for the floor). Medians over the rounds of
-each round's p50 and p95; stage p50s from the result's ``stages``.
+each round's p50 and p95; stage p50s from the result's ``stages``. ``--mode deep`` measures
+Deep instead (the local cross-encoder on its top N, ``KNOWLEDGE_LOCAL_RERANK_TOP_N``); queries
+whose rerank passed its deadline are counted (``rerank_degraded``).
 
 Usage::
 
     KFS_SCALE_VAR=/work/scale-var python bench/fast_cost.py --sizes 10000,100000 \\
-        [--code /path/to/previous/checkout] [--out bench/results/fast-cost-DATE.json]
+        [--code /path/to/previous/checkout] [--mode fast|deep|research] [--queries N] \\
+        [--out bench/results/fast-cost-DATE.json]
 """
 
 from __future__ import annotations
@@ -54,19 +57,21 @@ def child(args) -> int:
     recall.embed_queries = lambda space, snapshot, batch: np.stack([vectors[t] for t in batch])
     space = KnowledgeSpace.objects.get(tenant_id="kfs-bench", slug=f"scale-{args.size}")
     t0 = time.perf_counter()
-    retrieve(space, texts[-1], top_k=10, mode="fast")
+    retrieve(space, texts[-1], top_k=10, mode=args.mode)
     first_ms = (time.perf_counter() - t0) * 1000
     for text in texts[-args.warmup - 1 : -1]:
-        retrieve(space, text, top_k=10, mode="fast")
+        retrieve(space, text, top_k=10, mode=args.mode)
     rounds = []
+    degraded = 0
     for _ in range(args.rounds):
         wall, cpu, stages = [], [], {}
         for text in texts[: args.queries]:
             c0, t0 = time.thread_time(), time.perf_counter()
-            result = retrieve(space, text, top_k=10, mode="fast")
+            result = retrieve(space, text, top_k=10, mode=args.mode)
             wall.append((time.perf_counter() - t0) * 1000)
             cpu.append((time.thread_time() - c0) * 1000)
             for s in result.stages:
+                degraded += bool(s["name"] == "rerank" and s.get("degraded"))
                 if s["status"] == "executed":
                     stages.setdefault(s["name"], []).append(s["duration_ms"])
         rounds.append(
@@ -82,6 +87,8 @@ def child(args) -> int:
     out = {
         "size": args.size,
         "code": args.code,
+        "mode": args.mode,
+        "rerank_degraded": degraded,
         "queries": args.queries,
         "first_query_ms": round(first_ms, 1),
         **{
@@ -108,6 +115,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--code", default=str(ROOT))
+    parser.add_argument("--mode", choices=["fast", "deep", "research"], default="fast")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=20)
@@ -126,20 +134,20 @@ def main() -> int:
         )
         env.pop("DATABASE_URL", None)
         cmd = [sys.executable, __file__, "--child-size", str(size), "--code", args.code,
-               "--queries", str(args.queries), "--rounds", str(args.rounds),
+               "--mode", args.mode, "--queries", str(args.queries), "--rounds", str(args.rounds),
                "--warmup", str(args.warmup)]  # fmt: skip
         load = os.getloadavg()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
         row = {**json.loads(done.stdout.strip().splitlines()[-1]), "load_avg_start": load}
         print(
-            f"{size}: wall p50/p95 {row['wall_p50_ms']}/{row['wall_p95_ms']} ms, "
+            f"{size} {args.mode}: wall p50/p95 {row['wall_p50_ms']}/{row['wall_p95_ms']} ms, "
             f"cpu p50/p95 {row['cpu_p50_ms']}/{row['cpu_p95_ms']} ms "
             f"(load {load[0]:.1f}; first query {row['first_query_ms']} ms)",
             flush=True,
         )
         results.append(row)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-    out = Path(args.out or ROOT / "bench" / "results" / f"fast-cost-{stamp}.json")
+    out = Path(args.out or ROOT / "bench" / "results" / f"{args.mode}-cost-{stamp}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"code": args.code, "results": results}, indent=1) + "\n")
     return 0

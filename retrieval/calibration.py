@@ -199,20 +199,26 @@ def calibrated_fusion(
     return ranked
 
 
+def effective_fusion(fusion: str, snapshot) -> str:
+    """The fusion that ranks ``snapshot``'s space under ``fusion``: ``calibrated`` on a space
+    whose model has no learned maps (not in :data:`LEARNED`), or no index yet, is ``minmax``."""
+    if fusion != "calibrated":
+        return fusion
+    model_id = snapshot.version[1] if snapshot.version is not None else None
+    return "calibrated" if model_id in LEARNED else "minmax"
+
+
 def fuse_legs(fusion: str, results: dict, query: str, snapshot, depth: int) -> list:
     """The fused candidates of ``results`` by ``fusion`` (``calibrated``, ``minmax``, ``rrf``);
     ``calibrated`` on a space whose model has no learned maps (not in :data:`LEARNED`) is
     ``minmax``."""
     if not results:
         return []
+    fusion = effective_fusion(fusion, snapshot)
     if fusion == "calibrated":
-        model_id = snapshot.version[1] if snapshot.version is not None else None
-        if model_id not in LEARNED:
-            fusion = "minmax"  # no learned maps for this model (LEARNED)
-        else:
-            return calibrated_fusion(
-                results, query=query, model_id=model_id, depth=depth, texts=node_texts
-            )
+        return calibrated_fusion(
+            results, query=query, model_id=snapshot.version[1], depth=depth, texts=node_texts
+        )
     from .recall import FUSIONS
 
     return FUSIONS[fusion](results)

@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .calibration import fuse_legs
+from .calibration import effective_fusion, fuse_legs
 from .recall import (
     LEGS,
     NodeRecord,
@@ -165,6 +165,7 @@ def fast_or_deep(space, profile, request: FastDeepRequest, started: float, route
         nodes,
         contexts,
         mode=request.mode,
+        fusion=effective_fusion(request.fusion, snapshot),
     )
     stages.append(rerank_stage)
     threshold = request.score_threshold
@@ -227,7 +228,9 @@ def _metrics(counts: dict, rerank_stage: dict, allowed, snapshot, timings: dict,
     return metrics
 
 
-def _final_order(space, profile, query: str, pool, nodes, contexts, *, mode: str = "fast"):
+def _final_order(
+    space, profile, query: str, pool, nodes, contexts, *, mode: str = "fast", fusion: str
+):
     """Rank the pool (base hits + Deep's expansions): the local reranker's mix over its first
     candidates (:mod:`retrieval.reranking`: Deep always, Fast when the profile enables rerank,
     under the local runtime), else one Dify rerank over all of it when the profile enables one,
@@ -241,7 +244,7 @@ def _final_order(space, profile, query: str, pool, nodes, contexts, *, mode: str
     )
     if pool and query and local_rerank_applies(profile, mode):
         texts = {node_id: nodes[node_id].text for node_id, _, _ in pool if node_id in nodes}
-        ranked, info = rerank_locally(query, fused_order, texts)
+        ranked, info = rerank_locally(query, fused_order, texts, fusion=fusion)
         entry = stage("rerank", True, info["candidates"], 0, info["duration_ms"])
         if info["degraded"]:
             entry["degraded"] = info["degraded"]

@@ -8,12 +8,13 @@ and Fast's candidates when the space's retrieval profile enables rerank
 their order below them.
 
 The final score of a reranked candidate is a convex mix of the cross-encoder's probability and
-the first-stage score, both absolute (the calibrated fusion, :mod:`retrieval.calibration`):
-``final = w · σ(logit / T) + (1 − w) · first`` (:data:`MIX_WEIGHT`, :data:`MIX_TEMPERATURE`:
-fitted on SciFact train by ``bench/calibrate_fusion.py``; docs/benchmarks.md).
-The cross-encoder alone is weaker than BM25 on SciFact; mixed, it adds. A candidate below the
-top N keeps ``min(first-stage score, lowest reranked score)`` so it never rises above a reranked
-one.
+the first-stage score: ``final = w · σ(logit / T) + (1 − w) · first``, with ``(w, T)`` per
+first-stage fusion (:data:`MIX`: fitted on SciFact train by ``bench/calibrate_fusion.py``;
+docs/benchmarks.md). Over the calibrated fusion (an absolute first stage, the default) the
+cross-encoder only breaks near-ties (w 0.05); over a relative first stage (min-max, RRF) it
+weighs more (w 0.2). The cross-encoder alone is weaker than the first stage on SciFact; mixed,
+it adds. A candidate below the top N keeps ``min(first-stage score, lowest reranked score)`` so
+it never rises above a reranked one.
 
 The call is bounded by ``KNOWLEDGE_LOCAL_RERANK_TIMEOUT_MS`` (the wait for a place in the
 reranker's concurrency gate included). On timeout the first-stage order is served and the
@@ -31,16 +32,17 @@ from django.conf import settings
 
 from knowledgefs.errors import Unavailable
 
-#: The cross-encoder's share of the final score, and the temperature of its logit: fitted on
-#: SciFact train, bench/calibrate_fusion.py, 2026-12-03, over the min-max first stage (the default
-#: fusion): a grid of w 0.2-1.0, T 1/2/4, N 10-30 on train nDCG@10; only 32 train claims got
-#: cross-encoder scores in the time the shared machine allowed, so the fit is coarse
-#: (docs/benchmarks.md). Best: w 0.2, T 2, N 15-30 level.
-#: Over the calibrated first stage (the default since), on 180 train claims, no mix beat no
-#: rerank (w 0: 0.7761 train nDCG@10; w 0.1, T 1: 0.7732; w 0.2, T 2: 0.7655): too few claims
-#: (300 wanted) to change the values; docs/benchmarks.md.
-MIX_WEIGHT = 0.2
-MIX_TEMPERATURE = 2.0
+#: The cross-encoder's share ``w`` of the final score and the temperature ``T`` of its logit, per
+#: first-stage fusion (as it ranked the space: :func:`retrieval.calibration.effective_fusion`).
+#: Fitted on SciFact train by a grid of w, T 1/2/4 and N 10-30 over nDCG@10
+#: (``bench/calibrate_fusion.py``, docs/benchmarks.md, 2026-12-03):
+#: over the calibrated first stage on 300 train claims, no rerank 0.7635, w 0.05 / T 1 0.7691
+#: (N 15-30 level), w 0.2 / T 2 lower than no rerank; over min-max on 241 train claims, no
+#: rerank 0.7534, w 0.2 / T 2 0.7643 (the best, level with w 0.3).
+MIX = {"calibrated": (0.05, 1.0)}
+#: ``(w, T)`` of a relative first stage (min-max, RRF, a Dify fusion).
+MIX_RELATIVE = (0.2, 2.0)
+MIX_WEIGHT, MIX_TEMPERATURE = MIX["calibrated"]
 
 Ranked = list[tuple[uuid.UUID, float, dict]]
 
@@ -67,18 +69,25 @@ def mix(
     return weight * p + (1.0 - weight) * max(min(first, 1.0), 0.0)
 
 
+def mix_parameters(fusion: str) -> tuple[float, float]:
+    """``(w, T)`` of :func:`mix` over a first stage fused by ``fusion`` (:data:`MIX`)."""
+    return MIX.get(fusion, MIX_RELATIVE)
+
+
 def rerank_locally(
     query: str,
     pool: Ranked,
     texts: dict[uuid.UUID, str],
     *,
+    fusion: str = "calibrated",
     top_n: int | None = None,
     timeout_ms: int | None = None,
 ) -> tuple[Ranked, dict]:
-    """Rerank ``pool`` (first-stage ``(node_id, score, per_leg)``, best first) with the local
-    cross-encoder. Returns ``(ranked, info)``: ``info`` has ``candidates`` (pairs scored),
-    ``duration_ms`` and ``degraded`` (``None``, or ``"timeout"`` with the first-stage order).
-    Raises 503 ``rerank_unavailable`` when the model cannot be loaded."""
+    """Rerank ``pool`` (first-stage ``(node_id, score, per_leg)``, best first, fused by
+    ``fusion``) with the local cross-encoder. Returns ``(ranked, info)``: ``info`` has
+    ``candidates`` (pairs scored), ``duration_ms`` and ``degraded`` (``None``, or
+    ``"timeout"`` with the first-stage order). Raises 503 ``rerank_unavailable`` when the
+    model cannot be loaded."""
     from knowledgefs.runtime.local_rerank import (
         RerankModelError,
         RerankTimeout,
@@ -105,9 +114,10 @@ def rerank_locally(
         info["degraded"] = "timeout"
         info["duration_ms"] = round((time.perf_counter() - t0) * 1000, 2)
         return list(pool), info
+    weight, temperature = mix_parameters(fusion)
     reranked = []
     for (node_id, first, per_leg), logit in zip(head, logits, strict=True):
-        final = mix(float(logit), first)
+        final = mix(float(logit), first, weight, temperature)
         probability = mix(float(logit), 0.0, weight=1.0, temperature=1.0)
         extra = {"rerank": probability, "rerank_logit": float(logit), "first_stage": first}
         reranked.append((node_id, final, {**per_leg, **extra}))

@@ -185,6 +185,7 @@ class _Retrieval:
     def _rerank_locally(self, new: list[uuid.UUID], *, record: bool) -> None:
         """The local cross-encoder over ``new`` in the combined first-stage order, its mixed
         score (:mod:`retrieval.reranking`) joining :attr:`reranked` for every one of them."""
+        from ..calibration import DEFAULT_FUSION, effective_fusion
         from ..recall import load_nodes, stage
         from ..reranking import rerank_locally
 
@@ -193,7 +194,8 @@ class _Retrieval:
         wanted = set(new)
         first = [r for r in fused if r[0] in wanted and r[0] in self.nodes]
         texts = {node_id: self.nodes[node_id].text for node_id, _, _ in first}
-        ranked, info = rerank_locally(self.query, first, texts)
+        fusion = effective_fusion(DEFAULT_FUSION, self.snapshot)
+        ranked, info = rerank_locally(self.query, first, texts, fusion=fusion)
         for node_id, score, _ in ranked:
             self.reranked[node_id] = score
         self.rerank_calls += 1

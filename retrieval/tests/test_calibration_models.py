@@ -34,3 +34,25 @@ def test_the_embedded_default_ranks_by_its_learned_maps():
     # min-max's equal shares put first.
     assert _order("calibrated", BGE_SMALL_ID)[0] == B
     assert _order("minmax", BGE_SMALL_ID)[0] == A
+
+
+def test_the_rerank_mix_follows_the_fusion_that_ranked_the_space():
+    from retrieval.calibration import effective_fusion
+    from retrieval.reranking import MIX_RELATIVE, mix, mix_parameters
+
+    def on(model_id):
+        return SimpleNamespace(version=(1, model_id))
+
+    assert effective_fusion("calibrated", on(BGE_SMALL_ID)) == "calibrated"
+    assert effective_fusion("calibrated", on(MINILM_ID)) == "minmax"
+    assert effective_fusion("calibrated", SimpleNamespace(version=None)) == "minmax"
+    assert effective_fusion("rrf", on(BGE_SMALL_ID)) == "rrf"
+    absolute, relative = mix_parameters("calibrated"), mix_parameters("minmax")
+    assert relative == mix_parameters("rrf") == MIX_RELATIVE and absolute[0] < relative[0]
+    # Over an absolute first stage the cross-encoder breaks a near-tie but cannot lift a
+    # clearly weaker candidate (0.60 against 0.80) past a stronger one; over a relative first
+    # stage it can.
+    assert mix(6.0, 0.80, *absolute) > mix(-6.0, 0.79, *absolute)
+    assert mix(-6.0, 0.80, *absolute) < mix(6.0, 0.79, *absolute)
+    assert mix(6.0, 0.60, *absolute) < mix(-6.0, 0.80, *absolute)
+    assert mix(6.0, 0.60, *relative) > mix(-6.0, 0.80, *relative)
