@@ -11,8 +11,8 @@ The final score of a reranked candidate is a convex mix of the cross-encoder's p
 the first-stage score: ``final = w · σ(logit / T) + (1 − w) · first``, with ``(w, T)`` per
 first-stage fusion (:data:`MIX`: fitted on SciFact train by ``bench/calibrate_fusion.py``;
 docs/benchmarks.md). Over the calibrated fusion (an absolute first stage, the default) the
-cross-encoder only breaks near-ties (w 0.05); over a relative first stage (min-max, RRF) it
-weighs more (w 0.2). The cross-encoder alone is weaker than the first stage on SciFact; mixed,
+cross-encoder only breaks near-ties (w 0.05, T 8); over a relative first stage (min-max, RRF) it
+weighs more (w 0.2, T 2). The cross-encoder alone is weaker than the first stage on SciFact; mixed,
 it adds. A candidate below the top N keeps ``min(first-stage score, lowest reranked score)`` so
 it never rises above a reranked one.
 
@@ -34,12 +34,12 @@ from knowledgefs.errors import Unavailable
 
 #: The cross-encoder's share ``w`` of the final score and the temperature ``T`` of its logit, per
 #: first-stage fusion (as it ranked the space: :func:`retrieval.calibration.effective_fusion`).
-#: Fitted on SciFact train by a grid of w, T 1/2/4 and N 10-30 over nDCG@10
-#: (``bench/calibrate_fusion.py``, docs/benchmarks.md, 2026-12-03):
-#: over the calibrated first stage on 300 train claims, no rerank 0.7635, w 0.05 / T 1 0.7691
-#: (N 15-30 level), w 0.2 / T 2 lower than no rerank; over min-max on 241 train claims, no
-#: rerank 0.7534, w 0.2 / T 2 0.7643 (the best, level with w 0.3).
-MIX = {"calibrated": (0.05, 1.0)}
+#: Fitted on SciFact train by a grid of w 0-1, T 1/2/4/8 and N 10-30 over nDCG@10
+#: (``bench/calibrate_fusion.py``, bench/results/rerank-mix-300-2026-12-03.json): over the
+#: calibrated first stage on 300 train claims, no rerank 0.7635, w 0.05 / T 8 0.7691 (N 10-30
+#: level; the best, MRR@10 0.7369), w 0.2 / T 2 0.7595 (below no rerank); over min-max on 241
+#: train claims, no rerank 0.7534, w 0.2 / T 2 0.7643 (the best, level with w 0.3).
+MIX = {"calibrated": (0.05, 8.0)}
 #: ``(w, T)`` of a relative first stage (min-max, RRF, a Dify fusion).
 MIX_RELATIVE = (0.2, 2.0)
 MIX_WEIGHT, MIX_TEMPERATURE = MIX["calibrated"]
