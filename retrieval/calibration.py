@@ -124,10 +124,19 @@ def _pattern(target: str) -> re.Pattern:
 
 
 def exact_share(targets: list[str], text: str) -> float:
-    """The share of ``targets`` found in ``text`` (0 without targets)."""
+    """The share of ``targets`` found in ``text`` (0 without targets). When text and target are
+    ASCII (where a case-insensitive match is equality after ``lower()``), a target with a word
+    absent from the lowered text is skipped before its pattern runs."""
     if not targets:
         return 0.0
-    return sum(1 for t in targets if _pattern(t).search(text)) / len(targets)
+    lowered = text.lower() if text.isascii() else None
+    found = 0
+    for target in targets:
+        if lowered is not None and target.isascii():
+            if not all(word in lowered for word in target.split()):
+                continue
+        found += _pattern(target).search(text) is not None
+    return found / len(targets)
 
 
 # --- the fusion ---------------------------------------------------------------------------------
@@ -225,7 +234,27 @@ def fuse_legs(fusion: str, results: dict, query: str, snapshot, depth: int) -> l
 
 
 def node_texts(ids) -> dict:
-    """``{node_id: text}`` of ``ids`` (one statement)."""
-    from .recall import load_nodes
+    """``{node_id: text}`` of ``ids`` (one statement over the nodes alone: the exact boost
+    needs no citation fields)."""
+    import json
 
-    return {node_id: node.text for node_id, node in load_nodes(list(ids)).items()}
+    from django.db import connection
+
+    from ingestion.models import KnowledgeNode
+
+    from .recall import db_uuid
+
+    ids = list(ids)
+    if not ids:
+        return {}
+    table = connection.ops.quote_name(KnowledgeNode._meta.db_table)
+    if connection.vendor == "sqlite":
+        where = "id IN (SELECT value FROM json_each(%s))"
+        param: object = json.dumps([db_uuid(i) for i in ids])
+    else:
+        where, param = "id = ANY(%s)", ids
+    by_key = {str(db_uuid(i)): i for i in ids}
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id, text FROM {table} WHERE {where}", [param])
+        rows = cursor.fetchall()
+    return {by_key[str(row[0])]: row[1] for row in rows if str(row[0]) in by_key}

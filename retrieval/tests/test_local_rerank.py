@@ -229,6 +229,24 @@ def test_exact_targets_are_quoted_phrases_and_tokens_with_digits():
     assert exact_share(["ex-447"], "see Exhibit EX-4471.") == 0.0  # whole tokens only
 
 
+def test_exact_share_skips_only_targets_that_cannot_match():
+    """The ASCII pre-check never changes the answer of the pattern alone."""
+    from retrieval.calibration import _pattern
+
+    texts = [
+        "See Exhibit EX-4471 and the SIGNED\nlease, page 7.",
+        "the signed  lease of ex-4471b",
+        "Stra\u017fse 12 \u212aelvin K2 and \u0130stanbul 2024",
+        "",
+    ]
+    targets = ["ex-4471", "signed lease", "k2", "stra\u017fse", "\u0131stanbul", "2024", "page 7"]
+    for text in texts:
+        for target in targets:
+            alone = 1.0 if _pattern(target).search(text) else 0.0
+            assert exact_share([target], text) == alone, (target, text)
+    assert exact_share(["ex-4471", "signed lease", "missing9"], texts[0]) == pytest.approx(2 / 3)
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("mode", ["fast", "deep"])
 def test_an_exact_identifier_ranks_first(facts, mode, settings):
