@@ -250,7 +250,7 @@ def node_texts(ids) -> dict:
     table = connection.ops.quote_name(KnowledgeNode._meta.db_table)
     if connection.vendor == "sqlite":
         where = "id IN (SELECT value FROM json_each(%s))"
-        param: object = json.dumps([db_uuid(i) for i in ids])
+        param: str | list = json.dumps([db_uuid(i) for i in ids])
     else:
         where, param = "id = ANY(%s)", ids
     by_key = {str(db_uuid(i)): i for i in ids}
