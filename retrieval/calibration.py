@@ -234,27 +234,7 @@ def fuse_legs(fusion: str, results: dict, query: str, snapshot, depth: int) -> l
 
 
 def node_texts(ids) -> dict:
-    """``{node_id: text}`` of ``ids`` (one statement over the nodes alone: the exact boost
-    needs no citation fields)."""
-    import json
+    """``{node_id: text}`` of ``ids`` (one statement; the exact boost needs no citations)."""
+    from .recall import load_texts
 
-    from django.db import connection
-
-    from ingestion.models import KnowledgeNode
-
-    from .recall import db_uuid
-
-    ids = list(ids)
-    if not ids:
-        return {}
-    table = connection.ops.quote_name(KnowledgeNode._meta.db_table)
-    if connection.vendor == "sqlite":
-        where = "id IN (SELECT value FROM json_each(%s))"
-        param: str | list = json.dumps([db_uuid(i) for i in ids])
-    else:
-        where, param = "id = ANY(%s)", ids
-    by_key = {str(db_uuid(i)): i for i in ids}
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id, text FROM {table} WHERE {where}", [param])
-        rows = cursor.fetchall()
-    return {by_key[str(row[0])]: row[1] for row in rows if str(row[0]) in by_key}
+    return load_texts(list(ids))

@@ -502,19 +502,34 @@ def _as_uuid(value) -> uuid.UUID:
 def load_nodes(ids: list[uuid.UUID]) -> dict[uuid.UUID, NodeRecord]:
     """``{id: node}`` with each node's citation fields (one statement); missing ids are
     absent."""
+    if not ids:
+        return {}
+    where, param = ids_condition("n.id", ids)
+    return {n.id: n for n in select_nodes(where, [param])}
+
+
+def load_texts(ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """``{id: text}`` of ``ids`` (one statement over the nodes alone, no citation fields)."""
     from django.db import connection
 
     if not ids:
         return {}
-    params: list[object]
+    where, param = ids_condition("id", ids)
+    table = connection.ops.quote_name(KnowledgeNode._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id, text FROM {table} WHERE {where}", [param])
+        return {_as_uuid(row[0]): row[1] for row in cursor.fetchall()}
+
+
+def ids_condition(column: str, ids: list[uuid.UUID]) -> tuple[str, str | list]:
+    """``(where, param)``: ``column`` is one of ``ids`` (SQLite: a JSON array; else ``ANY``)."""
+    from django.db import connection
+
     if connection.vendor == "sqlite":
-        where, params = (
-            "n.id IN (SELECT value FROM json_each(%s))",
-            [json.dumps([db_uuid(i) for i in ids])],
+        return f"{column} IN (SELECT value FROM json_each(%s))", json.dumps(
+            [db_uuid(i) for i in ids]
         )
-    else:
-        where, params = "n.id = ANY(%s)", [list(ids)]
-    return {n.id: n for n in select_nodes(where, params)}
+    return f"{column} = ANY(%s)", list(ids)
 
 
 def hydrate(
