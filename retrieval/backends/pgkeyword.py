@@ -3,11 +3,14 @@
 Tables (migration ``retrieval.0010``):
 
 - ``retrieval_keyword_posting (node_id, term, space_id, tf, impact)``: one row per node and
-  lexeme. Primary key ``(node_id, term)`` (a node's postings for the query terms: the random
-  access, and deletes); btree ``(space_id, term, impact, node_id)`` read backwards (the sorted
+  lexeme. Primary key ``(node_id, term)`` (a node's postings: deletes); btree ``(space_id, term, impact, node_id)`` read backwards (the sorted
   access: a term's list best impact first, resumed by keyset ``(impact, node_id) < (…)``).
-- ``retrieval_keyword_node (node_id, space_id, length)``: one row per indexed node (also a node
-  without lexemes); ``length`` = the node's token count (Σ tf).
+- ``retrieval_keyword_node (node_id, space_id, length, terms, tfs, document_id, generation)``:
+  one row per indexed node (also a node without lexemes); ``length`` = the node's token count
+  (Σ tf); ``terms`` / ``tfs`` = its lexemes (sorted) and their tf, the node's postings as one
+  row (migration ``retrieval.0015``): the random access reads this row, not one posting per
+  query term; ``document_id`` / ``generation`` = the node's (immutable), so visibility is one
+  probe of the document.
 - ``retrieval_keyword_term (space_id, term, df)``: document frequency per lexeme of a space.
 - ``retrieval_keyword_space (space_id, nodes, length, avgdl)``: N, Σ length, and the frozen
   average length the impacts were computed with.
@@ -65,6 +68,9 @@ MARGIN = 1.0 + 2.0**-20
 # (cost ∝ the filter), wider ones by the Threshold Algorithm with the filter in its random access.
 DIRECT_FILTER_NODES = 10_000
 MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+# Joins a node's lexemes into one text parameter of the node insert (a lexeme never holds a
+# control character: the parser splits on them).
+TERM_SEPARATOR = "\x1f"
 
 LEX_SQL = (
     "SELECT i, coalesce(array_agg(lexeme ORDER BY lexeme) FILTER (WHERE lexeme IS NOT NULL), "
@@ -95,17 +101,19 @@ SORTED_SQL = (
     "ORDER BY p.impact DESC, p.node_id DESC LIMIT u.lim) p"
 )
 
-# Random access: candidates' length, their postings of the query terms and their visibility
-# (generation = the document's active one, enabled, the filter) as a scalar subquery per
-# candidate, so every lookup is a primary-key probe.
+# Random access: candidates' length, their tf of the query terms (from the node row's term
+# vector: one heap tuple per candidate, where the postings' primary key cost a probe and a heap
+# page per term) and their visibility (generation = the document's active one, enabled, the
+# filter; the node's document and generation, which never change, are copied into its row) as
+# a scalar subquery per candidate, so every lookup is a primary-key probe.
 VISIBLE = (
-    "(SELECT n.generation = d.active_generation AND d.enabled {only}"
-    "FROM ingestion_knowledgenode n JOIN ingestion_document d ON d.id = n.document_id "
-    "WHERE n.id = k.node_id)"
+    "(SELECT k.generation = d.active_generation AND d.enabled {only}"
+    "FROM ingestion_document d WHERE d.id = k.document_id)"
 )
 RANDOM_SQL = (
     f"SELECT k.node_id::text, k.length, p.term, p.tf FROM {NODE} k "
-    f"JOIN {POSTING} p ON p.node_id = k.node_id AND p.term = ANY(%s::text[]) "
+    "CROSS JOIN LATERAL (SELECT * FROM unnest(k.terms, k.tfs) t(term, tf) "
+    "WHERE t.term = ANY(%s::text[])) p "
     "WHERE k.node_id = ANY(%s::uuid[]) AND k.space_id = %s AND " + VISIBLE
 )
 # The exact answer over the nodes of a small set of documents (the filter's own rows).
@@ -201,7 +209,7 @@ def write(cursor, nodes: list, *, avgdl: float | None = None) -> None:
             frozen[space_id] = stored
         else:
             frozen[space_id] = avgdl or max(1.0, sum(lengths) / len(lengths))
-    node_rows: tuple[list, list, list] = ([], [], [])
+    node_rows: tuple[list, list, list, list, list] = ([], [], [], [], [])
     postings: tuple[list, list, list, list, list] = ([], [], [], [], [])
     df: dict[tuple[uuid.UUID, str], int] = {}
     for n, (lexemes, tfs) in zip(nodes, lexed, strict=True):
@@ -209,6 +217,8 @@ def write(cursor, nodes: list, *, avgdl: float | None = None) -> None:
         node_rows[0].append(n.id)
         node_rows[1].append(n.space_id)
         node_rows[2].append(length)
+        node_rows[3].append(TERM_SEPARATOR.join(lexemes))
+        node_rows[4].append(",".join(map(str, tfs)))
         a0 = frozen[n.space_id]
         for term, tf in zip(lexemes, tfs, strict=True):
             postings[0].append(n.id)
@@ -219,9 +229,12 @@ def write(cursor, nodes: list, *, avgdl: float | None = None) -> None:
             key = (n.space_id, term)
             df[key] = df.get(key, 0) + 1
     cursor.execute(
-        f"INSERT INTO {NODE} (node_id, space_id, length) "
-        "SELECT * FROM unnest(%s::uuid[], %s::uuid[], %s::int[])",
-        list(node_rows),
+        f"INSERT INTO {NODE} (node_id, space_id, length, terms, tfs, document_id, generation) "
+        "SELECT u.i, u.s, u.l, string_to_array(u.t, %s), string_to_array(u.f, ',')::smallint[], "
+        "n.document_id, n.generation "
+        "FROM unnest(%s::uuid[], %s::uuid[], %s::int[], %s::text[], %s::text[]) u(i, s, l, t, f) "
+        "LEFT JOIN ingestion_knowledgenode n ON n.id = u.i",
+        [TERM_SEPARATOR, *node_rows],
     )
     for start in range(0, len(postings[0]), ROW_BATCH):
         cursor.execute(

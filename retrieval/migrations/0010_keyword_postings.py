@@ -28,8 +28,15 @@ CREATE = [
     f"CREATE TABLE {pgkeyword.NODE} ("
     " node_id uuid PRIMARY KEY,"
     " space_id uuid NOT NULL,"
-    " length integer NOT NULL)",
+    " length integer NOT NULL,"
+    # retrieval.0015's term vector (here too, so this migration's rebuild can write it).
+    " terms text[] NOT NULL DEFAULT '{}',"
+    " tfs smallint[] NOT NULL DEFAULT '{}',"
+    " document_id uuid,"
+    " generation uuid)",
     f"CREATE INDEX retrieval_keyword_node_space ON {pgkeyword.NODE} (space_id)",
+    f"ALTER TABLE {pgkeyword.NODE} ALTER COLUMN terms SET STORAGE MAIN, "
+    "ALTER COLUMN tfs SET STORAGE MAIN",
     f"CREATE TABLE {pgkeyword.TERM} ("
     " space_id uuid NOT NULL,"
     ' term text COLLATE "C" NOT NULL,'

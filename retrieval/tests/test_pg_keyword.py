@@ -279,10 +279,41 @@ def recomputed(space_id) -> tuple[tuple, dict]:
         return space_row, dict(cursor.fetchall())
 
 
+def term_vectors_match_postings(space_id) -> None:
+    """Every node row's term vector (``terms``, ``tfs``: what the random access reads) is
+    exactly its postings, term by term, ``length`` their Σ tf, and its document and generation
+    its knowledge node's."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT k.node_id, k.length, k.terms, k.tfs, "
+            "coalesce(array_agg(p.term ORDER BY p.term) FILTER (WHERE p.term IS NOT NULL), "
+            "'{}'), coalesce(array_agg(p.tf ORDER BY p.term) FILTER (WHERE p.term IS NOT NULL), "
+            f"'{{}}') FROM {pk.NODE} k LEFT JOIN {pk.POSTING} p ON p.node_id = k.node_id "
+            "WHERE k.space_id = %s GROUP BY k.node_id",
+            [space_id],
+        )
+        rows = cursor.fetchall()
+    assert rows and any(row[2] for row in rows)
+    for _, length, terms, tfs, posted_terms, posted_tfs in rows:
+        assert (terms, tfs) == (posted_terms, posted_tfs)
+        assert length == sum(tfs)
+    # … and carries its node's document and generation (what visibility reads).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT count(*), count(*) FILTER (WHERE k.document_id = n.document_id "
+            f"AND k.generation = n.generation) FROM {pk.NODE} k "
+            "JOIN ingestion_knowledgenode n ON n.id = k.node_id WHERE k.space_id = %s",
+            [space_id],
+        )
+        joined, same = cursor.fetchone()
+    assert joined == same == len(rows)
+
+
 def test_deletes_keep_statistics_exact_and_rebuild_gives_the_same_answers(space):
     corpus = fill(space, documents=100, per_document=10, seed=5)
     backend = get_search_backend()
     assert statistics(space.id) == recomputed(space.id)
+    term_vectors_match_postings(space.id)
     assert (
         backend.projection_counts(space.id)["keyword"]
         == KnowledgeNode.objects.filter(space=space).count()
@@ -299,8 +330,10 @@ def test_deletes_keep_statistics_exact_and_rebuild_gives_the_same_answers(space)
     before = {q: search(space, q, 10) for q in queries(6, 20)}
     for query, hits in before.items():
         same(hits, reference.top(query, 10, visible))
+    term_vectors_match_postings(space.id)
     assert backend.rebuild_keywords(space.id) == nodes
     assert statistics(space.id) == recomputed(space.id)
+    term_vectors_match_postings(space.id)
     for query, hits in before.items():
         same(search(space, query, 10), hits)
 
@@ -335,7 +368,10 @@ def test_the_lists_are_read_by_index_scans_under_a_limit(space):
         sorted_plan
     )
     assert "Seq Scan" not in sorted_plan and "Sort" not in sorted_plan
-    assert "retrieval_keyword_posting_pkey" in random_plan
+    # Random access: each candidate's node row by its primary key (its term vector holds the
+    # tf), no posting read.
+    assert "retrieval_keyword_node_pkey" in random_plan
+    assert "retrieval_keyword_posting" not in random_plan
     assert "Seq Scan" not in random_plan
 
 
