@@ -35,9 +35,12 @@ point runs in its own subprocess under ``--max-seconds``):
     in-process (``retrieval.modes.retrieve``, mode ``fast``, ``top_k`` 10, both legs, query
     embedding included) one claim at a time until ``--queries`` or ``--max-seconds``.
     Environment: ``KFS_SCALE_KEYWORD=unbounded`` measures PostgreSQL's keyword leg without its
-    postings budget (recorded as engine ``postgres+unbounded``: before and after in one run);
-    ``KFS_SCALE_EF_SWEEP=0`` skips the ``ef_search`` sweep, ``KFS_SCALE_PUBLISH_PROBES=0`` the
-    first-query-after-publish probes.
+    postings budget (recorded as engine ``postgres+unbounded``: before and after in one run;
+    any other value only labels the point, e.g. the previous release run from its own
+    checkout); ``KFS_SCALE_EF_SWEEP=0`` skips the ``ef_search`` sweep,
+    ``KFS_SCALE_PUBLISH_PROBES=0`` the first-query-after-publish probes;
+    ``KFS_SCALE_PREWARM=rel,…`` reads those PostgreSQL relations into the OS cache
+    (``pg_prewarm``) before measuring, timed and recorded.
 ``report``
     Recall@10 (and @50) of each engine's dense leg against the numpy ground truth, the
     markdown table, ``bench/results/scale-curve-<date>.json``.

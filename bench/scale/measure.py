@@ -30,6 +30,7 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
         from retrieval.backends import pgkeyword
 
         pgkeyword.search = functools.partial(pgkeyword.search, bounded=False)
+    prewarmed = prewarm(PREWARM) if engine == "postgres" and PREWARM else {}
     loaded = np.load(state_dir() / "queries.npz", allow_pickle=True)
     texts, vectors = list(loaded["texts"]), loaded["vectors"]
     space = KnowledgeSpace.objects.get(tenant_id=TENANT, slug=f"scale-{size}")
@@ -95,6 +96,7 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
             for name in ("embed", "dense", "keyword", "fusion")
         },
         "keyword_variant": KEYWORD_VARIANT or "default",
+        "prewarmed": prewarmed,
         "load_avg_start": load_start,
         "load_avg_end": os.getloadavg(),
         "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -111,6 +113,27 @@ EF_SWEEP = os.environ.get("KFS_SCALE_EF_SWEEP", "1") != "0"
 # ``unbounded``: PostgreSQL's keyword leg without its postings budget (the exact Threshold
 # Algorithm, the leg before the budget), recorded as engine ``postgres+unbounded``.
 KEYWORD_VARIANT = os.environ.get("KFS_SCALE_KEYWORD", "")
+# ``KFS_SCALE_PREWARM=rel,rel,…``: read these relations (tables or indexes) into the operating
+# system's cache with pg_prewarm before measuring, as a server that has been answering for a
+# while holds what its queries read (a space larger than memory cannot hold all of it).
+PREWARM = [r for r in os.environ.get("KFS_SCALE_PREWARM", "").split(",") if r]
+
+
+def prewarm(relations: list[str]) -> dict:
+    """``pg_prewarm(rel, 'read')`` of each relation: ``{rel: {"bytes", "seconds"}}``."""
+    from django.db import connection
+
+    out = {}
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+        for relation in relations:
+            t0 = time.perf_counter()
+            cursor.execute("SELECT pg_prewarm(%s::regclass, 'read')", [relation])
+            cursor.execute("SELECT pg_relation_size(%s::regclass)", [relation])
+            size = cursor.fetchone()[0]
+            out[relation] = {"bytes": size, "seconds": round(time.perf_counter() - t0, 1)}
+            log(f"  prewarmed {relation}: {size / 2**30:.2f} GiB in {out[relation]['seconds']} s")
+    return out
 
 
 def publish_probe(space, texts: list[str]) -> dict:

@@ -21,13 +21,20 @@ def cmd_report(args) -> int:
     for size in parse_sizes(args.sizes):
         truth_path = state_dir() / f"truth-{size}.npz"
         truth = np.load(truth_path)["ids"] if truth_path.exists() else None
-        for engine in ("sqlite", "postgres"):
-            gen = state.get("generate", {}).get(engine, {}).get(str(size))
-            meas = state.get("measure", {}).get(engine, {}).get(str(size))
+        measured = state.get("measure", {})
+        # The two engines, then their labelled variants measured at this size
+        # (``postgres+<KFS_SCALE_KEYWORD>``: another keyword leg, a release, a prewarm).
+        variants = sorted(e for e in measured if "+" in e and str(size) in measured[e])
+        for engine in ("sqlite", "postgres", *variants):
+            base = engine.split("+", 1)[0]
+            gen = state.get("generate", {}).get(base, {}).get(str(size))
+            meas = measured.get(engine, {}).get(str(size))
+            if engine != base and not meas:
+                continue
             row = {"size": size, "engine": engine, "generate": gen and summary(gen)}
             if gen:
                 row["indexes_built"] = gen.get("indexes_built")
-                rows_state = state.get("generate-rows", {}).get(engine, {}).get(str(size))
+                rows_state = state.get("generate-rows", {}).get(base, {}).get(str(size))
                 row["generate_rows"] = rows_state and {
                     "load_s": rows_state["load_s"],
                     "indexes_built": rows_state.get("indexes_built")
