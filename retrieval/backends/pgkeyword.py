@@ -3,8 +3,9 @@
 Tables (migration ``retrieval.0010``):
 
 - ``retrieval_keyword_posting (node_id, term, space_id, tf, impact)``: one row per node and
-  lexeme. Primary key ``(node_id, term)`` (a node's postings: deletes); btree ``(space_id, term, impact, node_id)`` read backwards (the sorted
-  access: a term's list best impact first, resumed by keyset ``(impact, node_id) < (…)``).
+  lexeme. Primary key ``(node_id, term)`` (a node's postings: deletes); btree ``(space_id,
+  term, impact, node_id)`` read backwards (the sorted access: a term's list best impact first,
+  resumed by keyset ``(impact, node_id) < (…)``).
 - ``retrieval_keyword_node (node_id, space_id, length, terms, tfs, document_id, generation)``:
   one row per indexed node (also a node without lexemes); ``length`` = the node's token count
   (Σ tf); ``terms`` / ``tfs`` = its lexemes (sorted) and their tf, the node's postings as one
