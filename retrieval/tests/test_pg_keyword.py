@@ -223,6 +223,22 @@ def test_stemming_stop_words_and_ties_follow_the_english_configuration(space):
     assert search(space, "the of and", 10) == []  # english drops every stop word
 
 
+def test_control_characters_and_empty_texts_keep_term_vectors_exact(space):
+    """The node insert joins a node's lexemes with U+001F; PostgreSQL's parser splits on control
+    characters, so none reaches a lexeme, and a text without lexemes gets an empty vector."""
+    ids = fill_texts(
+        space, ["alpha\x1fbeta gamma\x1f\x1fdelta", "\x1f\x1e\t", "the of and", "w9 w9"]
+    )
+    term_vectors_match_postings(space.id)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT node_id, terms, tfs FROM {pk.NODE} WHERE node_id = ANY(%s)", [ids])
+        vectors = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
+    assert vectors[ids[0]] == (["alpha", "beta", "delta", "gamma"], [1, 1, 1, 1])
+    assert vectors[ids[1]] == vectors[ids[2]] == ([], [])
+    assert vectors[ids[3]] == (["w9"], [2])
+    assert [n for n, _ in search(space, "beta delta", 10)] == [ids[0]]
+
+
 def fill_texts(space, texts: list[str]) -> list[uuid.UUID]:
     generation = uuid.uuid4()
     doc = Document.objects.create(
