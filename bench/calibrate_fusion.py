@@ -320,7 +320,7 @@ def product_fused(
             query=query,
             model_id=model_id,
             depth=depth,
-            texts=lambda ids: {n: texts_of[doc_of[n]] for n in ids},
+            texts=lambda ids, targets: {n: texts_of[doc_of[n]] for n in ids},
         )
     else:
         ranked = FUSIONS[fusion](scored)

@@ -38,6 +38,7 @@ ranks by ``minmax`` under the ``calibrated`` fusion (:data:`LEARNED`, :func:`fus
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import uuid
@@ -118,23 +119,48 @@ def exact_targets(query: str) -> list[str]:
     return targets
 
 
-def _pattern(target: str) -> re.Pattern:
+def _source(target: str) -> str:
+    """``target`` as a whole-token pattern: its words joined by ``\\s+``, no word character on
+    either side. The left edge is a lookbehind placed after the first word (the same test,
+    ``(?<!\\w)word`` ≡ ``word(?<!\\wword)``) so the pattern starts with a literal, which ``re``
+    finds by a fast scan instead of trying a lookbehind at every position."""
     words = [re.escape(w) for w in target.split()]
-    return re.compile(r"(?<!\w)" + r"\s+".join(words) + r"(?!\w)", re.IGNORECASE)
+    return (
+        words[0] + r"(?<!\w" + words[0] + ")" + "".join(r"\s+" + w for w in words[1:]) + (r"(?!\w)")
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _pattern(target: str) -> re.Pattern:
+    return re.compile(_source(target), re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lowered_pattern(target: str) -> re.Pattern:
+    """:func:`_pattern` without IGNORECASE, for a lower-case ASCII target in lowered text."""
+    return re.compile(_source(target))
+
+
+# The four non-ASCII letters Python's IGNORECASE matches to ASCII ones (``re`` documentation):
+# without them in a text, an ASCII target matches it case-insensitively exactly when it
+# matches the lowered text (every other letter lowers to a letter outside ASCII, or to itself).
+_FOLDS_TO_ASCII = re.compile("[\u0130\u0131\u017f\u212a]")
 
 
 def exact_share(targets: list[str], text: str) -> float:
-    """The share of ``targets`` found in ``text`` (0 without targets). When text and target are
-    ASCII (where a case-insensitive match is equality after ``lower()``), a target with a word
-    absent from the lowered text is skipped before its pattern runs."""
+    """The share of ``targets`` found in ``text`` (0 without targets). For an ASCII target in a
+    text without :data:`_FOLDS_TO_ASCII` letters, a target with a word absent from the lowered
+    text is skipped and the others are matched case-sensitively in the lowered text (the same
+    answer; Python's IGNORECASE search is several times slower)."""
     if not targets:
         return 0.0
-    lowered = text.lower() if text.isascii() else None
+    lowered = text.lower() if text.isascii() or not _FOLDS_TO_ASCII.search(text) else None
     found = 0
     for target in targets:
         if lowered is not None and target.isascii():
-            if not all(word in lowered for word in target.split()):
-                continue
+            if all(word in lowered for word in target.split()):
+                found += _lowered_pattern(target).search(lowered) is not None
+            continue
         found += _pattern(target).search(text) is not None
     return found / len(targets)
 
@@ -162,13 +188,14 @@ def calibrated_fusion(
     query: str = "",
     model_id: str | None = None,
     depth: int | None = None,
-    texts: Callable[[list[uuid.UUID]], dict[uuid.UUID, str]] | None = None,
+    texts: Callable[[list[uuid.UUID], list[str]], dict[uuid.UUID, str]] | None = None,
 ) -> list[tuple[uuid.UUID, float, dict]]:
     """Fuse ``legs`` (``{"dense"|"keyword": [ScoredNode]}``) into ``(node_id, p, per_leg)``,
     best first (ties by id). ``per_leg`` holds ``dense``/``keyword`` (each leg's calibrated
     feature, 0..1, for the nodes it found), ``dense_raw`` and ``keyword_raw`` (raw scores) and
     ``exact`` when the query has exact targets. ``depth`` is the legs' requested length (for
-    the imputation); ``texts(ids)`` returns node texts (needed only for exact targets)."""
+    the imputation); ``texts(ids, targets)`` returns the texts of the nodes among ``ids`` that
+    may hold a target (needed only for exact targets; a node it leaves out scores share 0)."""
     cal = calibration_for(model_id)
     dense = {h.node_id: float(h.score) for h in legs.get("dense") or []}
     keyword = {h.node_id: float(h.score) for h in legs.get("keyword") or []}
@@ -176,7 +203,7 @@ def calibrated_fusion(
     if not ids:
         return []
     targets = exact_targets(query) if query else []
-    found = texts(ids) if targets and texts is not None else {}
+    found = texts(ids, targets) if targets and texts is not None else {}
     dense_missing = _imputed(legs.get("dense"), depth, 0.0)
     keyword_missing = _imputed(legs.get("keyword"), depth, 0.0)
     # A leg that found nothing (not run, or no node matched: no query term in the space) gives
@@ -200,7 +227,8 @@ def calibrated_fusion(
             per_leg["keyword_raw"] = keyword[node_id]
         share = 0.0
         if targets:
-            share = exact_share(targets, found.get(node_id, ""))
+            text = found.get(node_id)
+            share = exact_share(targets, text) if text else 0.0
             per_leg["exact"] = share
         score = _sigmoid(cal.bias + cal.scale * feature + cal.boost * share)
         ranked.append((node_id, score, per_leg))
@@ -233,8 +261,14 @@ def fuse_legs(fusion: str, results: dict, query: str, snapshot, depth: int) -> l
     return FUSIONS[fusion](results)
 
 
-def node_texts(ids) -> dict:
-    """``{node_id: text}`` of ``ids`` (one statement; the exact boost needs no citations)."""
+def node_texts(ids, targets: list[str]) -> dict:
+    """``{node_id: text}`` of the nodes among ``ids`` that may hold one of ``targets`` (one
+    statement; the exact boost needs no citations). With ASCII targets the database keeps only
+    the texts holding every word of a target in any case (:func:`exact_share` finds no other:
+    its case-insensitive match of an ASCII word is ASCII, apart from the four non-ASCII letters
+    Unicode folds onto ASCII ones, K ſ İ ı, which this leaves unmatched); otherwise every text."""
     from .recall import load_texts
 
+    if all(target.isascii() for target in targets):
+        return load_texts(list(ids), [target.split() for target in targets])
     return load_texts(list(ids))

@@ -230,21 +230,78 @@ def test_exact_targets_are_quoted_phrases_and_tokens_with_digits():
 
 
 def test_exact_share_skips_only_targets_that_cannot_match():
-    """The ASCII pre-check never changes the answer of the pattern alone."""
-    from retrieval.calibration import _pattern
+    """The pre-check and the lowered match never change the answer of a plain whole-token
+    pattern (``(?<!\\w)…(?!\\w)``, IGNORECASE, on the text as it is)."""
+    import re
+
+    def _pattern(target):
+        words = [re.escape(w) for w in target.split()]
+        return re.compile(r"(?<!\w)" + r"\s+".join(words) + r"(?!\w)", re.IGNORECASE)
 
     texts = [
         "See Exhibit EX-4471 and the SIGNED\nlease, page 7.",
         "the signed  lease of ex-4471b",
         "Stra\u017fse 12 \u212aelvin K2 and \u0130stanbul 2024",
+        "IL-1\u03b2 and Il-6 in \u03b1v\u03b28 cells, \u0391\u0392\u0393 12 \u00c9x-4471",
+        "5% of 15%, p53, Ip53; 4471 and ex-4471",
         "",
     ]
-    targets = ["ex-4471", "signed lease", "k2", "stra\u017fse", "\u0131stanbul", "2024", "page 7"]
+    targets = [
+        "5%", "p53", "4471", "ex-4471", "signed lease", "k2", "stra\u017fse", "\u0131stanbul",
+        "2024", "page 7", "il-6", "il-1\u03b2", "\u03b1v\u03b28", "il-1", "12", "kelvin",
+        "strasse", "istanbul",
+    ]  # fmt: skip
     for text in texts:
         for target in targets:
             alone = 1.0 if _pattern(target).search(text) else 0.0
             assert exact_share([target], text) == alone, (target, text)
     assert exact_share(["ex-4471", "signed lease", "missing9"], texts[0]) == pytest.approx(2 / 3)
+
+
+@pytest.mark.django_db
+def test_the_database_keeps_every_text_that_may_hold_an_ascii_target(space):
+    """:func:`node_texts` lets the database drop the texts that cannot hold a target (LIKE over
+    the lowered text): every text the pattern matches is kept, the rest mostly not, and LIKE's
+    own wildcards in a target are literals."""
+    from ingestion.models import KnowledgeNode
+    from knowledgefs.testing.rows import published_document
+    from retrieval.calibration import node_texts
+
+    texts = [
+        "See Exhibit EX-4471 and the SIGNED\nlease, page 7.",
+        "ex-4471b only",
+        "100% of 50_50 deals!",
+        "signed, then a lease",
+        "Stra\u017fse 12 and K2",
+        "",
+        "at 1000 of 50x50",
+    ]
+    generation = uuid.uuid4()
+    doc = published_document(space, "exact", generation=generation, node_count=len(texts))
+    doc.save()
+    nodes = KnowledgeNode.objects.bulk_create(
+        KnowledgeNode(
+            id=uuid.uuid4(), space=space, document=doc, generation=generation, chunk_index=i,
+            text=t, start_offset=0, end_offset=len(t),
+        )
+        for i, t in enumerate(texts)
+    )  # fmt: skip
+    ids = [n.id for n in nodes]
+    cases = {
+        ("ex-4471",): {0, 1},  # 1: the substring, which the pattern then rejects
+        ("signed lease",): {0, 3},
+        ("100%", "50_50"): {2},  # not "1000" nor "50x50": % and _ are literals
+        ("k2", "page 7"): {0, 4},
+        ("missing9",): set(),
+    }
+    for targets, kept in cases.items():
+        found = node_texts(ids, list(targets))
+        assert set(found) == {ids[i] for i in kept}, targets
+        assert all(found[ids[i]] == texts[i] for i in kept)
+        matched = {i for i, t in enumerate(texts) if exact_share(list(targets), t) > 0}
+        assert matched <= kept, targets
+    # A non-ASCII target: every text is read (the pattern's Unicode folding decides).
+    assert set(node_texts(ids, ["stra\u017fse"])) == set(ids)
 
 
 @pytest.mark.django_db
