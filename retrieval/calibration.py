@@ -232,7 +232,7 @@ def calibrated_fusion(
             per_leg["exact"] = share
         score = _sigmoid(cal.bias + cal.scale * feature + cal.boost * share)
         ranked.append((node_id, score, per_leg))
-    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    ranked.sort(key=lambda r: (-r[1], r[0]))  # ties by id: UUIDs order as their text does
     return ranked
 
 

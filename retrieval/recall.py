@@ -404,7 +404,7 @@ def rerank(space, selection, query: str, pool, nodes) -> list[tuple[uuid.UUID, f
     for hit in hits:
         node_id, _, per_leg = pool[hit.index]
         ranked.append((node_id, hit.score, {**per_leg, "rerank": hit.score}))
-    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    ranked.sort(key=lambda r: (-r[1], r[0]))  # ties by id: UUIDs order as their text does
     return ranked
 
 

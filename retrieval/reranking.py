@@ -121,7 +121,7 @@ def rerank_locally(
         probability = mix(float(logit), 0.0, weight=1.0, temperature=1.0)
         extra = {"rerank": probability, "rerank_logit": float(logit), "first_stage": first}
         reranked.append((node_id, final, {**per_leg, **extra}))
-    reranked.sort(key=lambda r: (-r[1], str(r[0])))
+    reranked.sort(key=lambda r: (-r[1], r[0]))  # ties by id: UUIDs order as their text does
     floor = reranked[-1][1]
     taken = {r[0] for r in head}
     rest = [(n, min(s, floor), p) for n, s, p in pool if n not in taken]
