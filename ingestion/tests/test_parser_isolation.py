@@ -242,7 +242,8 @@ def test_a_job_canceled_during_its_parse_stops_the_parse(space, settings, monkey
 
     monkeypatch.setattr(isolation, "parse_isolated", spinning)
     before = set(processes_with(f"sleep\x00{MARKER}"))
-    admission = admit_document(space, filename="slow.txt", data=b"Some text. " * 30)
+    # Markdown: small plain text is parsed in the worker, without a child to cancel.
+    admission = admit_document(space, filename="slow.md", data=b"# Slow\n\n" + b"Some text. " * 30)
     worker = threading.Thread(target=compile_jobs, args=([admission.job.id],))
     worker.start()
     deadline = time.monotonic() + 30
