@@ -264,11 +264,35 @@ def fuse_legs(fusion: str, results: dict, query: str, snapshot, depth: int) -> l
 def node_texts(ids, targets: list[str]) -> dict:
     """``{node_id: text}`` of the nodes among ``ids`` that may hold one of ``targets`` (one
     statement; the exact boost needs no citations). With ASCII targets the database keeps only
-    the texts holding every word of a target in any case (:func:`exact_share` finds no other:
-    its case-insensitive match of an ASCII word is ASCII, apart from the four non-ASCII letters
+    the texts holding every word of a target as a substring in any ASCII case (``LIKE``, so the
+    other texts are never read into Python; :func:`exact_share` finds no other: its
+    case-insensitive match of an ASCII word is ASCII, apart from the four non-ASCII letters
     Unicode folds onto ASCII ones, K ſ İ ı, which this leaves unmatched); otherwise every text."""
-    from .recall import load_texts
+    from django.db import connection
 
+    from ingestion.models import KnowledgeNode
+
+    from .recall import _as_uuid, ids_condition
+
+    ids = list(ids)
+    if not ids:
+        return {}
+    where, param = ids_condition("id", ids)
+    params: list = [param]
     if all(target.isascii() for target in targets):
-        return load_texts(list(ids), [target.split() for target in targets])
-    return load_texts(list(ids))
+        # SQLite's LIKE ignores ASCII case itself; elsewhere the text is lowered first.
+        like = "text LIKE %s" if connection.vendor == "sqlite" else "LOWER(text) LIKE %s"
+        groups = []
+        for words in (target.split() for target in targets):
+            groups.append(" AND ".join([f"{like} ESCAPE '!'"] * len(words)))
+            params.extend(f"%{_like_escaped(word)}%" for word in words)
+        where += " AND ((" + ") OR (".join(groups) + "))"
+    table = connection.ops.quote_name(KnowledgeNode._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id, text FROM {table} WHERE {where}", params)
+        return {_as_uuid(row[0]): row[1] for row in cursor.fetchall()}
+
+
+def _like_escaped(word: str) -> str:
+    """``word`` as a literal in a ``LIKE … ESCAPE '!'`` pattern."""
+    return word.replace("!", "!!").replace("%", "!%").replace("_", "!_")

@@ -508,38 +508,6 @@ def load_nodes(ids: list[uuid.UUID]) -> dict[uuid.UUID, NodeRecord]:
     return {n.id: n for n in select_nodes(where, [param])}
 
 
-def load_texts(
-    ids: list[uuid.UUID], containing: list[list[str]] | None = None
-) -> dict[uuid.UUID, str]:
-    """``{id: text}`` of ``ids`` (one statement over the nodes alone, no citation fields).
-    ``containing`` (lower-case ASCII words, grouped): only the nodes whose text holds every word
-    of at least one group as a substring in any ASCII case (``LIKE``, evaluated by the
-    database, so the other texts are never read into Python)."""
-    from django.db import connection
-
-    if not ids:
-        return {}
-    where, param = ids_condition("id", ids)
-    params: list = [param]
-    if containing:
-        # SQLite's LIKE ignores ASCII case itself; elsewhere the text is lowered first.
-        like = "text LIKE %s" if connection.vendor == "sqlite" else "LOWER(text) LIKE %s"
-        groups = []
-        for words in containing:
-            groups.append(" AND ".join([f"{like} ESCAPE '!'"] * len(words)))
-            params.extend(f"%{_like_escaped(word)}%" for word in words)
-        where += " AND ((" + ") OR (".join(groups) + "))"
-    table = connection.ops.quote_name(KnowledgeNode._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id, text FROM {table} WHERE {where}", params)
-        return {_as_uuid(row[0]): row[1] for row in cursor.fetchall()}
-
-
-def _like_escaped(word: str) -> str:
-    """``word`` as a literal in a ``LIKE … ESCAPE '!'`` pattern."""
-    return word.replace("!", "!!").replace("%", "!%").replace("_", "!_")
-
-
 def ids_condition(column: str, ids: list[uuid.UUID]) -> tuple[str, str | list]:
     """``(where, param)``: ``column`` is one of ``ids`` (SQLite: a JSON array; else ``ANY``)."""
     from django.db import connection
