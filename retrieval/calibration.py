@@ -272,7 +272,7 @@ def node_texts(ids, targets: list[str]) -> dict:
 
     from ingestion.models import KnowledgeNode
 
-    from .recall import _as_uuid, ids_condition
+    from .recall import as_uuid, ids_condition
 
     ids = list(ids)
     if not ids:
@@ -290,7 +290,7 @@ def node_texts(ids, targets: list[str]) -> dict:
     table = connection.ops.quote_name(KnowledgeNode._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT id, text FROM {table} WHERE {where}", params)
-        return {_as_uuid(row[0]): row[1] for row in cursor.fetchall()}
+        return {as_uuid(row[0]): row[1] for row in cursor.fetchall()}
 
 
 def _like_escaped(word: str) -> str:

@@ -457,8 +457,8 @@ def select_nodes(where: str, params: list) -> list[NodeRecord]:
         rows = cursor.fetchall()
     return [
         NodeRecord(
-            _as_uuid(r[0]),
-            _as_uuid(r[1]),
+            as_uuid(r[0]),
+            as_uuid(r[1]),
             r[2],
             r[3],
             r[4],
@@ -495,7 +495,8 @@ def db_uuid(value: uuid.UUID | str) -> uuid.UUID | str:
     return value.hex
 
 
-def _as_uuid(value) -> uuid.UUID:
+def as_uuid(value) -> uuid.UUID:
+    """A node id as read from the database (SQLite: 32 hex characters) as a UUID."""
     return value if isinstance(value, uuid.UUID) else uuid_of_hex(value)
 
 
@@ -560,7 +561,7 @@ def image_citation(node: NodeRecord) -> dict:
     shape as a visual hit's, with ``source: "description"``)."""
     assert node.image is not None  # called for image-description nodes only
     index = node.image.get("asset_index")
-    space_id = _as_uuid(node.space_id)
+    space_id = as_uuid(node.space_id)
     return {
         "document_id": str(node.document_id),
         "asset_index": index,

@@ -123,9 +123,13 @@ def _parse_in_process(data: bytes, mime_type: str) -> parsing.ParseReport:
     try:
         return parsing.parse_with_report(data, mime_type)
     except parsing.ParseError as exc:
-        raise CompilationFailure(
-            exc.code, exc.message, retryable=exc.code in RETRYABLE_PARSE_CODES
-        ) from exc
+        raise _failure(exc) from exc
+
+
+def _failure(exc: parsing.ParseError) -> CompilationFailure:
+    """The parser's error as a compilation failure, retryable only for
+    :data:`RETRYABLE_PARSE_CODES`."""
+    return CompilationFailure(exc.code, exc.message, retryable=exc.code in RETRYABLE_PARSE_CODES)
 
 
 def _stop_check(job: CompilationJob, held: Held | None):
@@ -177,9 +181,7 @@ def _parse_isolated(
             on_pages=on_pages,
         )
     except parsing.ParseError as exc:
-        raise CompilationFailure(
-            exc.code, exc.message, retryable=exc.code in RETRYABLE_PARSE_CODES
-        ) from exc
+        raise _failure(exc) from exc
     except TimeoutError as exc:
         # Terminal on purpose: a document that needs longer than the limit will again.
         raise CompilationFailure(

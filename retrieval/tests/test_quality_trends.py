@@ -66,7 +66,9 @@ def test_trends_compare_the_window_with_its_baseline(history, client):
                                             "dismissed": 0}  # fmt: skip
     assert {(s["mode"], s["replay_runs"]) for s in body["slices"]} == {("fast", 1), ("deep", 1)}
     assert body["top_unanswered"][0] == {"query": "where is parking garage", "count": 2}
-    assert len(body["daily"]) == 7 and body["daily"][-1]["pass_rate"] == 1.0
+    assert len(body["daily"]) == 7 and body["daily"][-1]["day"] == timezone.localdate().isoformat()
+    deep_day = timezone.localtime(timezone.now() - timedelta(days=0.1)).date().isoformat()
+    assert {d["day"]: d["pass_rate"] for d in body["daily"]}[deep_day] == 1.0
     day = client.get(f"/v1/knowledge-spaces/{history.id}/quality/trends?window=24h").json()
     assert day["current"]["total_replays"] == 1 and len(day["daily"]) == 1
     bad = client.get(f"/v1/knowledge-spaces/{history.id}/quality/trends?window=1y")
