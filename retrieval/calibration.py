@@ -261,13 +261,20 @@ def fuse_legs(fusion: str, results: dict, query: str, snapshot, depth: int) -> l
     return FUSIONS[fusion](results)
 
 
+#: Most target words :func:`node_texts` turns into ``LIKE`` conditions (a query of the allowed
+#: length may hold thousands; SQLite refuses an expression tree deeper than 1,000): past it,
+#: every text is read, as for a non-ASCII target.
+PREFILTER_MAX_WORDS = 256
+
+
 def node_texts(ids, targets: list[str]) -> dict:
     """``{node_id: text}`` of the nodes among ``ids`` that may hold one of ``targets`` (one
     statement; the exact boost needs no citations). With ASCII targets the database keeps only
     the texts holding every word of a target as a substring in any ASCII case (``LIKE``, so the
     other texts are never read into Python; :func:`exact_share` finds no other: its
     case-insensitive match of an ASCII word is ASCII, apart from the four non-ASCII letters
-    Unicode folds onto ASCII ones, K ſ İ ı, which this leaves unmatched); otherwise every text."""
+    Unicode folds onto ASCII ones, K ſ İ ı, which this leaves unmatched); otherwise (or past
+    :data:`PREFILTER_MAX_WORDS` words) every text."""
     from django.db import connection
 
     from ingestion.models import KnowledgeNode
@@ -279,7 +286,8 @@ def node_texts(ids, targets: list[str]) -> dict:
         return {}
     where, param = ids_condition("id", ids)
     params: list = [param]
-    if all(target.isascii() for target in targets):
+    count = sum(len(target.split()) for target in targets)
+    if count <= PREFILTER_MAX_WORDS and all(target.isascii() for target in targets):
         # SQLite's LIKE ignores ASCII case itself; elsewhere the text is lowered first.
         like = "text LIKE %s" if connection.vendor == "sqlite" else "LOWER(text) LIKE %s"
         groups = []

@@ -1,0 +1,75 @@
+"""The exact boost's text prefilter (:func:`retrieval.calibration.node_texts`) against queries
+as long as the API allows (``RETRIEVAL_MAX_QUERY_CHARS``)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.conf import settings
+
+from ingestion.documents import admit_document
+from ingestion.models import KnowledgeNode
+from knowledgefs.testing.fixtures import compile_all
+from knowledgefs.testing.rows import published_document
+from retrieval.calibration import PREFILTER_MAX_WORDS, exact_share, exact_targets, node_texts
+from retrieval.modes import retrieve
+
+
+def nodes_of(space, texts: list[str]) -> list[uuid.UUID]:
+    generation = uuid.uuid4()
+    doc = published_document(space, "exact", generation=generation, node_count=len(texts))
+    doc.save()
+    nodes = KnowledgeNode.objects.bulk_create(
+        KnowledgeNode(
+            id=uuid.uuid4(), space=space, document=doc, generation=generation, chunk_index=i,
+            text=t, start_offset=0, end_offset=len(t),
+        )
+        for i, t in enumerate(texts)
+    )  # fmt: skip
+    return [n.id for n in nodes]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("shape", ["tokens", "phrase"])
+def test_a_query_with_many_exact_targets_or_words_keeps_the_texts(space, shape):
+    """Every token with a digit is a target and every word of a quoted phrase a LIKE of its
+    own: a query of the allowed length may hold thousands of them (SQLite refuses an
+    expression tree deeper than 1,000)."""
+    words = [f"w{i}" for i in range(2000)]
+    if shape == "tokens":
+        query = " ".join(words)
+    else:
+        query = '"' + " ".join(words) + '"'
+    assert len(query) <= settings.RETRIEVAL_MAX_QUERY_CHARS
+    targets = exact_targets(query)
+    texts = [" ".join(words), "w1 only", "nothing here"]
+    ids = nodes_of(space, texts)
+    found = node_texts(ids, targets)
+    matched = {ids[i] for i, t in enumerate(texts) if exact_share(targets, t) > 0}
+    assert matched == ({ids[0], ids[1]} if shape == "tokens" else {ids[0]})
+    assert matched <= set(found)
+    assert all(found[i] == texts[ids.index(i)] for i in found)
+
+
+@pytest.mark.django_db
+def test_up_to_the_bound_the_database_still_drops_the_texts_without_a_target(space):
+    words = [f"w{i}" for i in range(PREFILTER_MAX_WORDS)]
+    targets = exact_targets(" ".join(words))
+    assert len(targets) == PREFILTER_MAX_WORDS
+    ids = nodes_of(space, ["w7 here", "nothing here"])
+    assert node_texts(ids, targets) == {ids[0]: "w7 here"}
+
+
+@pytest.mark.django_db
+def test_a_fast_search_with_two_thousand_identifiers_answers(space, settings):
+    """End to end: the calibrated fusion of a query of 2,000 identifiers (within the query
+    limit) ranks the document holding them instead of failing in the prefilter."""
+    settings.KNOWLEDGE_LOCAL_RERANK_ENABLED = False
+    words = [f"w{i}" for i in range(2000)]
+    admit_document(space, filename="ids.txt", data=" ".join(words).encode(), enqueue=False)
+    admit_document(space, filename="other.txt", data=b"Nothing to see here.", enqueue=False)
+    compile_all()
+    result = retrieve(space, " ".join(words), top_k=2, mode="fast", fusion="calibrated")
+    assert result.items[0].citation["filename"] == "ids.txt"
+    assert result.items[0].scores["exact"] > 0
