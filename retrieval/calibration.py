@@ -145,6 +145,8 @@ def _lowered_pattern(target: str) -> re.Pattern:
 # without them in a text, an ASCII target matches it case-insensitively exactly when it
 # matches the lowered text (every other letter lowers to a letter outside ASCII, or to itself).
 _FOLDS_TO_ASCII = re.compile("[\u0130\u0131\u017f\u212a]")
+# The same letters by the ASCII letter they fold onto (İ ı → i, ſ → s, K → k).
+_FOLDS_OF = {"i": "\u0130\u0131", "s": "\u017f", "k": "\u212a"}
 
 
 def exact_share(targets: list[str], text: str) -> float:
@@ -273,8 +275,8 @@ def node_texts(ids, targets: list[str]) -> dict:
     the texts holding every word of a target as a substring in any ASCII case (``LIKE``, so the
     other texts are never read into Python; :func:`exact_share` finds no other: its
     case-insensitive match of an ASCII word is ASCII, apart from the four non-ASCII letters
-    Unicode folds onto ASCII ones, K ſ İ ı, which this leaves unmatched); otherwise (or past
-    :data:`PREFILTER_MAX_WORDS` words) every text."""
+    Unicode folds onto ASCII ones, K ſ İ ı: a text holding one that a target's letter matches
+    is kept too); otherwise (or past :data:`PREFILTER_MAX_WORDS` words) every text."""
     from django.db import connection
 
     from ingestion.models import KnowledgeNode
@@ -294,6 +296,11 @@ def node_texts(ids, targets: list[str]) -> dict:
         for words in (target.split() for target in targets):
             groups.append(" AND ".join([f"{like} ESCAPE '!'"] * len(words)))
             params.extend(f"%{_like_escaped(word)}%" for word in words)
+        # A text holding one of the four letters that fold onto a target's i, s or k may match
+        # where LIKE cannot tell (the text itself, not lowered: LOWER may change them).
+        folds = sorted({f for t in targets for a, fs in _FOLDS_OF.items() if a in t for f in fs})
+        groups.extend(["text LIKE %s"] * len(folds))
+        params.extend(f"%{f}%" for f in folds)
         where += " AND ((" + ") OR (".join(groups) + "))"
     table = connection.ops.quote_name(KnowledgeNode._meta.db_table)
     with connection.cursor() as cursor:

@@ -73,3 +73,28 @@ def test_a_fast_search_with_two_thousand_identifiers_answers(space, settings):
     result = retrieve(space, " ".join(words), top_k=2, mode="fast", fusion="calibrated")
     assert result.items[0].citation["filename"] == "ids.txt"
     assert result.items[0].scores["exact"] > 0
+
+
+@pytest.mark.django_db
+def test_the_four_letters_unicode_folds_onto_ascii_keep_their_texts(space):
+    """The pattern matches an ASCII target's i, s and k also as İ ı ſ K (Python's IGNORECASE;
+    Turkish capitals are everyday text): the database keeps those texts too."""
+    texts = [
+        "\u0130STANBUL-34 plates",  # İSTANBUL-34
+        "\u0131stanbul-34",  # ıstanbul-34
+        "Stra\u017fse 12",  # Straſse 12
+        "\u212a2 at 4 \u212a",  # K2 (Kelvin sign)
+        "Ordu-52 \u0131 plates",  # a dotless ı, no target
+        "istanbul-35",
+    ]
+    ids = nodes_of(space, texts)
+    targets = exact_targets('istanbul-34 "strasse 12" k2')
+    assert targets == ["strasse 12", "istanbul-34", "k2"]
+    shares = [exact_share(targets, t) for t in texts]
+    assert shares == [1 / 3, 1 / 3, 1 / 3, 1 / 3, 0.0, 0.0]
+    found = node_texts(ids, targets)
+    assert {ids[i] for i in range(4)} <= set(found)
+    assert ids[5] not in found
+    assert all(found[i] == texts[ids.index(i)] for i in found)
+    # Without an i, s or k in a target, a text of those letters is not read for it.
+    assert node_texts(ids, ["ordu-52"]) == {ids[4]: texts[4]}
