@@ -290,8 +290,11 @@ def node_texts(ids, targets: list[str]) -> dict:
     params: list = [param]
     count = sum(len(target.split()) for target in targets)
     if count <= PREFILTER_MAX_WORDS and all(target.isascii() for target in targets):
-        # SQLite's LIKE ignores ASCII case itself; elsewhere the text is lowered first.
-        like = "text LIKE %s" if connection.vendor == "sqlite" else "LOWER(text) LIKE %s"
+        # SQLite's LIKE ignores ASCII case itself; elsewhere the text is lowered first, on
+        # PostgreSQL under the "C" collation (ASCII only: a Turkish LC_CTYPE lowers I to ı).
+        like = {"sqlite": "text LIKE %s", "postgresql": 'LOWER(text COLLATE "C") LIKE %s'}.get(
+            connection.vendor, "LOWER(text) LIKE %s"
+        )
         groups = []
         for words in (target.split() for target in targets):
             groups.append(" AND ".join([f"{like} ESCAPE '!'"] * len(words)))
