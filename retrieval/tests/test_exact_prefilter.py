@@ -98,3 +98,35 @@ def test_the_four_letters_unicode_folds_onto_ascii_keep_their_texts(space):
     assert all(found[i] == texts[ids.index(i)] for i in found)
     # Without an i, s or k in a target, a text of those letters is not read for it.
     assert node_texts(ids, ["ordu-52"]) == {ids[4]: texts[4]}
+
+
+@pytest.mark.django_db
+def test_the_database_keeps_every_text_that_may_hold_an_ascii_target(space):
+    """:func:`node_texts` lets the database drop the texts that cannot hold a target (LIKE over
+    the lowered text): every text the pattern matches is kept, the rest mostly not, and LIKE's
+    own wildcards in a target are literals."""
+    texts = [
+        "See Exhibit EX-4471 and the SIGNED\nlease, page 7.",
+        "ex-4471b only",
+        "100% of 50_50 deals!",
+        "signed, then a lease",
+        "Stra\u017fse 12 and K2",
+        "at 1000 of 50x50",
+    ]
+    ids = nodes_of(space, texts)
+    cases = {
+        ("ex-4471",): {0, 1},  # 1: the substring, which the pattern then rejects
+        ("signed lease",): {0, 3, 4},  # 4: its ſ may stand for the target's s
+        ("100%", "50_50"): {2},  # not "1000" nor "50x50": % and _ are literals
+        ("k2", "page 7"): {0, 4},
+        ("50x50",): {5},
+        ("missing9",): {4},  # ſ again
+    }
+    for targets, kept in cases.items():
+        found = node_texts(ids, list(targets))
+        assert set(found) == {ids[i] for i in kept}, targets
+        assert all(found[ids[i]] == texts[i] for i in kept)
+        matched = {i for i, t in enumerate(texts) if exact_share(list(targets), t) > 0}
+        assert matched <= kept, targets
+    # A non-ASCII target: every text is read (the pattern's Unicode folding decides).
+    assert set(node_texts(ids, ["stra\u017fse"])) == set(ids)

@@ -259,52 +259,6 @@ def test_exact_share_skips_only_targets_that_cannot_match():
 
 
 @pytest.mark.django_db
-def test_the_database_keeps_every_text_that_may_hold_an_ascii_target(space):
-    """:func:`node_texts` lets the database drop the texts that cannot hold a target (LIKE over
-    the lowered text): every text the pattern matches is kept, the rest mostly not, and LIKE's
-    own wildcards in a target are literals."""
-    from ingestion.models import KnowledgeNode
-    from knowledgefs.testing.rows import published_document
-    from retrieval.calibration import node_texts
-
-    texts = [
-        "See Exhibit EX-4471 and the SIGNED\nlease, page 7.",
-        "ex-4471b only",
-        "100% of 50_50 deals!",
-        "signed, then a lease",
-        "Stra\u017fse 12 and K2",
-        "at 1000 of 50x50",
-    ]
-    generation = uuid.uuid4()
-    doc = published_document(space, "exact", generation=generation, node_count=len(texts))
-    doc.save()
-    nodes = KnowledgeNode.objects.bulk_create(
-        KnowledgeNode(
-            id=uuid.uuid4(), space=space, document=doc, generation=generation, chunk_index=i,
-            text=t, start_offset=0, end_offset=len(t),
-        )
-        for i, t in enumerate(texts)
-    )  # fmt: skip
-    ids = [n.id for n in nodes]
-    cases = {
-        ("ex-4471",): {0, 1},  # 1: the substring, which the pattern then rejects
-        ("signed lease",): {0, 3, 4},  # 4: its ſ may stand for the target's s
-        ("100%", "50_50"): {2},  # not "1000" nor "50x50": % and _ are literals
-        ("k2", "page 7"): {0, 4},
-        ("50x50",): {5},
-        ("missing9",): {4},  # ſ again
-    }
-    for targets, kept in cases.items():
-        found = node_texts(ids, list(targets))
-        assert set(found) == {ids[i] for i in kept}, targets
-        assert all(found[ids[i]] == texts[i] for i in kept)
-        matched = {i for i, t in enumerate(texts) if exact_share(list(targets), t) > 0}
-        assert matched <= kept, targets
-    # A non-ASCII target: every text is read (the pattern's Unicode folding decides).
-    assert set(node_texts(ids, ["stra\u017fse"])) == set(ids)
-
-
-@pytest.mark.django_db
 @pytest.mark.parametrize("mode", ["fast", "deep"])
 def test_an_exact_identifier_ranks_first(facts, mode, settings):
     settings.KNOWLEDGE_LOCAL_RERANK_ENABLED = False
