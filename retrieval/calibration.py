@@ -144,9 +144,9 @@ def _lowered_pattern(target: str) -> re.Pattern:
 # The four non-ASCII letters Python's IGNORECASE matches to ASCII ones (``re`` documentation):
 # without them in a text, an ASCII target matches it case-insensitively exactly when it
 # matches the lowered text (every other letter lowers to a letter outside ASCII, or to itself).
-_FOLDS_TO_ASCII = re.compile("[\u0130\u0131\u017f\u212a]")
-# The same letters by the ASCII letter they fold onto (İ ı → i, ſ → s, K → k).
+# By the ASCII letter they fold onto: İ ı → i, ſ → s, K → k.
 _FOLDS_OF = {"i": "\u0130\u0131", "s": "\u017f", "k": "\u212a"}
+_FOLDS_TO_ASCII = re.compile("[" + "".join(_FOLDS_OF.values()) + "]")
 
 
 def exact_share(targets: list[str], text: str) -> float:
@@ -288,15 +288,17 @@ def node_texts(ids, targets: list[str]) -> dict:
         return {}
     where, param = ids_condition("id", ids)
     params: list = [param]
-    count = sum(len(target.split()) for target in targets)
-    if count <= PREFILTER_MAX_WORDS and all(target.isascii() for target in targets):
+    groups_of_words = [target.split() for target in targets]
+    if sum(map(len, groups_of_words)) <= PREFILTER_MAX_WORDS and all(
+        target.isascii() for target in targets
+    ):
         # SQLite's LIKE ignores ASCII case itself; elsewhere the text is lowered first, on
         # PostgreSQL under the "C" collation (ASCII only: a Turkish LC_CTYPE lowers I to ı).
         like = {"sqlite": "text LIKE %s", "postgresql": 'LOWER(text COLLATE "C") LIKE %s'}.get(
             connection.vendor, "LOWER(text) LIKE %s"
         )
         groups = []
-        for words in (target.split() for target in targets):
+        for words in groups_of_words:
             groups.append(" AND ".join([f"{like} ESCAPE '!'"] * len(words)))
             params.extend(f"%{_like_escaped(word)}%" for word in words)
         # A text holding one of the four letters that fold onto a target's i, s or k may match
