@@ -20,6 +20,7 @@ from spaces.models import PublicationHead
 
 from .base import IndexedNode, ScoredNode, SearchBackend, uuid_of_hex
 from .dense_sql import visible_hex
+from .head_verdicts import HeadVerdicts
 
 DELETE_LOOKUP_BATCH = 500
 #: Hits the keyword leg takes past its limit in its first window (invisible ones are dropped).
@@ -27,6 +28,11 @@ WINDOW_SLACK = 10
 
 
 class SQLiteSearchBackend(SearchBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        # The keyword leg's visibility verdicts, per space, for one publication head.
+        self.keyword_verdicts = HeadVerdicts(visible_hex)
+
     def _index_keywords(self, nodes: list[IndexedNode]) -> None:
         """Upsert each node (delete by ``node_id``, then add): a retried stage adds no
         duplicate. One writer and one commit per space."""
@@ -72,7 +78,8 @@ class SQLiteSearchBackend(SearchBackend):
         Tantivy takes the top ``window`` of the space's index (``documents`` is a clause of the
         query, so the window counts allowed documents only); nodes of unpublished or superseded
         generations and of disabled documents are then removed in SQL (one statement on the
-        32-hex node ids, no UUID built for a hit that is dropped), and the window grows (×4)
+        32-hex node ids, no UUID built for a hit that is dropped; each id is read once per
+        publication head, :mod:`.head_verdicts`), and the window grows (×4)
         until ``limit`` visible hits are found or the matches run out: the result is exactly
         the top ``limit`` of the visible nodes. The first window is ``limit`` plus
         :data:`WINDOW_SLACK` (most hits are visible: each hit fetched costs its stored id and a
@@ -103,7 +110,9 @@ class SQLiteSearchBackend(SearchBackend):
         while True:
             rows = searcher.search(q, window, count=False).hits
             hits = [(searcher.doc(address)["node_id"][0], score) for score, address in rows]
-            visible = visible_hex([node for node, _ in hits])
+            visible = self.keyword_verdicts.visible(
+                space_id, head_revision, [node for node, _ in hits]
+            )
             found = [(node, score) for node, score in hits if node in visible]
             if len(found) >= limit or len(rows) < window:
                 return [ScoredNode(uuid_of_hex(node), score) for node, score in found[:limit]]

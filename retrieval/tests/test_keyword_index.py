@@ -13,6 +13,7 @@ import tantivy
 from django.core.management import call_command
 from django.db import connection
 
+from ingestion.availability import set_document_availability
 from ingestion.compilation.pipeline import compile_jobs, run_job
 from ingestion.documents import admit_document, delete_document
 from ingestion.models import CompilationJob, Document, KnowledgeNode, Stage
@@ -50,10 +51,11 @@ def test_a_document_is_searchable_once_published_and_never_before_or_after(space
     run_job(admission.job.id)
     assert {h.node_id for h in _search(space, "warranty screens")} == nodes  # the next query
 
+    # Availability moves the publication head: the leg's verdicts of the old head are not reused.
     document = Document.objects.get(id=admission.document.id)
-    Document.objects.filter(id=document.id).update(enabled=False)
+    version = set_document_availability(document.id, False, document.row_version)
     assert _search(space, "warranty") == []
-    Document.objects.filter(id=document.id).update(enabled=True)
+    set_document_availability(document.id, True, version)
     assert {h.node_id for h in _search(space, "warranty")} == nodes
 
     delete_document(principal, space.id, document.id)

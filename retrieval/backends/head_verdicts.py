@@ -1,0 +1,66 @@
+"""Which node ids are visible, remembered per space for one publication head revision (the
+keyword leg's visibility check on SQLite).
+
+Every change of a document's state (publish, replace, delete, enable/disable, a metadata
+patch) moves the space's publication head, so a verdict read while the head is at revision R
+holds for every query whose snapshot is at R: within one revision a node's visibility is read
+once per process, not once per query (the dense matrix keeps its documents' states the same
+way, :meth:`.dense_matrix.DenseMatrix.verdicts`).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+
+#: Verdicts kept per space (about 100 bytes each); past it the space's verdicts start over.
+MAX_VERDICTS = 200_000
+
+
+class HeadVerdicts:
+    """``visible(space, head, ids)``: the ids of ``ids`` that are visible at ``head``, read by
+    ``read`` (``ids → visible ids``, one statement) only for the ids not yet known at that head.
+
+    A query at a newer head than the one held drops the space's verdicts and starts the new
+    head's; a query at an older head (its snapshot was read before a publication) reads
+    everything and keeps nothing. Safe under threads: the dictionaries are replaced or updated
+    whole under a lock; a reader sees a verdict either before or after an update.
+    """
+
+    def __init__(self, read: Callable[[list[str]], set[str]], *, limit: int = MAX_VERDICTS):
+        self._read = read
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._spaces: dict[uuid.UUID, tuple[int, dict[str, bool]]] = {}
+
+    def visible(self, space_id: uuid.UUID, head: int | None, ids: list[str]) -> set[str]:
+        if head is None:
+            return self._read(ids)
+        with self._lock:
+            held = self._spaces.get(space_id)
+            if held is None or held[0] < head:
+                held = (head, {})
+                self._spaces[space_id] = held
+        if held[0] > head:
+            return self._read(ids)
+        verdicts = held[1]
+        known = {i: verdicts[i] for i in ids if i in verdicts}
+        missing = [i for i in ids if i not in known]
+        if missing:
+            seen = self._read(missing)
+            fresh = {i: i in seen for i in missing}
+            known.update(fresh)
+            with self._lock:
+                if len(verdicts) + len(fresh) > self._limit:
+                    verdicts.clear()
+                verdicts.update(fresh)
+        return {i for i in ids if known[i]}
+
+    def forget(self, space_id: uuid.UUID | None = None) -> None:
+        """Drop the verdicts of one space (``None``: of every space)."""
+        with self._lock:
+            if space_id is None:
+                self._spaces.clear()
+            else:
+                self._spaces.pop(space_id, None)
