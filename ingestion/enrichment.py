@@ -405,6 +405,21 @@ def _write(
         )
 
 
+def without_images(job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """The jobs among ``job_ids`` whose generation holds no image asset (or no artifact), with
+    their artifacts' ``image_understanding`` recorded empty as :func:`describe_images` records
+    it for them: one read and at most one write for all (not two statements per document)."""
+    rows = ParseArtifact.objects.filter(job_id__in=job_ids).values_list(
+        "job_id", "assets", "image_understanding"
+    )
+    found = {job_id: (assets, recorded) for job_id, assets, recorded in rows}
+    bare = {j for j in job_ids if not (found.get(j, (None, None))[0] or [])}
+    stale = [j for j in bare if j in found and found[j][1] != {}]
+    if stale:
+        ParseArtifact.objects.filter(job_id__in=stale).update(image_understanding={})
+    return bare
+
+
 def _record(artifact: ParseArtifact | None, report: EnrichmentReport | None) -> None:
     if artifact is None:
         return

@@ -35,13 +35,16 @@ def _elements_from(artifact: ParseArtifact) -> list[parsing.Element]:
     ]
 
 
-def _generate_nodes(job: CompilationJob, artifact: ParseArtifact) -> list[KnowledgeNode]:
+def _generate_nodes(
+    job: CompilationJob, artifact: ParseArtifact, bounds: tuple | None = None
+) -> list[KnowledgeNode]:
     """Chunk the artifact; returns unsaved nodes (a job at ``parsed`` has none stored yet).
 
-    Chunks are bounded by :func:`chunk_bounds`: the deployment's or the space's size in
-    KnowledgeFS's token approximation, and the window of each model the nodes will be embedded
-    with, counted by that model's own tokenizer."""
-    count, max_tokens, overlap_tokens = chunk_bounds(job.space_id)
+    Chunks are bounded by :func:`chunk_bounds` (``bounds``, when the caller read them for the
+    job's space already): the deployment's or the space's size in KnowledgeFS's token
+    approximation, and the window of each model the nodes will be embedded with, counted by
+    that model's own tokenizer."""
+    count, max_tokens, overlap_tokens = bounds or chunk_bounds(job.space_id)
     try:
         chunks = chunk_elements(
             _elements_from(artifact),

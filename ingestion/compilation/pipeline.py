@@ -25,7 +25,7 @@ from ingestion.compilation.dispatch import dispatch
 from ingestion.compilation.embed_step import _project
 from ingestion.compilation.errors import CompilationFailure, classify
 from ingestion.compilation.failures import _stop_on_timeout, end_attempt
-from ingestion.compilation.generations import _generate_nodes
+from ingestion.compilation.generations import _generate_nodes, chunk_bounds
 from ingestion.compilation.leases import Held, _requeue, claim_many, worker_identity
 from ingestion.compilation.progress import PROGRESS, _progress
 from ingestion.compilation.publish import publish_many
@@ -223,11 +223,15 @@ def _chunk_wave(held: Held, wave: dict[uuid.UUID, _Work]) -> dict[uuid.UUID, lis
         if wave[j].artifact is not None and jobs[j].stage in (Stage.QUEUED, Stage.PARSED)
     ]
     outputs = {}
+    bounds: dict[uuid.UUID, tuple] = {}  # per space, read once for the wave
     for job_id in to_chunk:
         artifact = wave[job_id].artifact
         assert artifact is not None  # to_chunk holds only jobs with an artifact
         try:
-            outputs[job_id] = _generate_nodes(jobs[job_id], artifact)
+            space_id = jobs[job_id].space_id
+            if space_id not in bounds:
+                bounds[space_id] = chunk_bounds(space_id)
+            outputs[job_id] = _generate_nodes(jobs[job_id], artifact, bounds[space_id])
         except Exception as exc:  # noqa: BLE001
             if not isinstance(exc, CompilationFailure):
                 logger.exception("chunking of job %s failed", job_id)
@@ -289,12 +293,19 @@ def _visual(held: Held, jobs, job_ids: list[uuid.UUID]) -> list[uuid.UUID]:
     """Build each generation's visual projections (:mod:`ingestion.visual`; nothing for a
     text-only profile); returns the jobs to publish. A retryable model-runtime failure puts the
     job in retry; a refusal of the images publishes the text and logs it; a cancel drops it."""
-    from ingestion.visual import VisualCanceled, build_visual_projections
+    from ingestion.visual import VisualCanceled, build_visual_projections, image_profile
     from knowledgefs.dify.errors import DifyError
 
     kept = []
+    imaging: dict[uuid.UUID, bool] = {}  # space → its profile embeds images (read once)
     for job_id in job_ids:
         try:
+            space_id = jobs[job_id].space_id
+            if space_id not in imaging:
+                imaging[space_id] = image_profile(space_id) is not None
+            if not imaging[space_id]:
+                kept.append(job_id)  # a text-only profile: no visual projection to build
+                continue
             cancelled = functools.partial(held.is_lost, job_id)
             build_visual_projections(jobs[job_id], cancelled=cancelled)
         except VisualCanceled:
@@ -326,10 +337,15 @@ def _enrich(held: Held, jobs, job_ids: list[uuid.UUID]) -> tuple[list, dict[uuid
     reasoning model); returns the jobs to publish and the image nodes each holds. One image's
     failure is recorded and the job goes on; a cancel drops the job; a failure to embed or
     index the descriptions ends the job's attempt with its retry class."""
-    from ingestion.enrichment import EnrichmentCanceled, describe_images
+    from ingestion.enrichment import EnrichmentCanceled, describe_images, without_images
 
     kept, described = [], {}
+    bare = without_images(job_ids) if job_ids else set()
     for job_id in job_ids:
+        if job_id in bare:  # no image to describe (recorded as describe_images records it)
+            described[job_id] = 0
+            kept.append(job_id)
+            continue
         try:
             report = describe_images(
                 jobs[job_id], cancelled=functools.partial(held.is_lost, job_id), touch=held.touch

@@ -98,6 +98,14 @@ def test_a_delivery_issues_statements_and_gate_transactions_per_wave_not_per_doc
     assert kinds["SELECT ingestion_document"] == 1
     assert kinds["UPDATE ingestion_document"] == 2
     assert kinds["DELETE ingestion_parseartifact"] == 1
+    # Read once per wave or group, not per document: the space's chunking (the chunk bounds,
+    # per wave, and once more at the embed step), its profile (a text-only profile builds no
+    # visual projection) and the artifacts' image assets (none here, so none is described and
+    # nothing is written over their empty report; the second read is publication's cleanup).
+    assert kinds["SELECT spaces_knowledgespace"] == waves + 1, kinds
+    assert kinds["SELECT spaces_spaceprofile"] == 2, kinds
+    assert kinds["SELECT ingestion_parseartifact"] == 2, kinds
+    assert kinds["UPDATE ingestion_parseartifact"] == 0, kinds
     # Gates: one materialization slot per wave, one retained-artifact lease per document (its
     # charge is only known once it is parsed).
     assert _tickets(memory_gates.MATERIALIZATION_GATE) == waves
