@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 
 #: Verdicts kept per space (about 100 bytes each); past it the space's verdicts start over.
 MAX_VERDICTS = 200_000
+#: Spaces whose verdicts a process keeps (the least recently queried are dropped).
+MAX_SPACES = 64
 
 
 class HeadVerdicts:
@@ -24,15 +27,23 @@ class HeadVerdicts:
 
     A query at a newer head than the one held drops the space's verdicts and starts the new
     head's; a query at an older head (its snapshot was read before a publication) reads
-    everything and keeps nothing. Safe under threads: the dictionaries are replaced or updated
+    everything and keeps nothing. At most ``spaces`` spaces are kept, least recently queried
+    dropped first. Safe under threads: the dictionaries are replaced or updated
     whole under a lock; a reader sees a verdict either before or after an update.
     """
 
-    def __init__(self, read: Callable[[list[str]], set[str]], *, limit: int = MAX_VERDICTS):
+    def __init__(
+        self,
+        read: Callable[[list[str]], set[str]],
+        *,
+        limit: int = MAX_VERDICTS,
+        spaces: int = MAX_SPACES,
+    ):
         self._read = read
         self._limit = limit
+        self._max_spaces = spaces
         self._lock = threading.Lock()
-        self._spaces: dict[uuid.UUID, tuple[int, dict[str, bool]]] = {}
+        self._spaces: OrderedDict[uuid.UUID, tuple[int, dict[str, bool]]] = OrderedDict()
 
     def visible(self, space_id: uuid.UUID, head: int | None, ids: list[str]) -> set[str]:
         if head is None:
@@ -42,10 +53,17 @@ class HeadVerdicts:
             if held is None or held[0] < head:
                 held = (head, {})
                 self._spaces[space_id] = held
+                while len(self._spaces) > self._max_spaces:
+                    self._spaces.popitem(last=False)
+            self._spaces.move_to_end(space_id)
         if held[0] > head:
             return self._read(ids)
         verdicts = held[1]
-        known = {i: verdicts[i] for i in ids if i in verdicts}
+        known: dict[str, bool] = {}
+        for i in ids:  # (another thread may clear the dictionary meanwhile: get, never [])
+            verdict = verdicts.get(i)
+            if verdict is not None:
+                known[i] = verdict
         missing = [i for i in ids if i not in known]
         if missing:
             seen = self._read(missing)

@@ -81,6 +81,20 @@ def test_the_verdicts_of_a_space_start_over_past_the_limit():
     assert read.asked == [["a", "b"], ["c", "d"], ["a"]]
 
 
+def test_the_least_recently_queried_space_is_dropped_past_the_bound():
+    read = Reader({"a"})
+    verdicts = HeadVerdicts(read, spaces=2)
+    first, second, third = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    for space in (first, second, first, third):  # "second" is the least recently queried
+        verdicts.visible(space, 1, ["a"])
+    assert len(read.asked) == 3  # the second query of "first" read nothing
+    verdicts.visible(first, 1, ["a"])
+    verdicts.visible(third, 1, ["a"])
+    assert len(read.asked) == 3  # both still held
+    verdicts.visible(second, 1, ["a"])
+    assert len(read.asked) == 4  # dropped when "third" came, so read again
+
+
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite keyword leg's verdicts")
 def test_the_keyword_leg_reads_visibility_once_per_head(space):
     admission = admit_document(
