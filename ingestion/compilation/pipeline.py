@@ -340,7 +340,11 @@ def _enrich(held: Held, jobs, job_ids: list[uuid.UUID]) -> tuple[list, dict[uuid
     from ingestion.enrichment import EnrichmentCanceled, describe_images, without_images
 
     kept, described = [], {}
-    bare = without_images(job_ids) if job_ids else set()
+    try:
+        bare = without_images(job_ids) if job_ids else set()
+    except Exception:  # noqa: BLE001 - each job then meets the error on its own below
+        logger.exception("reading the image assets of %d jobs failed", len(job_ids))
+        bare = set()
     for job_id in job_ids:
         if job_id in bare:  # no image to describe (recorded as describe_images records it)
             described[job_id] = 0

@@ -325,3 +325,14 @@ def test_embedding_batches_are_sorted_by_the_models_word_pieces(space, monkeypat
     assert counts == sorted(counts)
     assert [len(t) for t in streamed] != sorted(len(t) for t in streamed)  # not by characters
     assert _embedding_lengths(object(), ["ab", "c"]) == [2, 1]  # no counter: chars
+
+
+def test_a_failed_read_of_the_image_assets_leaves_each_job_to_its_own_step(space, monkeypatch):
+    ids = [_admit(space, i) for i in range(3)]
+
+    def unreadable(job_ids):
+        raise RuntimeError("the artifacts could not be read")
+
+    monkeypatch.setattr("ingestion.enrichment.without_images", unreadable)
+    compile_jobs(ids)
+    assert {_job(j).run_state for j in ids} == {"succeeded"}

@@ -15,7 +15,8 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 
-#: Verdicts kept per space (about 100 bytes each); past it the space's verdicts start over.
+#: Verdicts kept per space (about 120 bytes each, and never more than the space's chunks);
+#: past it the space's verdicts start over.
 MAX_VERDICTS = 200_000
 #: Spaces whose verdicts a process keeps (the least recently queried are dropped).
 MAX_SPACES = 64
@@ -41,7 +42,7 @@ class HeadVerdicts:
     ):
         self._read = read
         self._limit = limit
-        self._max_spaces = spaces
+        self._max_spaces = max(1, spaces)
         self._lock = threading.Lock()
         self._spaces: OrderedDict[uuid.UUID, tuple[int, dict[str, bool]]] = OrderedDict()
 
