@@ -128,13 +128,15 @@ def build_visual_projections(
     *,
     cancelled: Callable[[], bool] = lambda: False,
     assets: list[dict] | None = None,
+    found: tuple | None = None,
 ) -> VisualReport:
     """Embed the images of ``job``'s generation and store its visual projections (replacing any
     of the same generation and profile); see the module docstring for the bounds. A
     ``DifyError`` of the model runtime is raised (the compilation retries or fails it);
-    :class:`VisualCanceled` when ``cancelled()`` turns true before a read."""
+    :class:`VisualCanceled` when ``cancelled()`` turns true before a read. ``found`` is the
+    space's :func:`image_profile` when the caller read it already (one read per space)."""
     report = VisualReport()
-    found = image_profile(job.space_id)
+    found = found or image_profile(job.space_id)
     if found is None:
         return report
     profile, selection = found
@@ -266,7 +268,7 @@ def backfill_space(space_id, *, cancelled: Callable[[], bool] = lambda: False) -
         job = CompilationJob.objects.filter(id=document.active_generation).first()
         if job is None:
             continue
-        report = build_visual_projections(job, cancelled=cancelled)
+        report = build_visual_projections(job, cancelled=cancelled, found=found)
         summary["documents"] += 1
         summary["embedded"] += report.embedded
     logger.info(

@@ -36,15 +36,15 @@ def _elements_from(artifact: ParseArtifact) -> list[parsing.Element]:
 
 
 def _generate_nodes(
-    job: CompilationJob, artifact: ParseArtifact, bounds: tuple | None = None
+    job: CompilationJob, artifact: ParseArtifact, bounds: tuple
 ) -> list[KnowledgeNode]:
     """Chunk the artifact; returns unsaved nodes (a job at ``parsed`` has none stored yet).
 
-    Chunks are bounded by :func:`chunk_bounds` (``bounds``, when the caller read them for the
-    job's space already): the deployment's or the space's size in KnowledgeFS's token
+    Chunks are bounded by ``bounds``, :func:`chunk_bounds` of the job's space (read once per
+    wave by the caller): the deployment's or the space's size in KnowledgeFS's token
     approximation, and the window of each model the nodes will be embedded with, counted by
     that model's own tokenizer."""
-    count, max_tokens, overlap_tokens = bounds or chunk_bounds(job.space_id)
+    count, max_tokens, overlap_tokens = bounds
     try:
         chunks = chunk_elements(
             _elements_from(artifact),

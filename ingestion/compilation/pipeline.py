@@ -297,17 +297,17 @@ def _visual(held: Held, jobs, job_ids: list[uuid.UUID]) -> list[uuid.UUID]:
     from knowledgefs.dify.errors import DifyError
 
     kept = []
-    imaging: dict[uuid.UUID, bool] = {}  # space → its profile embeds images (read once)
+    profiles: dict[uuid.UUID, tuple | None] = {}  # space → image_profile (None: text-only)
     for job_id in job_ids:
         try:
             space_id = jobs[job_id].space_id
-            if space_id not in imaging:
-                imaging[space_id] = image_profile(space_id) is not None
-            if not imaging[space_id]:
+            if space_id not in profiles:
+                profiles[space_id] = image_profile(space_id)
+            if profiles[space_id] is None:
                 kept.append(job_id)  # a text-only profile: no visual projection to build
                 continue
             cancelled = functools.partial(held.is_lost, job_id)
-            build_visual_projections(jobs[job_id], cancelled=cancelled)
+            build_visual_projections(jobs[job_id], cancelled=cancelled, found=profiles[space_id])
         except VisualCanceled:
             held.release(job_id)
             continue
