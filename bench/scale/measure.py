@@ -51,6 +51,7 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
     cold_ms = (time.perf_counter() - t0) * 1000
     plan = explain_dense(captured.captured_queries) if engine == "postgres" else None
     log(f"  cold dense search {cold_ms:.0f} ms")
+    graph = wait_for_graph(backend, space.id, number) if engine == "sqlite" else {}
     extra = texts[count:] or texts
     for text in extra[:warmup]:
         retrieve(space, text, top_k=10, mode="fast")
@@ -60,7 +61,11 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
         hits = dense(vector)
         dense_ms.append((time.perf_counter() - t0) * 1000)
         dense_ids.append([_hex(h.node_id) for h in hits])
-    sweep = ef_search_sweep(dense, vectors[:count]) if engine == "postgres" and EF_SWEEP else {}
+    sweep = {}
+    if EF_SWEEP and engine == "postgres":
+        sweep = ef_search_sweep(dense, vectors[:count])
+    elif EF_SWEEP and graph.get("graph_rows"):
+        sweep = graph_ef_sweep(backend, space.id, number, dense, vectors[:count])
     deadline = time.monotonic() + max_seconds
     for text in texts[:count]:  # then Fast, bounded by the point's time budget
         if time.monotonic() > deadline:
@@ -87,6 +92,8 @@ def measure_point(engine: str, size: int, count: int, warmup: int, max_seconds: 
         "dense_p50_ms": pct(dense_ms, 50),
         "dense_p95_ms": pct(dense_ms, 95),
         "cold_dense_ms": round(cold_ms, 1),
+        "dense_graph": graph,
+        "ef_search_configured": _configured_ef(engine),
         "stage_p50_ms": {
             name: pct([s[name] for s in stages if name in s], 50)
             for name in ("embed", "dense", "keyword", "fusion")
@@ -191,6 +198,47 @@ def ef_search_sweep(dense, vectors) -> dict:
             out[str(ef)] = {"p50_ms": pct(times, 50), "p95_ms": pct(times, 95), "ids": ids}
     finally:
         settings.KNOWLEDGE_PG_HNSW_EF_SEARCH = configured
+    return out
+
+
+def _configured_ef(engine: str) -> int:
+    from django.conf import settings
+
+    if engine == "postgres":
+        return settings.KNOWLEDGE_PG_HNSW_EF_SEARCH
+    return settings.KNOWLEDGE_DENSE_GRAPH_EF_SEARCH
+
+
+def wait_for_graph(backend, space_id, number) -> dict:
+    """Wait for the SQLite matrix's HNSW graph build started by the cold search (none below
+    ``KNOWLEDGE_DENSE_GRAPH_MIN_ROWS``): its rows and the seconds waited."""
+    t0 = time.perf_counter()
+    while backend.dense_stats(space_id, number).get("graph_building"):
+        time.sleep(1)
+    stats = backend.dense_stats(space_id, number)
+    waited = round(time.perf_counter() - t0, 1)
+    if stats.get("graph_rows"):
+        log(f"  dense graph of {stats['graph_rows']} rows ready after {waited} s more")
+    return {"graph_rows": stats.get("graph_rows", 0), "waited_s": waited}
+
+
+def graph_ef_sweep(backend, space_id, number, dense, vectors) -> dict:
+    """The dense leg alone at other graph ``efSearch`` values (the matrix's own setting)."""
+    matrix = backend._dense_matrices[(space_id, number)]
+    configured = matrix.graph_ef_search
+    out = {}
+    try:
+        for ef in EF_SEARCH_SWEEP:
+            matrix.graph_ef_search = ef
+            times, ids = [], []
+            for vector in vectors:
+                t0 = time.perf_counter()
+                hits = dense(vector)
+                times.append((time.perf_counter() - t0) * 1000)
+                ids.append([_hex(h.node_id) for h in hits])
+            out[str(ef)] = {"p50_ms": pct(times, 50), "p95_ms": pct(times, 95), "ids": ids}
+    finally:
+        matrix.graph_ef_search = configured
     return out
 
 

@@ -165,18 +165,21 @@ def markdown(rows: list[dict]) -> str:
     if sweep:
         lines += [
             "",
-            "| chunks | hnsw.ef_search | dense leg p50 | dense leg p95 | recall@10 | recall@50 |",
-            "|---:|---:|---:|---:|---:|---:|",
+            "| chunks | engine | ef_search | dense leg p50 | dense leg p95 | recall@10 "
+            "| recall@50 |",
+            "|---:|---|---:|---:|---:|---:|---:|",
         ]
         for row in sweep:
             m = row["measure"]
-            points = {**row["ef_search_sweep"], "400 (configured, first pass)": {
+            configured = f"{m.get('ef_search_configured', 400)} (configured, first pass)"
+            points = {**row["ef_search_sweep"], configured: {
                 "p50_ms": m.get("dense_p50_ms"), "p95_ms": m.get("dense_p95_ms"),
                 "recall@10": row.get("recall@10"), "recall@50": row.get("recall@50")}}  # fmt: skip
             for ef in sorted(points, key=lambda e: int(e.split()[0])):
                 p = points[ef]
                 lines.append(
-                    f"| {row['size']:,} | {ef} | {_ms(p['p50_ms'])} | {_ms(p['p95_ms'])} | "
+                    f"| {row['size']:,} | {row['engine']} | {ef} | {_ms(p['p50_ms'])} | "
+                    f"{_ms(p['p95_ms'])} | "
                     f"{p['recall@10']} | {p['recall@50']} |"
                 )
     return "\n".join(lines)

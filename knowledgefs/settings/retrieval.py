@@ -27,6 +27,16 @@ KNOWLEDGE_PG_HNSW_MAX_SCAN_TUPLES = bounded_int(
     "KNOWLEDGE_PG_HNSW_MAX_SCAN_TUPLES", 20000, 1000, 10000000
 )
 
+# --- Search backends: the in-process dense matrix (SQLite) --------------------------------------
+# An HNSW graph (faiss) over a space's matrix once it holds this many rows (0: always exact);
+# below it every search scans the matrix exactly (retrieval/backends/dense_graph.py; at 1M
+# chunks the exact dense leg took 127 ms p50, the graph's 4 ms; docs/scaling.md).
+KNOWLEDGE_DENSE_GRAPH_MIN_ROWS = bounded_int("KNOWLEDGE_DENSE_GRAPH_MIN_ROWS", 250000, 0, 10**9)
+# The graph walk's candidate list (efSearch; raised to the search's depth when smaller). 2000:
+# recall@10 0.9915 against the exact scan at 1M chunks of near-copies (0.928 at 400, 0.9715 at
+# 1000), 4.3 ms p50 (docs/scaling.md).
+KNOWLEDGE_DENSE_GRAPH_EF_SEARCH = bounded_int("KNOWLEDGE_DENSE_GRAPH_EF_SEARCH", 2000, 10, 4000)
+
 # --- Search backends: the Dify vector and text bridge ---------------------------------------------
 # Inventory 7.2-7.3, docs/scaling.md.
 # database (default): the keyword and dense projections live with this service (tantivy or

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+from django.conf import settings
 from django.db import connection
 from django.db.models import F
 
@@ -22,7 +23,7 @@ from ingestion.projection import IndexedNode, ProjectionError
 from knowledgefs.errors import ServiceError, Unavailable
 from retrieval.models import DenseVector
 
-from . import dense_matrix
+from . import dense_matrix, dense_topk
 
 logger = logging.getLogger("knowledgefs.retrieval")
 
@@ -86,9 +87,10 @@ class SearchBackend:
 
     Subclasses implement the keyword projection (``_index_keywords``, ``_delete_keywords``,
     ``keyword_search``). Dense vectors are stored portably in :class:`DenseVector` and searched
-    exactly (cosine = dot product of unit vectors) over an in-process matrix per
+    (cosine = dot product of unit vectors) over an in-process matrix per
     ``(space, index version)`` that appends the rows of each new publication
-    (:mod:`.dense_matrix`).
+    (:mod:`.dense_matrix`): exactly, or through its HNSW graph past
+    ``KNOWLEDGE_DENSE_GRAPH_MIN_ROWS`` rows on SQLite (:mod:`.dense_graph`).
     """
 
     def __init__(self) -> None:
@@ -227,13 +229,13 @@ class SearchBackend:
         documents: frozenset | None = None,
         model_id: str | None = None,
     ) -> list[ScoredNode]:
-        """Exact cosine top-``limit`` over the space's visible vectors of one index version,
-        best first, ties by node id.
+        """Cosine top-``limit`` over the space's visible vectors of one index version, best
+        first, ties by node id (exact below the graph's threshold, :func:`.dense_topk.search`).
 
         Served by the version's in-process :class:`~.dense_matrix.DenseMatrix`, brought to
         ``head_revision`` by appending the rows written since it was last read (never rebuilt
         for a new revision on SQLite); visibility is checked in SQL for the best candidates
-        (:func:`.dense_matrix.search`). ``dimension`` is the version's; rows of any other
+        (:func:`.dense_topk.search`). ``dimension`` is the version's; rows of any other
         dimension are left out of the matrix (and logged), so it never mixes dimensions.
         ``documents`` (``None``: all) restricts the rows to those documents before the
         top-``limit`` is taken. ``model_id`` (the version's model) is not needed here; an
@@ -248,7 +250,7 @@ class SearchBackend:
             raise ValueError(
                 f"query vector has {query_vector.shape[0]} dimensions, index has {dimension}"
             )
-        hits = dense_matrix.search(
+        hits = dense_topk.search(
             matrix, query_vector, limit=limit, revision=head_revision, documents=documents
         )
         return [ScoredNode(uuid_of_hex(node), score) for node, score in hits]
@@ -281,6 +283,8 @@ class SearchBackend:
                     compact_fraction=self.dense_compact_fraction,
                     compact_min_rows=self.dense_compact_min_rows,
                     compact_in_background=self.dense_compact_in_background,
+                    graph_min_rows=settings.KNOWLEDGE_DENSE_GRAPH_MIN_ROWS if incremental else 0,
+                    graph_ef_search=settings.KNOWLEDGE_DENSE_GRAPH_EF_SEARCH,
                 )
                 retired = [k for k in self._dense_matrices if k[0] == space_id and k[1] < key[1]]
                 for older in retired:  # an older version's matrix: the space moved on

@@ -3,10 +3,10 @@ appending rows instead of rebuilding it after each publication.
 
 Rows are :class:`~retrieval.models.DenseVector` rows in primary-key order, each with its node,
 document and generation. The matrix holds every row of the version, visible or not; a search
-scores them all (numpy) and checks visibility for its best candidates only
+(:mod:`.dense_topk`) scores them all (numpy), or the candidates of the matrix's HNSW graph past
+``graph_min_rows`` rows (:mod:`.dense_graph`), and checks visibility for its best candidates only
 (:meth:`DenseMatrix.verdicts`: the row's document exists, is enabled and has the row's generation
-as its active one), growing the window until ``limit`` visible rows are found or the candidates
-run out, so it returns the exact top-k of the visible vectors.
+as its active one).
 
 - **Refresh.** A search whose snapshot's publication head is newer than the matrix's reads the
   rows whose id is above the last one read (one query on the ``(space, index_version)`` index;
@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import dense_graph
 from .dense_sql import count_rows, document_states, read_rows, visibility
 
 logger = logging.getLogger("knowledgefs.retrieval")
@@ -63,8 +64,6 @@ HIDDEN = np.uint8(2)
 HEADROOM = 0.25
 #: The fewest spare rows allocated ahead.
 MIN_SPARE_ROWS = 1024
-#: Rows a search checks past its limit in its first window (invisible ones are dropped).
-WINDOW_SLACK = 10
 #: Bytes per row besides the vector: row id (int64), node id (32 hex bytes), document code
 #: (int32), generation code (int32), node key (uint64: the node id's first 64 bits), mask.
 ROW_OVERHEAD_BYTES = 8 + 32 + 4 + 4 + 8 + 1
@@ -167,6 +166,8 @@ class DenseMatrix:
     compact_fraction: float = 0.25
     compact_min_rows: int = 1024
     compact_in_background: bool = True
+    graph_min_rows: int = 0  # a graph past this many rows (0: never; :mod:`.dense_graph`)
+    graph_ef_search: int = 2000
     view: View = field(init=False)  # set by __post_init__
     lock: threading.RLock = field(default_factory=threading.RLock)
     last_id: int = 0
@@ -177,6 +178,8 @@ class DenseMatrix:
     hidden: set = field(default_factory=set)  # positions marked HIDDEN
     dead_count: int = 0
     stats: dict = field(default_factory=dict)
+    graph: dense_graph.DenseGraph | None = None  # of one epoch's rows, when built
+    graph_building: bool = False
     _compacting: bool = False
     _growing: bool = False
 
@@ -191,6 +194,7 @@ class DenseMatrix:
             "compactions": 0,
             "growths": 0,
             "inline_growths": 0,
+            "graph_builds": 0,
         }
 
     # --- writes (under ``lock``) -------------------------------------------------------------
@@ -205,6 +209,7 @@ class DenseMatrix:
         if first:  # a cold read: room for the rows there are, and the spare rows
             self.last_id, self.by_raw_document, self.hidden, self.dead_count = 0, {}, set(), 0
             self.document_raw, self.by_raw_generation = [], {}
+            self.graph = None  # its positions are the old read's
             rows = count_rows(self.space_id, self.index_version)
             view = _resized(_empty_view(self.dimension, -1), _target(rows))
         read = 0
@@ -226,6 +231,7 @@ class DenseMatrix:
             view = self._recheck(view)
         self.documents_read = {}  # read at the old revision
         self.view = view
+        dense_graph.after_refresh(self, view)
         if self._growth_due(view):
             self.grow()
 
@@ -405,6 +411,7 @@ class DenseMatrix:
                 self.hidden = set(np.flatnonzero(arrays[-1][: len(kept)] & HIDDEN).tolist())
                 self.dead_count = 0
                 self.stats["compactions"] += 1
+                dense_graph.after_refresh(self, self.view)  # positions moved: a new graph
         finally:
             self._compacting = False
 
@@ -452,6 +459,8 @@ class DenseMatrix:
             "hidden": len(self.hidden),
             "revision": view.revision,
             "bytes_per_row": 4 * self.dimension + ROW_OVERHEAD_BYTES,
+            "graph_building": self.graph_building,
+            **(self.graph.info() if self.graph is not None else {"graph_rows": 0}),
         }
 
 
@@ -480,84 +489,3 @@ def _hex_array(nodes: tuple) -> np.ndarray:
     first = nodes[0]
     joined = b"".join(nodes) if isinstance(first, bytes | memoryview) else "".join(nodes).encode()
     return np.frombuffer(joined, dtype="S32")
-
-
-def search(
-    matrix: DenseMatrix,
-    query: np.ndarray,
-    *,
-    limit: int,
-    revision: int,
-    documents: frozenset | None = None,
-) -> list[tuple[bytes, float]]:
-    """The exact top-``limit`` visible rows for ``query`` as ``(node hex, score)``, best first
-    (ties by node id).
-
-    ``documents`` (``None``: all) restricts the rows before the top-k. The best unmasked rows
-    are checked (:meth:`DenseMatrix.verdicts`) in a window of ``limit`` + :data:`WINDOW_SLACK`
-    (rows already seen invisible are masked out of the scores) that grows fourfold
-    until ``limit`` visible rows are found or every row was looked at; the verdicts go back to
-    the matrix as masks (:meth:`DenseMatrix.mark`, ``revision`` the snapshot's).
-    """
-    view = matrix.view
-    n = view.count
-    if n == 0 or limit <= 0:
-        return []
-    query = np.ascontiguousarray(query, dtype=np.float32)
-    if documents is not None:
-        codes = view.document_codes
-        wanted = np.fromiter((codes[d] for d in documents if d in codes), dtype=np.int32)
-        positions = np.flatnonzero(np.isin(view.documents[:n], wanted) & (view.mask[:n] == 0))
-        if not len(positions):
-            return []
-        scores = view.scores(query, positions)
-    else:
-        positions = None
-        scores = view.scores(query)
-        live = n
-        if matrix.dead_count or matrix.hidden:  # else no row is masked: skip the pass
-            masked = view.mask[:n] != 0
-            scores[masked] = -np.inf
-            live = n - int(np.count_nonzero(masked))
-    if positions is not None:
-        live = len(scores)
-    if live == 0:
-        return []
-    verdicts: dict[int, bool | None] = {}  # matrix row → visible (None: the row is gone)
-    window = min(limit + WINDOW_SLACK, live)
-    while True:
-        order = _best(scores, window, view, positions)  # score positions
-        rows = _rows(order, positions).tolist()
-        fresh = [r for r in rows if r not in verdicts]
-        if fresh:
-            verdicts.update(matrix.verdicts(view, fresh, revision))
-        hits = [(r, p) for r, p in zip(rows, order, strict=True) if verdicts[r]][:limit]
-        if len(hits) == limit or window >= live:
-            break
-        window = min(window * 4, live)
-    learnt: dict[int, bool | None] = {r: v for r, v in verdicts.items() if v is not True}
-    if learnt:
-        matrix.mark(view, learnt, revision)
-    return [(view.node_hex[r], float(scores[p])) for r, p in hits]
-
-
-def _rows(picked: list[int], positions: np.ndarray | None) -> np.ndarray:
-    """Matrix rows of score positions (the same unless the scores are of ``positions``)."""
-    rows = np.asarray(picked, dtype=np.int64)
-    return rows if positions is None else positions[rows]
-
-
-def _best(scores: np.ndarray, window: int, view: View, positions: np.ndarray | None) -> list[int]:
-    """The ``window`` best score positions (and every position tied with the last), ordered by
-    score descending then node id."""
-    if window >= len(scores):
-        top = np.flatnonzero(np.isfinite(scores))
-    else:
-        top = np.argpartition(-scores, window - 1)[:window]
-        floor = scores[top].min()
-        ties = np.flatnonzero(scores == floor)
-        if len(ties) > 1:
-            top = np.union1d(top, ties)
-    nodes = view.node_hex[_rows(top.tolist(), positions)]
-    order = np.lexsort((nodes, -scores[top]))
-    return top[order].tolist()
