@@ -26,7 +26,7 @@ DEPTH = 50  # Fast's dense leg at top_k 10: min(max(10 × 1, 50), 100) (retrieva
 DOC_NAMESPACE = uuid.UUID("5d0c7b8e-3f0a-4f4e-9a55-6a3c2a1f0b11")
 BATCH_DOCUMENTS = 1000
 # ``ef_search`` values swept besides the configured one (``KFS_SCALE_EF_SWEEP_VALUES=a,b,…``
-# replaces them; PostgreSQL caps them at 1000, SQLite's graph at 4000).
+# replaces them; PostgreSQL caps them at 1000, SQLite's graph takes them as given).
 EF_SEARCH_SWEEP = tuple(
     int(v) for v in os.environ.get("KFS_SCALE_EF_SWEEP_VALUES", "40,200,400,800,1000").split(",")
 )

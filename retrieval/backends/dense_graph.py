@@ -147,8 +147,12 @@ class DenseGraph:
 
 def due(matrix, view) -> bool:
     """Whether ``matrix`` (a :class:`~.dense_matrix.DenseMatrix`) should start building a graph
-    of ``view``: enabled, large enough, none of this epoch held or being built."""
+    of ``view``: enabled, large enough, none of this epoch held or being built, and no build of
+    this epoch failed unless the rows doubled since (call with the matrix's lock held)."""
     if not matrix.graph_min_rows or view.count < matrix.graph_min_rows or matrix.graph_building:
+        return False
+    failed = matrix.graph_failed  # (epoch, rows) of the last failed build, or None
+    if failed is not None and failed[0] == view.epoch and view.count < 2 * failed[1]:
         return False
     return matrix.graph is None or matrix.graph.epoch != view.epoch
 
@@ -176,20 +180,25 @@ def start_build(matrix) -> None:
 
 
 def _build(matrix) -> None:
-    again = False
+    base = matrix.view
     try:
-        base = matrix.view
         graph = DenseGraph.build(base.matrix, base.count, base.epoch)
-        with matrix.lock:
+    except Exception:
+        logger.exception("dense graph of space %s: build failed", matrix.space_id)
+        graph = None
+    with matrix.lock:  # the install and the restart decision, as after_refresh's, under it
+        try:
             current = matrix.view
-            again = current.epoch != base.epoch  # compacted meanwhile: build the new epoch's
-            if not again:
+            if graph is None:
+                matrix.graph_failed = (base.epoch, base.count)
+            elif current.epoch == base.epoch:  # else compacted meanwhile: build the new one
                 graph.extend(current.matrix, current.count)
                 matrix.graph = graph
                 matrix.stats["graph_builds"] += 1
-    except Exception:
-        logger.exception("dense graph of space %s: build failed", matrix.space_id)
-    finally:
-        matrix.graph_building = False
-    if again and due(matrix, matrix.view):
-        start_build(matrix)
+        except Exception:
+            logger.exception("dense graph of space %s: build failed", matrix.space_id)
+            matrix.graph_failed = (base.epoch, base.count)
+        finally:
+            matrix.graph_building = False
+        if due(matrix, matrix.view):
+            start_build(matrix)

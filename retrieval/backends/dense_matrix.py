@@ -48,7 +48,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -180,6 +180,7 @@ class DenseMatrix:
     stats: dict = field(default_factory=dict)
     graph: dense_graph.DenseGraph | None = None  # of one epoch's rows, when built
     graph_building: bool = False
+    graph_failed: tuple | None = None  # (epoch, rows) of the last failed graph build
     _compacting: bool = False
     _growing: bool = False
 
@@ -212,6 +213,9 @@ class DenseMatrix:
             self.graph = None  # its positions are the old read's
             rows = count_rows(self.space_id, self.index_version)
             view = _resized(_empty_view(self.dimension, -1), _target(rows))
+            # a new epoch: positions of the previous read (a graph being built of it, a
+            # search's verdicts on it) must not be taken for this one's
+            view = replace(view, epoch=self.view.epoch + 1)
         read = 0
         collecting = gc.isenabled()
         if first and collecting:  # a cold read makes ~6 objects a row: no collection passes

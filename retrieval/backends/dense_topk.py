@@ -23,7 +23,8 @@ def search(
     """The top-``limit`` visible rows for ``query`` as ``(node hex, score)``, best first (ties
     by node id): exact, or from the matrix's HNSW graph when it has one for this epoch and
     ``documents`` is ``None`` (:mod:`.dense_graph`; its candidates rescored exactly, ``k``
-    widened fourfold while visible hits are short, the exact scan past a quarter of the rows).
+    widened fourfold while visible hits are short; the exact scan past a quarter of the rows or
+    four times ``efSearch``, and when the score at the cut is tied, so ties go by node id).
 
     ``documents`` (``None``: all) restricts the rows before the top-k. The best unmasked rows
     are checked (:meth:`DenseMatrix.verdicts`) in a window of ``limit`` + :data:`WINDOW_SLACK`
@@ -40,14 +41,19 @@ def search(
     if graph is not None and graph.epoch == view.epoch and graph.size >= n:
         masked = view.mask if matrix.dead_count or matrix.hidden else None
         k = limit + WINDOW_SLACK
-        while 4 * k <= n:
+        # past 4 × efSearch the walk costs more than it saves: the exact scan instead
+        while 4 * k <= n and k <= 4 * max(matrix.graph_ef_search, limit + WINDOW_SLACK):
             count = matrix.dead_count + len(matrix.hidden)
             positions = graph.candidates(query, k, masked, matrix.graph_ef_search, count)
             positions = positions[positions < n]  # rows a later refresh added: not this view's
             scores = view.scores(query, positions)
             hits = _visible_top(matrix, view, scores, positions, len(positions), limit, revision)
-            if len(hits) == limit:
+            # a tie at the cut (duplicate chunks: the graph reaches few of a block of
+            # identical vectors): the exact scan, which orders ties by node id
+            if len(hits) == limit and np.count_nonzero(scores == hits[-1][1]) == 1:
                 return hits
+            if len(hits) == limit:
+                break
             k *= 4
     if documents is not None:
         codes = view.document_codes

@@ -5,6 +5,8 @@ the rows visible in the database, as in test_dense_matrix)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +15,7 @@ from django.db import connection
 
 from ingestion.models import KnowledgeNode
 from retrieval.backends import dense_graph
+from retrieval.backends import dense_matrix as dm
 from retrieval.index_versions import ensure_active_version
 from retrieval.tests.test_dense_matrix import Corpus, assert_exact
 
@@ -157,3 +160,185 @@ def test_a_graph_ahead_of_the_searchs_view_returns_only_the_views_rows():
     for masked in (1, 200):  # dropped after the walk; kept out by the bitmap
         picked = graph.candidates(query, 20, mask, ef=400, masked=masked)
         assert len(picked) and picked.max() < 400 and 3 not in picked.tolist()
+
+
+@pytest.fixture
+def corpus(space):
+    ensure_active_version(space, default_model=SimpleNamespace(model_id="t", dimension=DIM))
+    return Corpus(space, seed=21)
+
+
+def test_tied_rows_through_the_graph_are_ordered_as_the_exact_scan(corpus, settings):
+    """180 identical rows (boilerplate chunks): the walk reaches only some of them, so a tie at
+    the cut sends the search to the exact scan, which orders ties by node id."""
+    settings.KNOWLEDGE_DENSE_GRAPH_MIN_ROWS = 30
+    same = corpus.vectors(1)[0]
+    real = corpus.vectors
+    corpus.vectors = lambda n: np.repeat(same[None, :], n, axis=0)  # boilerplate chunks
+    for _ in range(30):
+        corpus.publish(chunks=6)  # 180 identical rows
+    corpus.vectors = real
+    for _ in range(10):
+        corpus.publish(chunks=6)
+    corpus.search(same, 1)  # the first read starts the build (a background thread: wait)
+    matrix = corpus.backend._dense_matrices[(corpus.space.id, 1)]
+    for _ in range(100):
+        if matrix.graph is not None:
+            break
+        time.sleep(0.05)
+    assert matrix.graph is not None
+    assert_exact(corpus, same, 5)  # the 5 smallest node ids of the 180 tied rows
+
+
+def test_a_failed_build_is_not_retried_on_every_refresh(corpus, settings, monkeypatch):
+    """A failed build waits for a new epoch or twice the rows before the next attempt."""
+    settings.KNOWLEDGE_DENSE_GRAPH_MIN_ROWS = 30
+    monkeypatch.setattr(corpus.backend, "dense_compact_in_background", False)  # inline builds
+    calls = []
+
+    def failing(cls, matrix, count, epoch):
+        calls.append(count)
+        raise MemoryError("faiss: cannot allocate")  # e.g. the graph does not fit
+
+    monkeypatch.setattr(dense_graph.DenseGraph, "build", classmethod(failing))
+    for _ in range(6):
+        corpus.publish(chunks=6)
+    query = corpus.vectors(1)[0]
+    for _ in range(10):
+        corpus.publish(chunks=1)
+        assert_exact(corpus, query, 3)  # each search refreshes: each refresh builds again
+    assert len(calls) <= 2, f"{len(calls)} full builds attempted for rows {calls}"
+
+
+def test_a_build_across_a_cold_reread_is_not_installed(corpus, monkeypatch):
+    """A whole re-read (a non-incremental matrix) is a new epoch: a graph of the previous read's
+    positions, still building, is not installed on it."""
+    gate = threading.Event()
+    real = dense_graph.DenseGraph.build.__func__
+
+    def slow(cls, matrix, count, epoch):
+        gate.wait(10)
+        return real(cls, matrix, count, epoch)
+
+    monkeypatch.setattr(dense_graph.DenseGraph, "build", classmethod(slow))
+    docs = [corpus.publish(chunks=6) for _ in range(20)]  # 120 rows
+    matrix = dm.DenseMatrix(corpus.space.id, 1, DIM, incremental=False, graph_min_rows=30)
+    with matrix.lock:
+        matrix.refresh(corpus.head())  # starts the background build of this read
+    assert matrix.graph_building
+    for d in docs[:10]:  # the first 60 rows go: every later row moves 60 positions up
+        corpus.delete(d)
+    for _ in range(10):
+        corpus.publish(chunks=6)
+    with matrix.lock:
+        matrix.refresh(corpus.head())  # a cold re-read (non-incremental): a new epoch
+    gate.set()
+    for _ in range(200):
+        if not matrix.graph_building:
+            break
+        time.sleep(0.05)
+    graph = matrix.graph
+    view = matrix.view
+    assert graph is None or graph.epoch == view.epoch
+    # the graph's vector at each position should be the view's row there
+    wrong = (
+        0
+        if graph is None
+        else sum(
+            not np.allclose(graph.index.reconstruct(p), view.matrix[p], atol=0.05)
+            for p in range(view.count)
+        )
+    )
+    assert wrong == 0, (
+        f"graph epoch {graph.epoch} installed on view epoch {view.epoch}: "
+        f"{wrong} of {view.count} positions hold another row's vector"
+    )
+
+
+def test_only_one_build_at_a_time(corpus, monkeypatch):
+    """A build that finds the rows compacted meanwhile decides its restart under the matrix's
+    lock, so a refresh at that moment does not start a second build."""
+    gate = threading.Event()
+    running, peak, running_epochs = [0], [0], []
+    lock = threading.Lock()
+    real_build = dense_graph.DenseGraph.build.__func__
+    real_due = dense_graph.due
+
+    def counted(cls, matrix, count, epoch):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        try:
+            if not running_epochs:
+                running_epochs.append(epoch)
+                gate.wait(10)
+            else:
+                time.sleep(0.5)
+            return real_build(cls, matrix, count, epoch)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    def slow_due(matrix, view):
+        # widen the window between the build thread's check and its start_build
+        verdict = real_due(matrix, view)
+        if threading.current_thread().name == "dense-graph":
+            time.sleep(0.3)  # between the check and start_build setting graph_building
+        return verdict
+
+    monkeypatch.setattr(dense_graph.DenseGraph, "build", classmethod(counted))
+    monkeypatch.setattr(dense_graph, "due", slow_due)
+    for _ in range(20):
+        corpus.publish(chunks=6)
+    matrix = dm.DenseMatrix(corpus.space.id, 1, DIM, graph_min_rows=30, compact_min_rows=1)
+    with matrix.lock:
+        matrix.refresh(corpus.head())  # build 1 (epoch 0), held at the gate
+        view = matrix.view
+        view.mask[:40] = dm.DEAD
+        matrix.dead_count = 40
+    matrix._compact()  # epoch 1: no build now (one is running)
+    assert matrix.view.epoch == running_epochs[0] + 1 and matrix.graph_building
+    gate.set()  # build 1 sees the new epoch, clears graph_building, then decides to restart
+    time.sleep(0.1)
+    with matrix.lock:  # a refresh's after_refresh meanwhile
+        dense_graph.after_refresh(matrix, matrix.view)
+    time.sleep(2)
+    assert peak[0] == 1, f"{peak[0]} graph builds ran at once"
+
+
+def test_graph_candidates_under_concurrent_extend():
+    """Four threads search the graph (both mask paths) while a writer extends it."""
+    rng = np.random.default_rng(1)
+    n, d = 40000, 32
+    rows = rng.normal(size=(n, d)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    graph = dense_graph.DenseGraph.build(rows, 5000, epoch=0)
+    errors = []
+    stop = threading.Event()
+
+    def reader(seed):
+        r = np.random.default_rng(seed)
+        while not stop.is_set():
+            size = graph.size
+            mask = (r.random(size) < r.choice([0.001, 0.5])).astype(np.uint8)
+            masked = int(mask.sum())
+            q = rows[r.integers(n)]
+            try:
+                found = graph.candidates(q, 20, mask, ef=200, masked=masked)
+                assert (found < size).all() and (found >= 0).all()
+                assert not mask[found].any()
+                assert len(set(found.tolist())) == len(found)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for end in range(6000, n + 1, 1000):
+        graph.extend(rows, end)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert graph.size == graph.index.ntotal == n
