@@ -185,19 +185,27 @@ def ef_search_sweep(dense, vectors) -> dict:
     from django.conf import settings
 
     configured = settings.KNOWLEDGE_PG_HNSW_EF_SEARCH
-    out = {}
     try:
-        for ef in EF_SEARCH_SWEEP:
-            settings.KNOWLEDGE_PG_HNSW_EF_SEARCH = ef
-            times, ids = [], []
-            for vector in vectors:
-                t0 = time.perf_counter()
-                hits = dense(vector)
-                times.append((time.perf_counter() - t0) * 1000)
-                ids.append([_hex(h.node_id) for h in hits])
-            out[str(ef)] = {"p50_ms": pct(times, 50), "p95_ms": pct(times, 95), "ids": ids}
+        return _sweep(
+            dense, vectors, lambda ef: setattr(settings, "KNOWLEDGE_PG_HNSW_EF_SEARCH", ef)
+        )
     finally:
         settings.KNOWLEDGE_PG_HNSW_EF_SEARCH = configured
+
+
+def _sweep(dense, vectors, set_ef) -> dict:
+    """``{ef: {p50_ms, p95_ms, ids}}`` of the dense leg alone at each ``EF_SEARCH_SWEEP`` value
+    (``set_ef(ef)`` applies it)."""
+    out = {}
+    for ef in EF_SEARCH_SWEEP:
+        set_ef(ef)
+        times, ids = [], []
+        for vector in vectors:
+            t0 = time.perf_counter()
+            hits = dense(vector)
+            times.append((time.perf_counter() - t0) * 1000)
+            ids.append([_hex(h.node_id) for h in hits])
+        out[str(ef)] = {"p50_ms": pct(times, 50), "p95_ms": pct(times, 95), "ids": ids}
     return out
 
 
@@ -226,20 +234,10 @@ def graph_ef_sweep(backend, space_id, number, dense, vectors) -> dict:
     """The dense leg alone at other graph ``efSearch`` values (the matrix's own setting)."""
     matrix = backend._dense_matrices[(space_id, number)]
     configured = matrix.graph_ef_search
-    out = {}
     try:
-        for ef in EF_SEARCH_SWEEP:
-            matrix.graph_ef_search = ef
-            times, ids = [], []
-            for vector in vectors:
-                t0 = time.perf_counter()
-                hits = dense(vector)
-                times.append((time.perf_counter() - t0) * 1000)
-                ids.append([_hex(h.node_id) for h in hits])
-            out[str(ef)] = {"p50_ms": pct(times, 50), "p95_ms": pct(times, 95), "ids": ids}
+        return _sweep(dense, vectors, lambda ef: setattr(matrix, "graph_ef_search", ef))
     finally:
         matrix.graph_ef_search = configured
-    return out
 
 
 def explain_dense(queries: list[dict]) -> str | None:

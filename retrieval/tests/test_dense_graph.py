@@ -17,7 +17,7 @@ from ingestion.models import KnowledgeNode
 from retrieval.backends import dense_graph
 from retrieval.backends import dense_matrix as dm
 from retrieval.index_versions import ensure_active_version
-from retrieval.tests.test_dense_matrix import Corpus, assert_exact
+from retrieval.tests.test_dense_matrix import Corpus, assert_all_exact, assert_exact
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "sqlite",
@@ -60,10 +60,7 @@ def test_the_graph_answers_as_the_exact_scan_through_every_change(graphed):
     queries = corpus.vectors(8)
 
     def check_all():
-        for q in queries:
-            for limit in (1, 7, 30):
-                assert_exact(corpus, q, limit)
-            assert_exact(corpus, q, 5, documents=frozenset(d.id for d in docs[2:5]))
+        assert_all_exact(corpus, queries, (1, 7, 30), docs)
 
     check_all()
     matrix = matrix_of(corpus)

@@ -157,6 +157,14 @@ def assert_exact(corpus, query, limit, documents=None, number=None):
     return got
 
 
+def assert_all_exact(corpus, queries, limits, docs):
+    """Every query at every limit, and filtered to ``docs[2:5]``, against the brute force."""
+    for q in queries:
+        for limit in limits:
+            assert_exact(corpus, q, limit)
+        assert_exact(corpus, q, 5, documents=frozenset(d.id for d in docs[2:5]))
+
+
 @pytest.fixture
 def corpus(space):
     ensure_active_version(space, default_model=SimpleNamespace(model_id="t", dimension=DIM))
@@ -179,10 +187,7 @@ def test_exact_through_publish_republish_disable_enable_delete_and_reembed(corpu
     queries = corpus.vectors(6)
 
     def check_all():
-        for q in queries:
-            for limit in (1, 7, 100):
-                assert_exact(corpus, q, limit)
-            assert_exact(corpus, q, 5, documents=frozenset(d.id for d in docs[2:5]))
+        assert_all_exact(corpus, queries, (1, 7, 100), docs)
 
     check_all()
     staged = corpus.republish(docs[0], chunks=3)  # vectors written, not yet visible
