@@ -187,18 +187,18 @@ def _build(matrix) -> None:
         logger.exception("dense graph of space %s: build failed", matrix.space_id)
         graph = None
     with matrix.lock:  # the install and the restart decision, as after_refresh's, under it
+        current = matrix.view
         try:
-            current = matrix.view
-            if graph is None:
-                matrix.graph_failed = (base.epoch, base.count)
-            elif current.epoch == base.epoch:  # else compacted meanwhile: build the new one
+            if graph is not None and current.epoch == base.epoch:  # else compacted meanwhile
                 graph.extend(current.matrix, current.count)
                 matrix.graph = graph
                 matrix.stats["graph_builds"] += 1
         except Exception:
             logger.exception("dense graph of space %s: build failed", matrix.space_id)
-            matrix.graph_failed = (base.epoch, base.count)
+            graph = None
         finally:
             matrix.graph_building = False
+        if graph is None:
+            matrix.graph_failed = (base.epoch, base.count)
         if due(matrix, matrix.view):
             start_build(matrix)

@@ -210,7 +210,6 @@ class DenseMatrix:
         if first:  # a cold read: room for the rows there are, and the spare rows
             self.last_id, self.by_raw_document, self.hidden, self.dead_count = 0, {}, set(), 0
             self.document_raw, self.by_raw_generation = [], {}
-            self.graph = None  # its positions are the old read's
             rows = count_rows(self.space_id, self.index_version)
             view = _resized(_empty_view(self.dimension, -1), _target(rows))
             # a new epoch: positions of the previous read (a graph being built of it, a

@@ -40,19 +40,19 @@ def search(
     graph = matrix.graph if documents is None else None
     if graph is not None and graph.epoch == view.epoch and graph.size >= n:
         masked = view.mask if matrix.dead_count or matrix.hidden else None
+        count = matrix.dead_count + len(matrix.hidden)
         k = limit + WINDOW_SLACK
         # past 4 × efSearch the walk costs more than it saves: the exact scan instead
         while 4 * k <= n and k <= 4 * max(matrix.graph_ef_search, limit + WINDOW_SLACK):
-            count = matrix.dead_count + len(matrix.hidden)
             positions = graph.candidates(query, k, masked, matrix.graph_ef_search, count)
             positions = positions[positions < n]  # rows a later refresh added: not this view's
             scores = view.scores(query, positions)
             hits = _visible_top(matrix, view, scores, positions, len(positions), limit, revision)
-            # a tie at the cut (duplicate chunks: the graph reaches few of a block of
-            # identical vectors): the exact scan, which orders ties by node id
-            if len(hits) == limit and np.count_nonzero(scores == hits[-1][1]) == 1:
-                return hits
             if len(hits) == limit:
+                if np.count_nonzero(scores == hits[-1][1]) == 1:
+                    return hits
+                # a tie at the cut (duplicate chunks: the graph reaches few of a block of
+                # identical vectors): the exact scan, which orders ties by node id
                 break
             k *= 4
     if documents is not None:
