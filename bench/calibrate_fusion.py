@@ -109,18 +109,38 @@ class BgeSmall:
         return self._embed([self.PREFIX + t for t in texts])
 
 
-def collect_legs(corpus, splits, model) -> dict:
-    """``{split: {query_id: {"dense": [[doc, cos]...], "keyword": [[doc, bm25]...]}}}``.
-
-    Offline legs over whole documents (one node per SciFact record, ``title + " " + text``):
-    the product's keyword analysis and tantivy BM25 (:mod:`retrieval.keyword_index.analysis`)
-    in memory, and exact cosine search over ``model``'s vectors (cached in ``var/bench``)."""
+def keyword_search(texts: list[str]):
+    """``search(query) -> [(index into texts, bm25)]``, best first, the top 100: the product's
+    keyword analysis and tantivy BM25 (:mod:`retrieval.keyword_index.analysis`) in memory."""
     import tantivy
 
     from retrieval.keyword_index import analysis
     from retrieval.planner import detect_language
     from retrieval.text import keyword_text
 
+    index = analysis.register(tantivy.Index(analysis.SCHEMA))
+    writer = index.writer()
+    for i, text in enumerate(texts):
+        node = uuid.UUID(int=i)
+        writer.add_document(analysis.document(node, node, keyword_text(text)))
+    writer.commit()
+    index.reload()
+    searcher = index.searcher()
+
+    def search(query: str) -> list[tuple[int, float]]:
+        built = analysis.build_query(query, language=detect_language(query), searcher=searcher)
+        hits = searcher.search(built, 100).hits if built is not None else []
+        return [(uuid.UUID(searcher.doc(a)["node_id"][0]).int, float(s)) for s, a in hits]
+
+    return search
+
+
+def collect_legs(corpus, splits, model) -> dict:
+    """``{split: {query_id: {"dense": [[doc, cos]...], "keyword": [[doc, bm25]...]}}}``.
+
+    Offline legs over whole documents (one node per SciFact record, ``title + " " + text``):
+    the product's keyword analysis and tantivy BM25 (:mod:`retrieval.keyword_index.analysis`)
+    in memory, and exact cosine search over ``model``'s vectors (cached in ``var/bench``)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     tag = model.model_id.replace("/", "_")
     path = CACHE / f"legs-{tag}.json"
@@ -140,15 +160,7 @@ def collect_legs(corpus, splits, model) -> dict:
         vectors = np.concatenate(parts)
         np.save(vectors_path, vectors)
         print(f"embedded {len(texts)} docs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    index = analysis.register(tantivy.Index(analysis.SCHEMA))
-    writer = index.writer()
-    for doc_id, text in zip(ids, texts, strict=True):
-        node = uuid.uuid5(uuid.NAMESPACE_URL, doc_id)
-        writer.add_document(analysis.document(node, node, keyword_text(text)))
-    writer.commit()
-    index.reload()
-    searcher = index.searcher()
-    by_node = {uuid.uuid5(uuid.NAMESPACE_URL, d).hex: d for d in ids}
+    search = keyword_search(texts)
     out: dict = {}
     for split, (queries, qrels) in splits.items():
         judged = [q for q in qrels if q in queries]
@@ -160,15 +172,9 @@ def collect_legs(corpus, splits, model) -> dict:
         for qid, vector in zip(judged, qv, strict=True):
             sims = vectors @ vector
             top = np.argsort(-sims)[:100]
-            query = analysis.build_query(
-                queries[qid], language=detect_language(queries[qid]), searcher=searcher
-            )
-            rows = searcher.search(query, 100).hits if query is not None else []
             out[split][qid] = {
                 "dense": [[ids[i], float(sims[i])] for i in top],
-                "keyword": [
-                    [by_node[searcher.doc(a)["node_id"][0]], float(score)] for score, a in rows
-                ],
+                "keyword": [[ids[i], score] for i, score in search(queries[qid])],
             }
     path.write_text(json.dumps(out))
     return out

@@ -35,7 +35,6 @@ import os
 import pickle
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +62,10 @@ class Row:
     vector: np.ndarray
     relevant: dict[str, int]
 
+    def first_stage(self, cos: np.ndarray | None = None) -> np.ndarray:
+        """The calibrated first stage's ranking feature (over ``cos`` in place of the row's)."""
+        return ALPHA * (self.cos if cos is None else cos) + (1 - ALPHA) * self.kw
+
 
 def cached_vectors(name: str, texts: list[str], model) -> np.ndarray:
     path = CACHE / f"{name}.npy"
@@ -76,36 +79,11 @@ def cached_vectors(name: str, texts: list[str], model) -> np.ndarray:
     return vectors
 
 
-def keyword_leg(texts: list[str]):
-    """``search(query) -> {corpus index: bm25}``, the top 100 over ``texts``."""
-    import tantivy
-
-    from retrieval.keyword_index import analysis
-    from retrieval.planner import detect_language
-    from retrieval.text import keyword_text
-
-    index = analysis.register(tantivy.Index(analysis.SCHEMA))
-    writer = index.writer()
-    for i, text in enumerate(texts):
-        node = uuid.UUID(int=i)
-        writer.add_document(analysis.document(node, node, keyword_text(text)))
-    writer.commit()
-    index.reload()
-    searcher = index.searcher()
-
-    def search(query: str) -> dict[int, float]:
-        built = analysis.build_query(query, language=detect_language(query), searcher=searcher)
-        hits = searcher.search(built, 100).hits if built is not None else []
-        return {uuid.UUID(searcher.doc(a)["node_id"][0]).int: float(s) for s, a in hits}
-
-    return search
-
-
 class Corpus:
     """The SciFact corpus, its sentences and their vectors, and the keyword leg."""
 
     def __init__(self, dataset: Path) -> None:
-        from calibrate_fusion import BgeSmall
+        from calibrate_fusion import BgeSmall, keyword_search
 
         from retrieval.sentences import split_sentences
 
@@ -127,7 +105,7 @@ class Corpus:
         self.model = BgeSmall()
         self.docs = cached_vectors("docs", texts, self.model)
         self.vectors = cached_vectors("sentences", self.sentences, self.model)
-        self.search = keyword_leg(texts)
+        self.search = keyword_search(texts)
 
     def rows(self, queries: dict, qrels: dict) -> list[Row]:
         from retrieval.calibration import KEYWORD_REFERENCE
@@ -140,7 +118,7 @@ class Corpus:
             per_sentence = self.vectors @ vector
             maxsent = np.full(len(self.ids), -1.0, dtype=np.float32)
             np.maximum.at(maxsent, self.owner, per_sentence)
-            keyword = self.search(queries[q])
+            keyword = dict(self.search(queries[q]))
             k_miss = min(keyword.values()) if len(keyword) >= 100 else 0.0
             tops = (np.argsort(-cos)[:100], np.argsort(-maxsent)[:100])
             docs = sorted({*tops[0].tolist(), *keyword, *tops[1].tolist()})
@@ -186,28 +164,28 @@ def third_feature(corpus: Corpus, rows: dict, name: str) -> dict:
     return {"alpha": a, "beta": b, "train": train, "test": ndcg(corpus, rows["test"], combo(a, b))}
 
 
-def sentence_logits(corpus: Corpus, rows: list[Row], split: str) -> list[list[float]]:
-    """Per row, per first-stage candidate of the top :data:`TOP_N`: the cross-encoder's best
+def sentence_logits(corpus: Corpus, rows: list[Row], split: str) -> dict[str, list[float]]:
+    """Per query, per first-stage candidate of the top :data:`TOP_N`: the cross-encoder's best
     logit over the candidate's :data:`TOP_K` sentences closest to the query (cached)."""
     from knowledgefs.runtime.local_rerank import get_local_reranker
 
     path = CACHE / f"sentence-logits-{split}.pkl"
     cache = pickle.loads(path.read_bytes()) if path.exists() else {}
-    reranker = get_local_reranker()
-    out = []
+    out = {}
     for row in rows:
-        first = ALPHA * row.cos + (1 - ALPHA) * row.kw
         best = []
-        for j in np.argsort(-first, kind="stable")[:TOP_N]:
+        for j in np.argsort(-row.first_stage(), kind="stable")[:TOP_N]:
             key = (row.query, row.docs[j])
             if key not in cache:
                 own = corpus.rows_of[row.docs[j]]
                 near = np.argsort(-(corpus.vectors[own] @ row.vector))[:TOP_K]
                 passages = [corpus.sentences[own[k]] for k in near]
-                logits = reranker.score(row.query, passages, deadline=time.monotonic() + 60)
+                logits = get_local_reranker().score(
+                    row.query, passages, deadline=time.monotonic() + 60
+                )
                 cache[key] = float(np.max(logits))
             best.append(cache[key])
-        out.append(best)
+        out[row.query] = best
     path.write_bytes(pickle.dumps(cache))
     return out
 
@@ -217,15 +195,15 @@ def sentence_rerank(corpus: Corpus, rows: dict) -> dict:
     logits = {split: sentence_logits(corpus, rows[split], split) for split in rows}
 
     def reranked(split, w, t, w2):
-        scores = {}
-        for row, best in zip(rows[split], logits[split], strict=True):
-            first = ALPHA * row.cos + (1 - ALPHA) * row.kw
-            order = np.argsort(-first, kind="stable")
+        def score(row):
+            first = row.first_stage()
+            head = np.argsort(-first, kind="stable")[:TOP_N]
             final = first - 10.0  # below every reranked candidate, in first-stage order
-            for j, logit in zip(order[:TOP_N], best, strict=True):
+            for j, logit in zip(head, logits[split][row.query], strict=True):
                 final[j] = first[j] + w * (1 / (1 + math.exp(-logit / t))) + w2 * row.maxsent[j]
-            scores[id(row)] = final
-        return ndcg(corpus, rows[split], lambda r: scores[id(r)])
+            return final
+
+        return ndcg(corpus, rows[split], score)
 
     grid = [
         (reranked("train", w, t, w2), w, t, w2)
@@ -270,13 +248,14 @@ def query_adapter(corpus: Corpus, rows: dict, train_qrels: dict) -> dict:
     def adapted(w):
         def score(row):
             v = row.vector @ w
-            cos = corpus.docs[row.docs] @ (v / np.linalg.norm(v))
-            return ALPHA * cos + (1 - ALPHA) * row.kw
+            return row.first_stage(corpus.docs[row.docs] @ (v / np.linalg.norm(v)))
 
         return score
 
-    shared = [r for r in rows["test"] if {d for d, v in r.relevant.items() if v > 0} & train_docs]
-    unshared = [r for r in rows["test"] if r not in shared]
+    shared, unshared = [], []
+    for row in rows["test"]:
+        judged = {d for d, v in row.relevant.items() if v > 0}
+        (shared if judged & train_docs else unshared).append(row)
     out = {"test_claims_sharing_a_train_abstract": len(shared), "others": len(unshared)}
     for lam in (None, 100.0, 30.0, 10.0, 3.0):
         if lam is None:
@@ -310,9 +289,6 @@ def main() -> int:
         _, _, queries, qrels_of[split] = load_dataset(args.dataset, split)
         rows[split] = corpus.rows(queries, qrels_of[split])
 
-    def first(r):
-        return ALPHA * r.cos + (1 - ALPHA) * r.kw
-
     def alone(name):
         return {split: ndcg(corpus, rows[split], lambda r: getattr(r, name)) for split in rows}
 
@@ -321,7 +297,9 @@ def main() -> int:
         "queries": {split: len(rows[split]) for split in rows},
         "sentences": len(corpus.sentences),
         "alone": {name: alone(name) for name in ("cos", "kw", "maxsent", "title")},
-        "first_stage_calibrated": {split: ndcg(corpus, rows[split], first) for split in rows},
+        "first_stage_calibrated": {
+            split: ndcg(corpus, rows[split], Row.first_stage) for split in rows
+        },
         "with_maxsent": third_feature(corpus, rows, "maxsent"),
         "with_title": third_feature(corpus, rows, "title"),
         "sentence_rerank": sentence_rerank(corpus, rows),
