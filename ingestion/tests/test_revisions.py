@@ -154,6 +154,10 @@ def test_queries_during_the_swap_see_the_old_or_the_new_text_never_neither_or_bo
     reader = threading.Thread(target=query_loop)
     reader.start()
     try:
+        # the reader's first answer comes before the swap (its first query can be slower than
+        # the whole replacement, and then it never sees the old text)
+        while not seen and reader.is_alive():
+            threading.Event().wait(0.01)
         document = Document.objects.get(id=document_id)
         documents.replace_document(document, filename="travel.md", data=NEW)
         compile_all()
